@@ -1,0 +1,26 @@
+# Quickstart targets. Each sets up .venv on first use.
+# CPU machines get the CPU build of torch; GPU users: `make TORCH_SPEC=torch test` (or install torch first).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup test demo clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/stepserve demo
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

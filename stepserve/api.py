@@ -1,0 +1,116 @@
+"""The offline Python API: Engine.from_pretrained(...).generate([...])."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .clock import Clock, WallClock
+from .engine import EngineCore
+from .executor.base import Executor
+from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, make_policy
+from .types import FinishReason, Request, RequestStatus, RequestTiming, SamplingParams
+
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    status: RequestStatus
+    image: Any  # PIL.Image when completed, else None
+    params: SamplingParams  # as resolved: defaults filled in, seed drawn
+    timing: RequestTiming
+    finish_reason: FinishReason | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RequestStatus.COMPLETED
+
+    @classmethod
+    def from_request(cls, r: Request) -> "GenerationResult":
+        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    strategy: str = "continuous"
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS
+    static_batch_size: int | None = None
+    max_queue: int | None = None
+
+    def make_core(self, executor: Executor) -> EngineCore:
+        policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size)
+        return EngineCore(executor, policy, self.max_queue)
+
+
+def load_executor(model: str = "embedded", device: str = "cpu", dtype: str = "float32") -> Executor:
+    """Load a diffusers SD-family folder (or the embedded model) onto a device and wrap it in a TorchExecutor."""
+    import torch
+
+    from .executor.torch_executor import TorchExecutor
+    from .pipelines.diffusers_sd import StableDiffusionAdapter
+
+    if device not in DEVICES and not str(device).startswith("cuda:"):
+        raise ValueError(f"device: {device!r} is not supported; allowed: {', '.join(DEVICES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for but no CUDA device is available; use --device cpu")
+    adapter = StableDiffusionAdapter.from_pretrained(model, device=device, dtype=getattr(torch, dtype))
+    return TorchExecutor(adapter)
+
+
+class Engine:
+    """Serve batches offline: every request of a generate() call is submitted at once, then the engine steps
+    until all are done. The batching strategy decides how they share forward passes."""
+
+    def __init__(self, executor: Executor, clock: Clock | None = None, **options: Any) -> None:
+        self.executor = executor
+        self.options = EngineOptions(**options)
+        self.clock = clock or WallClock()
+        self.core = self.options.make_core(executor)
+
+    @classmethod
+    def from_pretrained(cls, model: str = "embedded", *, device: str = "cpu", dtype: str = "float32",
+                        **options: Any) -> "Engine":
+        return cls(load_executor(model, device, dtype), **options)
+
+    @property
+    def model(self):
+        return self.executor.model
+
+    def generate(self, params: list[SamplingParams], progress: bool = False) -> list[GenerationResult]:
+        """Generate one image per SamplingParams; results come back in input order. Bad input raises
+        ValidationError before anything runs; a request that fails while running has `ok == False` and `error`."""
+        core = self.core
+        now = self.clock.now()
+        from .validation import resolve_params
+
+        for p in params:  # validate everything first: a bad request must not leave others half-submitted
+            resolve_params(p, self.model)
+        requests = [core.add_request(p, now) for p in params]
+        core.draining = True
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(requests), desc=f"generate ({self.options.strategy})", unit="img")
+        try:
+            while any(not r.is_finished for r in requests):
+                report = core.step(self.clock.now())
+                self.clock.elapse(report.duration_s)
+                if bar is not None and report.finished:
+                    bar.update(len(report.finished))
+                if report.batch_size == 0 and not report.finished:
+                    if report.wake_at is None:
+                        raise RuntimeError(f"policy {self.options.strategy!r} made no progress with work waiting")
+                    self.clock.sleep_until(report.wake_at)
+        finally:
+            core.draining = False
+            if bar is not None:
+                bar.close()
+        return [GenerationResult.from_request(r) for r in requests]

@@ -1,0 +1,170 @@
+"""EngineCore: the loop body shared by the server, the offline API and the simulator.
+
+step(now): take aborts and deadlines -> schedule -> execute (encode admitted, denoise, decode finished) ->
+collect finished. Time is given, never read: the executor reports how long each stage took, and the core stamps
+request timings as `now` plus those durations.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from .executor.base import Executor
+from .scheduling import Policy
+from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
+from .validation import resolve_params
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at max_queue; the request was rejected without being queued."""
+
+    def __init__(self, message: str, request: Request) -> None:
+        super().__init__(message)
+        self.request = request  # in its final state: REJECTED / QUEUE_FULL
+
+
+class EngineCore:
+    def __init__(self, executor: Executor, policy: Policy, max_queue: int | None = None) -> None:
+        if max_queue is not None and max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1 or None (unbounded), got {max_queue}")
+        self.executor = executor
+        self.policy = policy
+        self.max_queue = max_queue
+        self.waiting: deque[Request] = deque()  # arrival order
+        self.running: list[Request] = []
+        self.draining = False  # no more arrivals expected: policies may flush partial batches
+        self._aborts: set[str] = set()
+        self._rejected: list[Request] = []  # reported by the next step
+
+    @property
+    def model(self):
+        return self.executor.model
+
+    # --- input -------------------------------------------------------------------------------------------------
+    def add_request(self, params: SamplingParams, now: float, request_id: str | None = None) -> Request:
+        """Validate and queue. Raises ValidationError on bad input and QueueFullError when the queue is full."""
+        resolved = resolve_params(params, self.model)
+        request = Request(
+            request_id=request_id or next_request_id(),
+            params=resolved,
+            arrival_time=now,
+            bucket=(resolved.height, resolved.width),
+            num_steps=resolved.num_inference_steps,
+            deadline=None if resolved.timeout_s is None else now + resolved.timeout_s,
+        )
+        if self.max_queue is not None and len(self.waiting) >= self.max_queue:
+            self._finish(request, RequestStatus.REJECTED, FinishReason.QUEUE_FULL, now,
+                         f"queue is full ({self.max_queue} waiting); retry later")
+            self._rejected.append(request)
+            raise QueueFullError(request.error, request)
+        self.waiting.append(request)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        """Ask for a request to be cancelled; it leaves (and frees its slot) at the start of the next step."""
+        self._aborts.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._aborts or self._rejected)
+
+    # --- the step ----------------------------------------------------------------------------------------------
+    def step(self, now: float) -> StepReport:
+        finished = self._rejected
+        self._rejected = []
+        finished += self._take_aborts(now)
+        finished += self._take_expired(now)
+
+        plan = self.policy.schedule(list(self.waiting), list(self.running), now, draining=self.draining)
+        report = StepReport(now=now, duration_s=0.0, batch_size=0, wake_at=plan.wake_at)
+        t = now
+
+        if plan.admit:
+            report.admitted = list(plan.admit)
+            admitted_ids = {id(r) for r in plan.admit}
+            self.waiting = deque(r for r in self.waiting if id(r) not in admitted_ids)
+            for r in plan.admit:
+                r.status = RequestStatus.RUNNING
+                r.timing.admitted = now
+            self.running.extend(plan.admit)
+            ok, dt = self._run_stage("prepare", plan.admit, t, finished)
+            report.encode_s = dt
+            t += dt
+
+        to_run = [r for r in plan.run if r.status is RequestStatus.RUNNING]
+        if to_run:
+            ok, dt = self._run_stage("denoise", to_run, t, finished)
+            report.denoise_s = dt
+            t += dt
+            if ok:
+                report.batch_size = len(to_run)
+                report.progressed = to_run
+                for r in to_run:
+                    r.step += 1
+                    r.timing.batch_sizes.append(len(to_run))
+                    if r.timing.first_step_done is None:
+                        r.timing.first_step_done = t
+                done = [r for r in to_run if r.step >= r.num_steps]
+                if done:
+                    for r in done:
+                        r.timing.denoise_done = t
+                    ok, dt = self._run_stage("decode", done, t, finished)
+                    report.decode_s = dt
+                    t += dt
+                    if ok:
+                        for r in done:
+                            self._finish(r, RequestStatus.COMPLETED, FinishReason.COMPLETED, t)
+                        finished += done
+
+        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        report.duration_s = t - now
+        report.finished = finished
+        return report
+
+    # --- helpers -----------------------------------------------------------------------------------------------
+    def _run_stage(self, stage: str, requests: list[Request], t: float, finished: list[Request]) -> tuple[bool, float]:
+        """Run one executor stage; an exception fails only these requests, and the engine keeps serving."""
+        try:
+            return True, float(getattr(self.executor, stage)(requests))
+        except Exception as exc:  # noqa: BLE001 - any model failure is reported to the affected requests
+            message = f"{stage} failed: {type(exc).__name__}: {exc}"
+            for r in requests:
+                if r.status is RequestStatus.RUNNING:
+                    self._finish(r, RequestStatus.FAILED, FinishReason.ERROR, t, message)
+                    finished.append(r)
+            return False, 0.0
+
+    def _take_aborts(self, now: float) -> list[Request]:
+        if not self._aborts:
+            return []
+        ids, self._aborts = self._aborts, set()
+        return self._remove(lambda r: r.request_id in ids, RequestStatus.CANCELLED, FinishReason.ABORTED, now,
+                            "aborted by the caller")
+
+    def _take_expired(self, now: float) -> list[Request]:
+        return self._remove(lambda r: r.deadline is not None and now >= r.deadline, RequestStatus.FAILED,
+                            FinishReason.TIMEOUT, now, "deadline passed (timeout_s)")
+
+    def _remove(self, match, status: RequestStatus, reason: FinishReason, now: float, message: str) -> list[Request]:
+        gone = [r for r in self._all() if match(r)]
+        if not gone:
+            return []
+        for r in gone:
+            self._finish(r, status, reason, now, message)
+        self.waiting = deque(r for r in self.waiting if not r.is_finished)
+        self.running = [r for r in self.running if not r.is_finished]
+        return gone
+
+    def _all(self) -> Iterable[Request]:
+        yield from self.waiting
+        yield from self.running
+
+    @staticmethod
+    def _finish(r: Request, status: RequestStatus, reason: FinishReason, t: float, error: str | None = None) -> None:
+        r.status = status
+        r.finish_reason = reason
+        r.error = error
+        r.timing.finished = t
+        if status is not RequestStatus.COMPLETED:
+            r.image = None
+        r.release_tensors()

@@ -1,0 +1,73 @@
+"""The policy protocol and helpers shared by the batching policies.
+
+Policies are pure decision makers: no torch, no asyncio, no clock. They are given the waiting queue (in arrival
+order), the running set and `now`, and return a StepPlan. The only state they keep is their own bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..types import Request, StepPlan
+
+
+class Policy(Protocol):
+    name: str
+    max_batch_size: int
+
+    def schedule(
+        self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
+    ) -> StepPlan:
+        """Decide one engine step. `draining` means no more requests will arrive (offline generate())."""
+        ...
+
+
+def oldest_bucket(waiting: Sequence[Request]) -> tuple[int, int] | None:
+    """The shape bucket of the request that has waited longest (FIFO across buckets, so none starves)."""
+    return waiting[0].bucket if waiting else None
+
+
+def in_bucket(requests: Sequence[Request], bucket: tuple[int, int]) -> list[Request]:
+    return [r for r in requests if r.bucket == bucket]
+
+
+def buckets_by_age(waiting: Sequence[Request]) -> list[tuple[int, int]]:
+    """Buckets that have waiting requests, ordered by their oldest waiting request."""
+    seen: dict[tuple[int, int], None] = {}
+    for r in waiting:
+        seen.setdefault(r.bucket, None)
+    return list(seen)
+
+
+class RequestLevelPolicy:
+    """Shared shape of none/static/dynamic: a batch is formed, then run to the end before the next one forms.
+
+    Items of a batch that need fewer steps finish (and are answered) earlier; nobody joins a batch in flight.
+    Subclasses say when a batch of a bucket may start (`ready`) and when to look again (`wake_time`).
+    """
+
+    name = "request-level"
+    max_batch_size = 1
+
+    def schedule(
+        self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
+    ) -> StepPlan:
+        if running:  # a batch is in flight: it runs to the end, alone
+            return StepPlan(run=list(running))
+        wake: float | None = None
+        for bucket in buckets_by_age(waiting):
+            candidates = in_bucket(waiting, bucket)
+            if self.ready(candidates, now, draining):
+                batch = candidates[: self.max_batch_size]
+                return StepPlan(admit=batch, run=list(batch))
+            t = self.wake_time(candidates)
+            if t is not None:
+                wake = t if wake is None else min(wake, t)
+        return StepPlan(wake_at=wake)
+
+    def ready(self, candidates: list[Request], now: float, draining: bool) -> bool:
+        raise NotImplementedError
+
+    def wake_time(self, candidates: list[Request]) -> float | None:
+        return None

@@ -1,0 +1,174 @@
+"""Plain data that crosses stepserve's layers.
+
+Nothing here imports torch: the scheduling layer works on these types alone. Tensors that ride on a request
+(latents, prompt embeddings, sampler state) are typed as ``Any`` and only touched by the executor.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+
+SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler")
+
+
+@dataclass
+class SamplingParams:
+    """What a caller asks for. Unset fields (None) take the model's defaults when the request is admitted."""
+
+    prompt: str
+    negative_prompt: str = ""
+    seed: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    sampler: str | None = None
+    height: int | None = None
+    width: int | None = None
+    timeout_s: float | None = None  # deadline relative to arrival; None = no deadline
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # validated and queued, not yet admitted into a batch
+    RUNNING = "running"  # admitted: prompt encoded, latents live, taking denoising steps
+    COMPLETED = "completed"
+    FAILED = "failed"  # with a reason: executor error or deadline passed
+    CANCELLED = "cancelled"  # aborted by the caller
+    REJECTED = "rejected"  # refused at submission (queue full, shutting down)
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+class FinishReason(enum.Enum):
+    COMPLETED = "completed"
+    ERROR = "error"  # the executor raised while this request was in the step
+    TIMEOUT = "timeout"  # deadline passed
+    ABORTED = "aborted"  # the caller went away or called abort()
+    QUEUE_FULL = "queue_full"
+    SHUTTING_DOWN = "shutting_down"
+
+
+@dataclass
+class RequestTiming:
+    """Times are on the engine's clock (seconds); durations are derived properties."""
+
+    arrival: float
+    admitted: float | None = None
+    first_step_done: float | None = None
+    denoise_done: float | None = None
+    finished: float | None = None
+    batch_sizes: list[int] = field(default_factory=list)  # size of every forward this request took part in
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.admitted is None else self.admitted - self.arrival
+
+    @property
+    def denoise_s(self) -> float | None:
+        if self.admitted is None or self.denoise_done is None:
+            return None
+        return self.denoise_done - self.admitted
+
+    @property
+    def decode_s(self) -> float | None:
+        if self.denoise_done is None or self.finished is None:
+            return None
+        return self.finished - self.denoise_done
+
+    @property
+    def total_s(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+_request_ids = itertools.count()
+
+
+def next_request_id() -> str:
+    return f"req-{next(_request_ids)}"
+
+
+@dataclass(eq=False)
+class Request:
+    """One image being generated. All per-request state lives here, including the progress counter `step`."""
+
+    request_id: str
+    params: SamplingParams  # resolved: every field set (model defaults filled in, seed drawn)
+    arrival_time: float
+    bucket: tuple[int, int]  # (height, width): only requests of one bucket share a forward pass
+    num_steps: int
+    deadline: float | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    step: int = 0  # denoising steps done so far (the one progress counter)
+    timing: RequestTiming = field(default=None)  # type: ignore[assignment]
+    # Executor-owned state (tensors), set on admission and dropped when the request finishes:
+    latents: Any = None
+    prompt_embeds: Any = None  # (2 or 1, T, D): [uncond, cond] when guidance applies
+    sampler_state: Any = None
+    image: Any = None  # PIL.Image once decoded
+
+    def __post_init__(self) -> None:
+        if self.timing is None:
+            self.timing = RequestTiming(arrival=self.arrival_time)
+
+    @property
+    def remaining_steps(self) -> int:
+        return self.num_steps - self.step
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def release_tensors(self) -> None:
+        self.latents = None
+        self.prompt_embeds = None
+        self.sampler_state = None
+
+
+@dataclass
+class StepPlan:
+    """What the policy decided for one engine step."""
+
+    admit: list[Request] = field(default_factory=list)  # waiting requests that join the running set now
+    run: list[Request] = field(default_factory=list)  # running requests (incl. admitted) that take one step now
+    wake_at: float | None = None  # with nothing to run: the earliest time at which the plan may change
+
+
+@dataclass
+class StepReport:
+    """What one engine step did, for callers (server, simulator, benchmarks)."""
+
+    now: float  # the time the step was given
+    duration_s: float  # executor time spent (encode + denoise + decode); the engine's clock moves by this much
+    batch_size: int  # requests in the denoising forward pass (0 = idle step)
+    finished: list[Request] = field(default_factory=list)  # requests that reached a final state in this step
+    progressed: list[Request] = field(default_factory=list)  # requests that took a denoising step
+    admitted: list[Request] = field(default_factory=list)  # requests that joined the running set at this step
+    wake_at: float | None = None  # forwarded from the plan when the engine is idle but waiting
+    encode_s: float = 0.0
+    denoise_s: float = 0.0
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a pipeline serves and its defaults; used to validate and resolve SamplingParams."""
+
+    name: str
+    default_sampler: str
+    default_steps: int
+    default_guidance_scale: float
+    default_height: int
+    default_width: int
+    size_multiple: int  # height and width must be multiples of this
+    min_size: int
+    max_size: int
+    max_steps: int = 200
+    max_guidance_scale: float = 50.0
+    max_prompt_chars: int = 2000
+    samplers: tuple[str, ...] = SAMPLER_NAMES

@@ -1,0 +1,88 @@
+"""Checking and resolving what a caller asked for. Every error names the field and what is allowed."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import replace
+
+from .types import ModelInfo, SamplingParams
+
+MAX_SEED = 2**63 - 1
+
+
+class ValidationError(ValueError):
+    """Bad input. `field` names the offending field; the message says what is allowed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
+    """Validate `params` and fill unset fields with the model's defaults (and a random seed if none)."""
+    if not isinstance(params, SamplingParams):
+        raise ValidationError("params", f"expected SamplingParams, got {type(params).__name__}")
+    p = params
+    if not isinstance(p.prompt, str) or not p.prompt.strip():
+        raise ValidationError("prompt", "must be a non-empty string")
+    if len(p.prompt) > model.max_prompt_chars:
+        raise ValidationError("prompt", f"is {len(p.prompt)} characters; at most {model.max_prompt_chars} allowed")
+    negative = "" if p.negative_prompt is None else p.negative_prompt
+    if not isinstance(negative, str) or len(negative) > model.max_prompt_chars:
+        raise ValidationError("negative_prompt", f"must be a string of at most {model.max_prompt_chars} characters")
+
+    seed = p.seed
+    if seed is None:
+        seed = secrets.randbelow(2**31)
+    elif not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        raise ValidationError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")
+
+    steps = model.default_steps if p.num_inference_steps is None else p.num_inference_steps
+    if not _is_int(steps) or not 1 <= steps <= model.max_steps:
+        raise ValidationError(
+            "num_inference_steps", f"must be an integer in [1, {model.max_steps}], got {p.num_inference_steps!r}"
+        )
+
+    guidance = model.default_guidance_scale if p.guidance_scale is None else p.guidance_scale
+    if not _is_number(guidance) or not math.isfinite(guidance) or not 0 <= guidance <= model.max_guidance_scale:
+        raise ValidationError(
+            "guidance_scale",
+            f"must be a number in [0, {model.max_guidance_scale:g}] (<= 1 disables guidance), got {p.guidance_scale!r}",
+        )
+
+    sampler = model.default_sampler if p.sampler is None else p.sampler
+    if sampler not in model.samplers:
+        raise ValidationError("sampler", f"{p.sampler!r} is not supported; allowed: {', '.join(model.samplers)}")
+
+    height = model.default_height if p.height is None else p.height
+    width = model.default_width if p.width is None else p.width
+    for name, value in (("height", height), ("width", width)):
+        if not _is_int(value) or not model.min_size <= value <= model.max_size or value % model.size_multiple:
+            raise ValidationError(
+                name,
+                f"{value!r} is not supported; allowed: multiples of {model.size_multiple} from {model.min_size} "
+                f"to {model.max_size} (default {model.default_height}x{model.default_width})",
+            )
+
+    if p.timeout_s is not None and (not _is_number(p.timeout_s) or not p.timeout_s > 0):
+        raise ValidationError("timeout_s", f"must be a positive number of seconds, got {p.timeout_s!r}")
+
+    return replace(
+        p,
+        negative_prompt=negative,
+        seed=seed,
+        num_inference_steps=steps,
+        guidance_scale=float(guidance),
+        sampler=sampler,
+        height=height,
+        width=width,
+    )

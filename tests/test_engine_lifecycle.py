@@ -1,0 +1,112 @@
+"""Nothing lost: arrivals, aborts, deadlines and executor faults always end in exactly one final state."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepserve.engine import EngineCore, QueueFullError
+from stepserve.executor.fake import FakeExecutor
+from stepserve.scheduling import STRATEGIES, make_policy
+from stepserve.sim import Arrival, simulate
+from stepserve.types import FinishReason, RequestStatus, SamplingParams
+
+FINAL = {RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.CANCELLED, RequestStatus.REJECTED}
+
+arrival = st.builds(
+    lambda t, steps, g, size, timeout, abort: (t, steps, g, size, timeout, abort),
+    st.floats(0, 2.0),
+    st.integers(1, 12),
+    st.sampled_from([1.0, 4.0]),
+    st.sampled_from([16, 32]),
+    st.one_of(st.none(), st.floats(0.01, 1.0)),
+    st.one_of(st.none(), st.floats(0.0, 2.5)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arrivals=st.lists(arrival, min_size=1, max_size=25),
+    strategy=st.sampled_from(STRATEGIES),
+    max_batch=st.integers(1, 5),
+    max_queue=st.one_of(st.none(), st.integers(1, 6)),
+    fault_every=st.one_of(st.none(), st.integers(2, 9)),
+)
+def test_every_request_ends_in_exactly_one_final_state(arrivals, strategy, max_batch, max_queue, fault_every):
+    calls = {"n": 0}
+
+    def fault(stage, requests):
+        calls["n"] += 1
+        return fault_every is not None and calls["n"] % fault_every == 0
+
+    core = EngineCore(FakeExecutor(fault=fault), make_policy(strategy, max_batch, 20.0), max_queue)
+    trace = [
+        Arrival(t, SamplingParams(prompt=f"p{i}", seed=i, num_inference_steps=steps, guidance_scale=g,
+                                  height=size, width=size, timeout_s=timeout), abort_at=abort)
+        for i, (t, steps, g, size, timeout, abort) in enumerate(arrivals)
+    ]
+    seen_final = {}
+
+    def on_step(report):
+        for r in report.finished:
+            assert r.request_id not in seen_final, "a request was finished twice"
+            seen_final[r.request_id] = r.status
+
+    res = simulate(core, trace, on_step=on_step)
+    assert len(res.requests) == len(trace)
+    for r in res.requests:
+        assert r.status in FINAL
+        assert seen_final[r.request_id] is r.status  # reported exactly once, with its final status
+        assert r.finish_reason is not None
+        if r.status is RequestStatus.COMPLETED:
+            assert r.step == r.num_steps and r.image is not None
+            assert r.timing.batch_sizes and len(r.timing.batch_sizes) == r.num_steps
+        else:
+            assert r.error, "a request that did not complete must say why"
+        assert r.latents is None and r.sampler_state is None  # its tensors were freed
+    assert not core.waiting and not core.running and not core.has_work()
+
+
+def test_fault_fails_only_requests_in_that_step_and_engine_keeps_serving():
+    bad_seed = 7
+    core = EngineCore(FakeExecutor(fault=lambda stage, reqs: stage == "denoise" and any(
+        r.params.seed == bad_seed for r in reqs)), make_policy("continuous", 4))
+    a = core.add_request(SamplingParams(prompt="a", seed=1, num_inference_steps=3), 0.0)
+    rep = core.step(0.0)
+    bad = core.add_request(SamplingParams(prompt="b", seed=bad_seed, num_inference_steps=3), 1.0)
+    rep = core.step(1.0)
+    assert {r.request_id for r in rep.finished} == {a.request_id, bad.request_id}
+    assert bad.status is RequestStatus.FAILED and "injected denoise fault" in bad.error
+    c = core.add_request(SamplingParams(prompt="c", seed=2, num_inference_steps=2), 2.0)
+    core.step(2.0)
+    core.step(3.0)
+    assert c.status is RequestStatus.COMPLETED
+
+
+def test_abort_frees_the_slot_by_the_next_step():
+    core = EngineCore(FakeExecutor(), make_policy("continuous", 1))
+    a = core.add_request(SamplingParams(prompt="a", seed=1, num_inference_steps=50), 0.0)
+    b = core.add_request(SamplingParams(prompt="b", seed=2, num_inference_steps=2), 0.0)
+    core.step(0.0)
+    core.abort(a.request_id)
+    rep = core.step(1.0)
+    assert a.status is RequestStatus.CANCELLED and a.finish_reason is FinishReason.ABORTED
+    assert rep.admitted == [b]
+
+
+def test_deadline_fails_with_reason_and_frees_slot():
+    core = EngineCore(FakeExecutor(), make_policy("continuous", 1))
+    a = core.add_request(SamplingParams(prompt="a", seed=1, num_inference_steps=50, timeout_s=0.5), 0.0)
+    core.step(0.0)
+    rep = core.step(0.6)
+    assert a.status is RequestStatus.FAILED and a.finish_reason is FinishReason.TIMEOUT
+    assert "deadline" in a.error and a in rep.finished and not core.running
+
+
+def test_full_queue_rejects_at_once_with_a_distinct_error():
+    core = EngineCore(FakeExecutor(), make_policy("continuous", 1), max_queue=2)
+    for i in range(2):
+        core.add_request(SamplingParams(prompt="a", seed=i), 0.0)
+    with pytest.raises(QueueFullError, match="queue is full") as info:
+        core.add_request(SamplingParams(prompt="a", seed=9), 0.0)
+    assert info.value.request.status is RequestStatus.REJECTED
+    assert info.value.request in core.step(0.0).finished

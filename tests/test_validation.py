@@ -1,0 +1,43 @@
+"""Bad input names the field and what is allowed."""
+
+import pytest
+
+from stepserve.executor.fake import FAKE_MODEL
+from stepserve.types import SamplingParams
+from stepserve.validation import ValidationError, resolve_params
+
+
+@pytest.mark.parametrize(
+    "changes, field, allowed",
+    [
+        ({"sampler": "plms"}, "sampler", "allowed: ddim, euler, euler_a, dpmpp_2m, flow_euler"),
+        ({"num_inference_steps": 0}, "num_inference_steps", "[1, 200]"),
+        ({"num_inference_steps": 201}, "num_inference_steps", "[1, 200]"),
+        ({"num_inference_steps": 2.5}, "num_inference_steps", "integer"),
+        ({"height": 33}, "height", "multiples of 8 from 16 to 64"),
+        ({"width": 1024}, "width", "multiples of 8 from 16 to 64"),
+        ({"guidance_scale": -1.0}, "guidance_scale", "[0, 50]"),
+        ({"guidance_scale": float("nan")}, "guidance_scale", "[0, 50]"),
+        ({"prompt": ""}, "prompt", "non-empty"),
+        ({"prompt": "   "}, "prompt", "non-empty"),
+        ({"seed": -1}, "seed", "integer in [0, "),
+        ({"seed": "abc"}, "seed", "integer in [0, "),
+        ({"seed": True}, "seed", "integer in [0, "),
+        ({"timeout_s": 0}, "timeout_s", "positive"),
+    ],
+)
+def test_bad_input_names_field_and_allowed_values(changes, field, allowed):
+    params = SamplingParams(prompt="seven", **{k: v for k, v in changes.items() if k != "prompt"})
+    if "prompt" in changes:
+        params.prompt = changes["prompt"]
+    with pytest.raises(ValidationError) as info:
+        resolve_params(params, FAKE_MODEL)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}:") and allowed in str(info.value)
+
+
+def test_defaults_fill_unset_fields_and_a_seed_is_drawn():
+    p = resolve_params(SamplingParams(prompt="seven"), FAKE_MODEL)
+    assert p.num_inference_steps == FAKE_MODEL.default_steps and p.sampler == FAKE_MODEL.default_sampler
+    assert (p.height, p.width) == (FAKE_MODEL.default_height, FAKE_MODEL.default_width)
+    assert isinstance(p.seed, int) and p.guidance_scale == FAKE_MODEL.default_guidance_scale
