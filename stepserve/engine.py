@@ -19,9 +19,9 @@ from .validation import resolve_params
 class QueueFullError(RuntimeError):
     """The waiting queue is at max_queue; the request was rejected without being queued."""
 
-    def __init__(self, message: str, request: Request) -> None:
+    def __init__(self, message: str, request: Request | None = None) -> None:
         super().__init__(message)
-        self.request = request  # in its final state: REJECTED / QUEUE_FULL
+        self.request = request  # in its final state (REJECTED / QUEUE_FULL) when it was created at all
 
 
 class EngineCore:

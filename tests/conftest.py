@@ -5,3 +5,20 @@ import torch
 # Deterministic, quiet, and sized for a 2-core machine.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_path(tmp_path_factory):
+    from tiny_sd import build_tiny_sd
+
+    return build_tiny_sd(tmp_path_factory.mktemp("tiny_sd") / "pipe")
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_vpred_path(tmp_path_factory):
+    from tiny_sd import build_tiny_sd
+
+    return build_tiny_sd(tmp_path_factory.mktemp("tiny_sd_v") / "pipe", prediction_type="v_prediction",
+                         scheduler="EulerDiscreteScheduler", seed=1)

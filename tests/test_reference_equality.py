@@ -1,0 +1,69 @@
+"""Served images equal diffusers' own StableDiffusionPipeline, under every strategy and any batch company."""
+
+import numpy as np
+import pytest
+
+from stepserve import Engine, SamplingParams
+from stepserve.scheduling import STRATEGIES
+from tiny_sd import reference_image
+
+SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m")
+
+
+def mixed_requests(n=12):
+    out = []
+    for i in range(n):
+        out.append(SamplingParams(
+            prompt=["a cat", "seven", "the digit 3", "zz top", "blue sky"][i % 5] + f" {i}",
+            negative_prompt="blurry" if i % 4 == 3 else "",
+            seed=1000 + 17 * i,
+            num_inference_steps=[3, 7, 12, 5][i % 4],
+            guidance_scale=[1.0, 4.5, 7.5][i % 3],
+            sampler=SAMPLERS[i % len(SAMPLERS)],
+            height=16, width=16,
+        ))
+    return out
+
+
+@pytest.fixture(scope="module")
+def references(tiny_sd_path):
+    return [reference_image(tiny_sd_path, p) for p in mixed_requests()]
+
+
+def as_array(image):
+    return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_gives_diffusers_image(tiny_sd_path, references, strategy):
+    engine = Engine.from_pretrained(str(tiny_sd_path), strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
+    results = engine.generate(mixed_requests())
+    assert all(r.ok for r in results), [r.error for r in results]
+    if strategy != "none":
+        assert max(max(r.timing.batch_sizes) for r in results) > 1, "the requests never shared a batch"
+    for r, ref in zip(results, references):
+        diff = np.abs(as_array(r.image) - ref.astype(np.int16))
+        assert diff.max() <= 1, (r.params, diff.max())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_batch_invariance(tiny_sd_path, strategy):
+    engine = Engine.from_pretrained(str(tiny_sd_path), strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
+    target = SamplingParams(prompt="seven", seed=5, num_inference_steps=9, guidance_scale=5.0, sampler="euler_a",
+                            height=16, width=16)
+    alone = engine.generate([target])[0]
+    crowd = mixed_requests(7)
+    amid = engine.generate(crowd[:3] + [target] + crowd[3:])[3]
+    assert max(amid.timing.batch_sizes) > 1 or strategy == "none"
+    diff = np.abs(as_array(alone.image) - as_array(amid.image))
+    assert diff.max() <= 1 and diff.mean() < 0.01
+
+
+def test_v_prediction_model_matches_diffusers(tiny_sd_vpred_path):
+    engine = Engine.from_pretrained(str(tiny_sd_vpred_path), strategy="continuous", max_batch_size=4)
+    reqs = [SamplingParams(prompt=f"v {i}", seed=i, num_inference_steps=4 + i, guidance_scale=3.0,
+                           sampler=SAMPLERS[i % 4], height=16, width=16) for i in range(4)]
+    results = engine.generate(reqs)
+    for r, p in zip(results, reqs):
+        diff = np.abs(as_array(r.image) - reference_image(tiny_sd_vpred_path, p).astype(np.int16))
+        assert diff.max() <= 1, (p, diff.max())
