@@ -1,0 +1,182 @@
+"""The FastAPI app: OpenAI-compatible image generation over an AsyncEngine, plus models, health and metrics.
+
+create_app() takes an engine that has not been started; the app starts it when the server starts and shuts it
+down (letting in-flight work finish within the grace period) when the server stops.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+
+from ..async_engine import AsyncEngine
+from . import errors
+from .errors import APIError, install_error_handlers
+from .generation import (ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all,
+                         wait_all)
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .schemas import ServerLimits, engine_params, parse_body
+from .streaming import EventStreamResponse, StreamJob, image_events
+
+CLIENT_GONE = 499  # never read by anyone: the client has disconnected
+
+
+def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLimits | None = None,
+               shutdown_grace_s: float = 30.0) -> FastAPI:
+    state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None)
+    engine.on_step.append(state.metrics.on_step)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.shutdown(shutdown_grace_s)
+
+    app = FastAPI(title="stepserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    install_error_handlers(app)
+    protected = [Depends(_auth(state))]
+    app.include_router(_open_routes(state))
+    app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(_metrics_route(state), dependencies=protected)
+    return app
+
+
+def start_drain(app: FastAPI) -> None:
+    """Stop accepting image requests (they get 503); work already accepted carries on."""
+    state: ServerState = app.state.server
+    state.draining = True
+    state.engine.accepting = False
+
+
+def is_idle(app: FastAPI) -> bool:
+    state: ServerState = app.state.server
+    return state.inflight == 0 and state.engine.queue_depth == 0 and state.engine.running_count == 0
+
+
+def _auth(state: ServerState):
+    expected = None if state.api_key is None else state.api_key.encode()
+
+    async def require_key(request: Request) -> None:
+        if expected is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            state.metrics.request_done("unauthorized", 0.0)
+            raise errors.unauthorized("missing API key; send the header 'Authorization: Bearer <key>'")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            state.metrics.request_done("unauthorized", 0.0)
+            raise errors.unauthorized("invalid API key; send the header 'Authorization: Bearer <key>' with the "
+                                      "key the server was started with")
+
+    return require_key
+
+
+def _open_routes(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> JSONResponse:
+        engine = state.engine
+        body = {"status": "draining" if state.draining else "ok", "model": engine.model.name,
+                "queue_depth": engine.queue_depth, "running": engine.running_count}
+        return JSONResponse(body, status_code=503 if state.draining else 200)
+
+    return router
+
+
+def _metrics_route(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    return router
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.engine.model.name, "object": "model", "created": state.started_at, "owned_by": "stepserve"}
+
+
+def _v1_routes(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @router.get("/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        if model_id != state.engine.model.name:
+            raise APIError(404, f"model {model_id!r} is not served here; available: {state.engine.model.name}",
+                           code="model_not_found", param="model")
+        return _model_card(state)
+
+    @router.post("/images/generations")
+    async def generate(request: Request) -> Response:
+        started = time.monotonic()
+        state.inflight += 1
+        streaming = False
+        try:
+            req = parse_body(await _read_body(request, state.limits.max_body_bytes), state.limits)
+            params = engine_params(req, state.limits)
+            handles = submit_all(state, params, (req.partial_images or 0) if req.stream else 0)
+            if req.stream:
+                job = StreamJob(state, handles, started)
+                streaming = True  # from here the stream owns the bookkeeping
+                return EventStreamResponse(image_events(job, backstop_s(params)), job.close)
+            results = await wait_all(state, handles, request.receive, backstop_s(params))
+            if results is None:
+                state.metrics.request_done("cancelled", time.monotonic() - started)
+                return Response(status_code=CLIENT_GONE)
+            for r in results:
+                check(r)
+            body = {
+                "created": int(time.time()),
+                "data": [{"b64_json": await encode(r.image)} for r in results],
+                "size": size_of(results[0].params),
+                "output_format": "png",
+                "stepserve": {"model": state.engine.model.name, "images": [image_info(r) for r in results]},
+            }
+            for r in results:
+                state.note_latency(r.timing.total_s or 0.0)
+            state.metrics.request_done("completed", time.monotonic() - started, len(results))
+            return JSONResponse(body)
+        except APIError as exc:
+            state.metrics.request_done(outcome_of(exc), time.monotonic() - started)
+            return exc.response()
+        except ClientDisconnect:
+            state.metrics.request_done("cancelled", time.monotonic() - started)
+            return Response(status_code=CLIENT_GONE)
+        finally:
+            if not streaming:
+                state.inflight -= 1
+
+    return router
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit // 1024} KiB; shorten the prompt",
+                    code="body_too_large")

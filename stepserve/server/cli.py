@@ -1,0 +1,157 @@
+"""`stepserve serve`: load a model, build the engine and the app, serve it with uvicorn.
+
+On SIGTERM (or Ctrl-C) the server stops accepting image requests (503), lets the ones in flight finish within
+--shutdown-grace-s, aborts whatever is left after that, and exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import uvicorn
+
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
+
+STRATEGIES = ("continuous", "dynamic", "static", "none")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"stepserve serve: error: {message}\n")
+
+
+def _int_from(low: int, high: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="stepserve serve", description="Serve the OpenAI-compatible images API over HTTP.")
+    p.add_argument("--model", default="embedded", help="'embedded' or a local diffusers folder (model_index.json)")
+    p.add_argument("--strategy", default="continuous", choices=STRATEGIES, help="batching strategy")
+    p.add_argument("--max-batch-size", type=_int_from(1), default=8)
+    p.add_argument("--max-queue-delay-ms", type=_non_negative_float, default=DEFAULT_MAX_QUEUE_DELAY_MS,
+                   help="dynamic batching: longest wait for a fuller batch")
+    p.add_argument("--max-queue", type=_int_from(1), default=None,
+                   help="waiting requests beyond this get 429 at once (default: unbounded)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=_int_from(1, 65535), default=8000)
+    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--timeout-s", type=_positive_float, default=None,
+                   help="default deadline of a request without its own timeout_s (504 when passed)")
+    p.add_argument("--shutdown-grace-s", type=_non_negative_float, default=30.0,
+                   help="on SIGTERM, how long requests in flight may take to finish")
+    p.add_argument("--max-n", type=_int_from(1, 64), default=8, help="largest n (images per request)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.model != "embedded" and not (Path(args.model).expanduser() / "model_index.json").is_file():
+        print(f"stepserve serve: error: --model {args.model!r} is neither 'embedded' nor a local diffusers folder "
+              f"with model_index.json", file=sys.stderr)
+        return 2
+
+    from ..api import load_executor
+    from ..async_engine import AsyncEngine
+    from .app import create_app
+    from .schemas import ServerLimits
+
+    print(f"stepserve serve: loading {args.model} on {args.device} ({args.dtype}) ...", file=sys.stderr, flush=True)
+    try:
+        executor = load_executor(args.model, args.device, args.dtype)
+    except (OSError, ValueError) as exc:
+        print(f"stepserve serve: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    engine = AsyncEngine(executor, strategy=args.strategy, max_batch_size=args.max_batch_size,
+                         max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue)
+    limits = ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s)
+    app = create_app(engine, api_key=args.api_key, limits=limits, shutdown_grace_s=args.shutdown_grace_s)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
+    print(f"stepserve serve: {executor.model.name} on http://{args.host}:{args.port}/v1 "
+          f"(strategy {args.strategy}, max batch {args.max_batch_size})", file=sys.stderr, flush=True)
+    DrainingServer(config, app, args.shutdown_grace_s).run()
+    return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first SIGTERM/SIGINT drains instead of closing the door on requests in flight."""
+
+    def __init__(self, config: uvicorn.Config, app, grace_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace_s = grace_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:  # runs as a signal handler in the loop's thread
+        if self.draining or self.loop is None:  # a second signal: stop now
+            self.should_exit = True
+            self.force_exit = self.draining and sig == signal.SIGINT
+            return
+        self.draining = True
+        self.loop.call_soon_threadsafe(self._begin_drain)
+
+    def _begin_drain(self) -> None:
+        assert self.loop is not None
+        self.drain_task = self.loop.create_task(drain(self.app, self, self.grace_s))
+
+
+async def drain(app, server, grace_s: float) -> None:
+    """Refuse new work, wait for the work in flight (at most grace_s), abort the rest, then let uvicorn exit."""
+    from .app import is_idle, start_drain
+
+    start_drain(app)
+    deadline = time.monotonic() + grace_s
+    while not is_idle(app) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if not is_idle(app):
+        await app.state.server.engine.shutdown(0.0)  # the requests left get 503
+        settle = time.monotonic() + 2.0
+        while app.state.server.inflight and time.monotonic() < settle:
+            await asyncio.sleep(0.02)
+    server.should_exit = True

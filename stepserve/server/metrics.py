@@ -1,0 +1,71 @@
+"""Prometheus metrics for one app: its own CollectorRegistry, so two servers in one process never share counters.
+
+Engine-side numbers (step latency, batch size) come from the engine's on_step callback, which runs in the engine
+thread; prometheus_client's metric types are thread-safe. Queue depth and running requests are read on scrape.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from ..types import StepReport
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+OUTCOMES = ("completed", "invalid", "unauthorized", "rejected", "shutting_down", "timeout", "failed", "cancelled")
+_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class ServerMetrics:
+    def __init__(self, engine) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.queue_depth = Gauge("stepserve_queue_depth", "Requests waiting for a slot in the engine", registry=r)
+        self.queue_depth.set_function(lambda: engine.queue_depth)
+        self.running = Gauge("stepserve_running_requests", "Requests admitted and not finished", registry=r)
+        self.running.set_function(lambda: engine.running_count)
+        self.last_batch_size = 0
+        self.batch_size = Gauge("stepserve_running_batch_size",
+                                "Requests in the latest denoising forward pass (0 when nothing runs)", registry=r)
+        self.batch_size.set_function(lambda: self.last_batch_size if engine.running_count else 0)
+        self.step_latency = Histogram("stepserve_step_latency_seconds",
+                                      "Duration of one engine step (encode + denoise + decode)",
+                                      buckets=_STEP_BUCKETS, registry=r)
+        self.step_batch = Histogram("stepserve_step_batch_size", "Batch size of each denoising forward pass",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.request_latency = Histogram("stepserve_request_latency_seconds",
+                                         "HTTP image requests, arrival to answer, by outcome", ["outcome"],
+                                         buckets=_REQUEST_BUCKETS, registry=r)
+        self.requests = Counter("stepserve_requests", "HTTP image requests by outcome", ["outcome"], registry=r)
+        self.rejected = Counter("stepserve_rejected", "Requests refused because the queue was full (429)",
+                                registry=r)
+        self.cancelled = Counter("stepserve_cancelled", "Requests cancelled because the client went away",
+                                 registry=r)
+        self.failed = Counter("stepserve_failed", "Requests that failed in the model (500)", registry=r)
+        self.timed_out = Counter("stepserve_timed_out", "Requests past their timeout_s (504)", registry=r)
+        self.images = Counter("stepserve_images_completed", "Images generated and returned", registry=r)
+        for outcome in OUTCOMES:  # export zeros from the start, so rates work before the first event
+            self.requests.labels(outcome)
+            self.request_latency.labels(outcome)
+
+    def on_step(self, report: StepReport) -> None:
+        """Engine-thread callback, once per engine step."""
+        if report.batch_size:
+            self.step_latency.observe(report.duration_s)
+            self.step_batch.observe(report.batch_size)
+        self.last_batch_size = report.batch_size
+
+    def request_done(self, outcome: str, seconds: float, images: int = 0) -> None:
+        self.requests.labels(outcome).inc()
+        self.request_latency.labels(outcome).observe(seconds)
+        counter = {"rejected": self.rejected, "cancelled": self.cancelled, "failed": self.failed,
+                   "timeout": self.timed_out}.get(outcome)
+        if counter is not None:
+            counter.inc()
+        if images:
+            self.images.inc(images)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

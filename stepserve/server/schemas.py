@@ -1,0 +1,147 @@
+"""The request body of POST /v1/images/generations, how it is parsed, and how it becomes engine requests.
+
+Parsing is strict and total: any body (bad JSON, wrong types, unknown fields, out-of-range values) either becomes
+an ImageGenerationRequest or an APIError 400 naming the field and what is allowed. Unknown fields are refused
+(a typo such as "seeds" would otherwise be silently ignored); OpenAI fields that do not change a stepserve image
+(quality, style, moderation, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic import ValidationError as PydanticValidationError
+
+from ..types import SamplingParams
+from ..validation import MAX_SEED
+from .errors import APIError, invalid
+
+MAX_PARTIAL_IMAGES = 3
+_SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one HTTP request may ask for (the model's own limits on steps, size and prompt come on top)."""
+
+    max_n: int = 8
+    max_body_bytes: int = 64 * 1024
+    default_timeout_s: float | None = None  # applied when a request has no timeout_s of its own
+
+
+class ImageGenerationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # OpenAI fields
+    prompt: str
+    model: str | None = None
+    n: int | None = None
+    size: str | None = None
+    response_format: str | None = None
+    stream: bool | None = None
+    partial_images: int | None = None
+    user: str | None = None
+    output_format: str | None = None
+    background: str | None = None
+    # OpenAI fields accepted and ignored: they do not change what stepserve generates
+    quality: str | None = None
+    style: str | None = None
+    moderation: str | None = None
+    output_compression: int | None = None
+    safety_identifier: str | None = None
+    # stepserve fields
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    sampler: str | None = None
+    negative_prompt: str | None = None
+    timeout_s: float | None = None
+
+
+FIELDS = tuple(ImageGenerationRequest.model_fields)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_body(raw: bytes, limits: ServerLimits) -> ImageGenerationRequest:
+    try:
+        data = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise invalid(f"the body is not valid JSON ({exc}); send a JSON object such as "
+                      '{"prompt": "a red fox", "size": "512x512"}', code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise invalid(f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    try:
+        req = ImageGenerationRequest.model_validate(data)
+    except PydanticValidationError as exc:
+        raise _from_pydantic(exc) from None
+    _check(req, limits)
+    return req
+
+
+def _from_pydantic(exc: PydanticValidationError) -> APIError:
+    first = exc.errors(include_url=False)[0]
+    field = str(first["loc"][0]) if first.get("loc") else None
+    if first["type"] == "extra_forbidden":
+        return invalid(f"unknown field {field!r}; allowed fields: {', '.join(FIELDS)}", field, "unknown_field")
+    if first["type"] == "missing":
+        return invalid(f"{field} is required", field, "missing_field")
+    shown = repr(first.get("input"))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return invalid(f"{field}: {first['msg'].lower()}, got {shown}", field, "invalid_type")
+
+
+def _check(req: ImageGenerationRequest, limits: ServerLimits) -> None:
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= limits.max_n:
+        raise invalid(f"n: must be an integer from 1 to {limits.max_n}, got {n}", "n")
+    if req.response_format not in (None, "b64_json"):
+        raise invalid(f"response_format: only 'b64_json' is supported (images are returned inline), got "
+                      f"{req.response_format!r}", "response_format")
+    if req.output_format not in (None, "png"):
+        raise invalid(f"output_format: only 'png' is supported, got {req.output_format!r}", "output_format")
+    if req.background not in (None, "auto", "opaque"):
+        raise invalid(f"background: allowed 'auto' or 'opaque', got {req.background!r}", "background")
+    if req.partial_images is not None and not 0 <= req.partial_images <= MAX_PARTIAL_IMAGES:
+        raise invalid(f"partial_images: must be an integer from 0 to {MAX_PARTIAL_IMAGES}, got {req.partial_images}",
+                      "partial_images")
+    if req.partial_images and not req.stream:
+        raise invalid("partial_images: needs \"stream\": true (partial images only exist as stream events)",
+                      "partial_images")
+    if req.output_compression is not None and not 0 <= req.output_compression <= 100:
+        raise invalid(f"output_compression: must be from 0 to 100, got {req.output_compression}", "output_compression")
+    if req.seed is not None and not 0 <= req.seed <= MAX_SEED - (n - 1):
+        raise invalid(f"seed: must be an integer in [0, {MAX_SEED - (n - 1)}] (image i uses seed + i), got {req.seed}",
+                      "seed")
+    parse_size(req.size)
+
+
+def parse_size(size: str | None) -> tuple[int | None, int | None]:
+    """'WxH' -> (width, height); None or 'auto' -> the model's default (None, None)."""
+    if size is None or size == "auto":
+        return None, None
+    match = _SIZE.match(size)
+    if not match:
+        raise invalid(f"size: expected 'WIDTHxHEIGHT' such as '512x512' or 'auto', got {size[:40]!r}", "size")
+    return int(match.group(1)), int(match.group(2))
+
+
+def engine_params(req: ImageGenerationRequest, limits: ServerLimits) -> list[SamplingParams]:
+    """One SamplingParams per image: seeds seed, seed+1, ...; with no seed one is drawn (and reported back)."""
+    n = 1 if req.n is None else req.n
+    seed = secrets.randbelow(2**31) if req.seed is None else req.seed
+    width, height = parse_size(req.size)
+    timeout = req.timeout_s if req.timeout_s is not None else limits.default_timeout_s
+    return [
+        SamplingParams(prompt=req.prompt, negative_prompt=req.negative_prompt or "", seed=seed + i,
+                       num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale,
+                       sampler=req.sampler, height=height, width=width, timeout_s=timeout)
+        for i in range(n)
+    ]

@@ -1,0 +1,69 @@
+"""Small helpers shared by the HTTP tests."""
+
+from __future__ import annotations
+
+import base64
+import io
+import socket
+import time
+
+import numpy as np
+from PIL import Image
+
+GENERATIONS = "/v1/images/generations"
+
+
+def decode_png(b64: str) -> Image.Image:
+    raw = base64.b64decode(b64)
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return Image.open(io.BytesIO(raw))
+
+
+def pixels(image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+def assert_close(a, b, tol: int = 1) -> None:
+    diff = np.abs(pixels(a) - pixels(b)).max()
+    assert diff <= tol, f"images differ by up to {diff} (allowed {tol})"
+
+
+def assert_error_shape(response, status: int | None = None) -> dict:
+    if status is not None:
+        assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str) and error["type"], error
+    assert error["param"] is None or isinstance(error["param"], str), error
+    return error
+
+
+def raw_post(port: int, body: bytes, path: str = GENERATIONS) -> socket.socket:
+    """Send a POST by hand and return the open socket (the test decides when to hang up)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sock.sendall(head + body)
+    return sock
+
+
+def read_headers(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
