@@ -1,0 +1,199 @@
+"""A whole benchmark: load the model once, measure idle latency and capacity, replay the identical load for
+every contender (repeats rotate the order), optionally sweep the rate, then write the report files."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .metrics import summarize_repeats
+from .plots import (BATCH_SIZE_OVER_TIME, LATENCY_CDF, THROUGHPUT_VS_LATENCY, plot_batch_sizes, plot_latency_cdf,
+                    plot_throughput_vs_latency)
+from .report import conclusions, write_report
+from .resources import capture_environment
+from .results import BenchResults, BenchSettings, CdfSeries, Startup, write_json
+from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measure_idle, rotate, run_contender
+from .sweep import DEFAULT_SWEEP_FRACS, rates_from_fracs, run_sweep
+from .targets import Contender, EngineTarget, HttpTarget
+from .workload import Mix, load_trace, poisson_trace, save_trace
+
+
+@dataclass
+class BenchConfig:
+    argv: list[str]
+    mix: Mix
+    out: Path
+    targets: list[str] = field(default_factory=list)  # URLs; empty: in-process engines on `model`
+    model: str = "embedded"
+    device: str = "cpu"
+    dtype: str = "float32"
+    contenders: list[Contender] = field(default_factory=list)
+    load: str = "poisson"  # poisson | closed | trace
+    rate: float | None = None
+    rate_frac: float | None = None
+    users: int = 8
+    trace_file: str | None = None
+    duration_s: float = 30.0
+    warmup_s: float = 5.0
+    drain_s: float | None = None  # default: max(5 s, 3 x SLO)
+    sweep: bool = False
+    sweep_rates: list[float] = field(default_factory=list)
+    sweep_fracs: list[float] = field(default_factory=lambda: list(DEFAULT_SWEEP_FRACS))
+    sweep_duration_s: float | None = None
+    sweep_patience: int = 1
+    slo_p95_ms: float | None = None
+    slo_x_idle: float = 2.0
+    repeats: int = 1
+    seed: int = 0
+    capacity_duration_s: float = 10.0
+    api_key: str | None = None
+    progress: bool = True
+    keep_images: int = 0
+    threads: int | None = None  # torch CPU threads; None: torch's own choice
+
+
+def _makers(cfg: BenchConfig, startup: Startup) -> tuple[list[TargetMaker], TargetMaker]:
+    """One maker per contender, plus the reference maker used for idle latency and capacity."""
+    if cfg.targets:
+        makers = [TargetMaker(name, lambda u=url, n=name: HttpTarget(u, n, cfg.api_key))
+                  for name, url in (_split_target(t) for t in cfg.targets)]
+        return makers, makers[0]
+    t0 = time.monotonic()
+    executor = load_model(cfg.model, cfg.device, cfg.dtype)
+    startup.model_load_s = time.monotonic() - t0
+    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images)) for c in cfg.contenders]
+    batch = max((c.max_batch_size for c in cfg.contenders), default=8)
+    reference = Contender("continuous", max_batch_size=batch)
+    return makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference))
+
+
+def _split_target(text: str) -> tuple[str, str]:
+    """'label=URL' or 'URL'."""
+    if "=" in text and not text.split("=", 1)[0].startswith("http"):
+        name, url = text.split("=", 1)
+        return name, url
+    return text, text
+
+
+def load_model(model: str, device: str, dtype: str):
+    if model == "fake":
+        from .targets import SleepingFakeExecutor
+
+        return SleepingFakeExecutor()
+    from ..api import load_executor
+
+    return load_executor(model, device, dtype)
+
+
+@dataclass
+class BenchRun:
+    results: BenchResults
+    runs: list[ContenderRun]
+    plan: LoadPlan
+
+
+async def run_bench(cfg: BenchConfig) -> BenchRun:
+    if cfg.threads and not cfg.targets:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    env = capture_environment(cfg.argv, "http" if cfg.targets else cfg.device)
+    startup = Startup(model_load_s=None)
+    makers, reference = _makers(cfg, startup)
+
+    idle = await measure_idle(reference, cfg.mix, progress=cfg.progress)
+    if cfg.slo_p95_ms is not None:
+        slo_s, slo_rule = cfg.slo_p95_ms / 1000.0, f"p95 <= {cfg.slo_p95_ms:g} ms (given)"
+    else:
+        longest = max(idle, key=lambda i: i.latency_s)
+        slo_s = cfg.slo_x_idle * longest.latency_s
+        slo_rule = (f"p95 <= {cfg.slo_x_idle:g} x the idle latency of the longest request in the mix "
+                    f"({longest.steps} steps)")
+    drain_s = cfg.drain_s if cfg.drain_s is not None else max(5.0, 3.0 * slo_s)
+
+    capacity = None
+    needs_capacity = (cfg.load == "poisson" and cfg.rate is None) or (cfg.sweep and not cfg.sweep_rates)
+    if needs_capacity:
+        batch = max((c.max_batch_size for c in cfg.contenders), default=8)
+        capacity = await measure_capacity(reference, cfg.mix, 2 * batch, cfg.capacity_duration_s,
+                                          min(2.0, cfg.warmup_s), cfg.seed, cfg.progress)
+
+    plan, rate = _plan(cfg, capacity.rps if capacity else None, drain_s)
+    runs: list[ContenderRun] = []
+    for repeat in range(cfg.repeats):
+        for maker in rotate(makers, repeat):
+            label = f"{maker.name} (repeat {repeat + 1}/{cfg.repeats})" if cfg.repeats > 1 else maker.name
+            run = await run_contender(maker, plan, repeat, slo_s, cfg.progress, label)
+            startup.engine_start_s.append(run.engine_start_s)
+            runs.append(run)
+
+    settings = _settings(cfg, makers, rate, drain_s, slo_rule)
+    warm = sum(1 for it in plan.trace.items if it.offset_s < cfg.warmup_s) if plan.trace else None
+    warm_note = (f"Warm-up excluded: requests scheduled in the first {cfg.warmup_s:g} s of every run"
+                 + (f" ({warm} per run)" if warm is not None else "") + " are sent but not counted.")
+    results = BenchResults(environment=env, settings=settings, startup=startup, load_description=plan.description,
+                           slo_s=slo_s, warmup_note=warm_note, idle=idle, capacity=capacity)
+    order = [m.name for m in makers]
+    results.runs = sorted((r.metrics for r in runs), key=lambda m: (order.index(m.contender), m.repeat))
+    for name in order:
+        mine = [r for r in results.runs if r.contender == name]
+        results.summaries.append(summarize_repeats(mine))
+        results.cdf.append(CdfSeries(name, sorted(v for r in mine for v in r.latencies_s)))
+        first = next(r for r in runs if r.metrics.contender == name and r.metrics.repeat == 0)
+        results.timelines.append(first.timeline)
+
+    if cfg.sweep:
+        rates = cfg.sweep_rates or rates_from_fracs(capacity.rps, cfg.sweep_fracs)
+        settings.sweep_rates_rps = rates
+        sweep = await run_sweep(makers, cfg.mix, rates, slo_s, cfg.warmup_s, cfg.sweep_duration_s or cfg.duration_s,
+                                drain_s, cfg.seed, cfg.sweep_patience, cfg.progress)
+        results.sweep, results.knees = sweep.points, sweep.knees
+        startup.engine_start_s += [r.engine_start_s for r in sweep.runs]
+    results.conclusions = conclusions(results)
+    return BenchRun(results, runs, plan)
+
+
+def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> tuple[LoadPlan, float | None]:
+    if cfg.load == "closed":
+        return LoadPlan("closed", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, users=cfg.users), None
+    if cfg.load == "trace":
+        trace = load_trace(cfg.trace_file)
+        return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, trace.duration_s, drain_s, trace=trace), None
+    rate = cfg.rate if cfg.rate is not None else (cfg.rate_frac or 0.7) * capacity_rps
+    trace = poisson_trace(cfg.mix, rate, cfg.warmup_s + cfg.duration_s, cfg.seed)
+    if capacity_rps and cfg.rate is None:
+        trace.description += f" ({(cfg.rate_frac or 0.7) * 100:.0f}% of measured capacity {capacity_rps:.2f} req/s)"
+    return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, trace=trace), rate
+
+
+def _settings(cfg: BenchConfig, makers: list[TargetMaker], rate: float | None, drain_s: float,
+              slo_rule: str) -> BenchSettings:
+    target = ", ".join(cfg.targets) if cfg.targets else f"in-process engine, model {cfg.model}"
+    return BenchSettings(
+        target=target, model=None if cfg.targets else cfg.model, device=cfg.device, dtype=cfg.dtype,
+        contenders=[] if cfg.targets else list(cfg.contenders), mix=cfg.mix.to_dict(), load=cfg.load,
+        rate_rps=rate, rate_frac=cfg.rate_frac, users=cfg.users if cfg.load == "closed" else None,
+        trace_file=cfg.trace_file, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, drain_s=drain_s,
+        repeats=cfg.repeats, seed=cfg.seed, slo_rule=slo_rule, sweep=cfg.sweep)
+
+
+def write_outputs(run: BenchRun, out: Path) -> list[Path]:
+    """results.json, report.md, latency_cdf.png, and when they apply: throughput_vs_latency.png (sweep),
+    batch_size_over_time.png (in-process), trace.jsonl (the open-loop trace every contender replayed)."""
+    results = run.results
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.json", out / "report.md", out / LATENCY_CDF]
+    write_json(results, written[0])
+    write_report(results, written[1])
+    plot_latency_cdf(results.cdf, results.slo_s, written[2], f"Latency CDF ({results.load_description})")
+    if results.sweep:
+        written.append(out / THROUGHPUT_VS_LATENCY)
+        plot_throughput_vs_latency(results.sweep, results.slo_s, written[-1])
+    if any(t.t_s for t in results.timelines):
+        written.append(out / BATCH_SIZE_OVER_TIME)
+        plot_batch_sizes(results.timelines, written[-1])
+    if run.plan.trace is not None:
+        written.append(out / "trace.jsonl")
+        save_trace(run.plan.trace, written[-1])
+    return written

@@ -1,0 +1,157 @@
+"""`stepserve bench`: load-test the batching strategies (in process) or a running server (HTTP); write a report.
+
+    stepserve bench --model embedded --steps 8,20,40 --rate-frac 0.7 --duration 30 --out bench-out
+    stepserve bench --target http://127.0.0.1:8000 --load closed --users 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from ..scheduling import STRATEGIES
+from .app import BenchConfig, run_bench, write_outputs
+from .targets import Contender
+from .workload import Mix
+
+LOADS = ("poisson", "closed", "trace")
+
+
+class UsageError(Exception):
+    """A bad flag; the message names what is allowed."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the whole usage block
+        raise UsageError(message)
+
+
+def _floats(text: str, name: str, positive: bool = True) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{name}: {text!r} is not a comma-separated list of numbers, e.g. 10,50,200") from None
+    if not values or (positive and any(v <= 0 for v in values)):
+        raise UsageError(f"{name}: expected positive numbers separated by commas, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="stepserve bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--target", action="append", default=[],
+                      help="URL of a running server (repeatable; 'label=URL' names it); default: in-process")
+    what.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (in-process only)")
+    p.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (in-process only)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated: {', '.join(STRATEGIES)}")
+    p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--static-batch-size", type=int, help="static's batch size (default: --max-batch-size)")
+    p.add_argument("--max-queue", type=int, help="engine queue bound; over it requests are rejected (default: none)")
+    mix = p.add_mutually_exclusive_group()
+    mix.add_argument("--mix", type=Path, help="request mix file (YAML or JSON)")
+    mix.add_argument("--steps", default="8,20,40", help="step counts drawn uniformly (when no --mix)")
+    p.add_argument("--load", default="poisson", choices=LOADS, help="open-loop poisson (default), closed loop, trace")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument("--rate", type=float, help="poisson arrivals per second")
+    rate.add_argument("--rate-frac", type=float, help="poisson rate as a fraction of measured capacity (default 0.7)")
+    p.add_argument("--users", type=int, default=8, help="closed-loop users")
+    p.add_argument("--trace", type=Path, help="trace file (CSV or JSONL) for --load trace")
+    p.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
+    p.add_argument("--warmup", type=float, default=5.0, help="seconds at the start of each run not counted")
+    p.add_argument("--drain", type=float, help="seconds to wait for answers after the last send (default 3x SLO)")
+    p.add_argument("--capacity-duration", type=float, default=10.0, help="seconds of the capacity measurement")
+    p.add_argument("--sweep", action="store_true", help="also sweep the rate to find each contender's knee")
+    p.add_argument("--sweep-rates", help="absolute rates for the sweep, e.g. 1,2,4")
+    p.add_argument("--sweep-fracs", help="sweep rates as fractions of measured capacity (default 0.1..1.2)")
+    p.add_argument("--sweep-duration", type=float, help="measured seconds per sweep point (default --duration)")
+    slo = p.add_mutually_exclusive_group()
+    slo.add_argument("--slo-p95-ms", type=float, help="latency SLO in ms")
+    slo.add_argument("--slo-x-idle", type=float, default=2.0, help="SLO = K x idle latency of the longest request")
+    p.add_argument("--repeats", type=int, default=1, help="replays of the whole comparison (spread reported)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", help="bearer key for --target servers that need one")
+    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def contenders_from(args: argparse.Namespace) -> list[Contender]:
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [n for n in names if n not in STRATEGIES]
+    if bad or not names:
+        raise UsageError(f"--strategies: {', '.join(bad) or 'nothing'} not supported; allowed: {', '.join(STRATEGIES)}")
+    delays = _floats(args.dynamic_delays_ms, "--dynamic-delays-ms", positive=False)
+    if any(d < 0 for d in delays):
+        raise UsageError("--dynamic-delays-ms: delays must be >= 0")
+    out: list[Contender] = []
+    for name in dict.fromkeys(names):
+        settings = dict(strategy=name, max_batch_size=args.max_batch_size, static_batch_size=args.static_batch_size,
+                        max_queue=args.max_queue)
+        if name == "dynamic":
+            out += [Contender(max_queue_delay_ms=d, **settings) for d in delays]
+        else:
+            out.append(Contender(**settings))
+    return out
+
+
+def config_from_args(argv: list[str]) -> BenchConfig:
+    args = build_parser().parse_args(argv)
+    positive = {"--max-batch-size": args.max_batch_size, "--users": args.users, "--duration": args.duration,
+                "--repeats": args.repeats, "--rate": args.rate, "--rate-frac": args.rate_frac,
+                "--threads": args.threads, "--static-batch-size": args.static_batch_size,
+                "--max-queue": args.max_queue, "--slo-p95-ms": args.slo_p95_ms, "--slo-x-idle": args.slo_x_idle,
+                "--capacity-duration": args.capacity_duration}
+    for flag, value in positive.items():
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag}: must be > 0, got {value:g}")
+    if args.warmup < 0 or (args.drain is not None and args.drain < 0):
+        raise UsageError("--warmup/--drain: must be >= 0 seconds")
+    if args.load == "trace" and args.trace is None:
+        raise UsageError("--load trace needs --trace FILE (CSV or JSONL: offset_s, prompt, ...)")
+    if args.trace is not None and args.load != "trace":
+        raise UsageError("--trace FILE goes with --load trace")
+    if args.target and args.model != "embedded":
+        raise UsageError("--target and --model exclude each other: benchmark a server or an in-process model")
+    try:
+        mix = Mix.load(args.mix) if args.mix else Mix.from_steps([int(s) for s in _floats(args.steps, "--steps")])
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--mix/--steps: {exc}") from None
+    return BenchConfig(
+        argv=["bench", *argv], mix=mix, out=args.out, targets=list(args.target), model=args.model,
+        device=args.device, dtype=args.dtype, contenders=contenders_from(args), load=args.load, rate=args.rate,
+        rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
+        duration_s=args.duration, warmup_s=args.warmup, drain_s=args.drain, sweep=args.sweep,
+        sweep_rates=_floats(args.sweep_rates, "--sweep-rates") if args.sweep_rates else [],
+        **({"sweep_fracs": _floats(args.sweep_fracs, "--sweep-fracs")} if args.sweep_fracs else {}),
+        sweep_duration_s=args.sweep_duration, slo_p95_ms=args.slo_p95_ms,
+        slo_x_idle=args.slo_x_idle, repeats=args.repeats, seed=args.seed,
+        capacity_duration_s=args.capacity_duration, api_key=args.api_key, progress=not args.no_progress,
+        threads=args.threads,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = config_from_args(argv)
+    except UsageError as exc:
+        print(f"stepserve bench: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run = asyncio.run(run_bench(cfg))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"stepserve bench: {exc}", file=sys.stderr)
+        return 2
+    files = write_outputs(run, cfg.out)
+    print("\n".join(run.results.conclusions))
+    print(f"\nreport: {files[1]}  (all files in {cfg.out}/: {', '.join(f.name for f in files)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

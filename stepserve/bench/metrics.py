@@ -1,0 +1,240 @@
+"""The numbers of one run, from what the load generator saw and what the engine reported.
+
+Percentiles use the nearest-rank method (the smallest sample with at least q of the samples at or below it), so
+every reported value is a latency that some request actually had. Rejected, failed and unfinished requests stay
+in the denominators of SLO attainment and are counted in every table.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .load import LoadResult, Outcome
+from .targets import FAILED, OK, REJECTED, UNFINISHED, StepSample
+
+
+@dataclass
+class LatencyStats:
+    count: int
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    mean: float | None = None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, q in (0, 100]."""
+    if not values:
+        raise ValueError("percentile of no samples")
+    if not 0 < q <= 100:
+        raise ValueError(f"q must be in (0, 100], got {q}")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def latency_stats(values: list[float]) -> LatencyStats:
+    if not values:
+        return LatencyStats(0)
+    return LatencyStats(len(values), percentile(values, 50), percentile(values, 95), percentile(values, 99),
+                        max(values), statistics.fmean(values))
+
+
+@dataclass
+class StatusCounts:
+    offered: int  # measured requests (warm-up excluded)
+    completed: int
+    rejected: int
+    failed: int
+    unfinished: int  # still out when the drain time ran out (cancelled)
+
+
+@dataclass
+class BatchCount:
+    size: int
+    count: int
+
+
+@dataclass
+class StepsLatency:
+    steps: int | None
+    latency: LatencyStats
+
+
+@dataclass
+class Usage:
+    cpu_util: float | None = None  # process CPU time / (wall time x cores)
+    cpu_cores_used: float | None = None  # process CPU time / wall time
+    gpu_util: float | None = None  # NVML utilisation, mean over the run (0-1)
+    gpu_mem_mib: float | None = None  # NVML memory used, max over the run
+
+
+@dataclass
+class RunMetrics:
+    contender: str
+    repeat: int
+    load: str
+    mode: str
+    window_s: float
+    counts: StatusCounts
+    latency: LatencyStats  # completed measured requests, from scheduled send to answer
+    latency_by_steps: list[StepsLatency]
+    p95_all_s: float | None  # p95 with non-completed requests counted as infinitely late; None = infinite
+    queue: LatencyStats
+    first_step: LatencyStats
+    denoise: LatencyStats
+    decode: LatencyStats
+    send_lag: LatencyStats  # actual send - scheduled send (open loop); the sender's own accuracy
+    throughput_rps: float  # completions inside the measured window / window
+    goodput_rps: float | None  # completions inside the window that met the SLO / window
+    slo_s: float | None
+    slo_attainment: float | None  # measured requests that completed within the SLO / all measured requests
+    busy_fraction: float | None  # time inside executor steps / wall time
+    batch_sizes: list[BatchCount] = field(default_factory=list)
+    batch_size_source: str = ""
+    mean_batch_size: float | None = None
+    usage: Usage = field(default_factory=Usage)
+    latencies_s: list[float] = field(default_factory=list)  # sorted, for the CDF
+
+
+def count_statuses(outcomes: list[Outcome]) -> StatusCounts:
+    c = Counter(o.status for o in outcomes)
+    return StatusCounts(len(outcomes), c[OK], c[REJECTED], c[FAILED], c[UNFINISHED])
+
+
+def slo_attainment(outcomes: list[Outcome], slo_s: float) -> float | None:
+    """Share of requests answered within the SLO; every non-completed request counts as a miss."""
+    if not outcomes:
+        return None
+    good = sum(1 for o in outcomes if o.latency_s is not None and o.latency_s <= slo_s)
+    return good / len(outcomes)
+
+
+def p95_all(outcomes: list[Outcome]) -> float | None:
+    """p95 over every measured request, non-completed ones as infinitely late (None when that is the p95)."""
+    if not outcomes:
+        return None
+    values = [math.inf if o.latency_s is None else o.latency_s for o in outcomes]
+    value = percentile(values, 95)
+    return None if math.isinf(value) else value
+
+
+def window_rates(result: LoadResult, slo_s: float | None) -> tuple[float, float | None]:
+    """(throughput, goodput) in completions per second inside the measured window."""
+    lo, hi = result.window_start_s, result.window_end_s
+    span = hi - lo
+    if span <= 0:
+        return 0.0, None
+    done = [o for o in result.outcomes if o.status == OK and o.done_s is not None and lo <= o.done_s <= hi]
+    good = None if slo_s is None else sum(1 for o in done if o.latency_s <= slo_s) / span
+    return len(done) / span, good
+
+
+def busy_in_window(samples: list[StepSample], start: float, end: float) -> float:
+    """Seconds inside executor steps that overlap [start, end] (monotonic times)."""
+    return sum(max(0.0, min(s.t + s.duration_s, end) - max(s.t, start)) for s in samples)
+
+
+def batch_histogram(sizes: list[int]) -> list[BatchCount]:
+    return [BatchCount(size, n) for size, n in sorted(Counter(s for s in sizes if s > 0).items())]
+
+
+def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | None,
+              samples: list[StepSample], busy_delta_s: float | None, wall_s: float, usage: Usage) -> RunMetrics:
+    measured = result.measured
+    done = [o for o in measured if o.status == OK]
+    latencies = sorted(o.latency_s for o in done)
+    by_steps = sorted({o.spec.num_inference_steps for o in measured}, key=lambda s: (s is None, s or 0))
+    throughput, goodput = window_rates(result, slo_s)
+    w0, w1 = result.start + result.window_start_s, result.start + result.window_end_s
+    if samples:
+        busy = busy_in_window(samples, w0, w1) / (w1 - w0) if w1 > w0 else None
+        sizes = [s.batch_size for s in samples if w0 <= s.t <= w1]
+        source = "engine forward passes in the window"
+    else:
+        busy = None if busy_delta_s is None or wall_s <= 0 else busy_delta_s / wall_s
+        sizes = [b for o in done for b in o.reply.batch_sizes]
+        source = "per request-step, from the server's timing field"
+    hist = batch_histogram(sizes)
+    total = sum(b.count for b in hist)
+    return RunMetrics(
+        contender=contender, repeat=repeat, load=result.description, mode=result.mode,
+        window_s=result.window_end_s - result.window_start_s, counts=count_statuses(measured),
+        latency=latency_stats(latencies),
+        latency_by_steps=[StepsLatency(s, latency_stats([o.latency_s for o in done if o.spec.num_inference_steps == s]))
+                          for s in by_steps],
+        p95_all_s=p95_all(measured),
+        queue=_part(done, "queue_s"), first_step=_part(done, "first_step_s"), denoise=_part(done, "denoise_s"),
+        decode=_part(done, "decode_s"),
+        send_lag=latency_stats([o.sent_s - o.scheduled_s for o in measured if o.sent_s is not None]),
+        throughput_rps=throughput, goodput_rps=goodput, slo_s=slo_s,
+        slo_attainment=None if slo_s is None else slo_attainment(measured, slo_s),
+        busy_fraction=busy, batch_sizes=hist, batch_size_source=source,
+        mean_batch_size=sum(b.size * b.count for b in hist) / total if total else None,
+        usage=usage, latencies_s=latencies,
+    )
+
+
+def _part(done: list[Outcome], name: str) -> LatencyStats:
+    return latency_stats([getattr(o.reply, name) for o in done if getattr(o.reply, name) is not None])
+
+
+# --- across repeats --------------------------------------------------------------------------------------------
+@dataclass
+class Spread:
+    median: float | None
+    low: float | None
+    high: float | None
+
+
+def spread(values: list[float | None]) -> Spread:
+    present = [v for v in values if v is not None]
+    if not present:
+        return Spread(None, None, None)
+    return Spread(statistics.median(present), min(present), max(present))
+
+
+@dataclass
+class ContenderSummary:
+    contender: str
+    repeats: int
+    offered: int  # summed over repeats
+    completed: int
+    rejected: int
+    failed: int
+    unfinished: int
+    p50_s: Spread
+    p95_s: Spread
+    p99_s: Spread
+    max_s: Spread
+    throughput_rps: Spread
+    goodput_rps: Spread
+    slo_attainment: Spread
+    busy_fraction: Spread
+    mean_batch_size: Spread
+    cpu_util: Spread
+    queue_p50_s: Spread
+    denoise_p50_s: Spread
+    decode_p50_s: Spread
+
+
+def summarize_repeats(runs: list[RunMetrics]) -> ContenderSummary:
+    def over(fn) -> Spread:
+        return spread([fn(r) for r in runs])
+
+    return ContenderSummary(
+        contender=runs[0].contender, repeats=len(runs),
+        offered=sum(r.counts.offered for r in runs), completed=sum(r.counts.completed for r in runs),
+        rejected=sum(r.counts.rejected for r in runs), failed=sum(r.counts.failed for r in runs),
+        unfinished=sum(r.counts.unfinished for r in runs),
+        p50_s=over(lambda r: r.latency.p50), p95_s=over(lambda r: r.latency.p95), p99_s=over(lambda r: r.latency.p99),
+        max_s=over(lambda r: r.latency.max), throughput_rps=over(lambda r: r.throughput_rps),
+        goodput_rps=over(lambda r: r.goodput_rps), slo_attainment=over(lambda r: r.slo_attainment),
+        busy_fraction=over(lambda r: r.busy_fraction), mean_batch_size=over(lambda r: r.mean_batch_size),
+        cpu_util=over(lambda r: r.usage.cpu_util), queue_p50_s=over(lambda r: r.queue.p50),
+        denoise_p50_s=over(lambda r: r.denoise.p50), decode_p50_s=over(lambda r: r.decode.p50),
+    )

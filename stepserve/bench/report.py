@@ -1,0 +1,222 @@
+"""report.md: the tables, then a plain conclusion (who wins on each metric and by how much)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .metrics import ContenderSummary, Spread
+from .results import BenchResults, Knee
+
+# (label, ContenderSummary field, lower is better, kind)
+HEADLINE = (
+    ("p50 latency", "p50_s", True, "time"),
+    ("p95 latency", "p95_s", True, "time"),
+    ("p99 latency", "p99_s", True, "time"),
+    ("throughput", "throughput_rps", False, "rate"),
+    ("goodput", "goodput_rps", False, "rate"),
+    ("SLO attainment", "slo_attainment", False, "share"),
+)
+
+
+def fmt(value: float | None, kind: str) -> str:
+    if value is None:
+        return "n/a"
+    if kind == "time":
+        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    if kind == "rate":
+        return f"{value:.2f}/s"
+    if kind == "share":
+        return f"{value * 100:.1f}%"
+    if kind == "x":
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def fmt_spread(s: Spread, kind: str, repeats: int) -> str:
+    if s.median is None:
+        return "n/a"
+    if repeats < 2:
+        return fmt(s.median, kind)
+    return f"{fmt(s.median, kind)} [{fmt(s.low, kind)}-{fmt(s.high, kind)}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines + [""]
+
+
+@dataclass
+class Verdict:
+    metric: str
+    winner: str
+    text: str
+
+
+def _family(results: BenchResults, name: str) -> str:
+    for c in results.settings.contenders:
+        if c.name == name:
+            return c.strategy
+    return name
+
+
+def verdicts(results: BenchResults) -> list[Verdict]:
+    """For each headline metric: the winner, and its ratio to the best contender of every other strategy."""
+    out: list[Verdict] = []
+    for label, attr, lower, kind in HEADLINE:
+        values = {s.contender: getattr(s, attr).median for s in results.summaries}
+        values = {k: v for k, v in values.items() if v is not None}
+        if len(values) < 2:
+            continue
+        pick = min if lower else max
+        winner = pick(values, key=values.get)
+        best_other: dict[str, str] = {}
+        for name, v in values.items():
+            fam = _family(results, name)
+            if fam == _family(results, winner):
+                continue
+            if fam not in best_other or (v < values[best_other[fam]] if lower else v > values[best_other[fam]]):
+                best_other[fam] = name
+        parts = []
+        for name in sorted(best_other.values(), key=values.get, reverse=not lower):
+            ratio = values[winner] / values[name] if values[name] else None
+            ratio_text = "n/a" if ratio is None else f"{ratio:.2f}x"
+            parts.append(f"{name} {fmt(values[name], kind)} (ratio {ratio_text})")
+        text = f"**{label}**: {winner} wins with {fmt(values[winner], kind)}"
+        text += f"; best of the others: {', '.join(parts)}." if parts else "."
+        out.append(Verdict(label, winner, text))
+    return out
+
+
+def knee_text(knees: list[Knee], results: BenchResults) -> list[str]:
+    if not knees:
+        return []
+    def show(k: Knee) -> str:
+        if k.rate_rps is None:
+            return "below the lowest rate tried"
+        return f"{k.rate_rps:.2f} req/s" + (" (held at the top of the grid: at least this)" if k.held_at_top else "")
+
+    lines = [f"**Knee** (highest rate with p95 within the SLO, every request counted): "
+             + "; ".join(f"{k.contender} {show(k)}" for k in knees) + "."]
+    best = max((k for k in knees if k.rate_rps), key=lambda k: k.rate_rps, default=None)
+    if best is not None:
+        ratios = []
+        for k in knees:
+            if k is best or _family(results, k.contender) == _family(results, best.contender):
+                continue
+            ratios.append(f"{best.rate_rps / k.rate_rps:.2f}x {k.contender}" if k.rate_rps else
+                          f"more than {k.contender} (which held at no rate tried)")
+        if ratios:
+            lines.append(f"{best.contender} sustains {', '.join(ratios)} within the SLO.")
+    return lines
+
+
+def caveats(summaries: list[ContenderSummary]) -> list[str]:
+    out = []
+    for s in summaries:
+        missing = s.offered - s.completed
+        if missing > 0:
+            out.append(f"{s.contender}: {missing} of {s.offered} measured requests did not complete ({s.rejected} "
+                       f"rejected, {s.failed} failed, {s.unfinished} still out at the drain limit); its latency "
+                       "percentiles cover completed requests only and understate its latency.")
+    return out
+
+
+def conclusions(results: BenchResults) -> list[str]:
+    return [v.text for v in verdicts(results)] + knee_text(results.knees, results) + caveats(results.summaries)
+
+
+def render(results: BenchResults) -> str:
+    r, st = results, results.settings
+    reps = st.repeats
+    lines = ["# stepserve benchmark", "", f"Command: `{r.environment.command}`", ""]
+    lines += [f"- Target: {st.target}; device {st.device} ({r.environment.cpu}, {r.environment.cpu_count} cores, "
+              f"torch threads {r.environment.torch_threads}); GPU: {r.environment.gpu or 'none'}",
+              f"- Load: {r.load_description}; repeats: {reps} (contender order rotated each repeat)",
+              f"- {r.warmup_note}",
+              f"- Start-up (not in any number): model load "
+              f"{fmt(r.startup.model_load_s, 'time')}; engine start per run up to "
+              f"{fmt(max(r.startup.engine_start_s, default=None), 'time')}",
+              f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else ""), ""]
+    if r.idle:
+        lines += ["## Idle latency (one request alone)", ""]
+        lines += _table(["steps", "latency"], [[str(i.steps), fmt(i.latency_s, "time")] for i in r.idle])
+    if r.capacity:
+        c = r.capacity
+        lines += [f"Capacity ({c.contender}, saturated closed loop, {c.users} users, {c.duration_s:g} s): "
+                  f"{c.rps:.2f} req/s.", ""]
+    if r.summaries:
+        lines += ["## Latency, from scheduled send to answer" + (" (median over repeats [min-max])" if reps > 1 else ""),
+                  ""]
+        lines += _table(["contender", "completed/offered", "p50", "p95", "p99", "max", "rejected", "failed",
+                         "unfinished"],
+                        [[s.contender, f"{s.completed}/{s.offered}", fmt_spread(s.p50_s, "time", reps),
+                          fmt_spread(s.p95_s, "time", reps), fmt_spread(s.p99_s, "time", reps),
+                          fmt_spread(s.max_s, "time", reps), str(s.rejected), str(s.failed), str(s.unfinished)]
+                         for s in r.summaries])
+        lines += ["## Throughput, goodput, utilisation", ""]
+        lines += _table(["contender", "throughput", "goodput", "SLO attainment", "engine busy", "mean batch",
+                         "process CPU"],
+                        [[s.contender, fmt_spread(s.throughput_rps, "rate", reps),
+                          fmt_spread(s.goodput_rps, "rate", reps), fmt_spread(s.slo_attainment, "share", reps),
+                          fmt_spread(s.busy_fraction, "share", reps), fmt_spread(s.mean_batch_size, "x", reps),
+                          fmt_spread(s.cpu_util, "share", reps)] for s in r.summaries])
+        lines += ["## Where the time goes (p50 of completed requests)", ""]
+        lines += _table(["contender", "queue", "denoise", "decode"],
+                        [[s.contender, fmt_spread(s.queue_p50_s, "time", reps), fmt_spread(s.denoise_p50_s, "time", reps),
+                          fmt_spread(s.decode_p50_s, "time", reps)] for s in r.summaries])
+        lines += _by_steps(results) + _batches(results)
+    if r.sweep:
+        lines += ["## Rate sweep", ""]
+        lines += _table(["contender", "rate", "p50", "p95", "p95 (all)", "throughput", "SLO attainment", "held"],
+                        [[p.contender, f"{p.rate_rps:.2f}/s", fmt(p.p50_s, "time"), fmt(p.p95_s, "time"),
+                          fmt(p.p95_all_s, "time") if p.p95_all_s is not None else "unbounded",
+                          fmt(p.throughput_rps, "rate"), fmt(p.slo_attainment, "share"), "yes" if p.held else "no"]
+                         for p in r.sweep])
+    lines += ["## Conclusion", ""] + [f"- {c}" for c in r.conclusions] + [""]
+    lines += ["## Method", "",
+              "- Open-loop load sends each request at its scheduled time whatever the server is doing; latency runs "
+              "from the scheduled time. Closed-loop results are labelled as such.",
+              "- Every contender replays the identical trace (arrival times and requests, seeded), back to back.",
+              "- Percentiles are nearest-rank over completed measured requests; rejected, failed and unfinished "
+              "requests are counted and stay in the SLO-attainment denominator. Goodput counts completions "
+              "within the SLO per second of the measured window.",
+              "- Engine busy = time inside executor steps / wall time. Process CPU = CPU time / (wall x cores).",
+              "- Timings on a shared machine are noisy: compare ratios, and mind the spread.", ""]
+    return "\n".join(lines)
+
+
+def _by_steps(results: BenchResults) -> list[str]:
+    first = {}
+    for run in results.runs:
+        first.setdefault(run.contender, run)
+    steps = sorted({b.steps for run in first.values() for b in run.latency_by_steps if b.steps is not None})
+    if len(steps) < 2:
+        return []
+    rows = []
+    for name, run in first.items():
+        cells = {b.steps: b.latency for b in run.latency_by_steps}
+        rows.append([name] + [f"{fmt(cells[s].p50, 'time')} / {fmt(cells[s].p95, 'time')}" if s in cells else "n/a"
+                              for s in steps])
+    return ["## Latency by step count (p50 / p95, first repeat)", ""] + _table(["contender"] + [f"{s} steps" for s in steps], rows)
+
+
+def _batches(results: BenchResults) -> list[str]:
+    first = {}
+    for run in results.runs:
+        first.setdefault(run.contender, run)
+    sizes = sorted({b.size for run in first.values() for b in run.batch_sizes})
+    if not sizes:
+        return []
+    rows = []
+    for name, run in first.items():
+        total = sum(b.count for b in run.batch_sizes) or 1
+        counts = {b.size: b.count for b in run.batch_sizes}
+        rows.append([name] + [f"{100 * counts.get(s, 0) / total:.0f}%" for s in sizes])
+    source = next(iter(first.values())).batch_size_source
+    return [f"## Batch sizes run (share of {source}, first repeat)", ""] + _table(["contender"] + [str(s) for s in sizes], rows)
+
+
+def write_report(results: BenchResults, path: Path) -> None:
+    path.write_text(render(results))

@@ -1,0 +1,154 @@
+"""Running contenders: one load run per contender (a fresh target each time), idle latency, saturated capacity."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from .load import LoadResult, Outcome, run_closed_loop, run_open_loop
+from .metrics import RunMetrics, summarize, window_rates
+from .resources import UsageMonitor
+from .results import BatchTimeline, Capacity, IdleLatency
+from .targets import OK, Target
+from .workload import Mix, Trace, user_requests
+
+
+@dataclass
+class LoadPlan:
+    """The load every contender gets: the identical trace (open loop) or the identical per-user sequences."""
+
+    mode: str  # "open" | "closed"
+    mix: Mix
+    seed: int
+    warmup_s: float
+    duration_s: float
+    drain_s: float
+    trace: Trace | None = None  # open loop
+    users: int = 0  # closed loop
+
+    @property
+    def description(self) -> str:
+        if self.mode == "open":
+            return f"open-loop, {self.trace.description}"
+        return f"closed-loop, {self.users} users for {self.duration_s:g} s (seed {self.seed})"
+
+
+@dataclass
+class ContenderRun:
+    metrics: RunMetrics
+    timeline: BatchTimeline
+    engine_start_s: float
+    images: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class TargetMaker:
+    """Builds a fresh target for one run of a contender."""
+
+    name: str
+    make: Callable[[], Target]
+
+
+async def run_contender(maker: TargetMaker, plan: LoadPlan, repeat: int, slo_s: float | None,
+                        progress: bool = True, label: str = "") -> ContenderRun:
+    target = maker.make()
+    t0 = time.monotonic()
+    await target.start()
+    engine_start_s = time.monotonic() - t0
+    total = len(plan.trace.items) if plan.mode == "open" else None
+    bar = tqdm(total=total, desc=label or maker.name, unit="req", disable=not progress, leave=False,
+               dynamic_ncols=True)
+
+    def done(_: Outcome) -> None:
+        bar.update(1)
+
+    try:
+        busy0 = await target.busy_seconds()
+        monitor = UsageMonitor().start()
+        wall0 = time.monotonic()
+        result = await _drive(target, plan, done)
+        wall = time.monotonic() - wall0
+        usage = monitor.stop()
+        busy1 = await target.busy_seconds()
+    finally:
+        bar.close()
+        await target.stop()
+    busy_delta = None if busy0 is None or busy1 is None else busy1 - busy0
+    samples = target.step_samples()
+    metrics = summarize(result, maker.name, repeat, slo_s, samples, busy_delta, wall, usage)
+    timeline = BatchTimeline(maker.name, [round(s.t - result.start, 4) for s in samples],
+                             [s.batch_size for s in samples])
+    images = [o.reply.image for o in result.outcomes if o.reply.image is not None]
+    return ContenderRun(metrics, timeline, engine_start_s, images)
+
+
+async def _drive(target: Target, plan: LoadPlan, done: Callable[[Outcome], None]) -> LoadResult:
+    if plan.mode == "open":
+        return await run_open_loop(target, plan.trace, plan.warmup_s, plan.drain_s, done)
+    users = [user_requests(plan.mix, plan.seed, u) for u in range(plan.users)]
+    return await run_closed_loop(target, users, plan.warmup_s, plan.duration_s, plan.drain_s, done)
+
+
+async def measure_idle(maker: TargetMaker, mix: Mix, samples: int = 3, progress: bool = True) -> list[IdleLatency]:
+    """Latency of a lone request at each step count of the mix (costliest other settings), nothing else running.
+    One unmeasured request per step count first warms the model up."""
+    steps_values = sorted({int(s) for s in mix.steps.values})
+    target = maker.make()
+    await target.start()
+    out: list[IdleLatency] = []
+    bar = tqdm(total=len(steps_values) * (samples + 1), desc="idle latency", unit="req", disable=not progress,
+               leave=False, dynamic_ncols=True)
+    try:
+        for steps in steps_values:
+            spec = mix.heaviest(steps)
+            times = []
+            for i in range(samples + 1):
+                spec.seed = i
+                t0 = time.monotonic()
+                reply = await target.send(spec)
+                elapsed = time.monotonic() - t0
+                bar.update(1)
+                if reply.status != OK:
+                    raise RuntimeError(f"idle request ({steps} steps) failed: {reply.error}")
+                if i > 0:
+                    times.append(elapsed)
+            out.append(IdleLatency(steps, statistics.median(times), len(times)))
+    finally:
+        bar.close()
+        await target.stop()
+    return out
+
+
+async def measure_capacity(maker: TargetMaker, mix: Mix, users: int, duration_s: float, warmup_s: float,
+                           seed: int, progress: bool = True) -> Capacity:
+    """Saturated throughput: a closed loop with more users than batch slots, so a request always waits."""
+    plan = LoadPlan("closed", mix, seed, warmup_s, duration_s, drain_s=0.0, users=users)
+    target = maker.make()
+    await target.start()
+    bar = tqdm(desc=f"capacity ({maker.name})", unit="req", disable=not progress, leave=False, dynamic_ncols=True)
+    try:
+        result = await _drive(target, plan, lambda _: bar.update(1))
+    finally:
+        bar.close()
+        await target.stop()
+    rps, _ = window_rates(result, None)
+    completed = sum(1 for o in result.measured if o.status == OK)
+    return Capacity(maker.name, rps, users, duration_s, completed)
+
+
+def rotate(items: list, k: int) -> list:
+    """Contender order for repeat k: rotated, so no contender always runs first (or last) on a drifting machine."""
+    if not items:
+        return []
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def run_sync(coro):
+    return asyncio.run(coro)

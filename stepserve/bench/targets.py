@@ -1,0 +1,251 @@
+"""What the load generator sends to: an in-process AsyncEngine (one per contender), or a server over HTTP.
+
+A target answers each request with a Reply: how it ended and, when the server says, where the time went.
+Times are on time.monotonic(), the clock of both the event loop and the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..executor.fake import CostModel, FakeExecutor
+from ..types import Request, RequestStatus
+from .workload import RequestSpec
+
+OK, REJECTED, FAILED, UNFINISHED = "ok", "rejected", "failed", "unfinished"
+IMAGES_PATH = "/v1/images/generations"
+
+
+@dataclass
+class Reply:
+    status: str  # ok | rejected | failed
+    queue_s: float | None = None
+    first_step_s: float | None = None  # arrival -> first denoising step done
+    denoise_s: float | None = None
+    decode_s: float | None = None
+    batch_sizes: list[int] = field(default_factory=list)  # size of every forward this request took part in
+    error: str | None = None
+    image: Any = None  # kept only when the target was asked to (sample sheets)
+
+
+@dataclass
+class StepSample:
+    """One engine step as the engine reported it (in-process targets only)."""
+
+    t: float  # monotonic time the step started
+    duration_s: float  # time inside the executor
+    batch_size: int  # requests in the denoising forward (0 = no forward)
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One strategy with its settings; dynamic at several delays makes several contenders."""
+
+    strategy: str
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = 50.0
+    static_batch_size: int | None = None
+    max_queue: int | None = None
+
+    @property
+    def name(self) -> str:
+        if self.strategy == "dynamic":
+            return f"dynamic({self.max_queue_delay_ms:g}ms)"
+        if self.strategy == "static" and self.static_batch_size:
+            return f"static({self.static_batch_size})"
+        return self.strategy
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "max_batch_size": self.max_batch_size,
+                "max_queue_delay_ms": self.max_queue_delay_ms, "static_batch_size": self.static_batch_size,
+                "max_queue": self.max_queue}
+
+
+class Target(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def send(self, spec: RequestSpec) -> Reply: ...
+
+    async def stop(self) -> None: ...
+
+    def step_samples(self) -> list[StepSample]: ...
+
+    async def busy_seconds(self) -> float | None:
+        """Cumulative time the engine spent inside executor steps, when the target can say."""
+        ...
+
+
+class EngineTarget:
+    """A fresh AsyncEngine around a shared executor; the model is loaded once for all contenders."""
+
+    def __init__(self, executor, contender: Contender, keep_images: int = 0) -> None:
+        self.executor = executor
+        self.contender = contender
+        self.name = contender.name
+        self.keep_images = keep_images
+        self.engine = None
+        self._steps: list[StepSample] = []
+        self._busy = 0.0
+
+    async def start(self) -> None:
+        from ..async_engine import AsyncEngine
+
+        self.engine = AsyncEngine(self.executor, **self.contender.engine_options())
+        self.engine.on_step.append(self._record)
+        await self.engine.start()
+
+    def _record(self, report) -> None:  # engine thread; list.append is atomic
+        self._busy += report.duration_s
+        if report.duration_s > 0:
+            self._steps.append(StepSample(report.now, report.duration_s, report.batch_size))
+
+    async def send(self, spec: RequestSpec) -> Reply:
+        from ..engine import QueueFullError
+
+        try:
+            handle = self.engine.submit(spec.to_params())
+        except QueueFullError as exc:
+            return Reply(REJECTED, error=str(exc))
+        try:
+            result = await handle.result()
+        except asyncio.CancelledError:
+            self.engine.abort(handle.request_id)  # the caller gave up: free the slot
+            raise
+        return _reply_from_result(result, self)
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            await self.engine.shutdown(grace_s=5.0)
+
+    def step_samples(self) -> list[StepSample]:
+        return list(self._steps)
+
+    async def busy_seconds(self) -> float | None:
+        return self._busy
+
+
+def _reply_from_result(result, target: EngineTarget) -> Reply:
+    t = result.timing
+    if result.status is RequestStatus.REJECTED:
+        return Reply(REJECTED, error=result.error)
+    if result.status is not RequestStatus.COMPLETED:
+        return Reply(FAILED, error=result.error or result.status.value)
+    image = None
+    if target.keep_images > 0 and result.image is not None:
+        target.keep_images -= 1
+        image = result.image
+    first = None if t.first_step_done is None else t.first_step_done - t.arrival
+    return Reply(OK, queue_s=t.queue_s, first_step_s=first, denoise_s=t.denoise_s, decode_s=t.decode_s,
+                 batch_sizes=list(t.batch_sizes), image=image)
+
+
+class HttpTarget:
+    """POST /v1/images/generations on a running server (OpenAI images shape plus stepserve's fields)."""
+
+    def __init__(self, url: str, name: str | None = None, api_key: str | None = None,
+                 busy_metric: str = "stepserve_engine_busy_seconds_total") -> None:
+        base = url.rstrip("/")
+        if base.endswith(IMAGES_PATH):
+            base = base[: -len(IMAGES_PATH)]
+        self.base = base
+        self.name = name or base
+        self.api_key = api_key
+        self.busy_metric = busy_metric
+        self._session = None
+
+    async def start(self) -> None:
+        import aiohttp
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers,
+                                              timeout=aiohttp.ClientTimeout(total=None))
+
+    async def send(self, spec: RequestSpec) -> Reply:
+        import aiohttp
+
+        try:
+            async with self._session.post(self.base + IMAGES_PATH, json=spec.to_http()) as resp:
+                text = await resp.text()
+                if resp.status == 429:
+                    return Reply(REJECTED, error=_error_message(text))
+                if resp.status != 200:
+                    return Reply(FAILED, error=f"HTTP {resp.status}: {_error_message(text)}")
+                import json
+
+                return reply_from_body(json.loads(text))
+        except aiohttp.ClientError as exc:
+            return Reply(FAILED, error=f"{type(exc).__name__}: {exc}")
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def step_samples(self) -> list[StepSample]:
+        return []
+
+    async def busy_seconds(self) -> float | None:
+        try:
+            async with self._session.get(self.base + "/metrics") as resp:
+                if resp.status != 200:
+                    return None
+                for line in (await resp.text()).splitlines():
+                    if line.startswith(self.busy_metric):
+                        return float(line.rsplit(" ", 1)[1])
+        except Exception:  # noqa: BLE001 - the metric is optional
+            return None
+        return None
+
+
+def _error_message(text: str) -> str:
+    import json
+
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except Exception:  # noqa: BLE001 - not the OpenAI error shape
+        return text[:200]
+
+
+def _seconds(info: dict[str, Any], name: str) -> float | None:
+    if info.get(f"{name}_s") is not None:
+        return float(info[f"{name}_s"])
+    if info.get(f"{name}_ms") is not None:
+        return float(info[f"{name}_ms"]) / 1000.0
+    return None
+
+
+def reply_from_body(body: dict[str, Any]) -> Reply:
+    """A 200 response; the optional "stepserve" field carries the timing breakdown."""
+    info = body.get("stepserve") or {}
+    if isinstance(info.get("timing"), dict):
+        info = {**info, **info["timing"]}
+    first = _seconds(info, "first_step") or _seconds(info, "time_to_first_step")
+    sizes = info.get("batch_sizes") or []
+    return Reply(OK, queue_s=_seconds(info, "queue"), first_step_s=first, denoise_s=_seconds(info, "denoise"),
+                 decode_s=_seconds(info, "decode"), batch_sizes=[int(s) for s in sizes])
+
+
+class SleepingFakeExecutor(FakeExecutor):
+    """The fake executor on a real clock: it sleeps the time its cost model reports (`--model fake`)."""
+
+    def __init__(self, cost: CostModel | None = None) -> None:
+        super().__init__(cost=cost)
+
+    def prepare(self, requests: list[Request]) -> float:
+        return _sleep(super().prepare(requests))
+
+    def denoise(self, requests: list[Request]) -> float:
+        return _sleep(super().denoise(requests))
+
+    def decode(self, requests: list[Request]) -> float:
+        return _sleep(super().decode(requests))
+
+
+def _sleep(seconds: float) -> float:
+    start = time.perf_counter()
+    time.sleep(seconds)
+    return time.perf_counter() - start

@@ -1,0 +1,252 @@
+"""Workloads: a request mix (distributions of the request fields) and seeded traces drawn from it.
+
+A mix file (YAML or JSON) gives each field as a scalar, a list (uniform choice) or a mapping value -> weight:
+
+    steps: {8: 1, 20: 1, 40: 1}
+    guidance_scale: 3.0
+    sampler: [dpmpp_2m, euler]
+    size: ["32x32"]
+    prompts: ["a handwritten seven", "the digit 3"]
+
+A trace is a list of (arrival offset, request); it is drawn in advance from a seed, so every contender gets the
+identical arrivals and requests. Traces are saved and loaded as CSV or JSONL (one request per line).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..types import SamplingParams
+
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DEFAULT_PROMPTS = tuple(f"a handwritten {w}" for w in DIGIT_WORDS)
+MAX_SEED = 2**31 - 1
+
+
+@dataclass
+class RequestSpec:
+    """One request of a workload. None means: the model's default."""
+
+    prompt: str
+    seed: int
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    sampler: str | None = None
+    height: int | None = None
+    width: int | None = None
+    negative_prompt: str = ""
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
+                              num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
+                              sampler=self.sampler, height=self.height, width=self.width)
+
+    def to_http(self) -> dict[str, Any]:
+        """The body of POST /v1/images/generations (OpenAI fields plus stepserve's own)."""
+        body: dict[str, Any] = {"prompt": self.prompt, "n": 1, "response_format": "b64_json", "seed": self.seed}
+        if self.height is not None and self.width is not None:
+            body["size"] = f"{self.width}x{self.height}"
+        for name in ("num_inference_steps", "guidance_scale", "sampler"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value
+        if self.negative_prompt:
+            body["negative_prompt"] = self.negative_prompt
+        return body
+
+
+@dataclass
+class Choice:
+    """A discrete distribution: values with (unnormalised) weights."""
+
+    values: list[Any]
+    weights: list[float]
+
+    @classmethod
+    def of(cls, spec: Any, name: str) -> "Choice":
+        if isinstance(spec, dict):
+            if not spec:
+                raise ValueError(f"mix field {name!r}: the mapping is empty")
+            values, weights = list(spec.keys()), [float(w) for w in spec.values()]
+        elif isinstance(spec, (list, tuple)):
+            if not spec:
+                raise ValueError(f"mix field {name!r}: the list is empty")
+            values, weights = list(spec), [1.0] * len(spec)
+        else:
+            values, weights = [spec], [1.0]
+        if any(w < 0 or not math.isfinite(w) for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"mix field {name!r}: weights must be finite, >= 0 and not all 0")
+        return cls(values, weights)
+
+    def draw(self, rng: random.Random) -> Any:
+        return rng.choices(self.values, weights=self.weights, k=1)[0]
+
+
+MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt")
+
+
+@dataclass
+class Mix:
+    steps: Choice = field(default_factory=lambda: Choice([20], [1.0]))
+    guidance_scale: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    sampler: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    size: Choice = field(default_factory=lambda: Choice([None], [1.0]))  # "WxH" or None
+    prompts: Choice = field(default_factory=lambda: Choice(list(DEFAULT_PROMPTS), [1.0] * len(DEFAULT_PROMPTS)))
+    negative_prompt: Choice = field(default_factory=lambda: Choice([""], [1.0]))
+
+    @classmethod
+    def from_steps(cls, steps: list[int]) -> "Mix":
+        return cls(steps=Choice([int(s) for s in steps], [1.0] * len(steps)))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Mix":
+        unknown = set(data) - set(MIX_FIELDS)
+        if unknown:
+            raise ValueError(f"mix: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(MIX_FIELDS)}")
+        mix = cls(**{k: Choice.of(v, k) for k, v in data.items()})
+        mix.steps = Choice([int(v) for v in mix.steps.values], mix.steps.weights)
+        for v in mix.size.values:
+            if v is not None:
+                parse_size(v)
+        return mix
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Mix":
+        return cls.from_dict(_read_mapping(Path(path)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: {"values": getattr(self, f.name).values, "weights": getattr(self, f.name).weights}
+                for f in fields(self)}
+
+    def draw(self, rng: random.Random) -> RequestSpec:
+        size = self.size.draw(rng)
+        height, width = (None, None) if size is None else parse_size(size)
+        guidance = self.guidance_scale.draw(rng)
+        return RequestSpec(prompt=str(self.prompts.draw(rng)), seed=rng.randint(0, MAX_SEED),
+                           num_inference_steps=int(self.steps.draw(rng)),
+                           guidance_scale=None if guidance is None else float(guidance),
+                           sampler=self.sampler.draw(rng), height=height, width=width,
+                           negative_prompt=str(self.negative_prompt.draw(rng) or ""))
+
+    def heaviest(self, steps: int) -> RequestSpec:
+        """A request with these steps and the costliest other settings of the mix (largest size, with guidance)."""
+        sizes = [parse_size(s) for s in self.size.values if s is not None]
+        height, width = max(sizes, key=lambda hw: hw[0] * hw[1]) if sizes else (None, None)
+        scales = [g for g in self.guidance_scale.values if g is not None]
+        guidance = max(scales) if scales else None
+        return RequestSpec(prompt=str(self.prompts.values[0]), seed=0, num_inference_steps=steps,
+                           guidance_scale=guidance, sampler=self.sampler.values[0], height=height, width=width)
+
+
+def parse_size(size: Any) -> tuple[int, int]:
+    """'WxH' -> (height, width)."""
+    try:
+        w, h = str(size).lower().split("x")
+        return int(h), int(w)
+    except ValueError:
+        raise ValueError(f"size: {size!r} is not supported; allowed: 'WxH' such as '32x32'") from None
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of mix fields; allowed: {', '.join(MIX_FIELDS)}")
+    return data
+
+
+# --- traces ----------------------------------------------------------------------------------------------------
+@dataclass
+class TraceItem:
+    offset_s: float  # scheduled send time, seconds after the start of the run
+    spec: RequestSpec
+
+
+@dataclass
+class Trace:
+    items: list[TraceItem]
+    description: str = ""
+
+    @property
+    def duration_s(self) -> float:
+        return self.items[-1].offset_s if self.items else 0.0
+
+
+def poisson_trace(mix: Mix, rate: float, duration_s: float, seed: int) -> Trace:
+    """Poisson arrivals at `rate` req/s over [0, duration_s), requests drawn from the mix; fully seeded."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    arrivals = random.Random(f"arrivals-{seed}")
+    requests = random.Random(f"requests-{seed}")
+    items: list[TraceItem] = []
+    t = arrivals.expovariate(rate)
+    while t < duration_s:
+        items.append(TraceItem(t, mix.draw(requests)))
+        t += arrivals.expovariate(rate)
+    return Trace(items, f"poisson {rate:.3g} req/s for {duration_s:g} s, seed {seed}")
+
+
+def user_requests(mix: Mix, seed: int, user: int):
+    """The endless, seeded request sequence of one closed-loop user (identical for every contender)."""
+    rng = random.Random(f"user-{seed}-{user}")
+    while True:
+        yield mix.draw(rng)
+
+
+SPEC_FIELDS = [f.name for f in fields(RequestSpec)]
+
+
+def save_trace(trace: Trace, path: str | Path) -> None:
+    path = Path(path)
+    rows = [{"offset_s": item.offset_s, **asdict(item.spec)} for item in trace.items]
+    if path.suffix.lower() == ".csv":
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["offset_s", *SPEC_FIELDS])
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def load_trace(path: str | Path) -> Trace:
+    """CSV (header row) or JSONL; each row: offset_s plus request fields (prompt required, the rest optional)."""
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    items = [_row_to_item(row, i, path) for i, row in enumerate(rows)]
+    items.sort(key=lambda it: it.offset_s)
+    return Trace(items, f"trace {path.name} ({len(items)} requests)")
+
+
+def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
+    def get(name: str, kind):
+        value = row.get(name)
+        return None if value in (None, "") else kind(value)
+
+    where = f"{path}: row {index + 1}"
+    unknown = set(row) - {"offset_s", *SPEC_FIELDS}
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: offset_s, {', '.join(SPEC_FIELDS)}")
+    if get("offset_s", float) is None or not get("prompt", str):
+        raise ValueError(f"{where}: offset_s and prompt are required")
+    seed = get("seed", int)
+    spec = RequestSpec(prompt=get("prompt", str), seed=index if seed is None else seed,
+                       num_inference_steps=get("num_inference_steps", int), guidance_scale=get("guidance_scale", float),
+                       sampler=get("sampler", str), height=get("height", int), width=get("width", int),
+                       negative_prompt=get("negative_prompt", str) or "")
+    return TraceItem(get("offset_s", float), spec)

@@ -1,0 +1,60 @@
+"""The HTTP target speaks the OpenAI images shape: 200 with stepserve's timing, 429 as a rejection."""
+
+import asyncio
+
+from aiohttp import web
+
+from stepserve.bench.targets import FAILED, OK, REJECTED, HttpTarget, reply_from_body
+from stepserve.bench.workload import RequestSpec
+
+
+async def _serve(handler):
+    app = web.Application()
+    app.router.add_post("/v1/images/generations", handler)
+    app.router.add_get("/metrics", lambda r: web.Response(text="# HELP x\nstepserve_engine_busy_seconds_total 12.5\n"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def test_http_target_statuses_and_timing():
+    seen = []
+
+    async def handler(request):
+        body = await request.json()
+        seen.append(body)
+        if body["seed"] == 1:
+            return web.json_response({"error": {"message": "over capacity", "type": "rate_limit", "param": None,
+                                                "code": "429"}}, status=429, headers={"Retry-After": "1"})
+        if body["seed"] == 2:
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        return web.json_response({"created": 1, "data": [{"b64_json": ""}],
+                                  "stepserve": {"queue_s": 0.1, "denoise_ms": 200, "decode_s": 0.01,
+                                                "batch_sizes": [1, 2]}})
+
+    async def main():
+        runner, url = await _serve(handler)
+        target = HttpTarget(url + "/v1/images/generations", "srv")
+        await target.start()
+        try:
+            replies = [await target.send(RequestSpec("a one", seed, num_inference_steps=8)) for seed in (0, 1, 2)]
+            busy = await target.busy_seconds()
+        finally:
+            await target.stop()
+            await runner.cleanup()
+        return replies, busy
+
+    (ok, rejected, failed), busy = asyncio.run(main())
+    assert ok.status == OK and ok.queue_s == 0.1 and ok.denoise_s == 0.2 and ok.batch_sizes == [1, 2]
+    assert rejected.status == REJECTED and rejected.error == "over capacity"
+    assert failed.status == FAILED and "500" in failed.error and "boom" in failed.error
+    assert busy == 12.5
+    assert seen[0]["num_inference_steps"] == 8 and seen[0]["n"] == 1
+
+
+def test_reply_without_timing_field():
+    reply = reply_from_body({"created": 1, "data": [{"b64_json": ""}]})
+    assert reply.status == OK and reply.queue_s is None and reply.batch_sizes == []
