@@ -53,6 +53,7 @@ class TorchExecutor:
         for r, c in zip(requests, cond):
             r.prompt_embeds = (c, next(embeds) if r.params.guidance_scale > 1 else None)
             schedule = sampling.build_schedule(r.params.sampler, p.scheduler_config, r.num_steps)
+            r.num_steps = schedule.num_steps  # the table's own length (equal to the request for our samplers)
             # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
             generator = torch.Generator("cpu").manual_seed(r.params.seed)
             shape = p.latent_shape(*r.bucket)
