@@ -155,7 +155,8 @@ class AsyncEngine:
                 continue
             handle, arrival = payload
             try:
-                self.core.add_request(handle.params, arrival, request_id=handle.request_id)
+                self.core.add_request(handle.params, arrival, request_id=handle.request_id,
+                                      preview_steps=handle.preview_steps)
             except QueueFullError as exc:  # lost a race for the last queue place: rejected, never dropped
                 self._resolve(exc.request)
             except Exception as exc:  # noqa: BLE001 - validation already passed; anything else fails this one

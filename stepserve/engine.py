@@ -42,7 +42,8 @@ class EngineCore:
         return self.executor.model
 
     # --- input -------------------------------------------------------------------------------------------------
-    def add_request(self, params: SamplingParams, now: float, request_id: str | None = None) -> Request:
+    def add_request(self, params: SamplingParams, now: float, request_id: str | None = None,
+                    preview_steps: frozenset[int] = frozenset()) -> Request:
         """Validate and queue. Raises ValidationError on bad input and QueueFullError when the queue is full."""
         resolved = resolve_params(params, self.model)
         request = Request(
@@ -52,6 +53,7 @@ class EngineCore:
             bucket=(resolved.height, resolved.width),
             num_steps=resolved.num_inference_steps,
             deadline=None if resolved.timeout_s is None else now + resolved.timeout_s,
+            preview_steps=frozenset(preview_steps),
         )
         if self.max_queue is not None and len(self.waiting) >= self.max_queue:
             self._finish(request, RequestStatus.REJECTED, FinishReason.QUEUE_FULL, now,

@@ -105,11 +105,13 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     step: int = 0  # denoising steps done so far (the one progress counter)
+    preview_steps: frozenset[int] = frozenset()  # after these steps, keep an x0 estimate for a preview image
     timing: RequestTiming = field(default=None)  # type: ignore[assignment]
     # Executor-owned state (tensors), set on admission and dropped when the request finishes:
     latents: Any = None
     prompt_embeds: Any = None  # (2 or 1, T, D): [uncond, cond] when guidance applies
     sampler_state: Any = None
+    preview_latents: Any = None  # the denoised estimate (x0) after a step listed in preview_steps
     image: Any = None  # PIL.Image once decoded
 
     def __post_init__(self) -> None:
@@ -128,6 +130,7 @@ class Request:
         self.latents = None
         self.prompt_embeds = None
         self.sampler_state = None
+        self.preview_latents = None
 
 
 @dataclass

@@ -67,3 +67,28 @@ def test_v_prediction_model_matches_diffusers(tiny_sd_vpred_path):
     for r, p in zip(results, reqs):
         diff = np.abs(as_array(r.image) - reference_image(tiny_sd_vpred_path, p).astype(np.int16))
         assert diff.max() <= 1, (p, diff.max())
+
+
+def test_previews_are_x0_estimates_and_do_not_change_the_image(tiny_sd_path):
+    from stepserve.api import load_executor
+    from stepserve.engine import EngineCore
+    from stepserve.scheduling import make_policy
+
+    ex = load_executor(str(tiny_sd_path))
+    p = SamplingParams(prompt="seven", seed=3, num_inference_steps=6, guidance_scale=4.0, sampler="dpmpp_2m",
+                       height=16, width=16)
+    core = EngineCore(ex, make_policy("continuous", 2))
+    r = core.add_request(p, 0.0, preview_steps=frozenset({2, 4}))
+    previews = []
+    t = 0.0
+    while not r.is_finished:
+        rep = core.step(t)
+        t += 1
+        if r.step in r.preview_steps and not r.is_finished:
+            assert r.preview_latents is not None
+            previews.append(ex.preview(r))
+        else:
+            assert r.preview_latents is None or r.is_finished
+    assert len(previews) == 2 and previews[0].size == (16, 16)
+    diff = np.abs(as_array(r.image) - reference_image(tiny_sd_path, p).astype(np.int16))
+    assert diff.max() <= 1

@@ -79,6 +79,12 @@ class TorchExecutor:
                                  dtype=out.dtype).view(-1, *([1] * (out.dim() - 1)))
             pred = pred.clone()
             pred[guided] = uncond + scale * (cond - uncond)
+        wants = [i for i, r in enumerate(requests) if r.step + 1 in r.preview_steps]
+        if wants:  # x0 estimates for preview images, only for the rows that asked for one at this step
+            x0 = sampling.predicted_original(pred[wants], latents[wants], [states[i] for i in wants],
+                                             [steps[i] for i in wants])
+            for j, i in enumerate(wants):
+                requests[i].preview_latents = x0[j : j + 1]
         new = sampling.sampler_step(pred, latents, states, steps)
         for i, r in enumerate(requests):
             r.latents = new[i : i + 1]
@@ -89,6 +95,7 @@ class TorchExecutor:
             r.image = image
 
     def preview(self, request: Request):
-        """A cheap preview of the current latents: decode them as they are (used for partial images)."""
-        with torch.no_grad():
-            return self.pipeline.decode(request.latents)[0]
+        """A preview image: the decoded x0 estimate of the last step if one was kept, else the current latents."""
+        latents = request.preview_latents if request.preview_latents is not None else request.latents
+        request.preview_latents = None
+        return self.pipeline.decode(latents)[0]
