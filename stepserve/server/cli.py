@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace-s", type=_non_negative_float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     p.add_argument("--max-n", type=_int_from(1, 64), default=8, help="largest n (images per request)")
+    p.add_argument("--threads", type=_int_from(1), default=None,
+                   help="torch intra-op CPU threads (default: torch's own choice)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -91,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
               f"with model_index.json", file=sys.stderr)
         return 2
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     from ..api import load_executor
     from ..async_engine import AsyncEngine
     from .app import create_app

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +55,18 @@ class ServerThread:
         self.sock.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One intra-op thread while these tests run: the server shares 2 cores with its own client threads (and with
+    whatever else runs on the machine), and oversubscribed OpenMP threads make tiny-model steps many times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_executor(tiny_sd_path):
     from stepserve.api import load_executor
@@ -71,3 +87,42 @@ def serve(tiny_executor):
             yield server
 
     return start
+
+
+SIGTERM_TEST = "test_sigterm_finishes_in_flight_refuses_new_and_exits_0"
+
+
+class CliServer:
+    """`python -m stepserve.cli serve ...` as a child process on a free port."""
+
+    def __init__(self, model_path, *extra: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": str(root), "TOKENIZERS_PARALLELISM": "false"}
+        args = ["--model", str(model_path), "--port", str(self.port), "--threads", "1", "--log-level", "warning",
+                *extra]
+        self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=root, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_cli_server(request, tiny_sd_path):
+    """The SIGTERM test needs a server process; start it when the session starts, so that its imports and model
+    load overlap with the other tests instead of adding to the run time."""
+    if not any(item.name == SIGTERM_TEST for item in request.session.items):
+        yield None
+        return
+    server = CliServer(tiny_sd_path, "--max-batch-size", "4", "--shutdown-grace-s", "60")
+    yield server
+    server.stop()

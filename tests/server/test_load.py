@@ -1,0 +1,108 @@
+"""Under load: batch invariance through HTTP for every strategy, clients that hang up, honest 429s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode_png, raw_post, read_headers, \
+    wait_until
+
+from stepserve.api import Engine
+from stepserve.types import SamplingParams
+
+SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m")
+# 12 distinct requests (steps 2-5, samplers, guidance on and off), each sent 4 times: 48 at once.
+CONFIGS = [dict(prompt=f"digit {i}", seed=100 + i, num_inference_steps=2 + i % 4, sampler=SAMPLERS[i % 4],
+                guidance_scale=1.0 if i % 3 else 3.0) for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_executor):
+    """Each request made alone, in-process, one at a time."""
+    engine = Engine(tiny_executor, strategy="none")
+    return [engine.generate([SamplingParams(**c)])[0].image for c in CONFIGS]
+
+
+async def _post_all(url: str, bodies: list[dict], timeout: float = 120) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+        return await asyncio.gather(*(client.post(GENERATIONS, json=b) for b in bodies))
+
+
+@pytest.mark.parametrize("strategy", ["continuous", "dynamic", "static", "none"])
+def test_48_concurrent_requests_equal_alone(serve, alone, strategy):
+    bodies = [CONFIGS[i % len(CONFIGS)] for i in range(48)]
+    with serve(strategy=strategy, max_batch_size=8, max_queue_delay_ms=20) as server:
+        responses = asyncio.run(_post_all(server.url, bodies))
+        assert [r.status_code for r in responses] == [200] * 48, [r.text for r in responses if r.status_code != 200]
+        for i, r in enumerate(responses):
+            assert_close(decode_png(r.json()["data"][0]["b64_json"]), alone[i % len(CONFIGS)], tol=1)
+        seen = max(max(r.json()["stepserve"]["images"][0]["batch_sizes"]) for r in responses)
+        assert (seen == 1) if strategy == "none" else (seen > 1)
+
+
+def _idle(engine) -> bool:
+    return engine.running_count == 0 and engine.queue_depth == 0
+
+
+def test_streaming_clients_that_disconnect_free_their_slots(serve):
+    body = json.dumps({"prompt": "long", "stream": True, "partial_images": 1, "num_inference_steps": 200,
+                       "guidance_scale": 1.0}).encode()
+    with serve(strategy="continuous", max_batch_size=8) as server:
+        socks = [raw_post(server.port, body) for _ in range(20)]
+        for s in socks:
+            assert b"200 OK" in read_headers(s).split(b"\r\n")[0]
+        engine = server.engine
+        assert wait_until(lambda: engine.running_count == 8, 30), "requests never started running"
+        assert engine.queue_depth == 12
+        for s in socks:
+            s.close()
+        assert wait_until(lambda: _idle(engine), 5), (engine.running_count, engine.queue_depth)
+        r = httpx.post(server.url + GENERATIONS, json={"prompt": "after", "num_inference_steps": 2}, timeout=60)
+        assert r.status_code == 200
+        metrics = httpx.get(server.url + "/metrics").text
+        assert "stepserve_cancelled_total 20.0" in metrics
+
+
+def test_waiting_client_that_disconnects_is_aborted(serve):
+    body = json.dumps({"prompt": "long", "num_inference_steps": 200, "guidance_scale": 1.0}).encode()
+    with serve(strategy="continuous", max_batch_size=2) as server:
+        socks = [raw_post(server.port, body) for _ in range(3)]
+        engine = server.engine
+        assert wait_until(lambda: engine.running_count == 2 and engine.queue_depth == 1, 30)
+        for s in socks:
+            s.close()
+        assert wait_until(lambda: _idle(engine), 5), (engine.running_count, engine.queue_depth)
+
+
+def test_burst_gets_only_200_or_429_and_429_at_once(serve):
+    max_queue = 2
+    body = {"prompt": "burst", "num_inference_steps": 3, "guidance_scale": 1.0}
+
+    async def timed(client: httpx.AsyncClient):
+        start = time.monotonic()
+        r = await client.post(GENERATIONS, json=body)
+        return r, time.monotonic() - start
+
+    async def burst(url: str):
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=40)) as client:
+            return await asyncio.gather(*(timed(client) for _ in range(10 * max_queue)))
+
+    with serve(strategy="continuous", max_batch_size=2, max_queue=max_queue) as server:
+        results = asyncio.run(burst(server.url))
+        codes = sorted({r.status_code for r, _ in results})
+        assert codes == [200, 429], codes
+        ok_times = [t for r, t in results if r.status_code == 200]
+        for r, t in results:
+            if r.status_code == 429:
+                assert_error_shape(r)
+                assert int(r.headers["Retry-After"]) >= 1
+                assert t < min(1.0, min(ok_times)), f"a 429 took {t:.2f} s"
+        assert wait_until(lambda: _idle(server.engine), 10)
+        after = httpx.post(server.url + GENERATIONS, json=body, timeout=60)
+        assert after.status_code == 200
+        assert "stepserve_rejected_total 0.0" not in httpx.get(server.url + "/metrics").text
