@@ -49,7 +49,7 @@ class BenchConfig:
     capacity_duration_s: float = 10.0
     api_key: str | None = None
     progress: bool = True
-    keep_images: int = 0
+    keep_images: bool = False  # keep generated images on the runs (sample sheets)
     threads: int | None = None  # torch CPU threads; None: torch's own choice
 
 
@@ -116,8 +116,14 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
     needs_capacity = (cfg.load == "poisson" and cfg.rate is None) or (cfg.sweep and not cfg.sweep_rates)
     if needs_capacity:
         batch = max((c.max_batch_size for c in cfg.contenders), default=8)
-        capacity = await measure_capacity(reference, cfg.mix, 2 * batch, cfg.capacity_duration_s,
-                                          min(2.0, cfg.warmup_s), cfg.seed, cfg.progress)
+        longest_s = max(i.latency_s for i in idle)
+        # Long enough for many requests to finish, with a warm-up that fills every batch slot first.
+        duration = max(cfg.capacity_duration_s, 5.0 * longest_s)
+        capacity = await measure_capacity(reference, cfg.mix, 2 * batch, duration, max(2.0, 2.0 * longest_s),
+                                          cfg.seed, cfg.progress)
+        if capacity.completed < 3:
+            raise ValueError(f"the capacity measurement completed only {capacity.completed} requests in "
+                             f"{duration:g} s; give a longer --capacity-duration, or an absolute --rate")
 
     plan, rate = _plan(cfg, capacity.rps if capacity else None, drain_s)
     runs: list[ContenderRun] = []

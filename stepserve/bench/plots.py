@@ -36,7 +36,9 @@ def plot_latency_cdf(series: list[CdfSeries], slo_s: float | None, path: Path, t
     ax.set_ylabel("share of completed requests")
     ax.set_ylim(0, 1.01)
     ax.grid(True, which="both", alpha=0.3)
-    ax.set_title(title or "Latency CDF")
+    import textwrap
+
+    ax.set_title(textwrap.fill(title or "Latency CDF", 80), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -71,6 +71,11 @@ def verdicts(results: BenchResults) -> list[Verdict]:
             continue
         pick = min if lower else max
         winner = pick(values, key=values.get)
+        if attr == "throughput_rps":
+            kept = _kept_pace(results, values)
+            if winner in kept and len(kept) >= 2:
+                out.append(Verdict(label, "", _kept_pace_text(results, values, kept)))
+                continue
         best_other: dict[str, str] = {}
         for name, v in values.items():
             fam = _family(results, name)
@@ -87,6 +92,27 @@ def verdicts(results: BenchResults) -> list[Verdict]:
         text += f"; best of the others: {', '.join(parts)}." if parts else "."
         out.append(Verdict(label, winner, text))
     return out
+
+
+def _kept_pace(results: BenchResults, values: dict[str, float]) -> list[str]:
+    """Contenders that answered everything and completed about the offered rate: at a fixed rate below their
+    capacity, throughput only echoes the offered load and does not rank them."""
+    offered = results.settings.rate_rps
+    if not offered:
+        return []
+    return [s.contender for s in results.summaries if s.contender in values and s.completed == s.offered
+            and values[s.contender] >= 0.85 * offered]
+
+
+def _kept_pace_text(results: BenchResults, values: dict[str, float], kept: list[str]) -> str:
+    offered = results.settings.rate_rps
+    text = (f"**throughput**: {', '.join(kept)} kept pace with the offered {offered:.2f} req/s "
+            f"({fmt(min(values[k] for k in kept), 'rate')} to {fmt(max(values[k] for k in kept), 'rate')}, "
+            "differences within noise); at this rate throughput does not rank them, the knee of a sweep does")
+    behind = [k for k in values if k not in kept]
+    if behind:
+        text += "; fell behind: " + ", ".join(f"{k} {fmt(values[k], 'rate')}" for k in behind)
+    return text + "."
 
 
 def knee_text(knees: list[Knee], results: BenchResults) -> list[str]:

@@ -16,7 +16,7 @@ from .metrics import RunMetrics, summarize, window_rates
 from .resources import UsageMonitor
 from .results import BatchTimeline, Capacity, IdleLatency
 from .targets import OK, Target
-from .workload import Mix, Trace, user_requests
+from .workload import Mix, RequestSpec, Trace, user_requests
 
 
 @dataclass
@@ -40,11 +40,18 @@ class LoadPlan:
 
 
 @dataclass
+class SampleImage:
+    index: int  # position in the trace (the same request under every contender)
+    spec: RequestSpec
+    image: Any
+
+
+@dataclass
 class ContenderRun:
     metrics: RunMetrics
     timeline: BatchTimeline
     engine_start_s: float
-    images: list[Any] = field(default_factory=list)
+    images: list[SampleImage] = field(default_factory=list)  # only when the target keeps images
 
 
 @dataclass
@@ -84,7 +91,7 @@ async def run_contender(maker: TargetMaker, plan: LoadPlan, repeat: int, slo_s: 
     metrics = summarize(result, maker.name, repeat, slo_s, samples, busy_delta, wall, usage)
     timeline = BatchTimeline(maker.name, [round(s.t - result.start, 4) for s in samples],
                              [s.batch_size for s in samples])
-    images = [o.reply.image for o in result.outcomes if o.reply.image is not None]
+    images = [SampleImage(o.index, o.spec, o.reply.image) for o in result.outcomes if o.reply.image is not None]
     return ContenderRun(metrics, timeline, engine_start_s, images)
 
 

@@ -83,7 +83,7 @@ class Target(Protocol):
 class EngineTarget:
     """A fresh AsyncEngine around a shared executor; the model is loaded once for all contenders."""
 
-    def __init__(self, executor, contender: Contender, keep_images: int = 0) -> None:
+    def __init__(self, executor, contender: Contender, keep_images: bool = False) -> None:
         self.executor = executor
         self.contender = contender
         self.name = contender.name
@@ -135,10 +135,7 @@ def _reply_from_result(result, target: EngineTarget) -> Reply:
         return Reply(REJECTED, error=result.error)
     if result.status is not RequestStatus.COMPLETED:
         return Reply(FAILED, error=result.error or result.status.value)
-    image = None
-    if target.keep_images > 0 and result.image is not None:
-        target.keep_images -= 1
-        image = result.image
+    image = result.image if target.keep_images else None
     first = None if t.first_step_done is None else t.first_step_done - t.arrival
     return Reply(OK, queue_s=t.queue_s, first_step_s=first, denoise_s=t.denoise_s, decode_s=t.decode_s,
                  batch_sizes=list(t.batch_sizes), image=image)
@@ -148,7 +145,7 @@ class HttpTarget:
     """POST /v1/images/generations on a running server (OpenAI images shape plus stepserve's fields)."""
 
     def __init__(self, url: str, name: str | None = None, api_key: str | None = None,
-                 busy_metric: str = "stepserve_engine_busy_seconds_total") -> None:
+                 busy_metric: str = "stepserve_step_latency_seconds_sum") -> None:
         base = url.rstrip("/")
         if base.endswith(IMAGES_PATH):
             base = base[: -len(IMAGES_PATH)]
@@ -194,8 +191,9 @@ class HttpTarget:
                 if resp.status != 200:
                     return None
                 for line in (await resp.text()).splitlines():
-                    if line.startswith(self.busy_metric):
-                        return float(line.rsplit(" ", 1)[1])
+                    name, _, value = line.partition(" ")
+                    if name == self.busy_metric:
+                        return float(value)
         except Exception:  # noqa: BLE001 - the metric is optional
             return None
         return None
@@ -219,8 +217,10 @@ def _seconds(info: dict[str, Any], name: str) -> float | None:
 
 
 def reply_from_body(body: dict[str, Any]) -> Reply:
-    """A 200 response; the optional "stepserve" field carries the timing breakdown."""
+    """A 200 response; the optional "stepserve" field carries the timing breakdown (per image, under "images")."""
     info = body.get("stepserve") or {}
+    if isinstance(info.get("images"), list) and info["images"]:
+        info = {**info, **info["images"][0]}
     if isinstance(info.get("timing"), dict):
         info = {**info, **info["timing"]}
     first = _seconds(info, "first_step") or _seconds(info, "time_to_first_step")

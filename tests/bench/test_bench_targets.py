@@ -11,7 +11,9 @@ from stepserve.bench.workload import RequestSpec
 async def _serve(handler):
     app = web.Application()
     app.router.add_post("/v1/images/generations", handler)
-    app.router.add_get("/metrics", lambda r: web.Response(text="# HELP x\nstepserve_engine_busy_seconds_total 12.5\n"))
+    metrics = ('# HELP x\nstepserve_step_latency_seconds_bucket{le="0.1"} 3.0\n'
+               "stepserve_step_latency_seconds_sum 12.5\n")
+    app.router.add_get("/metrics", lambda r: web.Response(text=metrics))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -32,8 +34,8 @@ def test_http_target_statuses_and_timing():
         if body["seed"] == 2:
             return web.json_response({"error": {"message": "boom"}}, status=500)
         return web.json_response({"created": 1, "data": [{"b64_json": ""}],
-                                  "stepserve": {"queue_s": 0.1, "denoise_ms": 200, "decode_s": 0.01,
-                                                "batch_sizes": [1, 2]}})
+                                  "stepserve": {"model": "m", "images": [
+                                      {"queue_s": 0.1, "denoise_s": 0.2, "decode_s": 0.01, "batch_sizes": [1, 2]}]}})
 
     async def main():
         runner, url = await _serve(handler)
@@ -55,6 +57,7 @@ def test_http_target_statuses_and_timing():
     assert seen[0]["num_inference_steps"] == 8 and seen[0]["n"] == 1
 
 
-def test_reply_without_timing_field():
+def test_reply_without_timing_field_and_flat_timing():
     reply = reply_from_body({"created": 1, "data": [{"b64_json": ""}]})
     assert reply.status == OK and reply.queue_s is None and reply.batch_sizes == []
+    assert reply_from_body({"stepserve": {"queue_ms": 100, "batch_sizes": [3]}}).queue_s == 0.1
