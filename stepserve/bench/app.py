@@ -14,7 +14,7 @@ from .report import conclusions, write_report
 from .resources import capture_environment
 from .results import BenchResults, BenchSettings, CdfSeries, Startup, write_json
 from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measure_idle, rotate, run_contender
-from .sweep import DEFAULT_SWEEP_FRACS, rates_from_fracs, run_sweep
+from .sweep import SweepSpec, run_sweep
 from .targets import Contender, EngineTarget, HttpTarget
 from .workload import Mix, load_trace, poisson_trace, save_trace
 
@@ -38,10 +38,13 @@ class BenchConfig:
     warmup_s: float = 5.0
     drain_s: float | None = None  # default: max(5 s, 3 x SLO)
     sweep: bool = False
-    sweep_rates: list[float] = field(default_factory=list)
-    sweep_fracs: list[float] = field(default_factory=lambda: list(DEFAULT_SWEEP_FRACS))
+    sweep_rates: list[float] = field(default_factory=list)  # a fixed grid in req/s
+    sweep_fracs: list[float] = field(default_factory=list)  # a fixed grid as fractions of capacity
+    sweep_start_frac: float = 0.15  # search (no grid): start rate, factor, cap and bisection steps
+    sweep_factor: float = 1.5
+    sweep_max_frac: float = 1.5
+    sweep_refine: int = 3
     sweep_duration_s: float | None = None
-    sweep_patience: int = 1
     slo_p95_ms: float | None = None
     slo_x_idle: float = 2.0
     repeats: int = 1
@@ -150,14 +153,21 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
         results.timelines.append(first.timeline)
 
     if cfg.sweep:
-        rates = cfg.sweep_rates or rates_from_fracs(capacity.rps, cfg.sweep_fracs)
-        settings.sweep_rates_rps = rates
-        sweep = await run_sweep(makers, cfg.mix, rates, slo_s, cfg.warmup_s, cfg.sweep_duration_s or cfg.duration_s,
-                                drain_s, cfg.seed, cfg.sweep_patience, cfg.progress)
+        spec = _sweep_spec(cfg, capacity.rps if capacity else None, drain_s)
+        sweep = await run_sweep(makers, cfg.mix, spec, slo_s, cfg.progress)
+        settings.sweep_rates_rps = sorted({p.rate_rps for p in sweep.points})
         results.sweep, results.knees = sweep.points, sweep.knees
         startup.engine_start_s += [r.engine_start_s for r in sweep.runs]
     results.conclusions = conclusions(results)
     return BenchRun(results, runs, plan)
+
+
+def _sweep_spec(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> SweepSpec:
+    grid = cfg.sweep_rates or [round(capacity_rps * f, 4) for f in cfg.sweep_fracs]
+    cap = capacity_rps or 1.0
+    return SweepSpec(grid_rps=grid, start_rps=round(cap * cfg.sweep_start_frac, 4), factor=cfg.sweep_factor,
+                     max_rps=round(cap * cfg.sweep_max_frac, 4), refine=cfg.sweep_refine, warmup_s=cfg.warmup_s,
+                     duration_s=cfg.sweep_duration_s or cfg.duration_s, drain_s=drain_s, seed=cfg.seed)
 
 
 def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> tuple[LoadPlan, float | None]:

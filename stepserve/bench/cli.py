@@ -66,8 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain", type=float, help="seconds to wait for answers after the last send (default 3x SLO)")
     p.add_argument("--capacity-duration", type=float, default=10.0, help="seconds of the capacity measurement")
     p.add_argument("--sweep", action="store_true", help="also sweep the rate to find each contender's knee")
-    p.add_argument("--sweep-rates", help="absolute rates for the sweep, e.g. 1,2,4")
-    p.add_argument("--sweep-fracs", help="sweep rates as fractions of measured capacity (default 0.1..1.2)")
+    p.add_argument("--sweep-rates", help="sweep a fixed grid of rates in req/s, e.g. 1,2,4 (default: search)")
+    p.add_argument("--sweep-fracs", help="sweep a fixed grid of fractions of measured capacity, e.g. 0.2,0.4,0.8")
+    p.add_argument("--sweep-start-frac", type=float, default=0.15, help="search: first rate / capacity")
+    p.add_argument("--sweep-factor", type=float, default=1.5, help="search: climb by this factor until a miss")
+    p.add_argument("--sweep-max-frac", type=float, default=1.5, help="search: highest rate / capacity")
+    p.add_argument("--sweep-refine", type=int, default=3, help="search: bisection steps after the first miss")
     p.add_argument("--sweep-duration", type=float, help="measured seconds per sweep point (default --duration)")
     slo = p.add_mutually_exclusive_group()
     slo.add_argument("--slo-p95-ms", type=float, help="latency SLO in ms")
@@ -105,7 +109,10 @@ def config_from_args(argv: list[str]) -> BenchConfig:
                 "--repeats": args.repeats, "--rate": args.rate, "--rate-frac": args.rate_frac,
                 "--threads": args.threads, "--static-batch-size": args.static_batch_size,
                 "--max-queue": args.max_queue, "--slo-p95-ms": args.slo_p95_ms, "--slo-x-idle": args.slo_x_idle,
-                "--capacity-duration": args.capacity_duration}
+                "--capacity-duration": args.capacity_duration, "--sweep-start-frac": args.sweep_start_frac,
+                "--sweep-max-frac": args.sweep_max_frac, "--sweep-duration": args.sweep_duration}
+    if args.sweep_factor <= 1 or args.sweep_refine < 0:
+        raise UsageError("--sweep-factor: must be > 1; --sweep-refine: must be >= 0")
     for flag, value in positive.items():
         if value is not None and not value > 0:
             raise UsageError(f"{flag}: must be > 0, got {value:g}")
@@ -127,7 +134,9 @@ def config_from_args(argv: list[str]) -> BenchConfig:
         rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
         duration_s=args.duration, warmup_s=args.warmup, drain_s=args.drain, sweep=args.sweep,
         sweep_rates=_floats(args.sweep_rates, "--sweep-rates") if args.sweep_rates else [],
-        **({"sweep_fracs": _floats(args.sweep_fracs, "--sweep-fracs")} if args.sweep_fracs else {}),
+        sweep_fracs=_floats(args.sweep_fracs, "--sweep-fracs") if args.sweep_fracs else [],
+        sweep_start_frac=args.sweep_start_frac, sweep_factor=args.sweep_factor, sweep_max_frac=args.sweep_max_frac,
+        sweep_refine=args.sweep_refine,
         sweep_duration_s=args.sweep_duration, slo_p95_ms=args.slo_p95_ms,
         slo_x_idle=args.slo_x_idle, repeats=args.repeats, seed=args.seed,
         capacity_duration_s=args.capacity_duration, api_key=args.api_key, progress=not args.no_progress,

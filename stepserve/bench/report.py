@@ -118,12 +118,13 @@ def _kept_pace_text(results: BenchResults, values: dict[str, float], kept: list[
 def knee_text(knees: list[Knee], results: BenchResults) -> list[str]:
     if not knees:
         return []
+
     def show(k: Knee) -> str:
         if k.rate_rps is None:
             return "below the lowest rate tried"
-        return f"{k.rate_rps:.2f} req/s" + (" (held at the top of the grid: at least this)" if k.held_at_top else "")
+        return f"{k.rate_rps:.2f} req/s" + (" (held at the highest rate tried: at least this)" if k.held_at_top else "")
 
-    lines = [f"**Knee** (highest rate with p95 within the SLO, every request counted): "
+    lines = ["**Knee** (highest rate with p95 within the SLO, every request counted): "
              + "; ".join(f"{k.contender} {show(k)}" for k in knees) + "."]
     best = max((k for k in knees if k.rate_rps), key=lambda k: k.rate_rps, default=None)
     if best is not None:
@@ -149,21 +150,37 @@ def caveats(summaries: list[ContenderSummary]) -> list[str]:
     return out
 
 
+def single(results: BenchResults) -> list[str]:
+    """With one contender there is nobody to beat: say what it did."""
+    if len(results.summaries) != 1:
+        return []
+    s = results.summaries[0]
+    return [f"**{s.contender}**: p50 {fmt(s.p50_s.median, 'time')}, p95 {fmt(s.p95_s.median, 'time')}, "
+            f"throughput {fmt(s.throughput_rps.median, 'rate')}, SLO attainment {fmt(s.slo_attainment.median, 'share')} "
+            f"({s.completed}/{s.offered} completed) under {results.load_description}."]
+
+
 def conclusions(results: BenchResults) -> list[str]:
-    return [v.text for v in verdicts(results)] + knee_text(results.knees, results) + caveats(results.summaries)
+    return (single(results) + [v.text for v in verdicts(results)] + knee_text(results.knees, results)
+            + caveats(results.summaries))
 
 
 def render(results: BenchResults) -> str:
     r, st = results, results.settings
     reps = st.repeats
     lines = ["# stepserve benchmark", "", f"Command: `{r.environment.command}`", ""]
-    lines += [f"- Target: {st.target}; device {st.device} ({r.environment.cpu}, {r.environment.cpu_count} cores, "
-              f"torch threads {r.environment.torch_threads}); GPU: {r.environment.gpu or 'none'}",
+    if st.model is None:
+        where = (f"- Target: {st.target} (a running server: its start-up is not measured here); load generated on "
+                 f"{r.environment.cpu}, {r.environment.cpu_count} cores")
+    else:
+        where = (f"- Target: {st.target}; device {st.device} {st.dtype} ({r.environment.cpu}, "
+                 f"{r.environment.cpu_count} cores, torch threads {r.environment.torch_threads}); "
+                 f"GPU: {r.environment.gpu or 'none'}")
+    lines += [where,
               f"- Load: {r.load_description}; repeats: {reps} (contender order rotated each repeat)",
               f"- {r.warmup_note}",
-              f"- Start-up (not in any number): model load "
-              f"{fmt(r.startup.model_load_s, 'time')}; engine start per run up to "
-              f"{fmt(max(r.startup.engine_start_s, default=None), 'time')}",
+              f"- Start-up (not in any number): model load {fmt(r.startup.model_load_s, 'time')}; "
+              f"engine start per run up to {fmt(max(r.startup.engine_start_s, default=None), 'time')}",
               f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else ""), ""]
     if r.idle:
         lines += ["## Idle latency (one request alone)", ""]

@@ -1,12 +1,17 @@
 """Rate sweep: offer more and more load (open loop, Poisson) to each contender until its p95 breaks the SLO.
 
-The knee of a contender is the highest rate at which its p95 stayed under the SLO, with every lower rate holding
-too. The p95 here counts rejected, failed and unfinished requests as infinitely late, so a contender cannot hold
-the SLO by refusing work. Every contender gets the identical trace at each rate.
+The knee of a contender is the highest rate at which its p95 stayed under the SLO, below every rate at which it
+broke. The p95 here counts rejected, failed and unfinished requests as infinitely late, so a contender cannot hold
+the SLO by refusing work. At a given rate every contender gets the identical trace (the same seed: the same
+requests, with arrival times scaled by the rate).
+
+Two ways to pick the rates: a fixed grid (each contender climbs it and stops at its first miss), or a search
+(climb by a factor from a start rate until the first miss, then bisect between the last hold and the first miss).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -15,12 +20,18 @@ from .results import Knee, SweepPoint
 from .runner import ContenderRun, LoadPlan, TargetMaker, run_contender
 from .workload import Mix, poisson_trace
 
-DEFAULT_SWEEP_FRACS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9,
-                       0.95, 1.0, 1.1, 1.2)
 
-
-def rates_from_fracs(capacity_rps: float, fracs: list[float]) -> list[float]:
-    return sorted({round(capacity_rps * f, 4) for f in fracs if f > 0})
+@dataclass
+class SweepSpec:
+    grid_rps: list[float] = field(default_factory=list)  # fixed rates; empty: search
+    start_rps: float = 1.0  # search: the first rate
+    factor: float = 1.5  # search: climb by this factor
+    max_rps: float = 100.0  # search: never above this (the knee is then reported as "at least")
+    refine: int = 3  # search: bisection steps between the last hold and the first miss
+    warmup_s: float = 3.0
+    duration_s: float = 15.0
+    drain_s: float = 5.0
+    seed: int = 0
 
 
 def point_from_run(run: ContenderRun, rate: float, slo_s: float) -> SweepPoint:
@@ -31,16 +42,12 @@ def point_from_run(run: ContenderRun, rate: float, slo_s: float) -> SweepPoint:
 
 
 def find_knee(contender: str, points: list[SweepPoint]) -> Knee:
-    """Highest rate that held before the first rate that did not."""
-    ordered = sorted((p for p in points if p.contender == contender), key=lambda p: p.rate_rps)
-    knee = None
-    for p in ordered:
-        if not p.held:
-            break
-        knee = p.rate_rps
-    top = ordered[-1].rate_rps if ordered else 0.0
-    held_at_top = bool(ordered) and all(p.held for p in ordered)
-    return Knee(contender, knee, top, held_at_top)
+    """The highest rate that held, below the lowest rate that did not."""
+    mine = [p for p in points if p.contender == contender]
+    first_miss = min((p.rate_rps for p in mine if not p.held), default=math.inf)
+    held = [p.rate_rps for p in mine if p.held and p.rate_rps < first_miss]
+    top = max((p.rate_rps for p in mine), default=0.0)
+    return Knee(contender, max(held) if held else None, top, bool(mine) and math.isinf(first_miss))
 
 
 @dataclass
@@ -50,29 +57,55 @@ class SweepResult:
     runs: list[ContenderRun] = field(default_factory=list)
 
 
-async def run_sweep(makers: list[TargetMaker], mix: Mix, rates: list[float], slo_s: float, warmup_s: float,
-                    duration_s: float, drain_s: float, seed: int, patience: int = 1,
+class _Sweeper:
+    def __init__(self, mix: Mix, spec: SweepSpec, slo_s: float, progress: bool, out: SweepResult) -> None:
+        self.mix, self.spec, self.slo_s, self.progress, self.out = mix, spec, slo_s, progress, out
+
+    async def point(self, maker: TargetMaker, rate: float) -> bool:
+        s = self.spec
+        trace = poisson_trace(self.mix, rate, s.warmup_s + s.duration_s, s.seed)
+        plan = LoadPlan("open", self.mix, s.seed, s.warmup_s, s.duration_s, s.drain_s, trace=trace)
+        run = await run_contender(maker, plan, 0, self.slo_s, self.progress, label=f"{maker.name} @ {rate:.3g} req/s")
+        point = point_from_run(run, rate, self.slo_s)
+        self.out.points.append(point)
+        self.out.runs.append(run)
+        return point.held
+
+    async def grid(self, maker: TargetMaker) -> None:
+        for rate in sorted(self.spec.grid_rps):
+            if not await self.point(maker, rate):
+                return
+
+    async def search(self, maker: TargetMaker) -> None:
+        s = self.spec
+        lo, hi, rate = None, None, s.start_rps
+        while rate <= s.max_rps * (1 + 1e-9):
+            if await self.point(maker, rate):
+                lo, rate = rate, rate * s.factor
+                continue
+            hi = rate
+            break
+        if hi is None and lo is not None and lo < s.max_rps:  # climbed past the cap: try the cap itself
+            if await self.point(maker, s.max_rps):
+                return
+            hi = s.max_rps
+        if lo is None or hi is None:
+            return
+        for _ in range(s.refine):
+            mid = round(math.sqrt(lo * hi), 4)
+            if await self.point(maker, mid):
+                lo = mid
+            else:
+                hi = mid
+
+
+async def run_sweep(makers: list[TargetMaker], mix: Mix, spec: SweepSpec, slo_s: float,
                     progress: bool = True) -> SweepResult:
-    """Each contender climbs the rates in order and stops after `patience` rates in a row that broke the SLO."""
     out = SweepResult()
-    traces = {rate: poisson_trace(mix, rate, warmup_s + duration_s, seed) for rate in rates}
-    outer = tqdm(total=len(makers) * len(rates), desc="sweep", unit="run", disable=not progress,
-                 dynamic_ncols=True)
-    try:
-        for maker in makers:
-            misses = 0
-            for i, rate in enumerate(rates):
-                plan = LoadPlan("open", mix, seed, warmup_s, duration_s, drain_s, trace=traces[rate])
-                run = await run_contender(maker, plan, 0, slo_s, progress, label=f"{maker.name} @ {rate:.3g} req/s")
-                point = point_from_run(run, rate, slo_s)
-                out.points.append(point)
-                out.runs.append(run)
-                outer.update(1)
-                misses = 0 if point.held else misses + 1
-                if misses >= patience:
-                    outer.update(len(rates) - i - 1)
-                    break
-            out.knees.append(find_knee(maker.name, out.points))
-    finally:
-        outer.close()
+    sweeper = _Sweeper(mix, spec, slo_s, progress, out)
+    bar = tqdm(makers, desc="sweep", unit="contender", disable=not progress, dynamic_ncols=True)
+    for maker in bar:
+        await (sweeper.grid(maker) if spec.grid_rps else sweeper.search(maker))
+        out.knees.append(find_knee(maker.name, out.points))
+    bar.close()
     return out
