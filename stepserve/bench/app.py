@@ -45,6 +45,7 @@ class BenchConfig:
     sweep_max_frac: float = 1.5
     sweep_refine: int = 3
     sweep_duration_s: float | None = None
+    sweep_min_requests: int = 50
     slo_p95_ms: float | None = None
     slo_x_idle: float = 2.0
     repeats: int = 1
@@ -167,7 +168,8 @@ def _sweep_spec(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) ->
     cap = capacity_rps or 1.0
     return SweepSpec(grid_rps=grid, start_rps=round(cap * cfg.sweep_start_frac, 4), factor=cfg.sweep_factor,
                      max_rps=round(cap * cfg.sweep_max_frac, 4), refine=cfg.sweep_refine, warmup_s=cfg.warmup_s,
-                     duration_s=cfg.sweep_duration_s or cfg.duration_s, drain_s=drain_s, seed=cfg.seed)
+                     duration_s=cfg.sweep_duration_s or cfg.duration_s, drain_s=drain_s, seed=cfg.seed,
+                     min_requests=cfg.sweep_min_requests)
 
 
 def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> tuple[LoadPlan, float | None]:

@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-max-frac", type=float, default=1.5, help="search: highest rate / capacity")
     p.add_argument("--sweep-refine", type=int, default=3, help="search: bisection steps after the first miss")
     p.add_argument("--sweep-duration", type=float, help="measured seconds per sweep point (default --duration)")
+    p.add_argument("--sweep-min-requests", type=int, default=50,
+                   help="lengthen a sweep point until it has this many measured requests")
     slo = p.add_mutually_exclusive_group()
     slo.add_argument("--slo-p95-ms", type=float, help="latency SLO in ms")
     slo.add_argument("--slo-x-idle", type=float, default=2.0, help="SLO = K x idle latency of the longest request")
@@ -111,8 +113,8 @@ def config_from_args(argv: list[str]) -> BenchConfig:
                 "--max-queue": args.max_queue, "--slo-p95-ms": args.slo_p95_ms, "--slo-x-idle": args.slo_x_idle,
                 "--capacity-duration": args.capacity_duration, "--sweep-start-frac": args.sweep_start_frac,
                 "--sweep-max-frac": args.sweep_max_frac, "--sweep-duration": args.sweep_duration}
-    if args.sweep_factor <= 1 or args.sweep_refine < 0:
-        raise UsageError("--sweep-factor: must be > 1; --sweep-refine: must be >= 0")
+    if args.sweep_factor <= 1 or args.sweep_refine < 0 or args.sweep_min_requests < 0:
+        raise UsageError("--sweep-factor: must be > 1; --sweep-refine, --sweep-min-requests: must be >= 0")
     for flag, value in positive.items():
         if value is not None and not value > 0:
             raise UsageError(f"{flag}: must be > 0, got {value:g}")
@@ -136,7 +138,7 @@ def config_from_args(argv: list[str]) -> BenchConfig:
         sweep_rates=_floats(args.sweep_rates, "--sweep-rates") if args.sweep_rates else [],
         sweep_fracs=_floats(args.sweep_fracs, "--sweep-fracs") if args.sweep_fracs else [],
         sweep_start_frac=args.sweep_start_frac, sweep_factor=args.sweep_factor, sweep_max_frac=args.sweep_max_frac,
-        sweep_refine=args.sweep_refine,
+        sweep_refine=args.sweep_refine, sweep_min_requests=args.sweep_min_requests,
         sweep_duration_s=args.sweep_duration, slo_p95_ms=args.slo_p95_ms,
         slo_x_idle=args.slo_x_idle, repeats=args.repeats, seed=args.seed,
         capacity_duration_s=args.capacity_duration, api_key=args.api_key, progress=not args.no_progress,

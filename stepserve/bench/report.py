@@ -101,7 +101,7 @@ def _kept_pace(results: BenchResults, values: dict[str, float]) -> list[str]:
     if not offered:
         return []
     return [s.contender for s in results.summaries if s.contender in values and s.completed == s.offered
-            and values[s.contender] >= 0.85 * offered]
+            and values[s.contender] >= 0.75 * offered]
 
 
 def _kept_pace_text(results: BenchResults, values: dict[str, float], kept: list[str]) -> str:

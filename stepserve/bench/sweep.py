@@ -32,6 +32,7 @@ class SweepSpec:
     duration_s: float = 15.0
     drain_s: float = 5.0
     seed: int = 0
+    min_requests: int = 50  # a point lasts long enough for this many measured requests (a p95 needs samples)
 
 
 def point_from_run(run: ContenderRun, rate: float, slo_s: float) -> SweepPoint:
@@ -63,8 +64,9 @@ class _Sweeper:
 
     async def point(self, maker: TargetMaker, rate: float) -> bool:
         s = self.spec
-        trace = poisson_trace(self.mix, rate, s.warmup_s + s.duration_s, s.seed)
-        plan = LoadPlan("open", self.mix, s.seed, s.warmup_s, s.duration_s, s.drain_s, trace=trace)
+        duration = max(s.duration_s, s.min_requests / rate)
+        trace = poisson_trace(self.mix, rate, s.warmup_s + duration, s.seed)
+        plan = LoadPlan("open", self.mix, s.seed, s.warmup_s, duration, s.drain_s, trace=trace)
         run = await run_contender(maker, plan, 0, self.slo_s, self.progress, label=f"{maker.name} @ {rate:.3g} req/s")
         point = point_from_run(run, rate, self.slo_s)
         self.out.points.append(point)

@@ -14,7 +14,8 @@ FAST = ["--model", "fake", "--steps", "2,4", "--duration", "1.0", "--warmup", "0
 def test_comparison_with_sweep_writes_every_file(tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(FAST + ["--strategies", "continuous,dynamic", "--dynamic-delays-ms", "5,20", "--rate", "20",
-                      "--sweep", "--sweep-rates", "10,40", "--sweep-duration", "0.5", "--out", str(out)])
+                      "--sweep", "--sweep-rates", "10,40", "--sweep-duration", "0.5", "--sweep-min-requests", "0",
+                      "--out", str(out)])
     assert rc == 0
     names = {p.name for p in out.iterdir()}
     assert {"results.json", "report.md", "latency_cdf.png", "throughput_vs_latency.png",
