@@ -156,7 +156,8 @@ def single(results: BenchResults) -> list[str]:
         return []
     s = results.summaries[0]
     return [f"**{s.contender}**: p50 {fmt(s.p50_s.median, 'time')}, p95 {fmt(s.p95_s.median, 'time')}, "
-            f"throughput {fmt(s.throughput_rps.median, 'rate')}, SLO attainment {fmt(s.slo_attainment.median, 'share')} "
+            f"throughput {fmt(s.throughput_rps.median, 'rate')}, "
+            f"SLO attainment {fmt(s.slo_attainment.median, 'share')} "
             f"({s.completed}/{s.offered} completed) under {results.load_description}."]
 
 
@@ -181,7 +182,12 @@ def render(results: BenchResults) -> str:
               f"- {r.warmup_note}",
               f"- Start-up (not in any number): model load {fmt(r.startup.model_load_s, 'time')}; "
               f"engine start per run up to {fmt(max(r.startup.engine_start_s, default=None), 'time')}",
-              f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else ""), ""]
+              f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else "")]
+    lags = [run.send_lag.p99 for run in r.runs if run.send_lag.p99 is not None and run.mode == "open-loop"]
+    if lags:
+        lines.append(f"- Sender accuracy: p99 of (actual - scheduled send) at most {fmt(max(lags), 'time')} over all "
+                     "runs; latency counts from the schedule either way")
+    lines.append("")
     if r.idle:
         lines += ["## Idle latency (one request alone)", ""]
         lines += _table(["steps", "latency"], [[str(i.steps), fmt(i.latency_s, "time")] for i in r.idle])
@@ -190,7 +196,8 @@ def render(results: BenchResults) -> str:
         lines += [f"Capacity ({c.contender}, saturated closed loop, {c.users} users, {c.duration_s:g} s): "
                   f"{c.rps:.2f} req/s.", ""]
     if r.summaries:
-        lines += ["## Latency, from scheduled send to answer" + (" (median over repeats [min-max])" if reps > 1 else ""),
+        over = " (median over repeats [min-max])" if reps > 1 else ""
+        lines += ["## Latency, from scheduled send to answer" + over,
                   ""]
         lines += _table(["contender", "completed/offered", "p50", "p95", "p99", "max", "rejected", "failed",
                          "unfinished"],
@@ -207,7 +214,8 @@ def render(results: BenchResults) -> str:
                           fmt_spread(s.cpu_util, "share", reps)] for s in r.summaries])
         lines += ["## Where the time goes (p50 of completed requests)", ""]
         lines += _table(["contender", "queue", "denoise", "decode"],
-                        [[s.contender, fmt_spread(s.queue_p50_s, "time", reps), fmt_spread(s.denoise_p50_s, "time", reps),
+                        [[s.contender, fmt_spread(s.queue_p50_s, "time", reps),
+                          fmt_spread(s.denoise_p50_s, "time", reps),
                           fmt_spread(s.decode_p50_s, "time", reps)] for s in r.summaries])
         lines += _by_steps(results) + _batches(results)
     if r.sweep:
@@ -242,7 +250,8 @@ def _by_steps(results: BenchResults) -> list[str]:
         cells = {b.steps: b.latency for b in run.latency_by_steps}
         rows.append([name] + [f"{fmt(cells[s].p50, 'time')} / {fmt(cells[s].p95, 'time')}" if s in cells else "n/a"
                               for s in steps])
-    return ["## Latency by step count (p50 / p95, first repeat)", ""] + _table(["contender"] + [f"{s} steps" for s in steps], rows)
+    header = ["contender"] + [f"{s} steps" for s in steps]
+    return ["## Latency by step count (p50 / p95, first repeat)", ""] + _table(header, rows)
 
 
 def _batches(results: BenchResults) -> list[str]:
@@ -258,7 +267,8 @@ def _batches(results: BenchResults) -> list[str]:
         counts = {b.size: b.count for b in run.batch_sizes}
         rows.append([name] + [f"{100 * counts.get(s, 0) / total:.0f}%" for s in sizes])
     source = next(iter(first.values())).batch_size_source
-    return [f"## Batch sizes run (share of {source}, first repeat)", ""] + _table(["contender"] + [str(s) for s in sizes], rows)
+    header = ["contender"] + [str(s) for s in sizes]
+    return [f"## Batch sizes run (share of {source}, first repeat)", ""] + _table(header, rows)
 
 
 def write_report(results: BenchResults, path: Path) -> None:
