@@ -64,6 +64,10 @@ def submit_all(state: ServerState, params: list[SamplingParams], partial_images:
     except ValidationError as exc:
         param = _PARAM_FOR_FIELD.get(exc.field, exc.field)
         raise errors.invalid(_size_message(exc, engine) if param == "size" else str(exc), param) from None
+    max_queue = engine.options.max_queue
+    if max_queue is not None and len(resolved) > max_queue:
+        raise errors.invalid(f"n: {len(resolved)} images are more than this server queues at once ({max_queue}); "
+                             f"ask for at most {max_queue} per request", "n")
     handles: list[RequestHandle] = []
     try:
         for p in resolved:

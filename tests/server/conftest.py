@@ -55,7 +55,7 @@ class ServerThread:
         self.sock.close()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
     """One intra-op thread while these tests run: the server shares 2 cores with its own client threads (and with
     whatever else runs on the machine), and oversubscribed OpenMP threads make tiny-model steps many times slower."""

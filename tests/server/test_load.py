@@ -106,3 +106,5 @@ def test_burst_gets_only_200_or_429_and_429_at_once(serve):
         after = httpx.post(server.url + GENERATIONS, json=body, timeout=60)
         assert after.status_code == 200
         assert "stepserve_rejected_total 0.0" not in httpx.get(server.url + "/metrics").text
+        too_many = httpx.post(server.url + GENERATIONS, json={**body, "n": max_queue + 1})
+        assert assert_error_shape(too_many, 400)["param"] == "n"  # could never fit: not a 429 to retry forever
