@@ -43,10 +43,10 @@ class EventStreamResponse(Response):
         self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         watcher = asyncio.ensure_future(wait_disconnect(receive))
         iterator = self.chunks.__aiter__()
         try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             while True:
                 following = asyncio.ensure_future(iterator.__anext__())
                 done, _ = await asyncio.wait({following, watcher}, return_when=asyncio.FIRST_COMPLETED)
