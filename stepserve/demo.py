@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per strategy")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds at the start of each run not counted")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -53,8 +54,8 @@ def config_from_args(argv: list[str]) -> BenchConfig:
     if not steps or any(s < 1 for s in steps) or any(d < 0 for d in delays):
         p.error("--steps: positive integers; --dynamic-delays-ms: numbers >= 0")
     for flag, value in (("--rate-frac", args.rate_frac), ("--duration", args.duration),
-                        ("--max-batch-size", args.max_batch_size)):
-        if not value > 0:
+                        ("--max-batch-size", args.max_batch_size), ("--threads", args.threads)):
+        if value is not None and not value > 0:
             p.error(f"{flag}: must be > 0, got {value:g}")
     b = args.max_batch_size
     contenders = [Contender("continuous", b)] + [Contender("dynamic", b, max_queue_delay_ms=d) for d in delays]
@@ -62,7 +63,7 @@ def config_from_args(argv: list[str]) -> BenchConfig:
     return BenchConfig(argv=["demo", *argv], mix=Mix.from_steps(steps), out=args.out, model=args.model,
                        contenders=contenders, load="poisson", rate_frac=args.rate_frac, duration_s=args.duration,
                        warmup_s=args.warmup, seed=args.seed, capacity_duration_s=8.0,
-                       progress=not args.no_progress, keep_images=True)
+                       progress=not args.no_progress, keep_images=True, threads=args.threads)
 
 
 def summary_table(summaries: list[ContenderSummary]) -> str:

@@ -3,6 +3,7 @@ every contender (repeats rotate the order), optionally sweep the rate, then writ
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,13 @@ class BenchConfig:
     api_key: str | None = None
     progress: bool = True
     keep_images: bool = False  # keep generated images on the runs (sample sheets)
-    threads: int | None = None  # torch CPU threads; None: torch's own choice
+    threads: int | None = None  # torch CPU threads; None: all cores but one (that one runs the load generator)
+
+
+def default_threads() -> int:
+    """In process, the engine's torch threads leave one core to the load generator, so that sends stay on time
+    (and torch's threads do not wait on a core the sender holds)."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def _makers(cfg: BenchConfig, startup: Startup) -> tuple[list[TargetMaker], TargetMaker]:
@@ -98,10 +105,10 @@ class BenchRun:
 
 
 async def run_bench(cfg: BenchConfig) -> BenchRun:
-    if cfg.threads and not cfg.targets:
+    if not cfg.targets and cfg.model != "fake":
         import torch
 
-        torch.set_num_threads(cfg.threads)
+        torch.set_num_threads(cfg.threads or default_threads())
     env = capture_environment(cfg.argv, "http" if cfg.targets else cfg.device)
     startup = Startup(model_load_s=None)
     makers, reference = _makers(cfg, startup)

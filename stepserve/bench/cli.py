@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (in-process only)")
     p.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (in-process only)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated: {', '.join(STRATEGIES)}")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")
     p.add_argument("--max-batch-size", type=int, default=8)

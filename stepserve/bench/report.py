@@ -129,13 +129,19 @@ def knee_text(knees: list[Knee], results: BenchResults) -> list[str]:
     best = max((k for k in knees if k.rate_rps), key=lambda k: k.rate_rps, default=None)
     if best is not None:
         ratios = []
+        top_of_family: dict[str, Knee] = {}
         for k in knees:
-            if k is best or _family(results, k.contender) == _family(results, best.contender):
+            fam = _family(results, k.contender)
+            if fam == _family(results, best.contender):
                 continue
-            ratios.append(f"{best.rate_rps / k.rate_rps:.2f}x {k.contender}" if k.rate_rps else
-                          f"more than {k.contender} (which held at no rate tried)")
+            if fam not in top_of_family or (k.rate_rps or 0) > (top_of_family[fam].rate_rps or 0):
+                top_of_family[fam] = k
+        for fam, k in top_of_family.items():
+            best_of = f"the best {fam}, " if sum(_family(results, x.contender) == fam for x in knees) > 1 else ""
+            ratios.append(f"{best.rate_rps / k.rate_rps:.2f}x the load of {best_of}{k.contender}" if k.rate_rps
+                          else f"more than {k.contender} (which held the SLO at no rate tried)")
         if ratios:
-            lines.append(f"{best.contender} sustains {', '.join(ratios)} within the SLO.")
+            lines.append(f"{best.contender} sustains {'; '.join(ratios)} within the SLO.")
     return lines
 
 
