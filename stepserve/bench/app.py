@@ -93,7 +93,9 @@ def load_model(model: str, device: str, dtype: str):
 
         return SleepingFakeExecutor()
     from ..api import load_executor
+    from ..pipelines.diffusers_sd import resolve_model_path
 
+    resolve_model_path(model)  # a missing model fails fast, before the heavy imports
     return load_executor(model, device, dtype)
 
 

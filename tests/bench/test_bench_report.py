@@ -7,7 +7,7 @@ from PIL import Image
 
 from stepserve.bench.cli import main
 
-FAST = ["--model", "fake", "--steps", "2,4", "--duration", "1.0", "--warmup", "0.3", "--drain", "1.0",
+FAST = ["--model", "fake", "--steps", "2,4", "--duration", "0.8", "--warmup", "0.3", "--drain", "0.5",
         "--capacity-duration", "1.0", "--no-progress", "--seed", "3"]
 
 
@@ -85,3 +85,20 @@ def test_bad_flags_get_one_line_errors(argv, fragment, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and "\n" not in err and err.startswith("stepserve bench:")
+
+
+def test_demo_defaults_compare_every_strategy_on_a_mixed_workload():
+    from stepserve.demo import DEFAULT_OUT, config_from_args
+
+    cfg = config_from_args([])
+    assert [c.name for c in cfg.contenders] == ["continuous", "dynamic(10ms)", "dynamic(50ms)", "dynamic(200ms)",
+                                                "static", "none"]
+    assert cfg.mix.steps.values == [8, 20, 40] and cfg.rate_frac == 0.7 and cfg.load == "poisson"
+    assert cfg.model == "embedded" and cfg.out == DEFAULT_OUT and cfg.keep_images
+
+
+def test_demo_missing_model_is_one_line(tmp_path, capsys):
+    from stepserve.demo import main as demo_main
+
+    assert demo_main(["--model", str(tmp_path / "nowhere"), "--no-progress", "--out", str(tmp_path / "o")]) == 1
+    assert "nowhere" in capsys.readouterr().err.strip().splitlines()[-1]
