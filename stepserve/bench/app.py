@@ -64,27 +64,31 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
-def _makers(cfg: BenchConfig, startup: Startup) -> tuple[list[TargetMaker], TargetMaker]:
-    """One maker per contender, plus the reference maker used for idle latency and capacity."""
+@dataclass
+class Makers:
+    contenders: list[TargetMaker]  # one per contender
+    reference: TargetMaker  # for idle latency and capacity: continuous in process, else the first server
+
+
+def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
     if cfg.targets:
         makers = [TargetMaker(name, lambda u=url, n=name: HttpTarget(u, n, cfg.api_key))
                   for name, url in (_split_target(t) for t in cfg.targets)]
-        return makers, makers[0]
+        return Makers(makers, makers[0])
     t0 = time.monotonic()
     executor = load_model(cfg.model, cfg.device, cfg.dtype)
     startup.model_load_s = time.monotonic() - t0
     makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images)) for c in cfg.contenders]
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
     reference = Contender("continuous", max_batch_size=batch)
-    return makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference))
+    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)))
 
 
-def _split_target(text: str) -> tuple[str, str]:
-    """'label=URL' or 'URL'."""
+def _split_target(text: str) -> list[str]:
+    """'label=URL' or 'URL' -> [label, URL]."""
     if "=" in text and not text.split("=", 1)[0].startswith("http"):
-        name, url = text.split("=", 1)
-        return name, url
-    return text, text
+        return text.split("=", 1)
+    return [text, text]
 
 
 def load_model(model: str, device: str, dtype: str):
@@ -113,7 +117,8 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
         torch.set_num_threads(cfg.threads or default_threads())
     env = capture_environment(cfg.argv, "http" if cfg.targets else cfg.device)
     startup = Startup(model_load_s=None)
-    makers, reference = _makers(cfg, startup)
+    both = _makers(cfg, startup)
+    makers, reference = both.contenders, both.reference
 
     idle = await measure_idle(reference, cfg.mix, progress=cfg.progress)
     if cfg.slo_p95_ms is not None:
@@ -138,7 +143,7 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
             raise ValueError(f"the capacity measurement completed only {capacity.completed} requests in "
                              f"{duration:g} s; give a longer --capacity-duration, or an absolute --rate")
 
-    plan, rate = _plan(cfg, capacity.rps if capacity else None, drain_s)
+    plan = _plan(cfg, capacity.rps if capacity else None, drain_s)
     runs: list[ContenderRun] = []
     for repeat in range(cfg.repeats):
         for maker in rotate(makers, repeat):
@@ -147,7 +152,7 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
             startup.engine_start_s.append(run.engine_start_s)
             runs.append(run)
 
-    settings = _settings(cfg, makers, rate, drain_s, slo_rule)
+    settings = _settings(cfg, plan.rate_rps, drain_s, slo_rule)
     warm = sum(1 for it in plan.trace.items if it.offset_s < cfg.warmup_s) if plan.trace else None
     warm_note = (f"Warm-up excluded: requests scheduled in the first {cfg.warmup_s:g} s of every run"
                  + (f" ({warm} per run)" if warm is not None else "") + " are sent but not counted.")
@@ -181,21 +186,20 @@ def _sweep_spec(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) ->
                      min_requests=cfg.sweep_min_requests)
 
 
-def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> tuple[LoadPlan, float | None]:
+def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> LoadPlan:
     if cfg.load == "closed":
-        return LoadPlan("closed", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, users=cfg.users), None
+        return LoadPlan("closed", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, users=cfg.users)
     if cfg.load == "trace":
         trace = load_trace(cfg.trace_file)
-        return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, trace.duration_s, drain_s, trace=trace), None
+        return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, trace.duration_s, drain_s, trace=trace)
     rate = cfg.rate if cfg.rate is not None else (cfg.rate_frac or 0.7) * capacity_rps
     trace = poisson_trace(cfg.mix, rate, cfg.warmup_s + cfg.duration_s, cfg.seed)
     if capacity_rps and cfg.rate is None:
         trace.description += f" ({(cfg.rate_frac or 0.7) * 100:.0f}% of measured capacity {capacity_rps:.2f} req/s)"
-    return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, trace=trace), rate
+    return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, trace=trace, rate_rps=rate)
 
 
-def _settings(cfg: BenchConfig, makers: list[TargetMaker], rate: float | None, drain_s: float,
-              slo_rule: str) -> BenchSettings:
+def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: str) -> BenchSettings:
     target = ", ".join(cfg.targets) if cfg.targets else f"in-process engine, model {cfg.model}"
     return BenchSettings(
         target=target, model=None if cfg.targets else cfg.model, device=cfg.device, dtype=cfg.dtype,

@@ -89,6 +89,7 @@ class RunMetrics:
     denoise: LatencyStats
     decode: LatencyStats
     send_lag: LatencyStats  # actual send - scheduled send (open loop); the sender's own accuracy
+    offered_rps: float  # measured requests sent / window (the realised rate, not the nominal one)
     throughput_rps: float  # completions inside the measured window / window
     goodput_rps: float | None  # completions inside the window that met the SLO / window
     slo_s: float | None
@@ -123,15 +124,20 @@ def p95_all(outcomes: list[Outcome]) -> float | None:
     return None if math.isinf(value) else value
 
 
-def window_rates(result: LoadResult, slo_s: float | None) -> tuple[float, float | None]:
-    """(throughput, goodput) in completions per second inside the measured window."""
+@dataclass
+class WindowRates:
+    throughput_rps: float  # completions inside the measured window, per second
+    goodput_rps: float | None  # of those, the ones within the SLO, per second
+
+
+def window_rates(result: LoadResult, slo_s: float | None) -> WindowRates:
     lo, hi = result.window_start_s, result.window_end_s
     span = hi - lo
     if span <= 0:
-        return 0.0, None
+        return WindowRates(0.0, None)
     done = [o for o in result.outcomes if o.status == OK and o.done_s is not None and lo <= o.done_s <= hi]
     good = None if slo_s is None else sum(1 for o in done if o.latency_s <= slo_s) / span
-    return len(done) / span, good
+    return WindowRates(len(done) / span, good)
 
 
 def busy_in_window(samples: list[StepSample], start: float, end: float) -> float:
@@ -149,7 +155,7 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
     done = [o for o in measured if o.status == OK]
     latencies = sorted(o.latency_s for o in done)
     by_steps = sorted({o.spec.num_inference_steps for o in measured}, key=lambda s: (s is None, s or 0))
-    throughput, goodput = window_rates(result, slo_s)
+    rates = window_rates(result, slo_s)
     w0, w1 = result.start + result.window_start_s, result.start + result.window_end_s
     if samples:
         busy = busy_in_window(samples, w0, w1) / (w1 - w0) if w1 > w0 else None
@@ -171,7 +177,8 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
         queue=_part(done, "queue_s"), first_step=_part(done, "first_step_s"), denoise=_part(done, "denoise_s"),
         decode=_part(done, "decode_s"),
         send_lag=latency_stats([o.sent_s - o.scheduled_s for o in measured if o.sent_s is not None]),
-        throughput_rps=throughput, goodput_rps=goodput, slo_s=slo_s,
+        offered_rps=len(measured) / (w1 - w0) if w1 > w0 else 0.0, throughput_rps=rates.throughput_rps,
+        goodput_rps=rates.goodput_rps, slo_s=slo_s,
         slo_attainment=None if slo_s is None else slo_attainment(measured, slo_s),
         busy_fraction=busy, batch_sizes=hist, batch_size_source=source,
         mean_batch_size=sum(b.size * b.count for b in hist) / total if total else None,

@@ -97,15 +97,21 @@ def verdicts(results: BenchResults) -> list[Verdict]:
 def _kept_pace(results: BenchResults, values: dict[str, float]) -> list[str]:
     """Contenders that answered everything and completed about the offered rate: at a fixed rate below their
     capacity, throughput only echoes the offered load and does not rank them."""
-    offered = results.settings.rate_rps
+    offered = _realised_rate(results)
     if not offered:
         return []
     return [s.contender for s in results.summaries if s.contender in values and s.completed == s.offered
             and values[s.contender] >= 0.75 * offered]
 
 
+def _realised_rate(results: BenchResults) -> float | None:
+    """The open-loop rate the trace realised in the measured window (identical for every contender)."""
+    rates = [r.offered_rps for r in results.runs if r.mode == "open-loop"]
+    return rates[0] if rates else None
+
+
 def _kept_pace_text(results: BenchResults, values: dict[str, float], kept: list[str]) -> str:
-    offered = results.settings.rate_rps
+    offered = _realised_rate(results)
     text = (f"**throughput**: {', '.join(kept)} kept pace with the offered {offered:.2f} req/s "
             f"({fmt(min(values[k] for k in kept), 'rate')} to {fmt(max(values[k] for k in kept), 'rate')}, "
             "differences within noise); at this rate throughput does not rank them, the knee of a sweep does")
@@ -122,7 +128,8 @@ def knee_text(knees: list[Knee], results: BenchResults) -> list[str]:
     def show(k: Knee) -> str:
         if k.rate_rps is None:
             return "below the lowest rate tried"
-        return f"{k.rate_rps:.2f} req/s" + (" (held at the highest rate tried: at least this)" if k.held_at_top else "")
+        text = f"{k.rate_rps:.2f} req/s (realised {k.offered_rps:.2f})"
+        return text + (" (held at the highest rate tried: at least this)" if k.held_at_top else "")
 
     lines = ["**Knee** (highest rate with p95 within the SLO, every request counted): "
              + "; ".join(f"{k.contender} {show(k)}" for k in knees) + "."]
@@ -184,7 +191,9 @@ def render(results: BenchResults) -> str:
                  f"{r.environment.cpu_count} cores, torch threads {r.environment.torch_threads}); "
                  f"GPU: {r.environment.gpu or 'none'}")
     lines += [where,
-              f"- Load: {r.load_description}; repeats: {reps} (contender order rotated each repeat)",
+              f"- Load: {r.load_description}" + (f"; realised in the measured window: {_realised_rate(r):.2f} req/s"
+                                                   if _realised_rate(r) else "")
+              + f"; repeats: {reps}" + (" (contender order rotated each repeat)" if reps > 1 else ""),
               f"- {r.warmup_note}",
               f"- Start-up (not in any number): model load {fmt(r.startup.model_load_s, 'time')}; "
               f"engine start per run up to {fmt(max(r.startup.engine_start_s, default=None), 'time')}",
@@ -226,8 +235,12 @@ def render(results: BenchResults) -> str:
         lines += _by_steps(results) + _batches(results)
     if r.sweep:
         lines += ["## Rate sweep", ""]
-        lines += _table(["contender", "rate", "p50", "p95", "p95 (all)", "throughput", "SLO attainment", "held"],
-                        [[p.contender, f"{p.rate_rps:.2f}/s", fmt(p.p50_s, "time"), fmt(p.p95_s, "time"),
+        lines += ["Rate: the nominal Poisson rate (every contender gets the same trace at it); offered: the rate "
+                  "that trace realised in the measured window.", ""]
+        lines += _table(["contender", "rate", "offered", "p50", "p95", "p95 (all)", "throughput", "SLO attainment",
+                         "held"],
+                        [[p.contender, f"{p.rate_rps:.2f}/s", f"{p.offered_rps:.2f}/s", fmt(p.p50_s, "time"),
+                          fmt(p.p95_s, "time"),
                           fmt(p.p95_all_s, "time") if p.p95_all_s is not None else "unbounded",
                           fmt(p.throughput_rps, "rate"), fmt(p.slo_attainment, "share"), "yes" if p.held else "no"]
                          for p in r.sweep])

@@ -66,7 +66,8 @@ class Capacity:
 @dataclass
 class SweepPoint:
     contender: str
-    rate_rps: float
+    rate_rps: float  # the nominal Poisson rate; every contender gets the same trace at it
+    offered_rps: float  # the rate the trace actually realised inside the measured window
     counts: StatusCounts
     p50_s: float | None
     p95_s: float | None  # completed requests only
@@ -80,7 +81,8 @@ class SweepPoint:
 @dataclass
 class Knee:
     contender: str
-    rate_rps: float | None  # highest rate whose p95 (all requests) held the SLO; None: not even the lowest
+    rate_rps: float | None  # highest nominal rate whose p95 (all requests) held the SLO; None: not even the lowest
+    offered_rps: float | None  # the realised rate of that point
     highest_tested_rps: float
     held_at_top: bool  # the knee may lie above the grid
 

@@ -31,6 +31,7 @@ class LoadPlan:
     drain_s: float
     trace: Trace | None = None  # open loop
     users: int = 0  # closed loop
+    rate_rps: float | None = None  # Poisson traces: the rate they were drawn at
 
     @property
     def description(self) -> str:
@@ -144,9 +145,8 @@ async def measure_capacity(maker: TargetMaker, mix: Mix, users: int, duration_s:
     finally:
         bar.close()
         await target.stop()
-    rps, _ = window_rates(result, None)
     completed = sum(1 for o in result.measured if o.status == OK)
-    return Capacity(maker.name, rps, users, duration_s, completed)
+    return Capacity(maker.name, window_rates(result, None).throughput_rps, users, duration_s, completed)
 
 
 def rotate(items: list, k: int) -> list:

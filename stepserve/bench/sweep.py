@@ -38,17 +38,19 @@ class SweepSpec:
 def point_from_run(run: ContenderRun, rate: float, slo_s: float) -> SweepPoint:
     m = run.metrics
     held = m.p95_all_s is not None and m.p95_all_s <= slo_s
-    return SweepPoint(m.contender, rate, m.counts, m.latency.p50, m.latency.p95, m.p95_all_s, m.throughput_rps,
-                      m.goodput_rps, m.slo_attainment, held)
+    return SweepPoint(m.contender, rate, m.offered_rps, m.counts, m.latency.p50, m.latency.p95, m.p95_all_s,
+                      m.throughput_rps, m.goodput_rps, m.slo_attainment, held)
 
 
 def find_knee(contender: str, points: list[SweepPoint]) -> Knee:
     """The highest rate that held, below the lowest rate that did not."""
     mine = [p for p in points if p.contender == contender]
     first_miss = min((p.rate_rps for p in mine if not p.held), default=math.inf)
-    held = [p.rate_rps for p in mine if p.held and p.rate_rps < first_miss]
+    held = [p for p in mine if p.held and p.rate_rps < first_miss]
+    knee = max(held, key=lambda p: p.rate_rps) if held else None
     top = max((p.rate_rps for p in mine), default=0.0)
-    return Knee(contender, max(held) if held else None, top, bool(mine) and math.isinf(first_miss))
+    return Knee(contender, knee.rate_rps if knee else None, knee.offered_rps if knee else None, top,
+                bool(mine) and math.isinf(first_miss))
 
 
 @dataclass

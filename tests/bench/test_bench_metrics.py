@@ -49,9 +49,9 @@ def test_throughput_and_goodput_over_the_measured_window():
     outs = [outcome(0, 0.0, 0.5, warmup=True), outcome(1, 1.0, 0.5), outcome(2, 0.5, 1.5), outcome(3, 2.5, 0.4),
             outcome(4, 3.0, 0.5), outcome(5, 1.2, status=REJECTED)]
     result = LoadResult(outs, start=100.0, window_start_s=1.0, window_end_s=3.0, mode="open-loop", description="t")
-    throughput, goodput = window_rates(result, 1.0)
-    assert throughput == pytest.approx(3 / 2.0)  # 1.5, 2.0, 2.9
-    assert goodput == pytest.approx(2 / 2.0)  # 2.0 took 1.5 s: over the SLO
+    rates = window_rates(result, 1.0)
+    assert rates.throughput_rps == pytest.approx(3 / 2.0)  # 1.5, 2.0, 2.9
+    assert rates.goodput_rps == pytest.approx(2 / 2.0)  # 2.0 took 1.5 s: over the SLO
 
 
 def test_summarize_counts_parts_busy_and_batches():

@@ -10,7 +10,7 @@ from stepserve.bench.workload import Mix
 
 
 def pt(rate, held, name="c"):
-    return SweepPoint(name, rate, StatusCounts(10, 10, 0, 0, 0), 0.1, 0.2, 0.2 if held else None, rate, rate,
+    return SweepPoint(name, rate, rate, StatusCounts(10, 10, 0, 0, 0), 0.1, 0.2, 0.2 if held else None, rate, rate,
                       1.0 if held else 0.5, held)
 
 
