@@ -6,7 +6,8 @@ the SLO by refusing work. At a given rate every contender gets the identical tra
 requests, with arrival times scaled by the rate).
 
 Two ways to pick the rates: a fixed grid (each contender climbs it and stops at its first miss), or a search
-(climb by a factor from a start rate until the first miss, then bisect between the last hold and the first miss).
+(climb by a factor from a start rate until the first miss, then bisect between the last hold and the first miss;
+when the start rate already misses, step down first).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from tqdm import tqdm
 from .results import Knee, SweepPoint
 from .runner import ContenderRun, LoadPlan, TargetMaker, run_contender
 from .workload import Mix, poisson_trace
+
+
+MAX_DESCENTS = 3  # when the start rate already misses, step down by the factor at most this many times
 
 
 @dataclass
@@ -89,6 +93,12 @@ class _Sweeper:
                 continue
             hi = rate
             break
+        for _ in range(MAX_DESCENTS if lo is None and hi is not None else 0):  # missed at the start: go lower
+            rate = round(hi / s.factor, 4)
+            if await self.point(maker, rate):
+                lo = rate
+                break
+            hi = rate
         if hi is None and lo is not None and lo < s.max_rps:  # climbed past the cap: try the cap itself
             if await self.point(maker, s.max_rps):
                 return

@@ -53,3 +53,10 @@ def test_search_stops_at_the_cap_and_grid_stops_at_first_miss(monkeypatch):
     result = _fake_sweep(monkeypatch, {"c": 3.0}, SweepSpec(grid_rps=[4.0, 1.0, 2.0, 8.0]))
     assert [p.rate_rps for p in result.points] == [1.0, 2.0, 4.0]
     assert result.knees[0].rate_rps == 2.0
+
+
+def test_search_steps_down_when_the_start_rate_misses(monkeypatch):
+    result = _fake_sweep(monkeypatch, {"c": 1.5}, SweepSpec(start_rps=8.0, factor=2.0, refine=2))
+    rates = [p.rate_rps for p in result.points]
+    assert rates[:4] == [8.0, 4.0, 2.0, 1.0]  # down until a hold, then bisect [1, 2]
+    assert 1.5 / 2 ** (1 / 4) <= result.knees[0].rate_rps <= 1.5
