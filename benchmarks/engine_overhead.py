@@ -17,16 +17,15 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from stepserve import Engine, SamplingParams
 from stepserve import sampling
 from stepserve.api import load_executor
-from stepserve.pipelines.diffusers_sd import EMBEDDED_PATH
+
+from common import pick_model
 
 
 class ForwardTimer:
@@ -46,17 +45,6 @@ class ForwardTimer:
     def take(self) -> float:
         value, self.total = self.total, 0.0
         return value
-
-
-def pick_model(arg: str) -> str:
-    if arg != "auto":
-        return arg
-    if (EMBEDDED_PATH / "model_index.json").is_file():
-        return "embedded"
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny_sd import build_tiny_sd
-
-    return str(build_tiny_sd(Path(tempfile.mkdtemp()) / "tiny"))
 
 
 def requests_for(n: int, steps: int, info) -> list[SamplingParams]:

@@ -17,23 +17,10 @@ import json
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-
-def pick_model(arg: str) -> str:
-    from stepserve.pipelines.diffusers_sd import EMBEDDED_PATH
-
-    if arg != "auto":
-        return arg
-    if (EMBEDDED_PATH / "model_index.json").is_file():
-        return "embedded"
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny_sd import build_tiny_sd
-
-    return str(build_tiny_sd(Path(tempfile.mkdtemp()) / "tiny"))
+from common import pick_model
 
 
 class Server:

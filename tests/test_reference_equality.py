@@ -82,7 +82,7 @@ def test_previews_are_x0_estimates_and_do_not_change_the_image(tiny_sd_path):
     previews = []
     t = 0.0
     while not r.is_finished:
-        rep = core.step(t)
+        core.step(t)
         t += 1
         if r.step in r.preview_steps and not r.is_finished:
             assert r.preview_latents is not None

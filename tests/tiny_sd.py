@@ -58,7 +58,6 @@ def reference_image(path: Path, params):
     """What diffusers' own StableDiffusionPipeline gives for one prompt with these settings."""
     import diffusers
     import numpy as np
-    from diffusers import StableDiffusionPipeline
 
     pipe = _load(path)
     pipe.scheduler = getattr(diffusers, SCHEDULER_CLASS[params.sampler]).from_config(pipe.scheduler.config)

@@ -17,7 +17,6 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
