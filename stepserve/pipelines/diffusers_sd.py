@@ -78,8 +78,9 @@ class StableDiffusionAdapter:
         self.device = torch.device(device)
         self.dtype = dtype
         self.text_encoder = text_encoder.to(self.device, dtype).eval()
-        self.unet = unet.to(self.device, dtype).eval()
-        self.vae = vae.to(self.device, dtype).eval()
+        # diffusers models are loaded in their dtype already (from_pretrained(torch_dtype=...)); cast only if not
+        self.unet = (unet if unet.dtype == dtype else unet.to(dtype=dtype)).to(self.device).eval()
+        self.vae = (vae if vae.dtype == dtype else vae.to(dtype=dtype)).to(self.device).eval()
         self.scheduler_config = dict(scheduler_config)
         self.info = info
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
@@ -95,8 +96,8 @@ class StableDiffusionAdapter:
         path = resolve_model_path(model)
         tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
         text_encoder = CLIPTextModel.from_pretrained(path / "text_encoder")
-        unet = UNet2DConditionModel.from_pretrained(path / "unet")
-        vae = AutoencoderKL.from_pretrained(path / "vae")
+        unet = UNet2DConditionModel.from_pretrained(path / "unet", torch_dtype=dtype)
+        vae = AutoencoderKL.from_pretrained(path / "vae", torch_dtype=dtype)
         scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
         defaults_file = path / SERVING_DEFAULTS_FILE
         defaults = json.loads(defaults_file.read_text()) if defaults_file.is_file() else {}
