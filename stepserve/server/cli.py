@@ -41,24 +41,24 @@ def _int_from(low: int, high: int | None = None):
     return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+def _float_from(low: float, inclusive: bool, what: str):
+    """A finite float above `low` (or at least `low` when inclusive), with an error that says what is allowed."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        ok = value >= low if inclusive else value > low
+        if not ok or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+_positive_float = _float_from(0.0, inclusive=False, what="a positive number of seconds")
+_non_negative_float = _float_from(0.0, inclusive=True, what="a number >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
