@@ -11,6 +11,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from ..api import DEVICES, DTYPES
 from ..scheduling import STRATEGIES
 from .app import BenchConfig, run_bench, write_outputs
 from .targets import Contender
@@ -44,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--target", action="append", default=[],
                       help="URL of a running server (repeatable; 'label=URL' names it); default: in-process")
     what.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda (in-process only)")
-    p.add_argument("--dtype", default="float32", help="float32 | float16 | bfloat16 (in-process only)")
+    p.add_argument("--device", default="cpu", help=f"{' | '.join(DEVICES)} (in-process only)")
+    p.add_argument("--dtype", default="float32", help=f"{' | '.join(DTYPES)} (in-process only)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated: {', '.join(STRATEGIES)}")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")

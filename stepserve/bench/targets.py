@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..executor.fake import CostModel, FakeExecutor
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
 from ..types import Request, RequestStatus
 from .workload import RequestSpec
 
@@ -46,7 +47,7 @@ class Contender:
 
     strategy: str
     max_batch_size: int = 8
-    max_queue_delay_ms: float = 50.0
+    max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS
     static_batch_size: int | None = None
     max_queue: int | None = None
 

@@ -15,11 +15,8 @@ from pathlib import Path
 
 import uvicorn
 
-from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
-
-STRATEGIES = ("continuous", "dynamic", "static", "none")
-DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "float16", "bfloat16")
+from ..api import DEVICES, DTYPES
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, STRATEGIES
 
 
 class _OneLineParser(argparse.ArgumentParser):
