@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler")
+# Each sampler and the diffusers scheduler class it reproduces (and reads its tables from).
+SCHEDULER_CLASSES = {
+    "ddim": "DDIMScheduler",
+    "euler": "EulerDiscreteScheduler",
+    "euler_a": "EulerAncestralDiscreteScheduler",
+    "dpmpp_2m": "DPMSolverMultistepScheduler",
+    "flow_euler": "FlowMatchEulerDiscreteScheduler",
+}
+SAMPLER_NAMES = tuple(SCHEDULER_CLASSES)
 
 
 @dataclass

@@ -27,3 +27,15 @@ def test_bench_cli_defaults_to_every_strategy_and_names_the_devices():
     assert all(d in helps["device"] for d in api.DEVICES)
     assert all(d in helps["dtype"] for d in api.DTYPES)
     assert Contender("dynamic").max_queue_delay_ms == scheduling.DEFAULT_MAX_QUEUE_DELAY_MS
+
+
+def test_one_sampler_to_scheduler_map():
+    import stepserve.sampling as sampling
+    from stepserve import types
+    from stepserve.pipelines import diffusers_sd
+    from tiny_sd import SCHEDULER_CLASS
+
+    assert types.SCHEDULER_CLASSES == SCHEDULER_CLASS  # the tests' independent statement of the map
+    assert sampling.SAMPLER_NAMES is types.SAMPLER_NAMES == tuple(types.SCHEDULER_CLASSES)
+    assert {cls: diffusers_sd._SCHEDULER_TO_SAMPLER[cls] for cls in SCHEDULER_CLASS.values()} == {
+        cls: name for name, cls in SCHEDULER_CLASS.items()}

@@ -17,16 +17,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..types import SAMPLER_NAMES, ModelInfo
+from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo
 
 # Which of our samplers a diffusers scheduler class corresponds to (for the model's own default).
-_SCHEDULER_TO_SAMPLER = {
-    "DDIMScheduler": "ddim",
-    "EulerDiscreteScheduler": "euler",
-    "EulerAncestralDiscreteScheduler": "euler_a",
-    "DPMSolverMultistepScheduler": "dpmpp_2m",
-    "FlowMatchEulerDiscreteScheduler": "flow_euler",
-}
+_SCHEDULER_TO_SAMPLER = {cls: sampler for sampler, cls in SCHEDULER_CLASSES.items()}
 FALLBACK_SAMPLER = "dpmpp_2m"  # when the folder's scheduler is one we do not implement (e.g. PNDM)
 FALLBACK_STEPS = 25
 FALLBACK_GUIDANCE = 7.5

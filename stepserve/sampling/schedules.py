@@ -17,15 +17,7 @@ from typing import Any
 
 import torch
 
-SAMPLER_NAMES = ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler")
-
-_CLASS_NAMES = {
-    "ddim": "DDIMScheduler",
-    "euler": "EulerDiscreteScheduler",
-    "euler_a": "EulerAncestralDiscreteScheduler",
-    "dpmpp_2m": "DPMSolverMultistepScheduler",
-    "flow_euler": "FlowMatchEulerDiscreteScheduler",
-}
+from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES
 
 # Config values forced onto the class so that the sampler is what its name says, whatever the model shipped.
 _OVERRIDES = {
@@ -135,7 +127,7 @@ def _build_cached(sampler: str, frozen_config: tuple, num_steps: int) -> Schedul
 
     config = _thaw(frozen_config)
     try:
-        scheduler = getattr(diffusers, _CLASS_NAMES[sampler]).from_config(config, **_OVERRIDES.get(sampler, {}))
+        scheduler = getattr(diffusers, SCHEDULER_CLASSES[sampler]).from_config(config, **_OVERRIDES.get(sampler, {}))
     except NotImplementedError as e:  # diffusers' way of refusing e.g. an unknown beta schedule
         raise ValueError(f"scheduler_config not supported by sampler {sampler!r}: {e}") from e
     cfg = scheduler.config

@@ -8,14 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..types import SCHEDULER_CLASSES
 from .data import DIGIT_WORDS
-
-SCHEDULERS = {
-    "ddim": "DDIMScheduler",
-    "euler": "EulerDiscreteScheduler",
-    "euler_a": "EulerAncestralDiscreteScheduler",
-    "dpmpp_2m": "DPMSolverMultistepScheduler",
-}
 
 
 def eval_prompts() -> list[tuple[str, int]]:
@@ -44,7 +38,7 @@ def load_pipeline(folder: str | Path, sampler: str = "ddim"):
     from diffusers import StableDiffusionPipeline
 
     pipe = StableDiffusionPipeline.from_pretrained(str(folder))
-    pipe.scheduler = getattr(diffusers, SCHEDULERS[sampler]).from_config(pipe.scheduler.config)
+    pipe.scheduler = getattr(diffusers, SCHEDULER_CLASSES[sampler]).from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

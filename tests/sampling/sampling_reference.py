@@ -11,14 +11,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 import stepserve.sampling as S
-
-CLASSES = {
-    "ddim": "DDIMScheduler",
-    "euler": "EulerDiscreteScheduler",
-    "euler_a": "EulerAncestralDiscreteScheduler",
-    "dpmpp_2m": "DPMSolverMultistepScheduler",
-    "flow_euler": "FlowMatchEulerDiscreteScheduler",
-}
+from tiny_sd import SCHEDULER_CLASS as CLASSES
 OVERRIDES = {"dpmpp_2m": dict(solver_order=2, algorithm_type="dpmsolver++", solver_type="midpoint")}
 SHAPE = (4, 8, 8)
 
