@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     engine.generate(one)  # warm-up
     e2e = median_s(lambda: engine.generate(one), max(5, args.repeats // 2))
     print(f"model {info.name}: {info.default_sampler}, {info.default_steps} steps, guidance "
-          f"{info.default_guidance_scale}, {info.default_height}x{info.default_width}; threads {args.threads}")
+          f"{info.default_guidance_scale}, {info.default_width}x{info.default_height}; threads {args.threads}")
     print(f"one default request alone, end to end: {1000 * e2e:.1f} ms")
     curve = []
     base = None

@@ -26,8 +26,10 @@ import random
 
 from locust import HttpUser, constant, task
 
+from stepserve.digits import DIGIT_PROMPTS
+from stepserve.validation import DRAWN_SEED_LIMIT
+
 ENDPOINT = "/v1/images/generations"
-DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _user_numbers = itertools.count()
 
 
@@ -46,8 +48,8 @@ class ImageUser(HttpUser):
             self.client.headers["Authorization"] = f"Bearer {key}"
 
     def body(self) -> dict:
-        body = {"prompt": f"a handwritten {self.rng.choice(DIGITS)}", "n": 1, "response_format": "b64_json",
-                "num_inference_steps": self.rng.choice(self.steps), "seed": self.rng.randint(0, 2**31 - 1)}
+        body = {"prompt": self.rng.choice(DIGIT_PROMPTS), "n": 1, "response_format": "b64_json",
+                "num_inference_steps": self.rng.choice(self.steps), "seed": self.rng.randrange(DRAWN_SEED_LIMIT)}
         if os.environ.get("STEPSERVE_GUIDANCE"):
             body["guidance_scale"] = float(os.environ["STEPSERVE_GUIDANCE"])
         if os.environ.get("STEPSERVE_SIZE"):

@@ -7,8 +7,7 @@ import sys
 
 from PIL import Image, ImageDraw
 
-DIGIT_PROMPTS = [f"a handwritten {w}" for w in
-                 ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")]
+from .digits import DIGIT_PROMPTS
 
 
 def make_grid(rows: list[list[Image.Image]], labels: list[str], scale: int = 3, label_w: int = 150) -> Image.Image:
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from .types import SamplingParams
     from .validation import ValidationError
 
-    prompts = [p.strip() for p in args.prompts.split(",")] if args.prompts else DIGIT_PROMPTS
+    prompts = [p.strip() for p in args.prompts.split(",")] if args.prompts else list(DIGIT_PROMPTS)
     engine = Engine.from_pretrained(args.model, strategy="continuous", max_batch_size=16)
     params = [SamplingParams(prompt=p, seed=s, num_inference_steps=args.steps, sampler=args.sampler,
                              guidance_scale=args.guidance_scale) for p in prompts for s in range(args.seeds)]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import re
 import secrets
 from dataclasses import replace
+from typing import NamedTuple
 
 from .types import ModelInfo, SamplingParams
 
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
+DRAWN_SEED_LIMIT = 2**31  # a seed drawn for a request that has none lies in [0, DRAWN_SEED_LIMIT)
+_SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
 
 
 class ValidationError(ValueError):
@@ -17,6 +21,24 @@ class ValidationError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class Size(NamedTuple):
+    width: int
+    height: int
+
+
+def parse_size(size: str) -> Size:
+    """'WxH' (width first, as in the HTTP API's "size", e.g. '512x384') -> Size(width, height)."""
+    match = _SIZE.match(size) if isinstance(size, str) else None
+    if not match:
+        raise ValidationError("size", f"expected 'WxH' (width x height) such as '512x384', got {str(size)[:40]!r}")
+    return Size(int(match.group(1)), int(match.group(2)))
+
+
+def draw_seed() -> int:
+    """A fresh random seed for a request that did not give one."""
+    return secrets.randbelow(DRAWN_SEED_LIMIT)
 
 
 def _is_int(value: object) -> bool:
@@ -42,7 +64,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
 
     seed = p.seed
     if seed is None:
-        seed = secrets.randbelow(2**31)
+        seed = draw_seed()
     elif not _is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise ValidationError("seed", f"must be an integer in [0, {MAX_SEED}], got {seed!r}")
 
@@ -70,7 +92,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
             raise ValidationError(
                 name,
                 f"{value!r} is not supported; allowed: multiples of {model.size_multiple} from {model.min_size} "
-                f"to {model.max_size} (default {model.default_height}x{model.default_width})",
+                f"to {model.max_size} (default {model.default_width}x{model.default_height})",
             )
 
     if p.timeout_s is not None and (not _is_number(p.timeout_s) or not p.timeout_s > 0):

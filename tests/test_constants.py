@@ -39,3 +39,84 @@ def test_one_sampler_to_scheduler_map():
     assert sampling.SAMPLER_NAMES is types.SAMPLER_NAMES == tuple(types.SCHEDULER_CLASSES)
     assert {cls: diffusers_sd._SCHEDULER_TO_SAMPLER[cls] for cls in SCHEDULER_CLASS.values()} == {
         cls: name for name, cls in SCHEDULER_CLASS.items()}
+
+
+def test_one_max_seed_the_one_the_http_docs_state():
+    import re
+    from pathlib import Path
+
+    from stepserve import validation
+    from stepserve.bench import workload
+    from stepserve.server import schemas
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "HTTP_API.md").read_text()
+    row = next(line for line in docs.splitlines() if line.startswith("| `seed`"))
+    base, exp, minus = map(int, re.search(r"0\.\.(\d+)\^(\d+)-(\d+)", row).groups())
+    assert base**exp - minus == validation.MAX_SEED
+    for module in (schemas, workload):  # whoever names MAX_SEED uses the one from validation
+        assert getattr(module, "MAX_SEED", validation.MAX_SEED) is validation.MAX_SEED, module.__name__
+
+
+def test_http_seed_bound_is_max_seed():
+    import json
+
+    import pytest
+
+    from stepserve.server.errors import APIError
+    from stepserve.server.schemas import ServerLimits, parse_body
+    from stepserve.validation import MAX_SEED
+
+    def body(**fields) -> bytes:
+        return json.dumps({"prompt": "a", **fields}).encode()
+
+    limits = ServerLimits()
+    assert parse_body(body(seed=MAX_SEED), limits).seed == MAX_SEED
+    with pytest.raises(APIError, match=str(MAX_SEED)):
+        parse_body(body(seed=MAX_SEED + 1), limits)
+    assert parse_body(body(seed=MAX_SEED - 1, n=2), limits).seed == MAX_SEED - 1  # image i uses seed + i
+    with pytest.raises(APIError, match="seed"):
+        parse_body(body(seed=MAX_SEED, n=2), limits)
+
+
+def test_drawn_seeds_stay_below_one_limit():
+    import random
+
+    from stepserve.bench.workload import Mix
+    from stepserve.validation import DRAWN_SEED_LIMIT, MAX_SEED, draw_seed
+
+    assert DRAWN_SEED_LIMIT - 1 <= MAX_SEED
+    assert all(0 <= draw_seed() < DRAWN_SEED_LIMIT for _ in range(100))
+    rng = random.Random(0)
+    assert all(0 <= Mix().draw(rng).seed < DRAWN_SEED_LIMIT for _ in range(100))
+
+
+def test_one_size_parser_width_first():
+    import random
+
+    import pytest
+
+    from stepserve.bench import workload
+    from stepserve.server import schemas
+    from stepserve.validation import ValidationError, parse_size
+
+    size = parse_size("48x32")
+    assert size == (48, 32) and (size.width, size.height) == (48, 32)
+    assert schemas.request_size("48x32") == (48, 32) and schemas.request_size("auto") == (None, None)
+    assert not hasattr(workload, "parse_size") or workload.parse_size is parse_size
+    spec = workload.Mix.from_dict({"size": ["48x32"]}).draw(random.Random(0))
+    assert (spec.width, spec.height) == (48, 32) and spec.to_http()["size"] == "48x32"
+    assert workload.Mix.from_dict({"size": ["48x32", "16x16"]}).heaviest(8).to_http()["size"] == "48x32"
+    for bad in ("48", "48x", "x32", "48X32", " 48x32", "-4x4", "4x4x4", 48):
+        with pytest.raises(ValidationError, match="size"):
+            parse_size(bad)
+
+
+def test_one_list_of_digit_prompts():
+    from stepserve import grid
+    from stepserve.bench.workload import Mix
+    from stepserve.digits import DIGIT_PROMPTS, DIGIT_WORDS
+    from stepserve.training import data
+
+    assert len(DIGIT_WORDS) == 10 and DIGIT_PROMPTS[7] == "a handwritten seven"
+    assert data.DIGIT_WORDS is DIGIT_WORDS and grid.DIGIT_PROMPTS is DIGIT_PROMPTS
+    assert tuple(Mix().prompts.values) == DIGIT_PROMPTS

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepserve.digits import DIGIT_PROMPTS
+
 EMBEDDED = Path(__file__).resolve().parents[1] / "stepserve" / "models" / "embedded"
-WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SEEDS = (0, 1, 2)
 MIN_SEED_DIFF = 4.0  # mean |a - b| over 0..255 grey pixels between two seeds of the same prompt
 
@@ -69,7 +70,7 @@ def test_folder_is_a_stable_diffusion_pipeline():
 def test_engine_generates_the_requested_digits(classifier):
     from stepserve import Engine, SamplingParams
 
-    prompts = [(str(d), d) for d in range(10)] + [(f"a handwritten {WORDS[d]}", d) for d in range(10)]
+    prompts = [(str(d), d) for d in range(10)] + [(DIGIT_PROMPTS[d], d) for d in range(10)]
     engine = Engine.from_pretrained("embedded", strategy="continuous", max_batch_size=8)
     params = [SamplingParams(prompt=p, seed=s) for s in SEEDS for p, _ in prompts]
     results = engine.generate(params)

@@ -22,11 +22,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..digits import DIGIT_PROMPTS
 from ..types import SamplingParams
-
-DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-DEFAULT_PROMPTS = tuple(f"a handwritten {w}" for w in DIGIT_WORDS)
-MAX_SEED = 2**31 - 1
+from ..validation import DRAWN_SEED_LIMIT, parse_size
 
 
 @dataclass
@@ -97,7 +95,7 @@ class Mix:
     guidance_scale: Choice = field(default_factory=lambda: Choice([None], [1.0]))
     sampler: Choice = field(default_factory=lambda: Choice([None], [1.0]))
     size: Choice = field(default_factory=lambda: Choice([None], [1.0]))  # "WxH" or None
-    prompts: Choice = field(default_factory=lambda: Choice(list(DEFAULT_PROMPTS), [1.0] * len(DEFAULT_PROMPTS)))
+    prompts: Choice = field(default_factory=lambda: Choice(list(DIGIT_PROMPTS), [1.0] * len(DIGIT_PROMPTS)))
     negative_prompt: Choice = field(default_factory=lambda: Choice([""], [1.0]))
 
     @classmethod
@@ -126,9 +124,9 @@ class Mix:
 
     def draw(self, rng: random.Random) -> RequestSpec:
         size = self.size.draw(rng)
-        height, width = (None, None) if size is None else parse_size(size)
+        width, height = (None, None) if size is None else parse_size(size)
         guidance = self.guidance_scale.draw(rng)
-        return RequestSpec(prompt=str(self.prompts.draw(rng)), seed=rng.randint(0, MAX_SEED),
+        return RequestSpec(prompt=str(self.prompts.draw(rng)), seed=rng.randrange(DRAWN_SEED_LIMIT),
                            num_inference_steps=int(self.steps.draw(rng)),
                            guidance_scale=None if guidance is None else float(guidance),
                            sampler=self.sampler.draw(rng), height=height, width=width,
@@ -137,20 +135,11 @@ class Mix:
     def heaviest(self, steps: int) -> RequestSpec:
         """A request with these steps and the costliest other settings of the mix (largest size, with guidance)."""
         sizes = [parse_size(s) for s in self.size.values if s is not None]
-        height, width = max(sizes, key=lambda hw: hw[0] * hw[1]) if sizes else (None, None)
+        width, height = max(sizes, key=lambda s: s.width * s.height) if sizes else (None, None)
         scales = [g for g in self.guidance_scale.values if g is not None]
         guidance = max(scales) if scales else None
         return RequestSpec(prompt=str(self.prompts.values[0]), seed=0, num_inference_steps=steps,
                            guidance_scale=guidance, sampler=self.sampler.values[0], height=height, width=width)
-
-
-def parse_size(size: Any) -> tuple[int, int]:
-    """'WxH' -> (height, width)."""
-    try:
-        w, h = str(size).lower().split("x")
-        return int(h), int(w)
-    except ValueError:
-        raise ValueError(f"size: {size!r} is not supported; allowed: 'WxH' such as '32x32'") from None
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:

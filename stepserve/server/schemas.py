@@ -9,8 +9,6 @@ an ImageGenerationRequest or an APIError 400 naming the field and what is allowe
 from __future__ import annotations
 
 import json
-import re
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +16,10 @@ from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
 from ..types import SamplingParams
-from ..validation import MAX_SEED
+from ..validation import MAX_SEED, ValidationError, draw_seed, parse_size
 from .errors import APIError, invalid
 
 MAX_PARTIAL_IMAGES = 3
-_SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
 
 
 @dataclass(frozen=True)
@@ -120,24 +117,25 @@ def _check(req: ImageGenerationRequest, limits: ServerLimits) -> None:
     if req.seed is not None and not 0 <= req.seed <= MAX_SEED - (n - 1):
         raise invalid(f"seed: must be an integer in [0, {MAX_SEED - (n - 1)}] (image i uses seed + i), got {req.seed}",
                       "seed")
-    parse_size(req.size)
+    request_size(req.size)
 
 
-def parse_size(size: str | None) -> tuple[int | None, int | None]:
-    """'WxH' -> (width, height); None or 'auto' -> the model's default (None, None)."""
+def request_size(size: str | None) -> tuple[int | None, int | None]:
+    """The body's "size" -> (width, height); None or 'auto' -> the model's default (None, None)."""
     if size is None or size == "auto":
         return None, None
-    match = _SIZE.match(size)
-    if not match:
-        raise invalid(f"size: expected 'WIDTHxHEIGHT' such as '512x512' or 'auto', got {size[:40]!r}", "size")
-    return int(match.group(1)), int(match.group(2))
+    try:
+        return parse_size(size)
+    except ValidationError:
+        message = f"size: expected 'WIDTHxHEIGHT' such as '512x512' or 'auto', got {size[:40]!r}"
+        raise invalid(message, "size") from None
 
 
 def engine_params(req: ImageGenerationRequest, limits: ServerLimits) -> list[SamplingParams]:
     """One SamplingParams per image: seeds seed, seed+1, ...; with no seed one is drawn (and reported back)."""
     n = 1 if req.n is None else req.n
-    seed = secrets.randbelow(2**31) if req.seed is None else req.seed
-    width, height = parse_size(req.size)
+    seed = draw_seed() if req.seed is None else req.seed
+    width, height = request_size(req.size)
     timeout = req.timeout_s if req.timeout_s is not None else limits.default_timeout_s
     return [
         SamplingParams(prompt=req.prompt, negative_prompt=req.negative_prompt or "", seed=seed + i,

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..digits import DIGIT_PROMPTS
 from ..types import SCHEDULER_CLASSES
-from .data import DIGIT_WORDS
 
 
 def eval_prompts() -> list[tuple[str, int]]:
-    return [(str(d), d) for d in range(10)] + [(f"a handwritten {DIGIT_WORDS[d]}", d) for d in range(10)]
+    return [(str(d), d) for d in range(10)] + [(DIGIT_PROMPTS[d], d) for d in range(10)]
 
 
 def digit_classifier():
