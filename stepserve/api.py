@@ -96,9 +96,9 @@ class Engine:
         core.draining = True
         bar = None
         if progress:
-            from tqdm import tqdm
+            from .progress import progress as progress_bar
 
-            bar = tqdm(total=len(requests), desc=f"generate ({self.options.strategy})", unit="img")
+            bar = progress_bar(len(requests), f"generate ({self.options.strategy})", "img")
         try:
             while any(not r.is_finished for r in requests):
                 report = core.step(self.clock.now())

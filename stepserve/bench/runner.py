@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm import tqdm
-
+from ..progress import progress as progress_bar
 from .load import LoadResult, Outcome, run_closed_loop, run_open_loop
 from .metrics import RunMetrics, summarize, window_rates
 from .resources import UsageMonitor
@@ -70,8 +69,7 @@ async def run_contender(maker: TargetMaker, plan: LoadPlan, repeat: int, slo_s: 
     await target.start()
     engine_start_s = time.monotonic() - t0
     total = len(plan.trace.items) if plan.mode == "open" else None
-    bar = tqdm(total=total, desc=label or maker.name, unit="req", disable=not progress, leave=False,
-               dynamic_ncols=True)
+    bar = progress_bar(total, label or maker.name, "req", disable=not progress, leave=False, dynamic_ncols=True)
 
     def done(_: Outcome) -> None:
         bar.update(1)
@@ -110,8 +108,8 @@ async def measure_idle(maker: TargetMaker, mix: Mix, samples: int = 3, progress:
     target = maker.make()
     await target.start()
     out: list[IdleLatency] = []
-    bar = tqdm(total=len(steps_values) * (samples + 1), desc="idle latency", unit="req", disable=not progress,
-               leave=False, dynamic_ncols=True)
+    bar = progress_bar(len(steps_values) * (samples + 1), "idle latency", "req", disable=not progress, leave=False,
+                       dynamic_ncols=True)
     try:
         for steps in steps_values:
             spec = mix.heaviest(steps)
@@ -139,7 +137,7 @@ async def measure_capacity(maker: TargetMaker, mix: Mix, users: int, duration_s:
     plan = LoadPlan("closed", mix, seed, warmup_s, duration_s, drain_s=0.0, users=users)
     target = maker.make()
     await target.start()
-    bar = tqdm(desc=f"capacity ({maker.name})", unit="req", disable=not progress, leave=False, dynamic_ncols=True)
+    bar = progress_bar(None, f"capacity ({maker.name})", "req", disable=not progress, leave=False, dynamic_ncols=True)
     try:
         result = await _drive(target, plan, lambda _: bar.update(1))
     finally:

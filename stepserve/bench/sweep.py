@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
+from ..progress import progress as progress_bar
 from .results import Knee, SweepPoint
 from .runner import ContenderRun, LoadPlan, TargetMaker, run_contender
 from .workload import Mix, poisson_trace
@@ -117,9 +116,10 @@ async def run_sweep(makers: list[TargetMaker], mix: Mix, spec: SweepSpec, slo_s:
                     progress: bool = True) -> SweepResult:
     out = SweepResult()
     sweeper = _Sweeper(mix, spec, slo_s, progress, out)
-    bar = tqdm(makers, desc="sweep", unit="contender", disable=not progress, dynamic_ncols=True)
-    for maker in bar:
+    bar = progress_bar(len(makers), "sweep", "contender", disable=not progress, dynamic_ncols=True)
+    for maker in makers:
         await (sweeper.grid(maker) if spec.grid_rps else sweeper.search(maker))
         out.knees.append(find_knee(maker.name, out.points))
+        bar.update(1)
     bar.close()
     return out

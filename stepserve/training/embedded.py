@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from ..progress import progress
 from . import data
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "models" / "embedded"
@@ -73,9 +73,9 @@ def train_vae(vae, images: torch.Tensor, steps: int, gen: torch.Generator, batch
               kl_weight: float = 1e-4) -> dict:
     opt = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     vae.train()
-    bar = tqdm(range(steps), desc="vae", dynamic_ncols=True)
+    bar = progress(steps, "vae", "step", dynamic_ncols=True)
     rec_avg = kl_avg = None
-    for step in bar:
+    for step in range(steps):
         set_lr(opt, lr_at(step, steps, lr, 200))
         idx = torch.randint(0, len(images), (batch,), generator=gen)
         x = data.augment(images[idx], gen)
@@ -92,6 +92,8 @@ def train_vae(vae, images: torch.Tensor, steps: int, gen: torch.Generator, batch
         rec_avg = rec_loss.item() if rec_avg is None else 0.98 * rec_avg + 0.02 * rec_loss.item()
         kl_avg = kl.item() if kl_avg is None else 0.98 * kl_avg + 0.02 * kl.item()
         bar.set_postfix(rec=f"{rec_avg:.4f}", kl=f"{kl_avg:.2f}")
+        bar.update(1)
+    bar.close()
     vae.eval()
     return {"vae_recon_loss": rec_avg, "vae_kl": kl_avg}
 
@@ -135,9 +137,9 @@ def train_unet(unet, text_encoder, tok, means, stds, labels, scale: float, steps
     unet.train()
     text_encoder.train()
     n_img = len(labels)
-    bar = tqdm(range(steps), desc="unet", dynamic_ncols=True)
+    bar = progress(steps, "unet", "step", dynamic_ncols=True)
     avg = None
-    for step in bar:
+    for step in range(steps):
         set_lr(opt, lr_at(step, steps, lr, 500))
         idx = torch.randint(0, len(means), (batch,), generator=gen)
         z0 = (means[idx] + stds[idx] * torch.randn(means[idx].shape, generator=gen)) * scale
@@ -158,6 +160,8 @@ def train_unet(unet, text_encoder, tok, means, stds, labels, scale: float, steps
                 pe.lerp_(p, 1 - d)
         avg = loss.item() if avg is None else 0.99 * avg + 0.01 * loss.item()
         bar.set_postfix(loss=f"{avg:.4f}")
+        bar.update(1)
+    bar.close()
     return {"unet_loss": avg}, ema_unet, ema_te
 
 
