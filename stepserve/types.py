@@ -127,10 +127,6 @@ class Request:
             self.timing = RequestTiming(arrival=self.arrival_time)
 
     @property
-    def remaining_steps(self) -> int:
-        return self.num_steps - self.step
-
-    @property
     def is_finished(self) -> bool:
         return self.status.finished
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from collections.abc import Callable
@@ -153,7 +152,3 @@ def rotate(items: list, k: int) -> list:
         return []
     k %= len(items)
     return items[k:] + items[:k]
-
-
-def run_sync(coro):
-    return asyncio.run(coro)

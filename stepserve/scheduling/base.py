@@ -23,11 +23,6 @@ class Policy(Protocol):
         ...
 
 
-def oldest_bucket(waiting: Sequence[Request]) -> tuple[int, int] | None:
-    """The shape bucket of the request that has waited longest (FIFO across buckets, so none starves)."""
-    return waiting[0].bucket if waiting else None
-
-
 def in_bucket(requests: Sequence[Request], bucket: tuple[int, int]) -> list[Request]:
     return [r for r in requests if r.bucket == bucket]
 

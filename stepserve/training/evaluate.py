@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -63,28 +62,3 @@ def measure_agreement(folder: str | Path, sampler: str, steps: int, guidance: fl
     per_digit = {d: float((pred[want == d] == d).mean()) for d in range(10)}
     return {"agreement": float((pred == want).mean()), "per_digit": per_digit,
             "min_seed_diff": float(np.min(diffs)), "mean_seed_diff": float(np.mean(diffs))}
-
-
-@torch.no_grad()
-def measure_cost(folder: str | Path, sampler: str, steps: int, guidance: float, repeats: int = 5) -> dict:
-    """Median seconds: one request end to end, and the UNet forward at batch 1 and 8 (CFG doubles both)."""
-    pipe = load_pipeline(folder, sampler)
-    unet, s = pipe.unet, pipe.unet.config.sample_size
-    ctx = pipe.text_encoder(torch.zeros(1, pipe.tokenizer.model_max_length, dtype=torch.long))[0]
-
-    def med(fn, n):
-        fn()
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
-
-    req = med(lambda: pipe("7", num_inference_steps=steps, guidance_scale=guidance), repeats)
-    unet_ms = {}
-    for b in (1, 8):
-        x, c = torch.randn(2 * b, unet.config.in_channels, s, s), ctx.expand(2 * b, -1, -1)
-        unet_ms[b] = 1000 * med(lambda: unet(x, torch.tensor(500), encoder_hidden_states=c), 20)
-    return {"request_s": req, "unet_ms_batch1": unet_ms[1], "unet_ms_batch8": unet_ms[8],
-            "per_image_ratio_8_vs_1": unet_ms[8] / 8 / unet_ms[1]}
