@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -58,6 +59,20 @@ _positive_float = _float_from(0.0, inclusive=False, what="a positive number of s
 _non_negative_float = _float_from(0.0, inclusive=True, what="a number >= 0")
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (taskset, a container's cpuset), not the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API on this platform
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """All cores but one, at least 1. The spare core runs the event loop and the HTTP work; with a thread on every
+    core, torch's OpenMP threads spin-wait for a core the server holds, and steps under load get much slower."""
+    return max(1, available_cores() - 1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="stepserve serve", description="Serve the OpenAI-compatible images API over HTTP.")
     p.add_argument("--model", default="embedded", help="'embedded' or a local diffusers folder (model_index.json)")
@@ -77,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace-s", type=_non_negative_float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     p.add_argument("--max-n", type=_int_from(1, 64), default=8, help="largest n (images per request)")
-    p.add_argument("--threads", type=_int_from(1), default=None,
-                   help="torch intra-op CPU threads (default: torch's own choice)")
+    p.add_argument("--threads", type=_int_from(1), default=default_threads(),
+                   help="torch intra-op CPU threads (default: the cores this process may use minus one, at least 1; "
+                        "%(default)s here): the spare core serves HTTP, so torch's threads do not spin-wait on it")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -90,10 +106,9 @@ def main(argv: list[str] | None = None) -> int:
               f"with model_index.json", file=sys.stderr)
         return 2
 
-    if args.threads is not None:
-        import torch
+    import torch
 
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     from ..api import load_executor
     from ..async_engine import AsyncEngine
     from .app import create_app
