@@ -3,6 +3,7 @@ that results.json records so that a number can be traced back to what produced i
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import shlex
@@ -13,7 +14,10 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from .logs import warn_once
 from .metrics import Usage
+
+log = logging.getLogger(__name__)
 
 
 class UsageMonitor:
@@ -42,8 +46,8 @@ class UsageMonitor:
             try:
                 self._gpu_util.append(pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu / 100.0)
                 self._gpu_mem.append(pynvml.nvmlDeviceGetMemoryInfo(self._nvml).used / 2**20)
-            except Exception:  # noqa: BLE001 - a failed sample is skipped
-                pass
+            except pynvml.NVMLError as exc:
+                warn_once(log, "a GPU utilisation sample failed and was skipped", exc)
 
     def stop(self) -> Usage:
         wall = time.monotonic() - self._t0
@@ -66,14 +70,19 @@ def _cpu_seconds() -> float:
 
 
 def _nvml_handle():
+    """NVML's handle of GPU 0, or None (no pynvml, no driver, no GPU): then GPU numbers are simply absent."""
     try:
         import pynvml
-
+    except ImportError:
+        log.debug("pynvml is not installed: GPU utilisation and memory are not recorded")
+        return None
+    try:
         pynvml.nvmlInit()
         if pynvml.nvmlDeviceGetCount() < 1:
             return None
         return pynvml.nvmlDeviceGetHandleByIndex(0)
-    except Exception:  # noqa: BLE001 - no NVML, no GPU: GPU numbers are simply absent
+    except pynvml.NVMLError as exc:
+        warn_once(log, "NVML is not usable: GPU utilisation and memory are not recorded", exc, logging.INFO)
         return None
 
 
@@ -105,12 +114,15 @@ def capture_environment(argv: list[str], device: str) -> Environment:
     threads = gpu = None
     try:
         import torch
-
+    except ImportError:  # torch is optional for an HTTP-only run
+        log.debug("torch is not installed: torch threads and the GPU name are not recorded")
+    else:
         threads = torch.get_num_threads()
-        if torch.cuda.is_available():
-            gpu = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - torch is optional for an HTTP-only run
-        pass
+        try:
+            if torch.cuda.is_available():
+                gpu = torch.cuda.get_device_name(0)
+        except RuntimeError as exc:  # a CUDA driver or device error
+            warn_once(log, "the GPU name is not recorded", exc)
     return Environment(
         command=shlex.join(["stepserve", *argv]), python=sys.version.split()[0], platform=platform.platform(),
         cpu=_cpu_name(), cpu_count=os.cpu_count() or 1, torch_threads=threads, device=device, gpu=gpu,
@@ -129,9 +141,12 @@ def _cpu_name() -> str:
 
 
 def _git_commit() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
-    except Exception:  # noqa: BLE001 - not a git checkout
+    except (OSError, subprocess.SubprocessError) as exc:  # no git on PATH, or it hung
+        warn_once(log, "git did not run: results.json records no git commit", exc)
         return None
+    if out.returncode != 0:  # not a git checkout (an installed package)
+        log.debug("no git commit recorded: %s", out.stderr.strip())
+    return out.stdout.strip() or None

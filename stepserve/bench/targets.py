@@ -7,6 +7,7 @@ Times are on time.monotonic(), the clock of both the event loop and the engine.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -14,7 +15,10 @@ from typing import Any, Protocol
 from ..executor.fake import CostModel, FakeExecutor
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
 from ..types import Request, RequestStatus
+from .logs import warn_once
 from .workload import RequestSpec
+
+log = logging.getLogger(__name__)
 
 OK, REJECTED, FAILED, UNFINISHED = "ok", "rejected", "failed", "unfinished"
 IMAGES_PATH = "/v1/images/generations"
@@ -187,16 +191,20 @@ class HttpTarget:
         return []
 
     async def busy_seconds(self) -> float | None:
+        """The server's busy time from its /metrics, or None when it cannot say (the metric is optional)."""
+        import aiohttp
+
         try:
             async with self._session.get(self.base + "/metrics") as resp:
                 if resp.status != 200:
+                    log.debug("%s/metrics answered HTTP %d: no busy time", self.base, resp.status)
                     return None
                 for line in (await resp.text()).splitlines():
                     name, _, value = line.partition(" ")
                     if name == self.busy_metric:
                         return float(value)
-        except Exception:  # noqa: BLE001 - the metric is optional
-            return None
+        except (aiohttp.ClientError, ValueError) as exc:  # unreachable / cut off, or not a number
+            warn_once(log, f"busy time not read from {self.base}/metrics: its utilisation is left out", exc)
         return None
 
 
@@ -205,7 +213,7 @@ def _error_message(text: str) -> str:
 
     try:
         return str(json.loads(text)["error"]["message"])
-    except Exception:  # noqa: BLE001 - not the OpenAI error shape
+    except (ValueError, KeyError, TypeError):  # not JSON, or not the OpenAI error shape: show the text itself
         return text[:200]
 
 

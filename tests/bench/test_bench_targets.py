@@ -61,3 +61,39 @@ def test_reply_without_timing_field_and_flat_timing():
     reply = reply_from_body({"created": 1, "data": [{"b64_json": ""}]})
     assert reply.status == OK and reply.queue_s is None and reply.batch_sizes == []
     assert reply_from_body({"stepserve": {"queue_ms": 100, "batch_sizes": [3]}}).queue_s == 0.1
+
+
+def test_unreadable_metrics_are_logged_once_not_swallowed(monkeypatch, caplog):
+    import logging
+    import socket
+
+    from stepserve.bench import logs
+
+    monkeypatch.setattr(logs, "_said", set())
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main():
+        target = HttpTarget(f"http://127.0.0.1:{port}")
+        await target.start()
+        try:
+            return [await target.busy_seconds() for _ in range(3)]
+        finally:
+            await target.stop()
+
+    with caplog.at_level(logging.DEBUG, logger="stepserve.bench.targets"):
+        assert asyncio.run(main()) == [None, None, None]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, caplog.text
+    assert "busy time not read" in warnings[0].getMessage() and f":{port}/metrics" in warnings[0].getMessage()
+    assert "ClientConnectorError" in warnings[0].getMessage()
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 2  # the repeats, quietly
+
+
+def test_error_message_falls_back_to_the_text():
+    from stepserve.bench.targets import _error_message
+
+    assert _error_message('{"error": {"message": "over capacity"}}') == "over capacity"
+    for text in ("<html>502</html>", "[1, 2]", '{"error": "x"}', '{"detail": "x"}'):
+        assert _error_message(text) == text
