@@ -85,23 +85,30 @@ class Engine:
 
     def generate(self, params: list[SamplingParams], progress: bool = False) -> list[GenerationResult]:
         """Generate one image per SamplingParams; results come back in input order. Bad input raises
-        ValidationError before anything runs; a request that fails while running has `ok == False` and `error`."""
-        core = self.core
-        now = self.clock.now()
+        ValidationError before anything runs; a request that fails while running has `ok == False` and `error`.
+
+        A list longer than the queue (`max_queue`) is fed in as room frees up. If generate() is interrupted, the
+        requests it queued are cancelled before it returns, so nothing of this call runs inside a later one."""
         from .validation import resolve_params
 
+        core = self.core
         for p in params:  # validate everything first: a bad request must not leave others half-submitted
             resolve_params(p, self.model)
-        requests = [core.add_request(p, now) for p in params]
-        core.draining = True
+        to_feed = list(params)
+        requests: list[Request] = []
         bar = None
         if progress:
             from .progress import progress as progress_bar
 
-            bar = progress_bar(len(requests), f"generate ({self.options.strategy})", "img")
+            bar = progress_bar(len(to_feed), f"generate ({self.options.strategy})", "img")
         try:
-            while any(not r.is_finished for r in requests):
-                report = core.step(self.clock.now())
+            while to_feed or any(not r.is_finished for r in requests):
+                now = self.clock.now()
+                while to_feed and (core.max_queue is None or len(core.waiting) < core.max_queue):
+                    requests.append(core.add_request(to_feed.pop(0), now))
+                # no arrival can come before the policy acts: everything is in, or the queue is full
+                core.draining = not to_feed or (core.max_queue is not None and len(core.waiting) >= core.max_queue)
+                report = core.step(now)
                 self.clock.elapse(report.duration_s)
                 if bar is not None and report.finished:
                     bar.update(len(report.finished))
@@ -111,6 +118,7 @@ class Engine:
                     self.clock.sleep_until(report.wake_at)
         finally:
             core.draining = False
+            core.cancel_now([r.request_id for r in requests if not r.is_finished], self.clock.now())
             if bar is not None:
                 bar.close()
         return [GenerationResult.from_request(r) for r in requests]

@@ -1,16 +1,26 @@
 """The async front of the engine: one EngineCore stepped by one background thread, asyncio callers around it.
 
-Callers submit (validation and the queue bound are checked at once, in the caller's thread), then await the
-result or iterate progress events. Cancellation is a message: abort(request_id) reaches the core before its next
-step, which frees the slot. New requests and aborts cross threads through an inbox; results and events go back
-to the event loop with call_soon_threadsafe.
+Callers submit (validation and admission are decided at once, in the caller's thread), then await the result or,
+for a streaming submit, iterate progress events. Cancellation is a message: abort(request_id) reaches the core
+before its next step, which frees the slot. New requests and aborts cross threads through an inbox; results and
+events go back to the event loop with call_soon_threadsafe.
+
+Admission is one atomic decision: a request counts against `max_queue` from the moment it is accepted until it
+leaves the waiting queue, and the engine thread moves requests from the inbox into the core under the same lock
+that submit() checks the bound under. So a full queue is refused at submit (429 at once), never later.
+
+Failures: an executor error fails only the requests of that stage (inside the core); a policy error fails the
+requests it was deciding about (inside the core); a failing on_step callback is logged and the engine serves on.
+Anything else that escapes the core means its state can no longer be trusted: the engine thread fails every
+pending request with the error, marks the engine unhealthy (`failure`) and refuses new work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +28,20 @@ from .api import EngineOptions, GenerationResult
 from .clock import WallClock
 from .engine import QueueFullError
 from .executor.base import Executor
-from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
+from .types import FinishReason, Request, RequestStatus, RequestTiming, SamplingParams, StepReport, next_request_id
 from .validation import resolve_params
+
+log = logging.getLogger(__name__)
+
+EVENT_QUEUE_BOUND = 32  # progress events kept for a slow stream reader; previews and results are never dropped
 
 
 class ShuttingDownError(RuntimeError):
     """The engine no longer accepts requests."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped after an internal error; nothing more can run in this engine."""
 
 
 @dataclass
@@ -38,15 +56,19 @@ class ProgressEvent:
 class RequestHandle:
     request_id: str
     params: SamplingParams  # resolved
+    arrival: float  # on the engine's clock
     preview_steps: frozenset[int] = frozenset()
+    stream: bool = False  # progress events are posted only for streaming handles
     _future: asyncio.Future = field(default=None, repr=False)  # type: ignore[assignment]
-    _events: asyncio.Queue = field(default=None, repr=False)  # type: ignore[assignment]
+    _events: asyncio.Queue | None = field(default=None, repr=False)
 
     async def result(self) -> GenerationResult:
         return await asyncio.shield(self._future)
 
     async def events(self) -> AsyncIterator[ProgressEvent | GenerationResult]:
-        """Progress events, then the final GenerationResult."""
+        """Progress events, then the final GenerationResult. Only for handles submitted with stream=True."""
+        if self._events is None:
+            raise RuntimeError("progress events need submit(..., stream=True); use result() otherwise")
         while True:
             item = await self._events.get()
             yield item
@@ -54,32 +76,52 @@ class RequestHandle:
                 return
 
 
+@dataclass
+class _Add:
+    handle: RequestHandle
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
 class AsyncEngine:
-    def __init__(self, executor: Executor, **options: Any) -> None:
+    def __init__(self, executor: Executor, join_timeout_s: float = 10.0, **options: Any) -> None:
         self.executor = executor
         self.options = EngineOptions(**options)
         self.core = self.options.make_core(executor)
         self.clock = WallClock()
         self.accepting = True
         self.on_step: list[Callable[[StepReport], None]] = []  # called in the engine thread after every step
-        self._inbox: list[tuple[str, Any]] = []
-        self._inbox_lock = threading.Lock()
-        self._wake = threading.Event()
+        self.join_timeout_s = join_timeout_s
+        self.failure: str | None = None  # why the engine thread died; None while healthy
+        self.running_count = 0  # requests admitted and not finished (updated after every step)
+        self._lock = threading.Lock()  # guards _inbox, _handles and the admission decision
+        self._inbox: list[_Add | _Abort] = []
         self._handles: dict[str, RequestHandle] = {}
+        self._wake = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop = False
-        self.running_count = 0  # requests admitted and not finished (updated after every step)
+        self._logged_kinds: set[str] = set()
 
     @property
     def model(self):
         return self.executor.model
 
     @property
+    def healthy(self) -> bool:
+        return self.failure is None
+
+    @property
     def queue_depth(self) -> int:
-        with self._inbox_lock:
-            pending = sum(1 for kind, _ in self._inbox if kind == "add")
-        return len(self.core.waiting) + pending
+        """Requests accepted and not yet admitted into a batch (inbox included)."""
+        with self._lock:
+            return self._queued_locked()
+
+    def _queued_locked(self) -> int:
+        return len(self.core.waiting) + sum(1 for item in self._inbox if isinstance(item, _Add))
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -87,112 +129,213 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="stepserve-engine", daemon=True)
         self._thread.start()
 
-    async def shutdown(self, grace_s: float = 30.0) -> None:
-        """Stop accepting; let in-flight work finish within grace_s; then abort what is left and stop."""
+    async def shutdown(self, grace_s: float = 30.0) -> bool:
+        """Stop accepting; let in-flight work finish within grace_s; then abort what is left and stop.
+        Returns whether the engine thread really ended (it is logged when it did not)."""
         self.accepting = False
         deadline = self.clock.now() + grace_s
-        while self._handles and self.clock.now() < deadline:
+        while self._pending() and self.clock.now() < deadline and self._alive():
             await asyncio.sleep(0.02)
-        for rid in list(self._handles):
+        with self._lock:
+            left = list(self._handles)
+        for rid in left:
             self.abort(rid)
-        while self._handles and self._thread is not None and self._thread.is_alive():
+        abort_deadline = self.clock.now() + self.join_timeout_s
+        while self._pending() and self._alive() and self.clock.now() < abort_deadline:
             await asyncio.sleep(0.01)
         self._stop = True
         self._wake.set()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        if self._thread is None:
+            return True
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.join_timeout_s)
+        if self._thread.is_alive():
+            log.warning("the engine thread did not stop within %.1f s of shutdown (a step is still running); "
+                        "%d request(s) still pending", self.join_timeout_s, self._pending())
+            return False
+        return True
+
+    def _pending(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    def _alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     # --- requests ----------------------------------------------------------------------------------------------
     def submit(self, params: SamplingParams, request_id: str | None = None,
-               preview_steps: frozenset[int] = frozenset()) -> RequestHandle:
-        """Queue a request. Raises ValidationError (bad input), QueueFullError, ShuttingDownError at once."""
+               preview_steps: frozenset[int] = frozenset(), stream: bool = False) -> RequestHandle:
+        """Queue a request. Raises ValidationError (bad input), QueueFullError, ShuttingDownError or
+        EngineDeadError at once."""
+        return self.submit_many([params], [preview_steps], stream=stream,
+                                request_ids=None if request_id is None else [request_id])[0]
+
+    def submit_many(self, params: Sequence[SamplingParams], preview_steps: Sequence[frozenset[int]] | None = None,
+                    stream: bool = False, request_ids: Sequence[str] | None = None) -> list[RequestHandle]:
+        """Queue a group of requests all or none: every one is validated, and the queue bound is checked for the
+        whole group in one decision, so a refusal leaves nothing of the group behind."""
+        self._check_open()
+        resolved = [resolve_params(p, self.model) for p in params]
+        previews = list(preview_steps) if preview_steps is not None else [frozenset()] * len(resolved)
+        ids = list(request_ids) if request_ids is not None else [next_request_id() for _ in resolved]
+        assert self._loop is not None, "call start() first"
+        max_queue = self.options.max_queue
+        with self._lock:
+            self._check_open()
+            queued = self._queued_locked()
+            if max_queue is not None and queued + len(resolved) > max_queue:
+                raise QueueFullError(f"queue is full ({queued} of {max_queue} places taken, {len(resolved)} asked "
+                                     f"for); retry later")
+            now = self.clock.now()
+            handles = [RequestHandle(rid, p, now, frozenset(pv), stream, self._loop.create_future(),
+                                     asyncio.Queue() if stream else None)
+                       for rid, p, pv in zip(ids, resolved, previews)]
+            for h in handles:
+                self._handles[h.request_id] = h
+                self._inbox.append(_Add(h))
+        self._wake.set()
+        return handles
+
+    def _check_open(self) -> None:
+        if self.failure is not None:
+            raise EngineDeadError(f"the engine stopped after an internal error and serves no more requests: "
+                                  f"{self.failure}")
         if not self.accepting:
             raise ShuttingDownError("the server is shutting down and accepts no new requests")
-        resolved = resolve_params(params, self.model)
-        max_queue = self.options.max_queue
-        if max_queue is not None and self.queue_depth >= max_queue:
-            raise QueueFullError(f"queue is full ({max_queue} waiting); retry later")
-        assert self._loop is not None, "call start() first"
-        handle = RequestHandle(request_id or next_request_id(), resolved, frozenset(preview_steps),
-                               self._loop.create_future(), asyncio.Queue())
-        self._handles[handle.request_id] = handle
-        self._send("add", (handle, self.clock.now()))
-        return handle
 
     def abort(self, request_id: str) -> None:
-        self._send("abort", request_id)
-
-    def _send(self, kind: str, payload: Any) -> None:
-        with self._inbox_lock:
-            self._inbox.append((kind, payload))
+        with self._lock:
+            self._inbox.append(_Abort(request_id))
         self._wake.set()
 
     # --- engine thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop_body()
+        except BaseException as exc:  # noqa: BLE001 - the core's state can no longer be trusted
+            self._die(exc)
+
+    def _loop_body(self) -> None:
         core = self.core
         while not self._stop:
             self._drain_inbox()
             if not core.has_work():
-                self._wake.wait(0.5)
-                self._wake.clear()
+                self._sleep(0.5)
                 continue
             report = core.step(self.clock.now())
             self.running_count = len(core.running)
             self._publish(report)
-            for callback in self.on_step:
-                callback(report)
+            self._notify(report)
             if report.batch_size == 0 and not report.finished and not report.admitted:
-                timeout = 0.5 if report.wake_at is None else max(0.0, report.wake_at - self.clock.now())
-                self._wake.wait(timeout)
-                self._wake.clear()
+                self._sleep(0.5 if report.wake_at is None else max(0.0, report.wake_at - self.clock.now()))
+
+    def _sleep(self, timeout: float) -> None:
+        self._wake.wait(timeout)
+        self._wake.clear()
 
     def _drain_inbox(self) -> None:
-        with self._inbox_lock:
+        """Move the inbox into the core. Holding the lock throughout keeps queue_depth exact (no request is in
+        neither place), which is what makes admission one decision."""
+        with self._lock:
             items, self._inbox = self._inbox, []
-        for kind, payload in items:
-            if kind == "abort":
-                self.core.abort(payload)
-                continue
-            handle, arrival = payload
-            try:
-                self.core.add_request(handle.params, arrival, request_id=handle.request_id,
-                                      preview_steps=handle.preview_steps)
-            except QueueFullError as exc:  # lost a race for the last queue place: rejected, never dropped
-                self._resolve(exc.request)
-            except Exception as exc:  # noqa: BLE001 - validation already passed; anything else fails this one
-                r = Request(handle.request_id, handle.params, arrival, (0, 0), 0, status=RequestStatus.FAILED,
-                            finish_reason=FinishReason.ERROR, error=str(exc))
-                self._resolve(r)
+            for item in items:
+                if isinstance(item, _Abort):
+                    self.core.abort(item.request_id)
+                else:
+                    self._add_to_core(item.handle)
+
+    def _add_to_core(self, handle: RequestHandle) -> None:
+        try:
+            self.core.add_request(handle.params, handle.arrival, request_id=handle.request_id,
+                                  preview_steps=handle.preview_steps)
+        except QueueFullError as exc:  # cannot happen while admission holds; never dropped if it does
+            self._resolve_locked(exc.request)
+        except Exception as exc:  # noqa: BLE001 - validation already passed; anything else fails this one
+            self._log_once("add", "could not queue request %s", handle.request_id, exc_info=exc)
+            self._resolve_locked(_failed(handle, f"could not queue the request: {type(exc).__name__}: {exc}"))
 
     def _publish(self, report: StepReport) -> None:
+        for r in report.finished:
+            self._resolve(r)
         for r in report.progressed:
-            handle = self._handles.get(r.request_id)
-            if handle is None or r.is_finished:
+            if r.is_finished:
+                continue
+            with self._lock:
+                handle = self._handles.get(r.request_id)
+            if handle is None or not handle.stream:
                 continue
             preview = None
             if r.step in handle.preview_steps:
                 try:
                     preview = self.executor.preview(r)
-                except Exception:  # noqa: BLE001 - a preview is optional; never fail the request for it
-                    preview = None
-            event = ProgressEvent(r.request_id, r.step, r.num_steps, preview)
-            self._call(handle._events.put_nowait, event)
-        for r in report.finished:
-            self._resolve(r)
+                except Exception as exc:  # noqa: BLE001 - a preview is optional; never fail the request for it
+                    self._log_once("preview", "preview failed; the stream goes on without it", exc_info=exc)
+            self._call(_post_event, handle._events, ProgressEvent(r.request_id, r.step, r.num_steps, preview))
+
+    def _notify(self, report: StepReport) -> None:
+        for callback in self.on_step:
+            try:
+                callback(report)
+            except Exception as exc:  # noqa: BLE001 - an observer's bug must not stop the engine
+                name = getattr(callback, "__qualname__", repr(callback))
+                self._log_once(f"on_step:{name}", "on_step callback %s failed; the engine serves on", name,
+                               exc_info=exc, level=logging.ERROR)
 
     def _resolve(self, r: Request) -> None:
+        with self._lock:
+            self._resolve_locked(r)
+
+    def _resolve_locked(self, r: Request) -> None:
         handle = self._handles.pop(r.request_id, None)
-        if handle is None:
-            return
-        result = GenerationResult.from_request(r)
+        if handle is not None:
+            self._deliver(handle, GenerationResult.from_request(r))
+
+    def _deliver(self, handle: RequestHandle, result: GenerationResult) -> None:
         self._call(_set_result, handle._future, result)
-        self._call(handle._events.put_nowait, result)
+        if handle._events is not None:
+            self._call(handle._events.put_nowait, result)
+
+    def _die(self, exc: BaseException) -> None:
+        self.failure = f"{type(exc).__name__}: {exc}"
+        self.accepting = False
+        log.critical("the engine thread stopped after an internal error; failing every pending request",
+                     exc_info=exc)
+        with self._lock:
+            handles, self._handles = list(self._handles.values()), {}
+            self._inbox = []
+        for h in handles:
+            self._deliver(h, _failed(h, f"internal engine error: {self.failure}"))
 
     def _call(self, fn, *args) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(fn, *args)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed in between: nobody is left to tell
+            pass
+
+    def _log_once(self, kind: str, message: str, *args: Any, exc_info: BaseException | None = None,
+                  level: int = logging.WARNING) -> None:
+        if kind in self._logged_kinds:
+            return
+        self._logged_kinds.add(kind)
+        log.log(level, message + " (logged once)", *args, exc_info=exc_info)
+
+
+def _failed(handle: RequestHandle, message: str) -> GenerationResult:
+    timing = RequestTiming(arrival=handle.arrival)
+    return GenerationResult(handle.request_id, RequestStatus.FAILED, None, handle.params, timing,
+                            FinishReason.ERROR, message)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _post_event(queue: asyncio.Queue, event: ProgressEvent) -> None:
+    """Runs on the event loop. A reader that falls behind loses plain progress events (the next one supersedes
+    them), never a preview."""
+    if event.preview is None and queue.qsize() >= EVENT_QUEUE_BOUND:
+        return
+    queue.put_nowait(event)

@@ -7,13 +7,16 @@ request timings as `now` plus those durations.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .executor.base import Executor
 from .scheduling import Policy
 from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from .validation import resolve_params
+
+log = logging.getLogger(__name__)
 
 
 class QueueFullError(RuntimeError):
@@ -67,6 +70,15 @@ class EngineCore:
         """Ask for a request to be cancelled; it leaves (and frees its slot) at the start of the next step."""
         self._aborts.add(request_id)
 
+    def cancel_now(self, request_ids: Iterable[str], now: float) -> list[Request]:
+        """Cancel these requests at once, outside a step (a caller that stops driving the core, e.g. an
+        interrupted offline generate()). Returns the requests that were still live."""
+        ids = set(request_ids)
+        if not ids:
+            return []
+        return self._remove(lambda r: r.request_id in ids, RequestStatus.CANCELLED, FinishReason.ABORTED, now,
+                            "cancelled: the caller stopped before it finished")
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._aborts or self._rejected)
 
@@ -77,8 +89,14 @@ class EngineCore:
         finished += self._take_aborts(now)
         finished += self._take_expired(now)
 
-        plan = self.policy.schedule(list(self.waiting), list(self.running), now, draining=self.draining)
-        report = StepReport(now=now, duration_s=0.0, batch_size=0, wake_at=plan.wake_at)
+        try:
+            plan = self.policy.schedule(list(self.waiting), list(self.running), now, draining=self.draining)
+        except Exception as exc:  # noqa: BLE001 - a policy bug fails the requests it was deciding about
+            log.exception("the %s batching policy raised; failing the requests it was scheduling", self.policy.name)
+            message = f"internal error in the {self.policy.name} batching policy: {type(exc).__name__}: {exc}"
+            finished += self._remove(lambda r: True, RequestStatus.FAILED, FinishReason.ERROR, now, message)
+            return StepReport(now=now, duration_s=0.0, batch_size=0, finished=finished)
+        report = StepReport(now=now, duration_s=0.0, batch_size=0, wake_at=self._wake_time(plan.wake_at))
         t = now
 
         if plan.admit:
@@ -124,6 +142,12 @@ class EngineCore:
         return report
 
     # --- helpers -----------------------------------------------------------------------------------------------
+    def _wake_time(self, policy_wake: float | None) -> float | None:
+        """When an idle engine must look again: the policy's own wake-up or the earliest deadline, if sooner."""
+        deadlines = [r.deadline for r in self._all() if r.deadline is not None]
+        times = deadlines + ([] if policy_wake is None else [policy_wake])
+        return min(times) if times else None
+
     def _run_stage(self, stage: str, requests: list[Request], t: float, finished: list[Request]) -> tuple[bool, float]:
         """Run one executor stage; an exception fails only these requests, and the engine keeps serving."""
         try:
@@ -145,14 +169,16 @@ class EngineCore:
 
     def _take_expired(self, now: float) -> list[Request]:
         return self._remove(lambda r: r.deadline is not None and now >= r.deadline, RequestStatus.FAILED,
-                            FinishReason.TIMEOUT, now, "deadline passed (timeout_s)")
+                            FinishReason.TIMEOUT, now,
+                            lambda r: f"deadline passed (timeout_s={r.params.timeout_s:g}): {progress_note(r, now)}")
 
-    def _remove(self, match, status: RequestStatus, reason: FinishReason, now: float, message: str) -> list[Request]:
+    def _remove(self, match, status: RequestStatus, reason: FinishReason, now: float,
+                message: str | Callable[[Request], str]) -> list[Request]:
         gone = [r for r in self._all() if match(r)]
         if not gone:
             return []
         for r in gone:
-            self._finish(r, status, reason, now, message)
+            self._finish(r, status, reason, now, message(r) if callable(message) else message)
         self.waiting = deque(r for r in self.waiting if not r.is_finished)
         self.running = [r for r in self.running if not r.is_finished]
         return gone
@@ -170,3 +196,10 @@ class EngineCore:
         if status is not RequestStatus.COMPLETED:
             r.image = None
         r.release_tensors()
+
+
+def progress_note(r: Request, now: float) -> str:
+    """What happened to a request so far, for error messages: queued for how long, or how far it ran."""
+    if r.timing.admitted is None:
+        return f"still queued after {now - r.arrival_time:.2f} s"
+    return f"ran {r.step} of {r.num_steps} steps"

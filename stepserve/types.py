@@ -36,6 +36,7 @@ class SamplingParams:
     height: int | None = None
     width: int | None = None
     timeout_s: float | None = None  # deadline relative to arrival; None = no deadline
+    priority: int = 0  # higher is served first by priority-aware policies (slo); range in validation.py
 
 
 class RequestStatus(enum.Enum):
@@ -57,7 +58,6 @@ class FinishReason(enum.Enum):
     TIMEOUT = "timeout"  # deadline passed
     ABORTED = "aborted"  # the caller went away or called abort()
     QUEUE_FULL = "queue_full"
-    SHUTTING_DOWN = "shutting_down"
 
 
 @dataclass
@@ -109,6 +109,7 @@ class Request:
     bucket: tuple[int, int]  # (height, width): only requests of one bucket share a forward pass
     num_steps: int
     deadline: float | None = None
+    priority: int = 0  # from SamplingParams.priority: higher is served first by priority-aware policies
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -144,6 +145,9 @@ class StepPlan:
     admit: list[Request] = field(default_factory=list)  # waiting requests that join the running set now
     run: list[Request] = field(default_factory=list)  # running requests (incl. admitted) that take one step now
     wake_at: float | None = None  # with nothing to run: the earliest time at which the plan may change
+    # requests (waiting or running) that can no longer meet their deadline: the engine ends them at once as
+    # FAILED / TIMEOUT, saying how far they got; they must not appear in admit or run
+    give_up: list[Request] = field(default_factory=list)
 
 
 @dataclass

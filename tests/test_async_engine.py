@@ -7,7 +7,7 @@ import pytest
 from stepserve.async_engine import AsyncEngine, ShuttingDownError
 from stepserve.engine import QueueFullError
 from stepserve.executor.fake import FakeExecutor
-from stepserve.types import RequestStatus, SamplingParams
+from stepserve.types import FinishReason, RequestStatus, SamplingParams
 from stepserve.validation import ValidationError
 
 
@@ -44,7 +44,8 @@ def test_events_then_result_and_previews():
     async def main():
         engine = AsyncEngine(FakeExecutor(), strategy="continuous")
         await engine.start()
-        h = engine.submit(SamplingParams(prompt="a", seed=1, num_inference_steps=5), preview_steps=frozenset({2}))
+        h = engine.submit(SamplingParams(prompt="a", seed=1, num_inference_steps=5), preview_steps=frozenset({2}),
+                          stream=True)
         items = [e async for e in h.events()]
         await engine.shutdown(1.0)
         return items
@@ -107,3 +108,162 @@ def test_shutdown_finishes_in_flight_and_refuses_new():
         return results
 
     assert all(r.status is RequestStatus.COMPLETED for r in run(main()))
+
+
+class Gate(FakeExecutor):
+    """Denoising blocks until the test opens the gate, so the test controls what is in flight."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.gate = threading.Event()
+
+    def denoise(self, requests):
+        self.gate.wait(10)
+        return super().denoise(requests)
+
+
+def test_submit_many_is_all_or_nothing():
+    async def main():
+        ex = Gate()
+        engine = AsyncEngine(ex, strategy="continuous", max_batch_size=1, max_queue=4)
+        await engine.start()
+        first = engine.submit_many([SamplingParams(prompt="a", seed=i, num_inference_steps=2) for i in range(3)])
+        depth_before = engine.queue_depth
+        with pytest.raises(QueueFullError):
+            engine.submit_many([SamplingParams(prompt="b", seed=i, num_inference_steps=2) for i in range(3)])
+        depth_after = engine.queue_depth
+        ex.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in first)), 10)
+        await engine.shutdown(1.0)
+        return depth_before, depth_after, results, engine.core.waiting
+
+    before, after, results, waiting = run(main())
+    assert after == before  # nothing of the refused group was queued
+    assert all(r.status is RequestStatus.COMPLETED for r in results) and not waiting
+
+
+def test_admission_has_no_window_between_inbox_and_queue():
+    """The queue bound counts a request from submit until it leaves the waiting queue, with no gap while the
+    engine thread moves it from its inbox into the core: so a full queue is refused at submit, never later."""
+    import threading
+
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="static", static_batch_size=100, max_queue=2)
+        moving = threading.Event()
+        proceed = threading.Event()
+        real_add = engine.core.add_request
+
+        def slow_add(*args, **kwargs):
+            moving.set()
+            proceed.wait(0.3)  # holds the request between the inbox and the queue
+            return real_add(*args, **kwargs)
+
+        engine.core.add_request = slow_add
+        await engine.start()
+        held = [engine.submit(SamplingParams(prompt="a", seed=i)) for i in range(2)]
+        await asyncio.get_running_loop().run_in_executor(None, moving.wait, 5)
+        refused_at_once = False
+        try:
+            late = engine.submit(SamplingParams(prompt="c", seed=5))
+        except QueueFullError:
+            refused_at_once, late = True, None
+        proceed.set()
+        await engine.shutdown(0.2)
+        late_result = None if late is None else await late.result()
+        return refused_at_once, late_result, held
+
+    refused_at_once, late_result, _ = run(main())
+    assert refused_at_once, f"accepted at submit, then ended as {late_result.finish_reason}"
+
+
+def test_handles_are_only_touched_under_the_lock():
+    class Guarded(dict):
+        def __init__(self, lock):
+            super().__init__()
+            self.lock = lock
+            self.unlocked = 0
+
+        def _check(self):
+            if not self.lock.locked():
+                self.unlocked += 1
+
+        def __setitem__(self, k, v):
+            self._check()
+            super().__setitem__(k, v)
+
+        def pop(self, *args):
+            self._check()
+            return super().pop(*args)
+
+        def __iter__(self):
+            self._check()
+            return super().__iter__()
+
+    async def main():
+        engine = AsyncEngine(SlowFake(), strategy="continuous", max_batch_size=2)
+        engine._handles = guarded = Guarded(engine._lock)
+        await engine.start()
+        handles = [engine.submit(SamplingParams(prompt="a", seed=i, num_inference_steps=3)) for i in range(4)]
+        engine.abort(handles[0].request_id)
+        await asyncio.gather(*(h.result() for h in handles))
+        await engine.shutdown(1.0)
+        return guarded.unlocked
+
+    assert run(main()) == 0
+
+
+def test_progress_events_only_for_streaming_requests_and_bounded():
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="continuous", max_batch_size=4)
+        posted = []
+        real_call = engine._call
+        engine._call = lambda fn, *a: (posted.append(fn), real_call(fn, *a))[1]
+        await engine.start()
+        quiet = [engine.submit(SamplingParams(prompt="a", seed=i, num_inference_steps=30)) for i in range(3)]
+        await asyncio.gather(*(h.result() for h in quiet))
+        quiet_posts = len(posted)
+        # a streaming request whose reader never reads: what is queued for it stays bounded
+        loud = engine.submit(SamplingParams(prompt="b", seed=9, num_inference_steps=150), stream=True,
+                             preview_steps=frozenset({75}))
+        await loud.result()
+        await asyncio.sleep(0.05)
+        queued = loud._events.qsize()
+        items = [e async for e in loud.events()]
+        await engine.shutdown(1.0)
+        return quiet_posts, queued, items
+
+    quiet_posts, queued, items = run(main())
+    assert quiet_posts <= 3  # one result per request, no per-step events
+    assert queued <= 40
+    assert any(getattr(e, "preview", None) is not None for e in items)  # previews are never dropped
+    assert items[-1].status is RequestStatus.COMPLETED
+
+
+def test_events_need_a_streaming_submit():
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="continuous")
+        await engine.start()
+        h = engine.submit(SamplingParams(prompt="a", seed=1, num_inference_steps=2))
+        with pytest.raises(RuntimeError, match="stream=True"):
+            async for _ in h.events():
+                pass
+        await h.result()
+        await engine.shutdown(1.0)
+
+    run(main())
+
+
+def test_expired_request_fails_at_its_deadline_not_at_the_next_batch():
+    async def main():
+        # dynamic batching waits 30 s for a fuller batch; the request's own deadline is 0.2 s
+        engine = AsyncEngine(FakeExecutor(), strategy="dynamic", max_batch_size=8, max_queue_delay_ms=30_000)
+        await engine.start()
+        h = engine.submit(SamplingParams(prompt="a", seed=1, timeout_s=0.2))
+        result = await asyncio.wait_for(h.result(), 5.0)
+        await engine.shutdown(0.0)
+        return result
+
+    result = run(main())
+    assert result.finish_reason is FinishReason.TIMEOUT and "queued" in result.error

@@ -110,3 +110,15 @@ def test_full_queue_rejects_at_once_with_a_distinct_error():
         core.add_request(SamplingParams(prompt="a", seed=9), 0.0)
     assert info.value.request.status is RequestStatus.REJECTED
     assert info.value.request in core.step(0.0).finished
+
+
+@pytest.mark.parametrize("strategy", ["static", "dynamic"])
+def test_a_waiting_deadline_is_a_wake_up_time(strategy):
+    """A policy that waits (for a fuller batch) must not sleep past a waiting request's deadline."""
+    core = EngineCore(FakeExecutor(), make_policy(strategy, max_batch_size=8, max_queue_delay_ms=60_000,
+                                                  static_batch_size=8))
+    core.add_request(SamplingParams(prompt="a", seed=1, timeout_s=0.5), now=0.0)
+    report = core.step(0.0)
+    assert report.batch_size == 0 and report.wake_at == pytest.approx(0.5)
+    expired = core.step(report.wake_at)
+    assert [r.finish_reason for r in expired.finished] == [FinishReason.TIMEOUT]

@@ -17,8 +17,11 @@ from starlette.requests import ClientDisconnect
 from ..async_engine import AsyncEngine
 from . import errors
 from .errors import APIError, install_error_handlers
-from .generation import (ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all,
-                         wait_all)
+from .outcomes import check, image_info, outcome_of, size_of
+from .png import encode
+from .state import ServerState
+from .submission import submit_all
+from .waiting import backstop_s, wait_all
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ServerLimits, engine_params, parse_body
 from .streaming import EventStreamResponse, StreamJob, image_events
@@ -86,9 +89,12 @@ def _open_routes(state: ServerState) -> APIRouter:
     @router.get("/health")
     async def health() -> JSONResponse:
         engine = state.engine
-        body = {"status": "draining" if state.draining else "ok", "model": engine.model.name,
-                "queue_depth": engine.queue_depth, "running": engine.running_count}
-        return JSONResponse(body, status_code=503 if state.draining else 200)
+        status = "failed" if not engine.healthy else "draining" if state.draining else "ok"
+        body = {"status": status, "model": engine.model.name, "queue_depth": engine.queue_depth,
+                "running": engine.running_count}
+        if not engine.healthy:
+            body["error"] = engine.failure
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     return router
 
@@ -129,7 +135,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
         try:
             req = parse_body(await _read_body(request, state.limits.max_body_bytes), state.limits)
             params = engine_params(req, state.limits)
-            handles = submit_all(state, params, (req.partial_images or 0) if req.stream else 0)
+            handles = submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
             if req.stream:
                 job = StreamJob(state, handles, started)
                 streaming = True  # from here the stream owns the bookkeeping

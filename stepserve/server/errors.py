@@ -55,9 +55,16 @@ def shutting_down(message: str = "the server is shutting down and accepts no new
     return APIError(503, message, type="service_unavailable", code="shutting_down")
 
 
-def deadline_passed(timeout_s: float) -> APIError:
-    return APIError(504, f"the request did not finish within its timeout of {timeout_s:g} s; raise timeout_s or "
-                         f"retry when the server is less busy", type="timeout_error", code="deadline_exceeded")
+def deadline_passed(timeout_s: float, what_happened: str | None = None) -> APIError:
+    detail = f" ({what_happened})" if what_happened else ""
+    return APIError(504, f"the request did not finish within its timeout of {timeout_s:g} s{detail}; raise "
+                         f"timeout_s or retry when the server is less busy", type="timeout_error",
+                    code="deadline_exceeded")
+
+
+def engine_failed(detail: str) -> APIError:
+    return APIError(503, f"{detail}; the server must be restarted", type="service_unavailable",
+                    code="engine_failed")
 
 
 def model_failure(detail: str | None) -> APIError:

@@ -19,7 +19,11 @@ from starlette.responses import Response
 from ..api import GenerationResult
 from ..async_engine import ProgressEvent, RequestHandle
 from .errors import APIError, deadline_passed
-from .generation import ServerState, abort_all, check, encode, image_info, outcome_of, size_of, wait_disconnect
+from .outcomes import check, image_info, outcome_of, size_of
+from .png import encode
+from .state import ServerState
+from .submission import abort_all
+from .waiting import wait_disconnect
 
 _OPENAI_FIXED = {"background": "opaque", "output_format": "png", "quality": "auto"}
 _NO_USAGE = {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": 0,
@@ -120,7 +124,8 @@ async def image_events(job: StreamJob, deadline_s: float | None) -> AsyncIterato
                 index, item = await asyncio.wait_for(queue.get(), wait)
             except asyncio.TimeoutError:
                 job.outcome = "timeout"
-                yield sse("error", _error_event(deadline_passed(handles[0].params.timeout_s or 0.0)))
+                yield sse("error", _error_event(deadline_passed(handles[0].params.timeout_s or 0.0,
+                                                                "the engine did not answer in time")))
                 return
             handle = handles[index]
             if isinstance(item, ProgressEvent):

@@ -1,0 +1,132 @@
+"""The engine thread under faults: a failing policy, callback or core never leaves a caller waiting forever.
+
+Each test bounds its waits (asyncio.wait_for) so that a regression fails instead of hanging the suite.
+"""
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from stepserve.async_engine import AsyncEngine, EngineDeadError
+from stepserve.executor.fake import FakeExecutor
+from stepserve.types import FinishReason, RequestStatus, SamplingParams
+
+WAIT_S = 10.0  # generous: the engine answers these in milliseconds; this only stops a hang
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def params(i: int, steps: int = 4) -> SamplingParams:
+    return SamplingParams(prompt="a", seed=i, num_inference_steps=steps)
+
+
+class FlakyPolicy:
+    """Wraps a real policy; raises on the calls listed in `fail_on` (1-based), delegates otherwise."""
+
+    def __init__(self, inner, fail_on: set[int]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.max_batch_size = inner.max_batch_size
+        self.fail_on = fail_on
+        self.calls = 0
+
+    def schedule(self, waiting, running, now, draining=False):
+        self.calls += 1
+        if self.calls in self.fail_on:
+            raise ZeroDivisionError("injected policy fault")
+        return self.inner.schedule(waiting, running, now, draining=draining)
+
+
+def test_failing_policy_fails_its_requests_with_a_clear_error_and_keeps_serving():
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="continuous", max_batch_size=4)
+        engine.core.policy = FlakyPolicy(engine.core.policy, fail_on={3})
+        await engine.start()
+        first = [engine.submit(params(i, steps=6)) for i in range(3)]
+        failed = await asyncio.wait_for(asyncio.gather(*(h.result() for h in first)), WAIT_S)
+        later = engine.submit(params(9))  # the core is intact: the next request is served
+        ok = await asyncio.wait_for(later.result(), WAIT_S)
+        await engine.shutdown(1.0)
+        return failed, ok, engine.healthy
+
+    failed, ok, healthy = run(main())
+    assert all(r.status is RequestStatus.FAILED and r.finish_reason is FinishReason.ERROR for r in failed)
+    assert all("batching policy" in r.error and "ZeroDivisionError" in r.error for r in failed)
+    assert ok.status is RequestStatus.COMPLETED
+    assert healthy
+
+
+def test_failing_step_callback_is_logged_and_requests_still_complete(caplog):
+    def broken(report):
+        raise KeyError("injected callback fault")
+
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="continuous", max_batch_size=4)
+        engine.on_step.append(broken)
+        await engine.start()
+        handles = [engine.submit(params(i)) for i in range(5)]
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), WAIT_S)
+        await engine.shutdown(1.0)
+        return results, engine.healthy
+
+    with caplog.at_level(logging.ERROR, logger="stepserve.async_engine"):
+        results, healthy = run(main())
+    assert all(r.status is RequestStatus.COMPLETED for r in results)
+    assert healthy
+    callback_logs = [rec for rec in caplog.records if "on_step callback" in rec.getMessage()]
+    assert len(callback_logs) == 1  # once per failing callback, not once per step
+
+
+def test_broken_core_fails_everything_pending_and_reports_unhealthy():
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="continuous", max_batch_size=2)
+        real_step = engine.core.step
+        calls = {"n": 0}
+
+        def step(now):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("injected core fault")
+            return real_step(now)
+
+        engine.core.step = step
+        await engine.start()
+        handles = [engine.submit(params(i, steps=5)) for i in range(4)]
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), WAIT_S)
+        with pytest.raises(EngineDeadError, match="injected core fault"):
+            engine.submit(params(7))
+        healthy, failure = engine.healthy, engine.failure
+        await asyncio.wait_for(engine.shutdown(1.0), WAIT_S)
+        return results, healthy, failure
+
+    results, healthy, failure = run(main())
+    assert all(r.status is RequestStatus.FAILED and r.finish_reason is FinishReason.ERROR for r in results)
+    assert all("injected core fault" in r.error for r in results)
+    assert not healthy and "RuntimeError" in failure
+
+
+def test_shutdown_says_when_the_engine_thread_did_not_stop(caplog):
+    release = threading.Event()
+
+    class Stuck(FakeExecutor):
+        def denoise(self, requests):
+            release.wait(30)
+            return super().denoise(requests)
+
+    async def main():
+        engine = AsyncEngine(Stuck(), strategy="continuous", join_timeout_s=0.2)
+        await engine.start()
+        engine.submit(params(1, steps=1))
+        await asyncio.sleep(0.05)
+        stopped = await asyncio.wait_for(engine.shutdown(0.0), WAIT_S)
+        release.set()
+        return stopped
+
+    with caplog.at_level(logging.WARNING, logger="stepserve.async_engine"):
+        stopped = run(main())
+    assert stopped is False
+    assert any("did not stop" in rec.getMessage() for rec in caplog.records)
