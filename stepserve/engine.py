@@ -39,6 +39,7 @@ class EngineCore:
         self.draining = False  # no more arrivals expected: policies may flush partial batches
         self._aborts: set[str] = set()
         self._rejected: list[Request] = []  # reported by the next step
+        self._logged_failures: set[tuple[str, str]] = set()  # executor failure kinds already logged
 
     @property
     def model(self):
@@ -154,6 +155,11 @@ class EngineCore:
             return True, float(getattr(self.executor, stage)(requests))
         except Exception as exc:  # noqa: BLE001 - any model failure is reported to the affected requests
             message = f"{stage} failed: {type(exc).__name__}: {exc}"
+            kind = (stage, type(exc).__name__)
+            if kind not in self._logged_failures:  # once per stage and kind: a broken model fails every step
+                self._logged_failures.add(kind)
+                log.error("executor %s failed; failing the %d request(s) of this stage", stage, len(requests),
+                          exc_info=exc)
             for r in requests:
                 if r.status is RequestStatus.RUNNING:
                     self._finish(r, RequestStatus.FAILED, FinishReason.ERROR, t, message)

@@ -130,3 +130,36 @@ def test_shutdown_says_when_the_engine_thread_did_not_stop(caplog):
         stopped = run(main())
     assert stopped is False
     assert any("did not stop" in rec.getMessage() for rec in caplog.records)
+
+
+def test_failing_preview_is_logged_once_and_the_stream_goes_on(caplog):
+    class NoPreview(FakeExecutor):
+        def preview(self, request):
+            raise ValueError("injected preview fault")
+
+    async def main():
+        engine = AsyncEngine(NoPreview(), strategy="continuous")
+        await engine.start()
+        handles = [engine.submit(params(i, steps=6), preview_steps=frozenset({2, 4}), stream=True)
+                   for i in range(3)]
+        streams = [[e async for e in h.events()] for h in handles]
+        await engine.shutdown(1.0)
+        return streams
+
+    with caplog.at_level(logging.WARNING, logger="stepserve.async_engine"):
+        streams = run(main())
+    assert all(s[-1].status is RequestStatus.COMPLETED for s in streams)
+    assert all(e.preview is None for s in streams for e in s[:-1])
+    assert sum("preview failed" in rec.getMessage() for rec in caplog.records) == 1
+
+
+def test_executor_failure_is_logged_once_per_stage_and_kind(caplog):
+    from stepserve.sim import Arrival, simulate
+    from stepserve.engine import EngineCore
+    from stepserve.scheduling import make_policy
+
+    core = EngineCore(FakeExecutor(fault=lambda stage, requests: stage == "decode"), make_policy("continuous"))
+    with caplog.at_level(logging.ERROR, logger="stepserve.engine"):
+        result = simulate(core, [Arrival(0.01 * i, params(i, steps=2)) for i in range(6)])
+    assert all(r.finish_reason is FinishReason.ERROR for r in result.requests)
+    assert sum("executor decode failed" in rec.getMessage() for rec in caplog.records) == 1
