@@ -5,9 +5,8 @@ import pytest
 
 from stepserve import Engine, SamplingParams
 from stepserve.scheduling import STRATEGIES
+from tiny_sd import SD_SAMPLERS as SAMPLERS
 from tiny_sd import reference_image
-
-SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m")
 
 
 def mixed_requests(n=12):

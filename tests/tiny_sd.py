@@ -55,6 +55,8 @@ SCHEDULER_CLASS = {
     "dpmpp_2m": "DPMSolverMultistepScheduler",
     "flow_euler": "FlowMatchEulerDiscreteScheduler",
 }
+# The samplers of the Stable Diffusion family (flow_euler needs a flow-matching model, which the tiny one is not).
+SD_SAMPLERS = tuple(s for s in SCHEDULER_CLASS if s != "flow_euler")
 
 
 def reference_image(path: Path, params):

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 import stepserve.sampling as S
-from tiny_sd import SCHEDULER_CLASS
+from tiny_sd import SCHEDULER_CLASS, SD_SAMPLERS
 
-# The Stable Diffusion samplers (flow_euler needs a flow-matching model, which the tiny pipeline is not).
-CLASSES = {name: cls for name, cls in SCHEDULER_CLASS.items() if name != "flow_euler"}
+CLASSES = {name: SCHEDULER_CLASS[name] for name in SD_SAMPLERS}
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,10 @@ from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode
     wait_until
 
 from stepserve.api import Engine
+from stepserve.scheduling import STRATEGIES
 from stepserve.types import SamplingParams
+from tiny_sd import SD_SAMPLERS as SAMPLERS
 
-SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m")
 # 12 distinct requests (steps 2-5, samplers, guidance on and off), each sent 4 times: 48 at once.
 CONFIGS = [dict(prompt=f"digit {i}", seed=100 + i, num_inference_steps=2 + i % 4, sampler=SAMPLERS[i % 4],
                 guidance_scale=1.0 if i % 3 else 3.0) for i in range(12)]
@@ -33,7 +34,7 @@ async def _post_all(url: str, bodies: list[dict], timeout: float = 120) -> list[
         return await asyncio.gather(*(client.post(GENERATIONS, json=b) for b in bodies))
 
 
-@pytest.mark.parametrize("strategy", ["continuous", "dynamic", "static", "none"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_48_concurrent_requests_equal_alone(serve, alone, strategy):
     bodies = [CONFIGS[i % len(CONFIGS)] for i in range(48)]
     with serve(strategy=strategy, max_batch_size=8, max_queue_delay_ms=20) as server:
