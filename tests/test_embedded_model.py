@@ -58,6 +58,7 @@ def test_folder_is_a_stable_diffusion_pipeline():
     assert 1.0 <= float(cfg["default_guidance_scale"]) <= 20.0
     vae_factor = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
     assert cfg["height"] == cfg["width"] == pipe.unet.config.sample_size * vae_factor
+    assert cfg["min_size"] == cfg["max_size"] == cfg["height"]  # trained at one size: served at that size only
     assert isinstance(cfg.get("train"), dict) and "seed" in cfg["train"]
 
     pipe.set_progress_bar_config(disable=True)
@@ -92,3 +93,18 @@ def test_engine_generates_the_requested_digits(classifier):
             for b in range(a + 1, len(SEEDS)):
                 diff = np.abs(grey[a, j] - grey[b, j]).mean()
                 assert diff > MIN_SEED_DIFF, f"seeds {SEEDS[a]} and {SEEDS[b]} look alike for {p!r}: {diff:.2f}"
+
+
+def test_only_the_trained_size_is_served():
+    from stepserve import Engine, SamplingParams, ValidationError
+
+    engine = Engine.from_pretrained("embedded")
+    info = engine.model
+    assert (info.min_size, info.max_size, info.default_height, info.default_width) == (32, 32, 32, 32)
+    for field, size in (("height", 48), ("width", 16), ("height", 64), ("width", 24)):
+        with pytest.raises(ValidationError) as caught:
+            engine.generate([SamplingParams(prompt="7", seed=0, num_inference_steps=1, **{field: size})])
+        assert caught.value.field == field
+        assert f"{field}: {size} is not supported" in str(caught.value) and "32x32" in str(caught.value)
+    ok = engine.generate([SamplingParams(prompt="7", seed=0, num_inference_steps=1, height=32, width=32)])
+    assert ok[0].ok and ok[0].image.size == (32, 32)

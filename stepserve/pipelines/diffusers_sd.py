@@ -159,15 +159,25 @@ def model_info_for(name: str, unet, vae, scheduler_config: dict, defaults: dict)
     multiple = vae_scale * unet_down
     own = _SCHEDULER_TO_SAMPLER.get(scheduler_config.get("_class_name", ""), FALLBACK_SAMPLER)
     samplers = tuple(s for s in SAMPLER_NAMES if s != "flow_euler") if own != "flow_euler" else ("flow_euler",)
+    height = int(defaults.get("height", default_size))
+    width = int(defaults.get("width", default_size))
+    # A folder may narrow the sizes it serves (the embedded model: only the 32x32 it was trained at);
+    # otherwise half to twice the UNet's native size.
+    min_size = int(defaults.get("min_size", max(multiple, default_size // 2 // multiple * multiple)))
+    max_size = int(defaults.get("max_size", default_size * 2))
+    if min_size % multiple or max_size % multiple or not min_size <= min(height, width) <= max(height, width) \
+            <= max_size:
+        raise ValueError(f"{SERVING_DEFAULTS_FILE}: min_size {min_size} and max_size {max_size} must be multiples "
+                         f"of {multiple} around the default size {width}x{height}")
     return ModelInfo(
         name=name,
         default_sampler=defaults.get("default_sampler", own),
         default_steps=int(defaults.get("default_steps", FALLBACK_STEPS)),
         default_guidance_scale=float(defaults.get("default_guidance_scale", FALLBACK_GUIDANCE)),
-        default_height=int(defaults.get("height", default_size)),
-        default_width=int(defaults.get("width", default_size)),
+        default_height=height,
+        default_width=width,
         size_multiple=multiple,
-        min_size=max(multiple, default_size // 2 // multiple * multiple),
-        max_size=default_size * 2,
+        min_size=min_size,
+        max_size=max_size,
         samplers=samplers,
     )

@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"unet: {record['unet_wall_s']} s, loss {record['unet_loss']:.4f}")
 
     write_folder(args.out, vae, te, unet, tok)
-    serving = dict(SERVING, height=32, width=32)
+    serving = dict(SERVING, height=32, width=32, min_size=32, max_size=32)  # trained at 32x32 only
     if not args.no_eval:
         from .evaluate import measure_agreement
 

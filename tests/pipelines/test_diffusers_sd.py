@@ -57,3 +57,24 @@ def test_mixed_sizes_run_in_buckets_and_match_diffusers(tiny_sd_path):
         assert diff.max() <= 1
     with pytest.raises(ValidationError, match="multiples of 4 from 8 to 32"):
         engine.generate([SamplingParams(prompt="x", height=18)])
+
+
+def _configs(vae_blocks=2, unet_blocks=2, sample_size=8):
+    from types import SimpleNamespace
+
+    unet = SimpleNamespace(config=SimpleNamespace(block_out_channels=(32,) * unet_blocks, sample_size=sample_size))
+    vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(16,) * vae_blocks))
+    return unet, vae
+
+
+def test_stepserve_json_may_narrow_the_sizes_a_folder_serves():
+    from stepserve.pipelines.diffusers_sd import model_info_for
+
+    unet, vae = _configs()  # native 16x16, sizes in steps of 4
+    plain = model_info_for("m", unet, vae, {"_class_name": "DDIMScheduler"}, {})
+    assert (plain.min_size, plain.max_size) == (8, 32)
+    only = model_info_for("m", unet, vae, {}, {"min_size": 16, "max_size": 16})
+    assert (only.min_size, only.max_size, only.default_height) == (16, 16, 16)
+    for bad in ({"min_size": 20, "max_size": 16}, {"min_size": 6}, {"max_size": 12}):
+        with pytest.raises(ValueError, match="stepserve.json: min_size"):
+            model_info_for("m", unet, vae, {}, bad)
