@@ -12,6 +12,7 @@ from .types import ModelInfo, SamplingParams
 
 MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
 DRAWN_SEED_LIMIT = 2**31  # a seed drawn for a request that has none lies in [0, DRAWN_SEED_LIMIT)
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # SamplingParams.priority: an integer in this range, higher served first
 _SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
 
 
@@ -98,6 +99,11 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
     if p.timeout_s is not None and (not _is_number(p.timeout_s) or not p.timeout_s > 0):
         raise ValidationError("timeout_s", f"must be a positive number of seconds, got {p.timeout_s!r}")
 
+    priority = 0 if p.priority is None else p.priority
+    if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValidationError("priority", f"must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}] "
+                                          f"(higher is served first), got {p.priority!r}")
+
     return replace(
         p,
         negative_prompt=negative,
@@ -107,4 +113,5 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
         sampler=sampler,
         height=height,
         width=width,
+        priority=priority,
     )

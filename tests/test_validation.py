@@ -24,6 +24,10 @@ from stepserve.validation import ValidationError, resolve_params
         ({"seed": "abc"}, "seed", "integer in [0, "),
         ({"seed": True}, "seed", "integer in [0, "),
         ({"timeout_s": 0}, "timeout_s", "positive"),
+        ({"priority": 101}, "priority", "integer in [-100, 100]"),
+        ({"priority": -101}, "priority", "integer in [-100, 100]"),
+        ({"priority": 1.5}, "priority", "integer in [-100, 100]"),
+        ({"priority": True}, "priority", "integer in [-100, 100]"),
     ],
 )
 def test_bad_input_names_field_and_allowed_values(changes, field, allowed):
@@ -41,3 +45,9 @@ def test_defaults_fill_unset_fields_and_a_seed_is_drawn():
     assert p.num_inference_steps == FAKE_MODEL.default_steps and p.sampler == FAKE_MODEL.default_sampler
     assert (p.height, p.width) == (FAKE_MODEL.default_height, FAKE_MODEL.default_width)
     assert isinstance(p.seed, int) and p.guidance_scale == FAKE_MODEL.default_guidance_scale
+
+
+def test_priority_defaults_to_zero_and_keeps_a_valid_value():
+    assert resolve_params(SamplingParams(prompt="seven"), FAKE_MODEL).priority == 0
+    assert resolve_params(SamplingParams(prompt="seven", priority=None), FAKE_MODEL).priority == 0
+    assert resolve_params(SamplingParams(prompt="seven", priority=-100), FAKE_MODEL).priority == -100
