@@ -57,6 +57,7 @@ class EngineCore:
             bucket=(resolved.height, resolved.width),
             num_steps=resolved.num_inference_steps,
             deadline=None if resolved.timeout_s is None else now + resolved.timeout_s,
+            priority=resolved.priority,
             preview_steps=frozenset(preview_steps),
         )
         if self.max_queue is not None and len(self.waiting) >= self.max_queue:
@@ -97,6 +98,10 @@ class EngineCore:
             message = f"internal error in the {self.policy.name} batching policy: {type(exc).__name__}: {exc}"
             finished += self._remove(lambda r: True, RequestStatus.FAILED, FinishReason.ERROR, now, message)
             return StepReport(now=now, duration_s=0.0, batch_size=0, finished=finished)
+        if plan.give_up:  # the policy predicts these cannot meet their deadline any more: end them now
+            hopeless = {id(r) for r in plan.give_up}
+            finished += self._remove(lambda r: id(r) in hopeless, RequestStatus.FAILED, FinishReason.TIMEOUT, now,
+                                     lambda r: f"deadline cannot be met: {progress_note(r, now)}")
         report = StepReport(now=now, duration_s=0.0, batch_size=0, wake_at=self._wake_time(plan.wake_at))
         t = now
 

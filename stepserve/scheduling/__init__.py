@@ -5,10 +5,12 @@ from __future__ import annotations
 from .base import Policy
 from .continuous import ContinuousBatchingPolicy
 from .dynamic import DynamicBatchingPolicy
+from .latency import LatencyModel
 from .none import NoBatchingPolicy
+from .slo import SLOPolicy
 from .static import DEFAULT_FLUSH_TIMEOUT_S, StaticBatchingPolicy
 
-STRATEGIES = ("continuous", "dynamic", "static", "none")
+STRATEGIES = ("continuous", "dynamic", "static", "none", "slo")
 DEFAULT_MAX_QUEUE_DELAY_MS = 50.0
 
 
@@ -18,8 +20,14 @@ def make_policy(
     max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS,
     static_batch_size: int | None = None,
     static_flush_timeout_s: float | None = DEFAULT_FLUSH_TIMEOUT_S,
+    latency_model: LatencyModel | None = None,
 ) -> Policy:
-    """Build a policy by name; a bad name or setting raises ValueError naming what is allowed."""
+    """Build a policy by name; a bad name or setting raises ValueError naming what is allowed.
+
+    `latency_model` is what "slo" predicts with (the other strategies ignore it). Without one, "slo" uses
+    LatencyModel.zero(): it keeps its ordering rules (priority, deadlines, fair buckets) but predicts no misses,
+    so it refuses nothing and gives up on nothing before the deadline itself passes.
+    """
     if strategy == "continuous":
         return ContinuousBatchingPolicy(max_batch_size)
     if strategy == "dynamic":
@@ -28,6 +36,8 @@ def make_policy(
         return StaticBatchingPolicy(static_batch_size or max_batch_size, static_flush_timeout_s)
     if strategy == "none":
         return NoBatchingPolicy()
+    if strategy == "slo":
+        return SLOPolicy(max_batch_size, latency_model if latency_model is not None else LatencyModel.zero())
     raise ValueError(f"strategy: {strategy!r} is not supported; allowed: {', '.join(STRATEGIES)}")
 
 
@@ -36,7 +46,9 @@ __all__ = [
     "Policy",
     "ContinuousBatchingPolicy",
     "DynamicBatchingPolicy",
+    "LatencyModel",
     "NoBatchingPolicy",
+    "SLOPolicy",
     "StaticBatchingPolicy",
     "make_policy",
 ]
