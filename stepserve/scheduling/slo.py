@@ -56,6 +56,9 @@ EPS_S = 1e-9
 
 
 class SLOPolicy:
+    """The rules in the module docstring. schedule() keeps the round-robin deficits; admission(), retry_after_s()
+    and predict() only read, so a front end may call them outside the engine loop on a snapshot of its queues."""
+
     name = "slo"
 
     def __init__(
@@ -87,6 +90,7 @@ class SLOPolicy:
     def schedule(
         self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
     ) -> StepPlan:
+        """Give up on hopeless requests, pick a bucket, fill its free slots, run the first `cap` slot holders."""
         give_up = [r for r in list(running) + list(waiting) if self.cannot_make_it(r, now)]
         if give_up:
             gone = {id(r) for r in give_up}
@@ -129,8 +133,7 @@ class SLOPolicy:
         hurt = [r for r in list(running) + waiting
                 if self._meets(before[id(r)], r) and not self._meets(after[id(r)], r)]
         if hurt:
-            return (f"admitting it would make {len(hurt)} admitted request(s) miss their deadline "
-                    f"(first: {hurt[0].request_id})")
+            return f"admitting it would make {len(hurt)} admitted request(s) miss their deadline"
         return None
 
     def retry_after_s(self, waiting: Sequence[Request], running: Sequence[Request], now: float,
