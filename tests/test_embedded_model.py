@@ -24,8 +24,7 @@ def _to_8x8(img) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def classifier():
-    pytest.importorskip("sklearn")
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # in the test extra: a missing sklearn is an error, never a skip
     from sklearn.svm import SVC
 
     digits = load_digits()

@@ -68,6 +68,35 @@ def test_v_prediction_model_matches_diffusers(tiny_sd_vpred_path):
         assert diff.max() <= 1, (p, diff.max())
 
 
+def _diffusers_x0_estimates(path, params) -> list:
+    """The x0 estimate diffusers' own pipeline computes at each step (dpmpp_2m: its convert_model_output), and the
+    final image, for one request."""
+    import diffusers
+    import torch
+
+    from tiny_sd import _load
+
+    pipe = _load(path)
+    sched = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
+    estimates = []
+    convert = sched.convert_model_output
+
+    def recording(*args, **kwargs):
+        out = convert(*args, **kwargs)
+        estimates.append(out.clone())
+        return out
+
+    sched.convert_model_output = recording
+    original, pipe.scheduler = pipe.scheduler, sched
+    try:
+        pipe(params.prompt, height=params.height, width=params.width, num_inference_steps=params.num_inference_steps,
+             guidance_scale=params.guidance_scale, generator=torch.Generator("cpu").manual_seed(params.seed))
+    finally:
+        pipe.scheduler = original
+    assert len(estimates) == params.num_inference_steps
+    return estimates
+
+
 def test_previews_are_x0_estimates_and_do_not_change_the_image(tiny_sd_path):
     from stepserve.api import load_executor
     from stepserve.engine import EngineCore
@@ -78,16 +107,28 @@ def test_previews_are_x0_estimates_and_do_not_change_the_image(tiny_sd_path):
                        height=16, width=16)
     core = EngineCore(ex, make_policy("continuous", 2))
     r = core.add_request(p, 0.0, preview_steps=frozenset({2, 4}))
-    previews = []
+    previews, noisy = {}, {}
     t = 0.0
     while not r.is_finished:
         core.step(t)
         t += 1
         if r.step in r.preview_steps and not r.is_finished:
             assert r.preview_latents is not None
-            previews.append(ex.preview(r))
+            noisy[r.step] = ex.pipeline.decode(r.latents)[0]  # what a preview of the raw latents would show
+            previews[r.step] = ex.preview(r)
         else:
             assert r.preview_latents is None or r.is_finished
-    assert len(previews) == 2 and previews[0].size == (16, 16)
-    diff = np.abs(as_array(r.image) - reference_image(tiny_sd_path, p).astype(np.int16))
+    assert sorted(previews) == [2, 4] and previews[2].size == (16, 16)
+    final = as_array(r.image)
+    diff = np.abs(final - reference_image(tiny_sd_path, p).astype(np.int16))
     assert diff.max() <= 1
+
+    # The preview after step k is the decoded x0 estimate of step k (index k - 1): what diffusers estimates there.
+    estimates = _diffusers_x0_estimates(tiny_sd_path, p)
+    for k, preview in previews.items():
+        want = as_array(ex.pipeline.decode(estimates[k - 1].to(ex.pipeline.dtype))[0])
+        assert np.abs(as_array(preview) - want).max() <= 1, k
+        # and it is not a decode of the raw noisy latents: it is much closer to the final image than that decode
+        to_final = np.abs(as_array(preview) - final).mean()
+        noisy_to_final = np.abs(as_array(noisy[k]) - final).mean()
+        assert to_final < 0.5 * noisy_to_final, (k, to_final, noisy_to_final)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import threading
 import time
 
 import httpx
@@ -50,34 +52,102 @@ def _idle(engine) -> bool:
     return engine.running_count == 0 and engine.queue_depth == 0
 
 
-def test_streaming_clients_that_disconnect_free_their_slots(serve):
+# A client that hangs up is aborted within this many engine steps (steps as long as the embedded model's, below).
+MAX_STEPS_AFTER_DISCONNECT = 3
+
+
+class SlowSteps:
+    """Wraps an executor so that every denoising step takes at least `step_s` (the embedded model's step at batch 8
+    is ~30 ms), so that "within a few steps" is measured against steps of a realistic length."""
+
+    def __init__(self, inner, step_s: float = 0.03) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.step_s = step_s
+
+    def prepare(self, requests):
+        return self.inner.prepare(requests)
+
+    def denoise(self, requests):
+        t0 = time.monotonic()
+        self.inner.denoise(requests)
+        time.sleep(max(0.0, self.step_s - (time.monotonic() - t0)))
+        return time.monotonic() - t0
+
+    def decode(self, requests):
+        return self.inner.decode(requests)
+
+    def preview(self, request):
+        return self.inner.preview(request)
+
+
+class StepLog:
+    """An on_step hook: counts engine steps that ran a batch, and notes at which count each request finished."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.steps = 0
+        self.finished_at: dict[str, int] = {}
+        self.statuses: dict[str, str] = {}
+
+    def __call__(self, report) -> None:
+        with self.lock:
+            if report.batch_size:
+                self.steps += 1
+            for r in report.finished:
+                self.finished_at[r.request_id] = self.steps
+                self.statuses[r.request_id] = r.status.value
+
+    def now(self) -> int:
+        with self.lock:
+            return self.steps
+
+    def finished(self) -> int:
+        with self.lock:
+            return len(self.finished_at)
+
+
+def _hang_up_and_count_steps(engine, log: StepLog, socks, expected: int) -> None:
+    mark = log.now()
+    for s in socks:
+        s.close()
+    # (the hook runs just after the engine's counts are updated: wait for both)
+    assert wait_until(lambda: _idle(engine) and log.finished() >= expected, 60), \
+        (engine.running_count, engine.queue_depth, log.statuses)
+    assert len(log.finished_at) == expected, log.statuses
+    assert set(log.statuses.values()) == {"cancelled"}, log.statuses
+    after = {rid: at - mark for rid, at in log.finished_at.items()}
+    assert max(after.values()) <= MAX_STEPS_AFTER_DISCONNECT, f"engine steps after the hang-up: {after}"
+
+
+def test_streaming_clients_that_disconnect_free_their_slots(serve, tiny_executor):
     body = json.dumps({"prompt": "long", "stream": True, "partial_images": 1, "num_inference_steps": 200,
                        "guidance_scale": 1.0}).encode()
-    with serve(strategy="continuous", max_batch_size=8) as server:
+    with serve(strategy="continuous", max_batch_size=8, executor=SlowSteps(tiny_executor)) as server:
+        log = StepLog()
+        server.engine.on_step.append(log)
         socks = [raw_post(server.port, body) for _ in range(20)]
         for s in socks:
             assert b"200 OK" in read_headers(s).split(b"\r\n")[0]
         engine = server.engine
         assert wait_until(lambda: engine.running_count == 8, 30), "requests never started running"
         assert engine.queue_depth == 12
-        for s in socks:
-            s.close()
-        assert wait_until(lambda: _idle(engine), 5), (engine.running_count, engine.queue_depth)
+        _hang_up_and_count_steps(engine, log, socks, 20)
         r = httpx.post(server.url + GENERATIONS, json={"prompt": "after", "num_inference_steps": 2}, timeout=60)
         assert r.status_code == 200
         metrics = httpx.get(server.url + "/metrics").text
         assert "stepserve_cancelled_total 20.0" in metrics
 
 
-def test_waiting_client_that_disconnects_is_aborted(serve):
+def test_waiting_client_that_disconnects_is_aborted(serve, tiny_executor):
     body = json.dumps({"prompt": "long", "num_inference_steps": 200, "guidance_scale": 1.0}).encode()
-    with serve(strategy="continuous", max_batch_size=2) as server:
+    with serve(strategy="continuous", max_batch_size=2, executor=SlowSteps(tiny_executor)) as server:
+        log = StepLog()
+        server.engine.on_step.append(log)
         socks = [raw_post(server.port, body) for _ in range(3)]
         engine = server.engine
         assert wait_until(lambda: engine.running_count == 2 and engine.queue_depth == 1, 30)
-        for s in socks:
-            s.close()
-        assert wait_until(lambda: _idle(engine), 5), (engine.running_count, engine.queue_depth)
+        _hang_up_and_count_steps(engine, log, socks, 3)
 
 
 def test_burst_gets_only_200_or_429_and_429_at_once(serve):
@@ -106,6 +176,16 @@ def test_burst_gets_only_200_or_429_and_429_at_once(serve):
         assert wait_until(lambda: _idle(server.engine), 10)
         after = httpx.post(server.url + GENERATIONS, json=body, timeout=60)
         assert after.status_code == 200
-        assert "stepserve_rejected_total 0.0" not in httpx.get(server.url + "/metrics").text
+        sent_429 = sum(1 for r, _ in results if r.status_code == 429)
+        assert _counter(server, "stepserve_rejected_total") == sent_429
+        assert _counter(server, 'stepserve_requests_total{outcome="rejected"}') == sent_429
         too_many = httpx.post(server.url + GENERATIONS, json={**body, "n": max_queue + 1})
         assert assert_error_shape(too_many, 400)["param"] == "n"  # could never fit: not a 429 to retry forever
+        assert _counter(server, "stepserve_rejected_total") == sent_429  # a 400 is not a rejection
+
+
+def _counter(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    found = re.findall(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert len(found) == 1, (name, found)
+    return float(found[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode_png, pixels
@@ -43,7 +44,9 @@ def test_seeds_fan_out_and_repeat(client):
     pair = client.images.generate(prompt="seven", n=2, response_format="b64_json", extra_body={"seed": 5, **FAST})
     a, b = (decode_png(d.b64_json) for d in pair.data)
     assert [i["seed"] for i in pair.model_extra["stepserve"]["images"]] == [5, 6]
-    assert (pixels(a) != pixels(b)).any(), "another seed must give another image"
+    diff = np.abs(pixels(a) - pixels(b))
+    # another seed gives another image, not one that differs in a few pixels (seeds differ by ~45/255 on average)
+    assert diff.mean() > 10 and (diff > 8).mean() > 0.5, (diff.mean(), (diff > 8).mean())
     again = client.images.generate(prompt="seven", extra_body={"seed": 6, **FAST})
     assert_close(decode_png(again.data[0].b64_json), b, tol=0)  # same seed -> same image
     drawn = client.images.generate(prompt="seven", n=2, extra_body=FAST).model_extra["stepserve"]["images"]
