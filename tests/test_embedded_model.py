@@ -94,6 +94,24 @@ def test_engine_generates_the_requested_digits(classifier):
                 assert diff > MIN_SEED_DIFF, f"seeds {SEEDS[a]} and {SEEDS[b]} look alike for {p!r}: {diff:.2f}"
 
 
+@pytest.mark.parametrize("sampler, steps", [("ddim", 15), ("euler", 15), ("euler_a", 15), ("dpmpp_2m", 8),
+                                            ("dpmpp_2m", 30)])
+def test_other_samplers_and_step_counts_give_the_requested_digits(classifier, sampler, steps):
+    from stepserve import Engine, SamplingParams
+
+    prompts = [(str(d), d) for d in range(10)] + [(DIGIT_PROMPTS[d], d) for d in range(10)]
+    engine = Engine.from_pretrained("embedded", strategy="continuous", max_batch_size=8)
+    params = [SamplingParams(prompt=p, seed=s, sampler=sampler, num_inference_steps=steps)
+              for s in SEEDS for p, _ in prompts]
+    results = engine.generate(params)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    pred = classifier.predict(np.stack([_to_8x8(r.image) for r in results]))
+    want = np.array([d for _ in SEEDS for _, d in prompts])
+    agreement = float((pred == want).mean())
+    wrong = [(params[i].prompt, params[i].seed, int(pred[i])) for i in np.flatnonzero(pred != want)]
+    assert agreement >= 0.9, f"{sampler} at {steps} steps: classifier agreement {agreement:.2f}; wrong: {wrong}"
+
+
 def test_only_the_trained_size_is_served():
     from stepserve import Engine, SamplingParams, ValidationError
 

@@ -135,3 +135,28 @@ def test_make_policy_names_allowed_values():
         make_policy("greedy")
     with pytest.raises(ValueError, match="max_batch_size"):
         make_policy("continuous", max_batch_size=0)
+
+
+@pytest.mark.parametrize("policy", [StaticBatchingPolicy(2, flush_timeout_s=1.0), DynamicBatchingPolicy(2, 1.0)])
+def test_request_level_policies_start_the_oldest_bucket_whose_batch_is_ready(policy):
+    def add(core, t, size, i):
+        return core.add_request(SamplingParams(prompt="p", seed=i, num_inference_steps=2, height=size, width=size), t)
+
+    # Both ready: the bucket with the older waiting request goes first.
+    core = EngineCore(FakeExecutor(), policy)
+    old = [add(core, 0.0, 32, 0), add(core, 0.05, 32, 1)]
+    add(core, 0.1, 16, 2)
+    add(core, 0.1, 16, 3)
+    assert core.step(0.2).admitted == old
+
+    # The older bucket is still filling: the younger full one goes first; the older one when its wait is up.
+    core = EngineCore(FakeExecutor(), policy)
+    lone = add(core, 0.0, 32, 0)
+    young = [add(core, 0.1, 16, 1), add(core, 0.1, 16, 2)]
+    rep = core.step(0.2)
+    assert rep.admitted == young
+    while core.running:
+        rep = core.step(0.3)
+    rep = core.step(0.4)
+    assert rep.batch_size == 0 and lone.status is RequestStatus.WAITING and rep.wake_at == 1.0
+    assert core.step(1.0).admitted == [lone]
