@@ -8,7 +8,7 @@ from typing import Any
 from .clock import Clock, WallClock
 from .engine import EngineCore
 from .executor.base import Executor
-from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, make_policy
+from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, LatencyModel, make_policy
 from .types import FinishReason, Request, RequestStatus, RequestTiming, SamplingParams
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -41,10 +41,27 @@ class EngineOptions:
     max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS
     static_batch_size: int | None = None
     max_queue: int | None = None
+    # slo: what the policy predicts with. "measure" times this executor at start-up (a few seconds); a path loads
+    # a file written by `stepserve profile` / LatencyModel.save; None predicts nothing (see make_policy).
+    latency_model: LatencyModel | str | None = None
 
     def make_core(self, executor: Executor) -> EngineCore:
-        policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size)
+        model = resolve_latency_model(self.latency_model, executor, self.max_batch_size)
+        policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size,
+                             latency_model=model)
         return EngineCore(executor, policy, self.max_queue)
+
+
+def resolve_latency_model(spec: LatencyModel | str | None, executor: Executor,
+                          max_batch_size: int) -> LatencyModel | None:
+    """A LatencyModel from an option value: itself, "measure" (time this executor now), or a file path."""
+    if spec is None or isinstance(spec, LatencyModel):
+        return spec
+    if spec == "measure":
+        from .profiling import measure_latency_model
+
+        return measure_latency_model(executor, max_batch_size)
+    return LatencyModel.load(spec)
 
 
 def load_executor(model: str = "embedded", device: str = "cpu", dtype: str = "float32") -> Executor:

@@ -26,7 +26,6 @@ from typing import Any
 
 from .api import EngineOptions, GenerationResult
 from .clock import WallClock
-from .engine import QueueFullError
 from .executor.base import Executor
 from .types import FinishReason, Request, RequestStatus, RequestTiming, SamplingParams, StepReport, next_request_id
 from .validation import resolve_params
@@ -79,6 +78,7 @@ class RequestHandle:
 @dataclass
 class _Add:
     handle: RequestHandle
+    request: Request  # built and admitted at submit; the engine thread only queues it
 
 
 @dataclass
@@ -171,27 +171,31 @@ class AsyncEngine:
 
     def submit_many(self, params: Sequence[SamplingParams], preview_steps: Sequence[frozenset[int]] | None = None,
                     stream: bool = False, request_ids: Sequence[str] | None = None) -> list[RequestHandle]:
-        """Queue a group of requests all or none: every one is validated, and the queue bound is checked for the
-        whole group in one decision, so a refusal leaves nothing of the group behind."""
+        """Queue a group of requests all or none: every one is validated, then admitted in one decision (the queue
+        bound and the policy's admission rule, each member counting the ones before it), so a refusal leaves
+        nothing of the group behind. Raises the AdmissionError of the first member refused."""
         self._check_open()
-        resolved = [resolve_params(p, self.model) for p in params]
-        previews = list(preview_steps) if preview_steps is not None else [frozenset()] * len(resolved)
-        ids = list(request_ids) if request_ids is not None else [next_request_id() for _ in resolved]
+        for p in params:
+            resolve_params(p, self.model)  # bad input fails before anything is decided
+        previews = list(preview_steps) if preview_steps is not None else [frozenset()] * len(params)
+        ids = list(request_ids) if request_ids is not None else [next_request_id() for _ in params]
         assert self._loop is not None, "call start() first"
-        max_queue = self.options.max_queue
         with self._lock:
             self._check_open()
-            queued = self._queued_locked()
-            if max_queue is not None and queued + len(resolved) > max_queue:
-                raise QueueFullError(f"queue is full ({queued} of {max_queue} places taken, {len(resolved)} asked "
-                                     f"for); retry later")
             now = self.clock.now()
-            handles = [RequestHandle(rid, p, now, frozenset(pv), stream, self._loop.create_future(),
-                                     asyncio.Queue() if stream else None)
-                       for rid, p, pv in zip(ids, resolved, previews)]
-            for h in handles:
+            ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
+            group: list[Request] = []
+            for p, rid, pv in zip(params, ids, previews):
+                request = self.core.new_request(p, now, rid, frozenset(pv))
+                self.core.check_admission(request, now, ahead + group)  # raises for the whole group
+                group.append(request)
+            handles = []
+            for request in group:
+                h = RequestHandle(request.request_id, request.params, now, request.preview_steps, stream,
+                                  self._loop.create_future(), asyncio.Queue() if stream else None)
                 self._handles[h.request_id] = h
-                self._inbox.append(_Add(h))
+                self._inbox.append(_Add(h, request))
+                handles.append(h)
         self._wake.set()
         return handles
 
@@ -241,17 +245,14 @@ class AsyncEngine:
                 if isinstance(item, _Abort):
                     self.core.abort(item.request_id)
                 else:
-                    self._add_to_core(item.handle)
+                    self._add_to_core(item)
 
-    def _add_to_core(self, handle: RequestHandle) -> None:
+    def _add_to_core(self, item: _Add) -> None:
         try:
-            self.core.add_request(handle.params, handle.arrival, request_id=handle.request_id,
-                                  preview_steps=handle.preview_steps)
-        except QueueFullError as exc:  # cannot happen while admission holds; never dropped if it does
-            self._resolve_locked(exc.request)
-        except Exception as exc:  # noqa: BLE001 - validation already passed; anything else fails this one
-            self._log_once("add", "could not queue request %s", handle.request_id, exc_info=exc)
-            self._resolve_locked(_failed(handle, f"could not queue the request: {type(exc).__name__}: {exc}"))
+            self.core.enqueue(item.request)
+        except Exception as exc:  # noqa: BLE001 - never dropped: anything here fails this one request
+            self._log_once("add", "could not queue request %s", item.request.request_id, exc_info=exc)
+            self._resolve_locked(_failed(item.handle, f"could not queue the request: {type(exc).__name__}: {exc}"))
 
     def _publish(self, report: StepReport) -> None:
         for r in report.finished:

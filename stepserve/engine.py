@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from .executor.base import Executor
 from .scheduling import Policy
@@ -19,12 +19,21 @@ from .validation import resolve_params
 log = logging.getLogger(__name__)
 
 
-class QueueFullError(RuntimeError):
-    """The waiting queue is at max_queue; the request was rejected without being queued."""
+class AdmissionError(RuntimeError):
+    """The request was refused at admission and never queued; the caller should retry later (HTTP 429)."""
 
-    def __init__(self, message: str, request: Request | None = None) -> None:
+    def __init__(self, message: str, request: Request | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
-        self.request = request  # in its final state (REJECTED / QUEUE_FULL) when it was created at all
+        self.request = request  # in its final state (REJECTED) when it was created at all
+        self.retry_after_s = retry_after_s  # the policy's estimate of when a slot frees, when it has one
+
+
+class QueueFullError(AdmissionError):
+    """The waiting queue is at max_queue."""
+
+
+class DeadlineRefusedError(AdmissionError):
+    """The policy predicts the request cannot meet its deadline (timeout_s) under the current load."""
 
 
 class EngineCore:
@@ -48,9 +57,18 @@ class EngineCore:
     # --- input -------------------------------------------------------------------------------------------------
     def add_request(self, params: SamplingParams, now: float, request_id: str | None = None,
                     preview_steps: frozenset[int] = frozenset()) -> Request:
-        """Validate and queue. Raises ValidationError on bad input and QueueFullError when the queue is full."""
+        """Validate, decide admission and queue. Raises ValidationError on bad input and an AdmissionError
+        (QueueFullError, DeadlineRefusedError) when the request is refused."""
+        request = self.new_request(params, now, request_id, preview_steps)
+        self.check_admission(request, now)
+        self.enqueue(request)
+        return request
+
+    def new_request(self, params: SamplingParams, now: float, request_id: str | None = None,
+                    preview_steps: frozenset[int] = frozenset()) -> Request:
+        """Validate `params` and build the request that arrived at `now` (not queued yet)."""
         resolved = resolve_params(params, self.model)
-        request = Request(
+        return Request(
             request_id=request_id or next_request_id(),
             params=resolved,
             arrival_time=now,
@@ -60,13 +78,32 @@ class EngineCore:
             priority=resolved.priority,
             preview_steps=frozenset(preview_steps),
         )
-        if self.max_queue is not None and len(self.waiting) >= self.max_queue:
-            self._finish(request, RequestStatus.REJECTED, FinishReason.QUEUE_FULL, now,
-                         f"queue is full ({self.max_queue} waiting); retry later")
-            self._rejected.append(request)
-            raise QueueFullError(request.error, request)
+
+    def check_admission(self, request: Request, now: float, ahead: Sequence[Request] = ()) -> None:
+        """Refuse `request` (raise an AdmissionError, the request ended as REJECTED) when the queue bound or the
+        policy's own admission rule says so. `ahead`: accepted requests not yet in the waiting queue (a front
+        end's inbox, or earlier members of the same group). Reads the queues only; safe beside a running step."""
+        waiting = list(self.waiting) + list(ahead)
+        if self.max_queue is not None and len(waiting) >= self.max_queue:
+            self._refuse(request, FinishReason.QUEUE_FULL, now,
+                         f"queue is full ({self.max_queue} waiting); retry later", QueueFullError)
+        admission = getattr(self.policy, "admission", None)
+        if admission is None:
+            return
+        reason = admission(request, waiting, list(self.running), now)
+        if reason is not None:
+            retry = self.policy.retry_after_s(waiting, list(self.running), now, request.bucket)
+            self._refuse(request, FinishReason.DEADLINE_INFEASIBLE, now, reason, DeadlineRefusedError, retry)
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request that passed check_admission."""
         self.waiting.append(request)
-        return request
+
+    def _refuse(self, request: Request, reason: FinishReason, now: float, message: str,
+                error: type[AdmissionError], retry_after_s: float | None = None) -> None:
+        self._finish(request, RequestStatus.REJECTED, reason, now, message)
+        self._rejected.append(request)
+        raise error(message, request, retry_after_s)
 
     def abort(self, request_id: str) -> None:
         """Ask for a request to be cancelled; it leaves (and frees its slot) at the start of the next step."""
@@ -139,7 +176,7 @@ class EngineCore:
                     t += dt
                     if ok:
                         for r in done:
-                            self._finish(r, RequestStatus.COMPLETED, FinishReason.COMPLETED, t)
+                            self._complete(r, t)
                         finished += done
 
         self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
@@ -148,6 +185,15 @@ class EngineCore:
         return report
 
     # --- helpers -----------------------------------------------------------------------------------------------
+    def _complete(self, r: Request, t: float) -> None:
+        """An image that is ready after its deadline is not an answer: the caller gave up at the deadline."""
+        if r.deadline is not None and t > r.deadline:
+            self._finish(r, RequestStatus.FAILED, FinishReason.TIMEOUT, t,
+                         f"deadline passed (timeout_s={r.params.timeout_s:g}): finished all {r.num_steps} steps "
+                         f"{(t - r.deadline) * 1000:.0f} ms too late")
+        else:
+            self._finish(r, RequestStatus.COMPLETED, FinishReason.COMPLETED, t)
+
     def _wake_time(self, policy_wake: float | None) -> float | None:
         """When an idle engine must look again: the policy's own wake-up or the earliest deadline, if sooner."""
         deadlines = [r.deadline for r in self._all() if r.deadline is not None]

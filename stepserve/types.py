@@ -57,7 +57,8 @@ class FinishReason(enum.Enum):
     ERROR = "error"  # the executor raised while this request was in the step
     TIMEOUT = "timeout"  # deadline passed
     ABORTED = "aborted"  # the caller went away or called abort()
-    QUEUE_FULL = "queue_full"
+    QUEUE_FULL = "queue_full"  # refused at admission: the queue was at its bound
+    DEADLINE_INFEASIBLE = "deadline_infeasible"  # refused at admission: predicted to miss its deadline
 
 
 @dataclass

@@ -90,11 +90,12 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
     width = model.default_width if p.width is None else p.width
     for name, value in (("height", height), ("width", width)):
         if not _is_int(value) or not model.min_size <= value <= model.max_size or value % model.size_multiple:
-            raise ValidationError(
-                name,
-                f"{value!r} is not supported; allowed: multiples of {model.size_multiple} from {model.min_size} "
-                f"to {model.max_size} (default {model.default_width}x{model.default_height})",
-            )
+            if model.min_size == model.max_size:  # a model trained at one size (the embedded model)
+                allowed = f"{model.min_size}x{model.min_size} only ({model.name} was trained at that size)"
+            else:
+                allowed = (f"multiples of {model.size_multiple} from {model.min_size} to {model.max_size} "
+                           f"(default {model.default_width}x{model.default_height})")
+            raise ValidationError(name, f"{value!r} is not supported; allowed: {allowed}")
 
     if p.timeout_s is not None and (not _is_number(p.timeout_s) or not p.timeout_s > 0):
         raise ValidationError("timeout_s", f"must be a positive number of seconds, got {p.timeout_s!r}")

@@ -153,14 +153,14 @@ def test_admission_has_no_window_between_inbox_and_queue():
         engine = AsyncEngine(FakeExecutor(), strategy="static", static_batch_size=100, max_queue=2)
         moving = threading.Event()
         proceed = threading.Event()
-        real_add = engine.core.add_request
+        real_enqueue = engine.core.enqueue
 
-        def slow_add(*args, **kwargs):
+        def slow_enqueue(*args, **kwargs):
             moving.set()
             proceed.wait(0.3)  # holds the request between the inbox and the queue
-            return real_add(*args, **kwargs)
+            return real_enqueue(*args, **kwargs)
 
-        engine.core.add_request = slow_add
+        engine.core.enqueue = slow_enqueue
         await engine.start()
         held = [engine.submit(SamplingParams(prompt="a", seed=i)) for i in range(2)]
         await asyncio.get_running_loop().run_in_executor(None, moving.wait, 5)

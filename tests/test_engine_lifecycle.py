@@ -122,3 +122,14 @@ def test_a_waiting_deadline_is_a_wake_up_time(strategy):
     assert report.batch_size == 0 and report.wake_at == pytest.approx(0.5)
     expired = core.step(report.wake_at)
     assert [r.finish_reason for r in expired.finished] == [FinishReason.TIMEOUT]
+
+
+def test_an_image_finished_after_its_deadline_is_a_timeout_not_an_answer():
+    from stepserve.executor.fake import CostModel
+
+    # the deadline falls inside the decode of the last step: the image exists, but too late
+    core = EngineCore(FakeExecutor(cost=CostModel(decode_fixed_s=0.5)), make_policy("continuous"))
+    r = core.add_request(SamplingParams(prompt="a", seed=1, num_inference_steps=1, timeout_s=0.1), now=0.0)
+    report = core.step(0.0)
+    assert report.finished == [r] and r.finish_reason is FinishReason.TIMEOUT
+    assert r.image is None and "ms too late" in r.error

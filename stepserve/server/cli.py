@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_int_from(1), default=default_threads(),
                    help="torch intra-op CPU threads (default: the cores this process may use minus one, at least 1; "
                         "%(default)s here): the spare core serves HTTP, so torch's threads do not spin-wait on it")
+    p.add_argument("--latency-model", default=None, metavar="PATH|measure",
+                   help="slo strategy: the latency model it predicts with, a file written by `stepserve profile` "
+                        "or 'measure' (time this model on this device at start-up, a few seconds; the default "
+                        "for --strategy slo)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -120,8 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"stepserve serve: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
-    engine = AsyncEngine(executor, strategy=args.strategy, max_batch_size=args.max_batch_size,
-                         max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue)
+    latency_model = args.latency_model or ("measure" if args.strategy == "slo" else None)
+    if latency_model == "measure":
+        print("stepserve serve: measuring the step latency of this model for the slo strategy ...",
+              file=sys.stderr, flush=True)
+    try:
+        engine = AsyncEngine(executor, strategy=args.strategy, max_batch_size=args.max_batch_size,
+                             max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue,
+                             latency_model=latency_model)
+    except (OSError, ValueError) as exc:
+        print(f"stepserve serve: error: --latency-model {args.latency_model!r}: {exc}", file=sys.stderr)
+        return 2
     limits = ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s)
     app = create_app(engine, api_key=args.api_key, limits=limits, shutdown_grace_s=args.shutdown_grace_s)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,

@@ -50,6 +50,12 @@ def queue_full(message: str, retry_after_s: int) -> APIError:
                     headers={"Retry-After": str(retry_after_s)})
 
 
+def deadline_refused(message: str, retry_after_s: int) -> APIError:
+    return APIError(429, f"{message}; refused now rather than answered late (retry after {retry_after_s} s, or "
+                         f"raise timeout_s)", type="rate_limit_error", code="deadline_infeasible",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
 def shutting_down(message: str = "the server is shutting down and accepts no new requests; retry on another "
                                   "replica or after it restarts") -> APIError:
     return APIError(503, message, type="service_unavailable", code="shutting_down")

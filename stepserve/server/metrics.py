@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..types import StepReport
+from ..types import FinishReason, StepReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -45,7 +45,17 @@ class ServerMetrics:
                                  registry=r)
         self.failed = Counter("stepserve_failed", "Requests that failed in the model (500)", registry=r)
         self.timed_out = Counter("stepserve_timed_out", "Requests past their timeout_s (504)", registry=r)
+        self.refused_at_admission = Counter(
+            "stepserve_refused_at_admission", "Requests refused at arrival (429): the queue was full, or the "
+            "policy predicted a missed deadline", ["reason"], registry=r)
+        self.deadline_missed = Counter(
+            "stepserve_deadline_missed", "Admitted requests that ended past or hopeless for their deadline (504), by "
+            "whether they were still queued or had started running", ["stage"], registry=r)
         self.images = Counter("stepserve_images_completed", "Images generated and returned", registry=r)
+        for reason in ("queue_full", "deadline"):
+            self.refused_at_admission.labels(reason)
+        for stage in ("queued", "running"):
+            self.deadline_missed.labels(stage)
         for outcome in OUTCOMES:  # export zeros from the start, so rates work before the first event
             self.requests.labels(outcome)
             self.request_latency.labels(outcome)
@@ -56,6 +66,9 @@ class ServerMetrics:
             self.step_latency.observe(report.duration_s)
             self.step_batch.observe(report.batch_size)
         self.last_batch_size = report.batch_size
+        for r in report.finished:
+            if r.finish_reason is FinishReason.TIMEOUT:
+                self.deadline_missed.labels("queued" if r.timing.admitted is None else "running").inc()
 
     def request_done(self, outcome: str, seconds: float, images: int = 0) -> None:
         self.requests.labels(outcome).inc()

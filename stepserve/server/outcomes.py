@@ -18,6 +18,8 @@ def check(result: GenerationResult) -> None:
         raise errors.deadline_passed(result.params.timeout_s or 0.0, result.error)
     if reason is FinishReason.QUEUE_FULL:
         raise errors.queue_full(result.error or "queue is full", 1)
+    if reason is FinishReason.DEADLINE_INFEASIBLE:
+        raise errors.deadline_refused(result.error or "deadline cannot be met", 1)
     if reason is FinishReason.ABORTED:  # the client's own aborts are never answered; these are shutdown aborts
         raise errors.shutting_down("the server shut down before this request finished; retry")
     raise errors.model_failure(result.error)

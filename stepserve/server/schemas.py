@@ -58,6 +58,7 @@ class ImageGenerationRequest(BaseModel):
     sampler: str | None = None
     negative_prompt: str | None = None
     timeout_s: float | None = None
+    priority: int | None = None  # higher first under the slo strategy; default 0
 
 
 FIELDS = tuple(ImageGenerationRequest.model_fields)
@@ -140,6 +141,6 @@ def engine_params(req: ImageGenerationRequest, limits: ServerLimits) -> list[Sam
     return [
         SamplingParams(prompt=req.prompt, negative_prompt=req.negative_prompt or "", seed=seed + i,
                        num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale,
-                       sampler=req.sampler, height=height, width=width, timeout_s=timeout)
+                       sampler=req.sampler, height=height, width=width, timeout_s=timeout, priority=req.priority)
         for i in range(n)
     ]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
-from ..engine import QueueFullError
+from ..engine import AdmissionError, DeadlineRefusedError
 from ..types import SamplingParams
 from ..validation import ValidationError, resolve_params
 from . import errors
@@ -38,8 +39,13 @@ def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_ima
     previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
     try:
         return engine.submit_many(resolved, previews, stream=stream)
-    except QueueFullError as exc:
-        raise errors.queue_full(str(exc), state.retry_after_s()) from None
+    except AdmissionError as exc:
+        reason = "deadline" if isinstance(exc, DeadlineRefusedError) else "queue_full"
+        state.metrics.refused_at_admission.labels(reason).inc()
+        retry = state.retry_after_s() if exc.retry_after_s is None else max(1, math.ceil(exc.retry_after_s))
+        if reason == "deadline":
+            raise errors.deadline_refused(str(exc), retry) from None
+        raise errors.queue_full(str(exc), retry) from None
     except ShuttingDownError:
         raise errors.shutting_down() from None
     except EngineDeadError as exc:

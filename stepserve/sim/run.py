@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..clock import SimClock
-from ..engine import EngineCore, QueueFullError
+from ..engine import AdmissionError, EngineCore
 from ..types import Request, SamplingParams, StepReport
 
 
@@ -45,7 +45,7 @@ def simulate(
         while nxt < len(pending) and pending[nxt].time <= now:
             try:
                 requests[nxt] = core.add_request(pending[nxt].params, now)
-            except QueueFullError as exc:
+            except AdmissionError as exc:
                 requests[nxt] = exc.request
             nxt += 1
         while aborts and aborts[0][0] <= now:
