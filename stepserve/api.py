@@ -44,12 +44,13 @@ class EngineOptions:
     # slo: what the policy predicts with. "measure" times this executor at start-up (a few seconds); a path loads
     # a file written by `stepserve profile` / LatencyModel.save; None predicts nothing (see make_policy).
     latency_model: LatencyModel | str | None = None
+    max_decode_per_step: int | None = None  # VAE decodes per engine step (None: every image finished in the step)
 
     def make_core(self, executor: Executor) -> EngineCore:
         model = resolve_latency_model(self.latency_model, executor, self.max_batch_size)
         policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size,
                              latency_model=model)
-        return EngineCore(executor, policy, self.max_queue)
+        return EngineCore(executor, policy, self.max_queue, self.max_decode_per_step)
 
 
 def resolve_latency_model(spec: LatencyModel | str | None, executor: Executor,

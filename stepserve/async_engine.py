@@ -226,7 +226,7 @@ class AsyncEngine:
                 self._sleep(0.5)
                 continue
             report = core.step(self.clock.now())
-            self.running_count = len(core.running)
+            self.running_count = len(core.running) + len(core.to_decode)
             self._publish(report)
             self._notify(report)
             if report.batch_size == 0 and not report.finished and not report.admitted:

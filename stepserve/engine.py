@@ -37,14 +37,22 @@ class DeadlineRefusedError(AdmissionError):
 
 
 class EngineCore:
-    def __init__(self, executor: Executor, policy: Policy, max_queue: int | None = None) -> None:
+    def __init__(self, executor: Executor, policy: Policy, max_queue: int | None = None,
+                 max_decode_per_step: int | None = None) -> None:
         if max_queue is not None and max_queue < 1:
             raise ValueError(f"max_queue must be >= 1 or None (unbounded), got {max_queue}")
+        if max_decode_per_step is not None and max_decode_per_step < 1:
+            raise ValueError(f"max_decode_per_step must be >= 1 or None (all), got {max_decode_per_step}")
         self.executor = executor
         self.policy = policy
         self.max_queue = max_queue
         self.waiting: deque[Request] = deque()  # arrival order
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # admitted, still denoising: what the policy schedules
+        # Denoised, waiting for the VAE. Out of the policy's sight, so their slots are free at once; at most
+        # max_decode_per_step of them are decoded per step, which bounds the decode stall every running request
+        # pays in that step (None: all of them in the step they finish).
+        self.to_decode: deque[Request] = deque()
+        self.max_decode_per_step = max_decode_per_step
         self.draining = False  # no more arrivals expected: policies may flush partial batches
         self._aborts: set[str] = set()
         self._rejected: list[Request] = []  # reported by the next step
@@ -119,7 +127,7 @@ class EngineCore:
                             "cancelled: the caller stopped before it finished")
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._aborts or self._rejected)
+        return bool(self.waiting or self.running or self.to_decode or self._aborts or self._rejected)
 
     # --- the step ----------------------------------------------------------------------------------------------
     def step(self, now: float) -> StepReport:
@@ -167,19 +175,23 @@ class EngineCore:
                     r.timing.batch_sizes.append(len(to_run))
                     if r.timing.first_step_done is None:
                         r.timing.first_step_done = t
-                done = [r for r in to_run if r.step >= r.num_steps]
-                if done:
-                    for r in done:
+                for r in to_run:
+                    if r.step >= r.num_steps:
                         r.timing.denoise_done = t
-                    ok, dt = self._run_stage("decode", done, t, finished)
-                    report.decode_s = dt
-                    t += dt
-                    if ok:
-                        for r in done:
-                            self._complete(r, t)
-                        finished += done
+                        self.to_decode.append(r)
+        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING and r.step < r.num_steps]
 
-        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        if self.to_decode:
+            n = len(self.to_decode) if self.max_decode_per_step is None else self.max_decode_per_step
+            done = [self.to_decode.popleft() for _ in range(min(n, len(self.to_decode)))]
+            ok, dt = self._run_stage("decode", done, t, finished)
+            report.decode_s = dt
+            t += dt
+            if ok:
+                for r in done:
+                    self._complete(r, t)
+                finished += done
+
         report.duration_s = t - now
         report.finished = finished
         return report
@@ -238,11 +250,13 @@ class EngineCore:
             self._finish(r, status, reason, now, message(r) if callable(message) else message)
         self.waiting = deque(r for r in self.waiting if not r.is_finished)
         self.running = [r for r in self.running if not r.is_finished]
+        self.to_decode = deque(r for r in self.to_decode if not r.is_finished)
         return gone
 
     def _all(self) -> Iterable[Request]:
         yield from self.waiting
         yield from self.running
+        yield from self.to_decode
 
     @staticmethod
     def _finish(r: Request, status: RequestStatus, reason: FinishReason, t: float, error: str | None = None) -> None:

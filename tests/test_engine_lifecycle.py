@@ -30,15 +30,17 @@ arrival = st.builds(
     max_batch=st.integers(1, 5),
     max_queue=st.one_of(st.none(), st.integers(1, 6)),
     fault_every=st.one_of(st.none(), st.integers(2, 9)),
+    max_decode=st.one_of(st.none(), st.integers(1, 3)),
 )
-def test_every_request_ends_in_exactly_one_final_state(arrivals, strategy, max_batch, max_queue, fault_every):
+def test_every_request_ends_in_exactly_one_final_state(arrivals, strategy, max_batch, max_queue, fault_every,
+                                                       max_decode):
     calls = {"n": 0}
 
     def fault(stage, requests):
         calls["n"] += 1
         return fault_every is not None and calls["n"] % fault_every == 0
 
-    core = EngineCore(FakeExecutor(fault=fault), make_policy(strategy, max_batch, 20.0), max_queue)
+    core = EngineCore(FakeExecutor(fault=fault), make_policy(strategy, max_batch, 20.0), max_queue, max_decode)
     trace = [
         Arrival(t, SamplingParams(prompt=f"p{i}", seed=i, num_inference_steps=steps, guidance_scale=g,
                                   height=size, width=size, timeout_s=timeout), abort_at=abort)
@@ -63,7 +65,7 @@ def test_every_request_ends_in_exactly_one_final_state(arrivals, strategy, max_b
         else:
             assert r.error, "a request that did not complete must say why"
         assert r.latents is None and r.sampler_state is None  # its tensors were freed
-    assert not core.waiting and not core.running and not core.has_work()
+    assert not core.waiting and not core.running and not core.to_decode and not core.has_work()
 
 
 def test_fault_fails_only_requests_in_that_step_and_engine_keeps_serving():
@@ -133,3 +135,20 @@ def test_an_image_finished_after_its_deadline_is_a_timeout_not_an_answer():
     report = core.step(0.0)
     assert report.finished == [r] and r.finish_reason is FinishReason.TIMEOUT
     assert r.image is None and "ms too late" in r.error
+
+
+def test_decodes_are_bounded_per_step_and_slots_free_at_once():
+    """With max_decode_per_step=1, four requests that finish denoising together are decoded over four steps,
+    while the freed slots already take new requests."""
+    ex = FakeExecutor()
+    core = EngineCore(ex, make_policy("continuous", max_batch_size=4), max_decode_per_step=1)
+    first = [core.add_request(SamplingParams(prompt="a", seed=i, num_inference_steps=2), 0.0) for i in range(4)]
+    later = [core.add_request(SamplingParams(prompt="b", seed=10 + i, num_inference_steps=3), 0.0) for i in range(4)]
+    decoded_per_step, t = [], 0.0
+    while core.has_work():
+        report = core.step(t)
+        t += report.duration_s
+        decoded_per_step.append(sum(1 for r in report.finished if r.status is RequestStatus.COMPLETED))
+    assert max(decoded_per_step) == 1 and sum(decoded_per_step) == 8
+    assert all(r.status is RequestStatus.COMPLETED for r in first + later)
+    assert ex.forward_batch_sizes[:3] == [4, 4, 4]  # step 3: the later four run while the first four decode

@@ -1,0 +1,191 @@
+"""One trace, in process and through HTTP: stepserve servers (any strategy, any checkout) against the in-process
+engine on the same open-loop trace.
+
+1. `stepserve bench` in process on the embedded model: idle latency, capacity, a seeded Poisson trace at
+   --rate-frac of capacity (or --rate), and the in-process contenders' numbers.
+2. For every --server, a `stepserve serve` child process on loopback, driven by `stepserve bench --target` with
+   that same trace and SLO; then it is stopped. With --repeats N the servers take turns, N rounds.
+3. A table: p50 / p95 / goodput / refused per contender, and each one's ratio to the first server.
+
+A server spec is `LABEL=STRATEGY[:DELAY_MS][@CHECKOUT]`: CHECKOUT runs the server from another source tree
+(e.g. a `git worktree` of an older commit) with the same Python, so a change is measured before and after.
+
+    python benchmarks/http_servers.py --out bench-out/http --inprocess continuous \\
+        --server new=continuous --server old=continuous@/path/to/old/checkout --duration 30 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ServerSpec:
+    label: str
+    strategy: str
+    delay_ms: float | None
+    checkout: Path | None
+
+    @classmethod
+    def parse(cls, text: str) -> "ServerSpec":
+        label, _, rest = text.partition("=")
+        if not rest:
+            raise SystemExit(f"--server {text!r}: expected LABEL=STRATEGY[:DELAY_MS][@CHECKOUT]")
+        rest, _, checkout = rest.partition("@")
+        strategy, _, delay = rest.partition(":")
+        return cls(label, strategy, float(delay) if delay else None, Path(checkout) if checkout else None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(spec: ServerSpec, args) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "stepserve.cli", "serve", "--model", args.model, "--strategy", spec.strategy,
+           "--port", str(port), "--threads", str(args.threads), "--max-batch-size", str(args.max_batch_size),
+           "--log-level", "warning"]
+    if spec.delay_ms is not None:
+        cmd += ["--max-queue-delay-ms", str(spec.delay_ms)]
+    if args.timeout_s is not None:
+        cmd += ["--timeout-s", str(args.timeout_s)]
+    if args.max_queue is not None:
+        cmd += ["--max-queue", str(args.max_queue)]
+    cmd += args.server_arg
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    src = spec.checkout or ROOT
+    env["PYTHONPATH"] = str(src)
+    proc = subprocess.Popen(cmd, cwd=src, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server {spec.label} exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"server {spec.label} did not become ready within 120 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bench(argv: list[str]) -> None:
+    subprocess.run([sys.executable, "-m", "stepserve.cli", "bench", *argv], check=True, cwd=ROOT)
+
+
+def summaries(path: Path) -> dict[str, dict]:
+    data = json.loads((path / "results.json").read_text())
+    return {s["contender"]: s for s in data["summaries"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("bench-out/http-servers"))
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--inprocess", default="continuous", help="in-process contenders (bench --strategies)")
+    p.add_argument("--inprocess-delays-ms", default="50", help="bench --dynamic-delays-ms for in-process dynamic")
+    p.add_argument("--server", action="append", default=[], type=ServerSpec.parse,
+                   help="LABEL=STRATEGY[:DELAY_MS][@CHECKOUT], repeatable")
+    p.add_argument("--server-arg", action="append", default=[], help="extra `stepserve serve` argument, repeatable")
+    p.add_argument("--steps", default="8,20,40")
+    p.add_argument("--rate-frac", type=float, default=0.7)
+    p.add_argument("--rate", type=float, help="absolute rate instead of --rate-frac")
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-queue", type=int)
+    p.add_argument("--timeout-s", type=float, help="server default deadline (--timeout-s of stepserve serve)")
+    p.add_argument("--slo-p95-ms", type=float, help="SLO (default: the in-process run's, 2x idle of the longest)")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    inproc = args.out / "inprocess"
+    load = ["--rate", str(args.rate)] if args.rate is not None else ["--rate-frac", str(args.rate_frac)]
+    common = ["--steps", args.steps, "--duration", str(args.duration), "--warmup", str(args.warmup),
+              "--seed", str(args.seed), "--max-batch-size", str(args.max_batch_size), "--no-progress"]
+    slo = ["--slo-p95-ms", str(args.slo_p95_ms)] if args.slo_p95_ms else []
+    bench(["--model", args.model, "--strategies", args.inprocess, "--dynamic-delays-ms", args.inprocess_delays_ms,
+           "--threads", str(args.threads), "--repeats", str(args.repeats), "--out", str(inproc),
+           *([] if args.max_queue is None else ["--max-queue", str(args.max_queue)]), *load, *common, *slo])
+    results = json.loads((inproc / "results.json").read_text())
+    slo_ms = args.slo_p95_ms or results["slo_s"] * 1000.0
+    rate = results["settings"]["rate_rps"]
+    trace = inproc / "trace.jsonl"
+    print(f"trace: {trace} at {rate:.2f} req/s; SLO p95 {slo_ms:.0f} ms", flush=True)
+
+    rows: dict[str, list[dict]] = {}
+    for label, s in summaries(inproc).items():
+        rows[f"in-process {label}"] = [s]
+    for repeat in range(args.repeats):
+        order = args.server[repeat % len(args.server):] + args.server[:repeat % len(args.server)]
+        for spec in order:
+            proc, url = start_server(spec, args)
+            try:
+                out = args.out / f"{spec.label}-r{repeat + 1}"
+                bench(["--target", f"{spec.label}={url}", "--load", "trace", "--trace", str(trace),
+                       "--slo-p95-ms", str(slo_ms), "--out", str(out), *common])
+                rows.setdefault(spec.label, []).extend(summaries(out).values())
+            finally:
+                stop_server(proc)
+    print_table(rows, [s.label for s in args.server])
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if values else None
+
+
+def print_table(rows: dict[str, list[dict]], servers: list[str]) -> None:
+    def med(label: str, key: str) -> float | None:
+        return _median([s[key]["median"] for s in rows[label]])
+
+    base = servers[0] if servers else None
+    print(f"\n{'contender':32} {'p50 ms':>8} {'p95 ms':>8} {'goodput/s':>10} {'done':>6} {'refused':>8} "
+          f"{'p50 x':>6} {'p95 x':>6}")
+    for label in rows:
+        p50, p95, good = med(label, "p50_s"), med(label, "p95_s"), med(label, "goodput_rps")
+        done = sum(s["completed"] for s in rows[label])
+        refused = sum(s["rejected"] for s in rows[label])
+        r50 = r95 = ""
+        if base and p50 and p95 and med(base, "p50_s"):
+            r50, r95 = f"{p50 / med(base, 'p50_s'):.2f}", f"{p95 / med(base, 'p95_s'):.2f}"
+        print(f"{label:32} {fmt(p50)} {fmt(p95)} {good or 0:10.2f} {done:6d} {refused:8d} {r50:>6} {r95:>6}")
+    print(json.dumps({label: {"p50_ms": med(label, "p50_s") and med(label, "p50_s") * 1000,
+                              "p95_ms": med(label, "p95_s") and med(label, "p95_s") * 1000,
+                              "goodput_rps": med(label, "goodput_rps")} for label in rows}))
+
+
+def fmt(seconds: float | None) -> str:
+    return f"{seconds * 1000:8.0f}" if seconds is not None else f"{'-':>8}"
+
+
+if __name__ == "__main__":
+    main()
