@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,8 @@ from .engine import EngineCore
 from .executor.base import Executor
 from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, LatencyModel, make_policy
 from .types import FinishReason, Request, RequestStatus, RequestTiming, SamplingParams
+
+log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
@@ -94,8 +97,16 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str = "embedded", *, device: str = "cpu", dtype: str = "float32",
-                        **options: Any) -> "Engine":
-        return cls(load_executor(model, device, dtype), **options)
+                        memory_cap: bool = True, **options: Any) -> "Engine":
+        """Load a model and build an engine. With memory_cap, max_batch_size is lowered to what fits in the
+        device's memory (profiling.cap_max_batch_size; the reason is logged)."""
+        executor = load_executor(model, device, dtype)
+        if memory_cap:
+            from .profiling import cap_max_batch_size
+
+            options["max_batch_size"], why = cap_max_batch_size(executor, options.get("max_batch_size", 8))
+            log.info(why)
+        return cls(executor, **options)
 
     @property
     def model(self):

@@ -30,6 +30,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -289,12 +290,32 @@ def _run_once(executor: Executor, n: int, bucket: Bucket, tag: str) -> None:
         _release(requests)
 
 
+@contextlib.contextmanager
+def _without_profiler_notices() -> Iterator[None]:
+    """torch's profiler prints 'USDT ... profiler_start/stop' notices from native code straight to file descriptor 2
+    at every start and stop; a server's start-up log should not carry them. Native stderr goes to a temporary file
+    meanwhile, and every other line is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().decode(errors="replace").splitlines(True) if "USDT" not in line]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
 def _cpu_peak_bytes(executor: Executor, n: int, bucket: Bucket, tag: str) -> int:
     """The highest point of the bytes the torch CPU allocator handed out during one run, above where it began,
     from torch.profiler's memory events (allocations positive, frees negative, in time order)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _without_profiler_notices(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         _run_once(executor, n, bucket, tag)
     try:
         events = prof.profiler.kineto_results.events()

@@ -8,9 +8,12 @@ StableDiffusionPipeline so that images match it for the same seed and settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -88,10 +91,11 @@ class StableDiffusionAdapter:
         from transformers import CLIPTextModel, CLIPTokenizer
 
         path = resolve_model_path(model)
-        tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
-        text_encoder = CLIPTextModel.from_pretrained(path / "text_encoder")
-        unet = UNet2DConditionModel.from_pretrained(path / "unet", torch_dtype=dtype)
-        vae = AutoencoderKL.from_pretrained(path / "vae", torch_dtype=dtype)
+        with _loading_bars_only_on_a_terminal():
+            tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
+            text_encoder = CLIPTextModel.from_pretrained(path / "text_encoder")
+            unet = UNet2DConditionModel.from_pretrained(path / "unet", torch_dtype=dtype)
+            vae = AutoencoderKL.from_pretrained(path / "vae", torch_dtype=dtype)
         scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
         defaults_file = path / SERVING_DEFAULTS_FILE
         defaults = json.loads(defaults_file.read_text()) if defaults_file.is_file() else {}
@@ -181,3 +185,24 @@ def model_info_for(name: str, unet, vae, scheduler_config: dict, defaults: dict)
         max_size=max_size,
         samplers=samplers,
     )
+
+
+@contextlib.contextmanager
+def _loading_bars_only_on_a_terminal() -> Iterator[None]:
+    """transformers and diffusers draw their own weight-loading bars; in a log (stderr not a terminal) those are
+    carriage-return noise, so they are turned off while loading and restored after."""
+    if sys.stderr.isatty():
+        yield
+        return
+    import diffusers.utils.logging as diffusers_logging
+    import transformers.utils.logging as transformers_logging
+
+    states = [(m, m.is_progress_bar_enabled()) for m in (diffusers_logging, transformers_logging)]
+    for m, _ in states:
+        m.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for m, enabled in states:
+            if enabled:
+                m.enable_progress_bar()

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slo strategy: the latency model it predicts with, a file written by `stepserve profile` "
                         "or 'measure' (time this model on this device at start-up, a few seconds; the default "
                         "for --strategy slo)")
+    p.add_argument("--no-memory-cap", action="store_true",
+                   help="skip the start-up check that lowers --max-batch-size to what fits in memory (measured at "
+                        "the model's largest size, 20%% headroom)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -124,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"stepserve serve: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
+    if not args.no_memory_cap:
+        from ..profiling import cap_max_batch_size
+
+        args.max_batch_size, why = cap_max_batch_size(executor, args.max_batch_size)
+        print(f"stepserve serve: {why}", file=sys.stderr, flush=True)
     latency_model = args.latency_model or ("measure" if args.strategy == "slo" else None)
     if latency_model == "measure":
         print("stepserve serve: measuring the step latency of this model for the slo strategy ...",
