@@ -30,12 +30,14 @@ class LoadPlan:
     trace: Trace | None = None  # open loop
     users: int = 0  # closed loop
     rate_rps: float | None = None  # Poisson traces: the rate they were drawn at
+    timeout_s: float | None = None  # closed loop: every request's deadline (open loop: already on the trace)
 
     @property
     def description(self) -> str:
         if self.mode == "open":
             return f"open-loop, {self.trace.description}"
-        return f"closed-loop, {self.users} users for {self.duration_s:g} s (seed {self.seed})"
+        deadline = f", every request with timeout_s {self.timeout_s:.3g} s" if self.timeout_s is not None else ""
+        return f"closed-loop, {self.users} users for {self.duration_s:g} s (seed {self.seed}){deadline}"
 
 
 @dataclass
@@ -96,7 +98,7 @@ async def run_contender(maker: TargetMaker, plan: LoadPlan, repeat: int, slo_s: 
 async def _drive(target: Target, plan: LoadPlan, done: Callable[[Outcome], None]) -> LoadResult:
     if plan.mode == "open":
         return await run_open_loop(target, plan.trace, plan.warmup_s, plan.drain_s, done)
-    users = [user_requests(plan.mix, plan.seed, u) for u in range(plan.users)]
+    users = [user_requests(plan.mix, plan.seed, u, plan.timeout_s) for u in range(plan.users)]
     return await run_closed_loop(target, users, plan.warmup_s, plan.duration_s, plan.drain_s, done)
 
 

@@ -36,6 +36,7 @@ class SweepSpec:
     drain_s: float = 5.0
     seed: int = 0
     min_requests: int = 50  # a point lasts long enough for this many measured requests (a p95 needs samples)
+    timeout_s: float | None = None  # every request's deadline, when the benchmark has deadlines
 
 
 def point_from_run(run: ContenderRun, rate: float, slo_s: float) -> SweepPoint:
@@ -70,7 +71,7 @@ class _Sweeper:
     async def point(self, maker: TargetMaker, rate: float) -> bool:
         s = self.spec
         duration = max(s.duration_s, s.min_requests / rate)
-        trace = poisson_trace(self.mix, rate, s.warmup_s + duration, s.seed)
+        trace = poisson_trace(self.mix, rate, s.warmup_s + duration, s.seed).with_timeout(s.timeout_s)
         plan = LoadPlan("open", self.mix, s.seed, s.warmup_s, duration, s.drain_s, trace=trace)
         run = await run_contender(maker, plan, 0, self.slo_s, self.progress, label=f"{maker.name} @ {rate:.3g} req/s")
         point = point_from_run(run, rate, self.slo_s)

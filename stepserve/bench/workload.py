@@ -10,6 +10,9 @@ A mix file (YAML or JSON) gives each field as a scalar, a list (uniform choice) 
 
 A trace is a list of (arrival offset, request); it is drawn in advance from a seed, so every contender gets the
 identical arrivals and requests. Traces are saved and loaded as CSV or JSONL (one request per line).
+
+A request may carry a deadline (timeout_s, seconds from its arrival at the engine); a benchmark with deadlines
+puts the same one on every request (Trace.with_timeout, user_requests(timeout_s=...)).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import csv
 import json
 import math
 import random
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +42,19 @@ class RequestSpec:
     height: int | None = None
     width: int | None = None
     negative_prompt: str = ""
+    timeout_s: float | None = None  # deadline, seconds after the request reaches the engine; None: no deadline
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
                               num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
-                              sampler=self.sampler, height=self.height, width=self.width)
+                              sampler=self.sampler, height=self.height, width=self.width, timeout_s=self.timeout_s)
 
     def to_http(self) -> dict[str, Any]:
         """The body of POST /v1/images/generations (OpenAI fields plus stepserve's own)."""
         body: dict[str, Any] = {"prompt": self.prompt, "n": 1, "response_format": "b64_json", "seed": self.seed}
         if self.height is not None and self.width is not None:
             body["size"] = f"{self.width}x{self.height}"
-        for name in ("num_inference_steps", "guidance_scale", "sampler"):
+        for name in ("num_inference_steps", "guidance_scale", "sampler", "timeout_s"):
             value = getattr(self, name)
             if value is not None:
                 body[name] = value
@@ -171,6 +175,13 @@ class Trace:
     def duration_s(self) -> float:
         return self.items[-1].offset_s if self.items else 0.0
 
+    def with_timeout(self, timeout_s: float | None) -> "Trace":
+        """The same arrivals and requests, every request with this deadline (None: leave them as they are)."""
+        if timeout_s is None:
+            return self
+        items = [TraceItem(it.offset_s, replace(it.spec, timeout_s=timeout_s)) for it in self.items]
+        return Trace(items, f"{self.description}, every request with timeout_s {timeout_s:.3g} s")
+
 
 def poisson_trace(mix: Mix, rate: float, duration_s: float, seed: int) -> Trace:
     """Poisson arrivals at `rate` req/s over [0, duration_s), requests drawn from the mix; fully seeded."""
@@ -186,11 +197,15 @@ def poisson_trace(mix: Mix, rate: float, duration_s: float, seed: int) -> Trace:
     return Trace(items, f"poisson {rate:.3g} req/s for {duration_s:g} s, seed {seed}")
 
 
-def user_requests(mix: Mix, seed: int, user: int):
-    """The endless, seeded request sequence of one closed-loop user (identical for every contender)."""
+def user_requests(mix: Mix, seed: int, user: int, timeout_s: float | None = None):
+    """The endless, seeded request sequence of one closed-loop user (identical for every contender); with
+    `timeout_s`, every request carries that deadline."""
     rng = random.Random(f"user-{seed}-{user}")
     while True:
-        yield mix.draw(rng)
+        spec = mix.draw(rng)
+        if timeout_s is not None:
+            spec.timeout_s = timeout_s
+        yield spec
 
 
 SPEC_FIELDS = [f.name for f in fields(RequestSpec)]
@@ -234,8 +249,12 @@ def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
     if get("offset_s", float) is None or not get("prompt", str):
         raise ValueError(f"{where}: offset_s and prompt are required")
     seed = get("seed", int)
+    timeout = get("timeout_s", float)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"{where}: timeout_s must be a positive number of seconds (or empty: no deadline), "
+                         f"got {row['timeout_s']!r}")
     spec = RequestSpec(prompt=get("prompt", str), seed=index if seed is None else seed,
                        num_inference_steps=get("num_inference_steps", int), guidance_scale=get("guidance_scale", float),
                        sampler=get("sampler", str), height=get("height", int), width=get("width", int),
-                       negative_prompt=get("negative_prompt", str) or "")
+                       negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout)
     return TraceItem(get("offset_s", float), spec)
