@@ -1,8 +1,13 @@
 """The numbers of one run, from what the load generator saw and what the engine reported.
 
 Percentiles use the nearest-rank method (the smallest sample with at least q of the samples at or below it), so
-every reported value is a latency that some request actually had. Rejected, failed and unfinished requests stay
-in the denominators of SLO attainment and are counted in every table.
+every reported value is a latency that some request actually had. Rejected, failed, timed-out and unfinished
+requests stay in the denominators of SLO attainment and are counted in every table.
+
+With deadlines (requests carrying timeout_s): a request the target gave up on at its deadline is a deadline miss,
+counted apart from other failures; an OK answer that came back more than timeout_s after the request was sent is
+`late_ok` (an engine that honours deadlines has none); and how quickly refusals were told is the time from each
+rejected request's scheduled send to its rejection reply.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .load import LoadResult, Outcome
-from .targets import FAILED, OK, REJECTED, UNFINISHED, StepSample
+from .targets import FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, StepSample
 
 
 @dataclass
@@ -49,8 +54,42 @@ class StatusCounts:
     offered: int  # measured requests (warm-up excluded)
     completed: int
     rejected: int
-    failed: int
+    failed: int  # failures other than deadline misses
     unfinished: int  # still out when the drain time ran out (cancelled)
+    deadline_missed: int = 0  # failed with a timeout: the target gave up at the request's deadline
+
+
+@dataclass
+class RefusalTiming:
+    """How quickly rejected requests were told: scheduled send -> rejection reply, in milliseconds."""
+
+    count: int
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+
+
+def refusal_timing(outcomes: list[Outcome]) -> RefusalTiming:
+    waits = [1000.0 * (o.done_s - o.scheduled_s) for o in outcomes if o.status == REJECTED and o.done_s is not None]
+    if not waits:
+        return RefusalTiming(0)
+    return RefusalTiming(len(waits), percentile(waits, 50), percentile(waits, 99), max(waits))
+
+
+@dataclass
+class LateAnswers:
+    """OK answers that came back after the request's deadline (from its actual send, so the sender's own lag is
+    not blamed on the target)."""
+
+    count: int
+    max_over_ms: float | None = None  # how far past its deadline the latest one came back
+
+
+def late_answers(outcomes: list[Outcome]) -> LateAnswers:
+    over = [1000.0 * (o.done_s - o.sent_s - o.spec.timeout_s) for o in outcomes
+            if o.status == OK and o.spec.timeout_s is not None and o.done_s is not None and o.sent_s is not None]
+    late = [v for v in over if v > 0]
+    return LateAnswers(len(late), max(late) if late else None)
 
 
 @dataclass
@@ -100,11 +139,20 @@ class RunMetrics:
     mean_batch_size: float | None = None
     usage: Usage = field(default_factory=Usage)
     latencies_s: list[float] = field(default_factory=list)  # sorted, for the CDF
+    refusal: RefusalTiming = field(default_factory=lambda: RefusalTiming(0))  # rejected: scheduled send -> reply
+    rejected_reasons: dict[str, int] = field(default_factory=dict)  # e.g. queue_full, deadline_infeasible
+    late_ok: int = 0  # OK answers that came back after their deadline (must be 0 for an engine honouring them)
+    late_ok_max_over_ms: float | None = None
+
+
+def rejection_reasons(outcomes: list[Outcome]) -> dict[str, int]:
+    c = Counter(o.reply.reason or "unspecified" for o in outcomes if o.status == REJECTED)
+    return dict(sorted(c.items()))
 
 
 def count_statuses(outcomes: list[Outcome]) -> StatusCounts:
     c = Counter(o.status for o in outcomes)
-    return StatusCounts(len(outcomes), c[OK], c[REJECTED], c[FAILED], c[UNFINISHED])
+    return StatusCounts(len(outcomes), c[OK], c[REJECTED], c[FAILED], c[UNFINISHED], c[TIMEOUT])
 
 
 def slo_attainment(outcomes: list[Outcome], slo_s: float) -> float | None:
@@ -167,6 +215,7 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
         source = "per request-step, from the server's timing field"
     hist = batch_histogram(sizes)
     total = sum(b.count for b in hist)
+    late = late_answers(measured)
     return RunMetrics(
         contender=contender, repeat=repeat, load=result.description, mode=result.mode,
         window_s=result.window_end_s - result.window_start_s, counts=count_statuses(measured),
@@ -182,7 +231,8 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
         slo_attainment=None if slo_s is None else slo_attainment(measured, slo_s),
         busy_fraction=busy, batch_sizes=hist, batch_size_source=source,
         mean_batch_size=sum(b.size * b.count for b in hist) / total if total else None,
-        usage=usage, latencies_s=latencies,
+        usage=usage, latencies_s=latencies, refusal=refusal_timing(measured),
+        rejected_reasons=rejection_reasons(measured), late_ok=late.count, late_ok_max_over_ms=late.max_over_ms,
     )
 
 
@@ -227,11 +277,22 @@ class ContenderSummary:
     queue_p50_s: Spread
     denoise_p50_s: Spread
     decode_p50_s: Spread
+    deadline_missed: int = 0  # summed over repeats
+    late_ok: int = 0  # summed over repeats
+    refusal_p50_ms: Spread = field(default_factory=lambda: Spread(None, None, None))
+    refusal_p99_ms: Spread = field(default_factory=lambda: Spread(None, None, None))
+    refusal_max_ms: Spread = field(default_factory=lambda: Spread(None, None, None))
+    goodput_frac: Spread = field(default_factory=lambda: Spread(None, None, None))  # goodput / measured capacity
 
 
-def summarize_repeats(runs: list[RunMetrics]) -> ContenderSummary:
+def summarize_repeats(runs: list[RunMetrics], capacity_rps: float | None = None) -> ContenderSummary:
+    """The runs of one contender; `capacity_rps` (when measured) gives goodput_frac = goodput / capacity."""
+
     def over(fn) -> Spread:
         return spread([fn(r) for r in runs])
+
+    def frac(r: RunMetrics) -> float | None:
+        return None if r.goodput_rps is None or not capacity_rps else r.goodput_rps / capacity_rps
 
     return ContenderSummary(
         contender=runs[0].contender, repeats=len(runs),
@@ -244,4 +305,7 @@ def summarize_repeats(runs: list[RunMetrics]) -> ContenderSummary:
         busy_fraction=over(lambda r: r.busy_fraction), mean_batch_size=over(lambda r: r.mean_batch_size),
         cpu_util=over(lambda r: r.usage.cpu_util), queue_p50_s=over(lambda r: r.queue.p50),
         denoise_p50_s=over(lambda r: r.denoise.p50), decode_p50_s=over(lambda r: r.decode.p50),
+        deadline_missed=sum(r.counts.deadline_missed for r in runs), late_ok=sum(r.late_ok for r in runs),
+        refusal_p50_ms=over(lambda r: r.refusal.p50_ms), refusal_p99_ms=over(lambda r: r.refusal.p99_ms),
+        refusal_max_ms=over(lambda r: r.refusal.max_ms), goodput_frac=over(frac),
     )

@@ -14,25 +14,28 @@ from typing import Any, Protocol
 
 from ..executor.fake import CostModel, FakeExecutor
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
-from ..types import Request, RequestStatus
+from ..types import FinishReason, Request, RequestStatus
 from .logs import warn_once
 from .workload import RequestSpec
 
 log = logging.getLogger(__name__)
 
-OK, REJECTED, FAILED, UNFINISHED = "ok", "rejected", "failed", "unfinished"
+# How a request ended, as the load generator saw it. TIMEOUT: the target gave up on it at its deadline (the engine's
+# FinishReason.TIMEOUT, HTTP 504 for a request that carried timeout_s); FAILED: any other failure.
+OK, REJECTED, FAILED, TIMEOUT, UNFINISHED = "ok", "rejected", "failed", "timeout", "unfinished"
 IMAGES_PATH = "/v1/images/generations"
 
 
 @dataclass
 class Reply:
-    status: str  # ok | rejected | failed
+    status: str  # ok | rejected | failed | timeout
     queue_s: float | None = None
     first_step_s: float | None = None  # arrival -> first denoising step done
     denoise_s: float | None = None
     decode_s: float | None = None
     batch_sizes: list[int] = field(default_factory=list)  # size of every forward this request took part in
     error: str | None = None
+    reason: str | None = None  # why a request was refused or failed, when the target says (e.g. queue_full)
     image: Any = None  # kept only when the target was asked to (sample sheets)
 
 
@@ -86,13 +89,17 @@ class Target(Protocol):
 
 
 class EngineTarget:
-    """A fresh AsyncEngine around a shared executor; the model is loaded once for all contenders."""
+    """A fresh AsyncEngine around a shared executor; the model is loaded once for all contenders.
 
-    def __init__(self, executor, contender: Contender, keep_images: bool = False) -> None:
+    `latency_model`: what an slo contender predicts with (a LatencyModel, measured once for all of them); the
+    other strategies do not use one and are not given it."""
+
+    def __init__(self, executor, contender: Contender, keep_images: bool = False, latency_model=None) -> None:
         self.executor = executor
         self.contender = contender
         self.name = contender.name
         self.keep_images = keep_images
+        self.latency_model = latency_model
         self.engine = None
         self._steps: list[StepSample] = []
         self._busy = 0.0
@@ -100,7 +107,10 @@ class EngineTarget:
     async def start(self) -> None:
         from ..async_engine import AsyncEngine
 
-        self.engine = AsyncEngine(self.executor, **self.contender.engine_options())
+        options = self.contender.engine_options()
+        if self.latency_model is not None and self.contender.strategy == "slo":
+            options["latency_model"] = self.latency_model
+        self.engine = AsyncEngine(self.executor, **options)
         self.engine.on_step.append(self._record)
         await self.engine.start()
 
@@ -110,12 +120,14 @@ class EngineTarget:
             self._steps.append(StepSample(report.now, report.duration_s, report.batch_size))
 
     async def send(self, spec: RequestSpec) -> Reply:
-        from ..engine import QueueFullError
+        from ..engine import AdmissionError
 
         try:
             handle = self.engine.submit(spec.to_params())
-        except QueueFullError as exc:
-            return Reply(REJECTED, error=str(exc))
+        except AdmissionError as exc:  # queue full, or (slo) predicted to miss its deadline
+            request = getattr(exc, "request", None)
+            reason = getattr(getattr(request, "finish_reason", None), "value", None)
+            return Reply(REJECTED, error=str(exc), reason=reason or type(exc).__name__)
         try:
             result = await handle.result()
         except asyncio.CancelledError:
@@ -136,10 +148,12 @@ class EngineTarget:
 
 def _reply_from_result(result, target: EngineTarget) -> Reply:
     t = result.timing
+    reason = getattr(result.finish_reason, "value", None)
     if result.status is RequestStatus.REJECTED:
-        return Reply(REJECTED, error=result.error)
+        return Reply(REJECTED, error=result.error, reason=reason)
     if result.status is not RequestStatus.COMPLETED:
-        return Reply(FAILED, error=result.error or result.status.value)
+        status = TIMEOUT if result.finish_reason is FinishReason.TIMEOUT else FAILED
+        return Reply(status, error=result.error or result.status.value, reason=reason)
     image = result.image if target.keep_images else None
     first = None if t.first_step_done is None else t.first_step_done - t.arrival
     return Reply(OK, queue_s=t.queue_s, first_step_s=first, denoise_s=t.denoise_s, decode_s=t.decode_s,
@@ -174,9 +188,12 @@ class HttpTarget:
             async with self._session.post(self.base + IMAGES_PATH, json=spec.to_http()) as resp:
                 text = await resp.text()
                 if resp.status == 429:
-                    return Reply(REJECTED, error=_error_message(text))
+                    return Reply(REJECTED, error=_error_message(text), reason=_error_code(text))
+                if resp.status == 504 and spec.timeout_s is not None:  # gave up at the deadline we sent
+                    return Reply(TIMEOUT, error=f"HTTP 504: {_error_message(text)}", reason=_error_code(text))
                 if resp.status != 200:
-                    return Reply(FAILED, error=f"HTTP {resp.status}: {_error_message(text)}")
+                    return Reply(FAILED, error=f"HTTP {resp.status}: {_error_message(text)}",
+                                 reason=_error_code(text))
                 import json
 
                 return reply_from_body(json.loads(text))
@@ -215,6 +232,17 @@ def _error_message(text: str) -> str:
         return str(json.loads(text)["error"]["message"])
     except (ValueError, KeyError, TypeError):  # not JSON, or not the OpenAI error shape: show the text itself
         return text[:200]
+
+
+def _error_code(text: str) -> str | None:
+    """The OpenAI error shape's "code" (stepserve: queue_full, deadline_infeasible, deadline_exceeded, ...)."""
+    import json
+
+    try:
+        code = json.loads(text)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if code is None else str(code)
 
 
 def _seconds(info: dict[str, Any], name: str) -> float | None:
