@@ -26,7 +26,13 @@ LatencyModel alone:
   when it is predicted to miss it under the current load, or when admitting it would make a request that is
   predicted to meet its deadline miss it. Requests without a deadline are always admitted. Predictions for
   admission use the full max_batch_size and share the engine between buckets as the round-robin does
-  (predict.interleave). It is an estimate, not a promise: it cannot see later arrivals that go ahead by
+  (predict.interleave). Once the newcomer's bucket is more than half full (its requests, running and queued, and
+  the newcomer itself), the replay charges every step as a full batch: under that load the free slots are
+  refilled by new arrivals, so a request is admitted only if it can make its deadline at the batch size the
+  engine is about to run at. Without this, a long request admitted while the batch happens to be small later
+  holds the batch small (the cap protects it) and turns away many cheaper requests. In simulation (mixed
+  8/20/40 steps, deadline 2x the idle latency of 40 steps, an exact cost model) this rule took goodput at 1.5x
+  capacity from 0.81x to 1.09x of capacity, at the price of refusing ~5% at half load that would have made it. It is an estimate, not a promise: it cannot see later arrivals that go ahead by
   deadline or priority, nor the lower caps chosen later; with exact costs and heavy overload, the tests' traces
   miss about 2% of the deadlines admission accepted. retry_after_s() says when a slot is predicted to free.
 
@@ -124,8 +130,10 @@ class SLOPolicy:
         if alone > request.deadline + EPS_S:
             return (f"deadline cannot be met: it needs at least {alone - now:.3f} s even alone, and its deadline is "
                     f"in {left:.3f} s")
-        before = self.predict(waiting, running, now)
-        after = self.predict(waiting + [request], running, now)
+        mates = [r for r in list(running) + waiting if r.bucket == request.bucket]
+        saturated = 2 * (len(mates) + 1) > self.max_batch_size  # with it, its bucket is more than half full
+        before = self.predict(waiting, running, now, full=saturated)
+        after = self.predict(waiting + [request], running, now, full=saturated)
         mine = after[id(request)]
         if not self._meets(mine, request):
             return (f"deadline cannot be met under the current load: predicted to finish in {mine - now:.3f} s, "
@@ -148,15 +156,18 @@ class SLOPolicy:
         return 0.0 if k < 0 else max(finish[k] - now, 0.0)
 
     # --- predictions -------------------------------------------------------------------------------------------
-    def predict(self, waiting: Sequence[Request], running: Sequence[Request], now: float) -> dict[int, float]:
+    def predict(self, waiting: Sequence[Request], running: Sequence[Request], now: float,
+                full: bool = False) -> dict[int, float]:
         """Predicted finish time of every request, keyed by id(request): per bucket a replay at the full batch
-        cap in service order, stretched by the other buckets' backlogs (predict.interleave)."""
+        cap in service order, stretched by the other buckets' backlogs (predict.interleave). With `full`, every
+        step is charged as a full batch (the engine is saturated: freed slots are refilled at once)."""
         key = self._key(now)
         alone: dict[Bucket, tuple[list[Request], list[float]]] = {}
         for b, (run_b, wait_b) in _by_bucket(running, waiting).items():
             pool, rest = self._service_order(run_b, wait_b, key)
             order = pool + rest
-            alone[b] = (order, predict_finish_times(order, self.max_batch_size, self.latency_model, now, b))
+            alone[b] = (order, predict_finish_times(order, self.max_batch_size, self.latency_model, now, b,
+                                                    full=full))
         backlog = {b: max(f) - now for b, (_, f) in alone.items()}
         out: dict[int, float] = {}
         for b, (order, fins) in alone.items():

@@ -402,3 +402,25 @@ def test_prediction_replays_the_engine_exactly():
     assert [predicted[id(r)] for r in order] == pytest.approx(direct, abs=1e-12)
     run_until_idle(core, now)
     assert [r.timing.finished for r in order] == pytest.approx([predicted[id(r)] for r in order], abs=1e-9)
+
+
+def test_a_bucket_more_than_half_full_is_predicted_at_a_full_batch():
+    """Admission charges a full batch once the newcomer's bucket is more than half full (free slots get refilled
+    under load): a deadline that only a small batch could keep is refused there, and admitted in a quiet bucket."""
+    steps, max_batch = 20, 8
+    at = {b: MODEL.encode_s(1) + steps * MODEL.step_s(b, (32, 32)) + MODEL.decode_s(1, (32, 32)) for b in (2, 8)}
+    timeout = (at[2] + at[8]) / 2  # met at a batch of 2, missed at a full batch of 8
+
+    quiet, policy = engine(max_batch=max_batch)
+    quiet.add_request(params(0, steps=200), 0.0)  # one long request holds one slot
+    now = quiet.step(0.0).duration_s
+    assert policy.admission(candidate(quiet, params(9, steps=steps, timeout=timeout), now),
+                            list(quiet.waiting), list(quiet.running), now) is None
+
+    busy, policy = engine(max_batch=max_batch)
+    for i in range(max_batch // 2):  # with the newcomer the bucket is more than half full
+        busy.add_request(params(i, steps=200), 0.0)
+    now = busy.step(0.0).duration_s
+    reason = policy.admission(candidate(busy, params(9, steps=steps, timeout=timeout), now),
+                              list(busy.waiting), list(busy.running), now)
+    assert reason is not None and "cannot be met under the current load" in reason
