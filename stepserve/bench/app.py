@@ -1,5 +1,10 @@
 """A whole benchmark: load the model once, measure idle latency and capacity, replay the identical load for
-every contender (repeats rotate the order), optionally sweep the rate, then write the report files."""
+every contender (repeats rotate the order), optionally sweep the rate, then write the report files.
+
+Deadlines: with `timeout_s` (or `timeout_slo`: the deadline is the SLO, measured first) every request of every run
+carries that timeout_s; idle latency and capacity are measured without. In process, `slo` contenders predict
+with one latency model, measured once on the shared executor (or loaded from a file) and given to each of them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .metrics import summarize_repeats
 from .plots import (BATCH_SIZE_OVER_TIME, LATENCY_CDF, THROUGHPUT_VS_LATENCY, plot_batch_sizes, plot_latency_cdf,
@@ -18,6 +24,8 @@ from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measu
 from .sweep import SweepSpec, run_sweep
 from .targets import Contender, EngineTarget, HttpTarget
 from .workload import Mix, load_trace, poisson_trace, save_trace
+
+LATENCY_MODEL_FILE = "latency_model.json"  # in --out: the latency model the slo contenders predicted with
 
 
 @dataclass
@@ -56,6 +64,13 @@ class BenchConfig:
     progress: bool = True
     keep_images: bool = False  # keep generated images on the runs (sample sheets)
     threads: int | None = None  # torch CPU threads; None: all cores but one (that one runs the load generator)
+    timeout_s: float | None = None  # every request's deadline in seconds; None: no deadline (unless timeout_slo)
+    timeout_slo: bool = False  # every request's deadline is the run's SLO
+    latency_model: Any = None  # slo contenders: a LatencyModel, a file path, or None (measure it on the executor)
+
+    @property
+    def has_deadlines(self) -> bool:
+        return self.timeout_s is not None or self.timeout_slo
 
 
 def default_threads() -> int:
@@ -68,6 +83,8 @@ def default_threads() -> int:
 class Makers:
     contenders: list[TargetMaker]  # one per contender
     reference: TargetMaker  # for idle latency and capacity: continuous in process, else the first server
+    latency_model: Any = None  # the LatencyModel every slo contender got (in process), else None
+    latency_model_source: str | None = None
 
 
 def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
@@ -78,10 +95,38 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
     t0 = time.monotonic()
     executor = load_model(cfg.model, cfg.device, cfg.dtype)
     startup.model_load_s = time.monotonic() - t0
-    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images)) for c in cfg.contenders]
+    model, source = _latency_model(cfg, executor, startup)
+    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images, model))
+              for c in cfg.contenders]
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
     reference = Contender("continuous", max_batch_size=batch)
-    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)))
+    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)), model, source)
+
+
+def _latency_model(cfg: BenchConfig, executor, startup: Startup):
+    """The one LatencyModel every slo contender predicts with, and where it came from; (None, None) when no
+    contender is slo. Measuring it is start-up, timed into startup.latency_model_s, never inside a run."""
+    from ..scheduling import LatencyModel
+
+    slo = [c for c in cfg.contenders if c.strategy == "slo"]
+    if not slo:
+        return None, None
+    if isinstance(cfg.latency_model, LatencyModel):
+        return cfg.latency_model, "given"
+    if cfg.latency_model is not None:
+        return LatencyModel.load(cfg.latency_model), f"loaded from {cfg.latency_model}"
+    batch = max(c.max_batch_size for c in slo)
+    t0 = time.monotonic()
+    model = measure_latency_model(executor, batch, cfg.progress)
+    startup.latency_model_s = time.monotonic() - t0
+    return model, f"measured on the benchmark's executor up to batch size {batch}"
+
+
+def measure_latency_model(executor, max_batch_size: int, progress: bool = True):
+    """Time the executor's stages (stepserve.profiling) for the slo policy's predictions."""
+    from ..profiling import measure_latency_model as measure
+
+    return measure(executor, max_batch_size, progress=progress)
 
 
 def _split_target(text: str) -> list[str]:
@@ -108,6 +153,7 @@ class BenchRun:
     results: BenchResults
     runs: list[ContenderRun]
     plan: LoadPlan
+    latency_model: Any = None  # what the slo contenders predicted with (written as latency_model.json)
 
 
 async def run_bench(cfg: BenchConfig) -> BenchRun:
@@ -129,6 +175,7 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
         slo_rule = (f"p95 <= {cfg.slo_x_idle:g} x the idle latency of the longest request in the mix "
                     f"({longest.steps} steps)")
     drain_s = cfg.drain_s if cfg.drain_s is not None else max(5.0, 3.0 * slo_s)
+    timeout_s, timeout_rule = _deadline(cfg, slo_s)
 
     capacity = None
     needs_capacity = (cfg.load == "poisson" and cfg.rate is None) or (cfg.sweep and not cfg.sweep_rates)
@@ -143,7 +190,7 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
             raise ValueError(f"the capacity measurement completed only {capacity.completed} requests in "
                              f"{duration:g} s; give a longer --capacity-duration, or an absolute --rate")
 
-    plan = _plan(cfg, capacity.rps if capacity else None, drain_s)
+    plan = _plan(cfg, capacity.rps if capacity else None, drain_s, timeout_s)
     runs: list[ContenderRun] = []
     for repeat in range(cfg.repeats):
         for maker in rotate(makers, repeat):
@@ -153,6 +200,9 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
             runs.append(run)
 
     settings = _settings(cfg, plan.rate_rps, drain_s, slo_rule)
+    settings.timeout_s, settings.timeout_rule = timeout_s, timeout_rule
+    if both.latency_model is not None:
+        settings.latency_model = both.latency_model_source + " (saved as latency_model.json)"
     warm = sum(1 for it in plan.trace.items if it.offset_s < cfg.warmup_s) if plan.trace else None
     warm_note = (f"Warm-up excluded: requests scheduled in the first {cfg.warmup_s:g} s of every run"
                  + (f" ({warm} per run)" if warm is not None else "") + " are sent but not counted.")
@@ -162,19 +212,29 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
     results.runs = sorted((r.metrics for r in runs), key=lambda m: (order.index(m.contender), m.repeat))
     for name in order:
         mine = [r for r in results.runs if r.contender == name]
-        results.summaries.append(summarize_repeats(mine))
+        results.summaries.append(summarize_repeats(mine, capacity.rps if capacity else None))
         results.cdf.append(CdfSeries(name, sorted(v for r in mine for v in r.latencies_s)))
         first = next(r for r in runs if r.metrics.contender == name and r.metrics.repeat == 0)
         results.timelines.append(first.timeline)
 
     if cfg.sweep:
         spec = _sweep_spec(cfg, capacity.rps if capacity else None, drain_s)
+        spec.timeout_s = timeout_s
         sweep = await run_sweep(makers, cfg.mix, spec, slo_s, cfg.progress)
         settings.sweep_rates_rps = sorted({p.rate_rps for p in sweep.points})
         results.sweep, results.knees = sweep.points, sweep.knees
         startup.engine_start_s += [r.engine_start_s for r in sweep.runs]
     results.conclusions = conclusions(results)
-    return BenchRun(results, runs, plan)
+    return BenchRun(results, runs, plan, both.latency_model)
+
+
+def _deadline(cfg: BenchConfig, slo_s: float) -> tuple[float | None, str | None]:
+    """Every request's timeout_s and how it was chosen, or (None, None) without deadlines."""
+    if cfg.timeout_slo:
+        return slo_s, "--timeout-slo: the run's SLO"
+    if cfg.timeout_s is not None:
+        return cfg.timeout_s, "--timeout-s"
+    return None, None
 
 
 def _sweep_spec(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> SweepSpec:
@@ -186,17 +246,20 @@ def _sweep_spec(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) ->
                      min_requests=cfg.sweep_min_requests)
 
 
-def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float) -> LoadPlan:
+def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float, timeout_s: float | None = None) -> LoadPlan:
     if cfg.load == "closed":
-        return LoadPlan("closed", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, users=cfg.users)
+        return LoadPlan("closed", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, users=cfg.users,
+                        timeout_s=timeout_s)
     if cfg.load == "trace":
-        trace = load_trace(cfg.trace_file)
-        return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, trace.duration_s, drain_s, trace=trace)
+        trace = load_trace(cfg.trace_file).with_timeout(timeout_s)
+        return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, trace.duration_s, drain_s, trace=trace,
+                        timeout_s=timeout_s)
     rate = cfg.rate if cfg.rate is not None else (cfg.rate_frac or 0.7) * capacity_rps
     trace = poisson_trace(cfg.mix, rate, cfg.warmup_s + cfg.duration_s, cfg.seed)
     if capacity_rps and cfg.rate is None:
         trace.description += f" ({(cfg.rate_frac or 0.7) * 100:.0f}% of measured capacity {capacity_rps:.2f} req/s)"
-    return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s, trace=trace, rate_rps=rate)
+    return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s,
+                    trace=trace.with_timeout(timeout_s), rate_rps=rate, timeout_s=timeout_s)
 
 
 def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: str) -> BenchSettings:
@@ -211,7 +274,8 @@ def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: st
 
 def write_outputs(run: BenchRun, out: Path) -> list[Path]:
     """results.json, report.md, latency_cdf.png, and when they apply: throughput_vs_latency.png (sweep),
-    batch_size_over_time.png (in-process), trace.jsonl (the open-loop trace every contender replayed)."""
+    batch_size_over_time.png (in-process), trace.jsonl (the open-loop trace every contender replayed),
+    latency_model.json (what the slo contenders predicted with)."""
     results = run.results
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "results.json", out / "report.md", out / LATENCY_CDF]
@@ -227,4 +291,7 @@ def write_outputs(run: BenchRun, out: Path) -> list[Path]:
     if run.plan.trace is not None:
         written.append(out / "trace.jsonl")
         save_trace(run.plan.trace, written[-1])
+    if run.latency_model is not None:
+        written.append(out / LATENCY_MODEL_FILE)
+        run.latency_model.save(written[-1])
     return written

@@ -2,12 +2,17 @@
 
     stepserve bench --model embedded --steps 8,20,40 --rate-frac 0.7 --duration 30 --out bench-out
     stepserve bench --target http://127.0.0.1:8000 --load closed --users 16
+    stepserve bench --model embedded --timeout-slo --strategies continuous,slo   # deadline = the SLO
+
+Strategies: continuous, dynamic, static and none by default; slo joins them when the run has deadlines
+(--timeout-s or --timeout-slo): without deadlines slo refuses nothing and behaves like continuous.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from pathlib import Path
 
@@ -18,6 +23,12 @@ from .targets import Contender
 from .workload import Mix
 
 LOADS = ("poisson", "closed", "trace")
+DEADLINE_STRATEGIES = ("slo",)  # only differ from continuous when requests carry deadlines
+
+
+def default_strategies(deadlines: bool) -> list[str]:
+    """Every strategy, but slo only when the run has deadlines (without, it is continuous by another name)."""
+    return [s for s in STRATEGIES if deadlines or s not in DEADLINE_STRATEGIES]
 
 
 class UsageError(Exception):
@@ -48,7 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help=f"{' | '.join(DEVICES)} (in-process only)")
     p.add_argument("--dtype", default="float32", help=f"{' | '.join(DTYPES)} (in-process only)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated: {', '.join(STRATEGIES)}")
+    p.add_argument("--strategies",
+                   help=f"comma-separated: {', '.join(STRATEGIES)}; default: "
+                        f"{','.join(default_strategies(False))}, and slo too when the run has deadlines "
+                        "(--timeout-s/--timeout-slo), since without deadlines slo behaves like continuous")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--static-batch-size", type=int, help="static's batch size (default: --max-batch-size)")
@@ -79,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     slo = p.add_mutually_exclusive_group()
     slo.add_argument("--slo-p95-ms", type=float, help="latency SLO in ms")
     slo.add_argument("--slo-x-idle", type=float, default=2.0, help="SLO = K x idle latency of the longest request")
+    deadline = p.add_mutually_exclusive_group()
+    deadline.add_argument("--timeout-s", type=float, metavar="S",
+                          help="every request carries this deadline in seconds (timeout_s; HTTP: the body's "
+                               "\"timeout_s\"); the engine fails a request it cannot finish by then")
+    deadline.add_argument("--timeout-slo", action="store_true",
+                          help="every request's deadline (timeout_s) is the run's SLO (--slo-p95-ms, or "
+                               "--slo-x-idle K x the idle latency of the longest request, measured first)")
+    p.add_argument("--latency-model", type=Path, metavar="PATH",
+                   help="slo contenders (in-process): load their latency model from this file (written by "
+                        "LatencyModel.save, or a previous run's latency_model.json) instead of measuring it")
     p.add_argument("--repeats", type=int, default=1, help="replays of the whole comparison (spread reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", help="bearer key for --target servers that need one")
@@ -88,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def contenders_from(args: argparse.Namespace) -> list[Contender]:
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if args.strategies is None:
+        names = default_strategies(args.timeout_s is not None or args.timeout_slo)
+    else:
+        names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [n for n in names if n not in STRATEGIES]
     if bad or not names:
         raise UsageError(f"--strategies: {', '.join(bad) or 'nothing'} not supported; allowed: {', '.join(STRATEGIES)}")
@@ -127,13 +154,24 @@ def config_from_args(argv: list[str]) -> BenchConfig:
         raise UsageError("--trace FILE goes with --load trace")
     if args.target and args.model != "embedded":
         raise UsageError("--target and --model exclude each other: benchmark a server or an in-process model")
+    if args.timeout_s is not None and not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+        raise UsageError(f"--timeout-s: must be a number of seconds > 0 (every request's deadline), "
+                         f"got {args.timeout_s:g}; for no deadline leave it out")
+    contenders = contenders_from(args)
+    if args.latency_model is not None:
+        if args.target:
+            raise UsageError("--latency-model is for in-process slo contenders; a --target server has its own")
+        if not any(c.strategy == "slo" for c in contenders):
+            raise UsageError("--latency-model goes with the slo strategy: add slo to --strategies")
+        if not args.latency_model.is_file():
+            raise UsageError(f"--latency-model: {args.latency_model} is not a file")
     try:
         mix = Mix.load(args.mix) if args.mix else Mix.from_steps([int(s) for s in _floats(args.steps, "--steps")])
     except (OSError, ValueError) as exc:
         raise UsageError(f"--mix/--steps: {exc}") from None
     return BenchConfig(
         argv=["bench", *argv], mix=mix, out=args.out, targets=list(args.target), model=args.model,
-        device=args.device, dtype=args.dtype, contenders=contenders_from(args), load=args.load, rate=args.rate,
+        device=args.device, dtype=args.dtype, contenders=contenders, load=args.load, rate=args.rate,
         rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
         duration_s=args.duration, warmup_s=args.warmup, drain_s=args.drain, sweep=args.sweep,
         sweep_rates=_floats(args.sweep_rates, "--sweep-rates") if args.sweep_rates else [],
@@ -143,7 +181,8 @@ def config_from_args(argv: list[str]) -> BenchConfig:
         sweep_duration_s=args.sweep_duration, slo_p95_ms=args.slo_p95_ms,
         slo_x_idle=args.slo_x_idle, repeats=args.repeats, seed=args.seed,
         capacity_duration_s=args.capacity_duration, api_key=args.api_key, progress=not args.no_progress,
-        threads=args.threads,
+        threads=args.threads, timeout_s=args.timeout_s, timeout_slo=args.timeout_slo,
+        latency_model=str(args.latency_model) if args.latency_model is not None else None,
     )
 
 
@@ -154,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"stepserve bench: {exc}", file=sys.stderr)
         return 2
+    if (not cfg.has_deadlines and cfg.load != "trace" and not cfg.targets
+            and any(c.strategy in DEADLINE_STRATEGIES for c in cfg.contenders)):
+        print("stepserve bench: note: no request carries a deadline (--timeout-s/--timeout-slo), so slo refuses "
+              "nothing and gives up on nothing: it behaves like continuous", file=sys.stderr)
     try:
         run = asyncio.run(run_bench(cfg))
     except (FileNotFoundError, ValueError) as exc:

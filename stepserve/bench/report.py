@@ -157,10 +157,37 @@ def caveats(summaries: list[ContenderSummary]) -> list[str]:
     for s in summaries:
         missing = s.offered - s.completed
         if missing > 0:
+            missed = f"{s.deadline_missed} missed their deadline, " if s.deadline_missed else ""
             out.append(f"{s.contender}: {missing} of {s.offered} measured requests did not complete ({s.rejected} "
-                       f"rejected, {s.failed} failed, {s.unfinished} still out at the drain limit); its latency "
-                       "percentiles cover completed requests only and understate its latency.")
+                       f"rejected, {missed}{s.failed} failed, {s.unfinished} still out at the drain limit); its "
+                       "latency percentiles cover completed requests only and understate its latency.")
     return out
+
+
+def deadline_text(results: BenchResults) -> list[str]:
+    """With deadlines: who missed how many, how fast refusals were told, and any answer that came back late."""
+    if results.settings.timeout_s is None:
+        return []
+    lines = []
+    for s in results.summaries:
+        told = (f"; refusals told in p50 {_ms(s.refusal_p50_ms.median)}, max {_ms(s.refusal_max_ms.high)}"
+                if s.rejected else "")
+        lines.append(f"**Deadlines, {s.contender}**: {s.deadline_missed} of {s.offered} missed their deadline, "
+                     f"{s.rejected} refused at arrival{told}.")
+    for s in results.summaries:
+        if s.late_ok:
+            over = max((r.late_ok_max_over_ms for r in results.runs
+                        if r.contender == s.contender and r.late_ok_max_over_ms is not None), default=None)
+            lines.append(f"**late_ok, {s.contender}: {s.late_ok} request(s) answered OK after their deadline**, "
+                         f"the latest {_ms(over)} past it (from the send to the answer, on the benchmark's clock); "
+                         "an engine that honours deadlines answers none.")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2f} ms" if value < 10 else f"{value:.0f} ms"
 
 
 def single(results: BenchResults) -> list[str]:
@@ -176,7 +203,7 @@ def single(results: BenchResults) -> list[str]:
 
 def conclusions(results: BenchResults) -> list[str]:
     return (single(results) + [v.text for v in verdicts(results)] + knee_text(results.knees, results)
-            + caveats(results.summaries))
+            + deadline_text(results) + caveats(results.summaries))
 
 
 def render(results: BenchResults) -> str:
@@ -196,8 +223,15 @@ def render(results: BenchResults) -> str:
               + f"; repeats: {reps}" + (" (contender order rotated each repeat)" if reps > 1 else ""),
               f"- {r.warmup_note}",
               f"- Start-up (not in any number): model load {fmt(r.startup.model_load_s, 'time')}; "
-              f"engine start per run up to {fmt(max(r.startup.engine_start_s, default=None), 'time')}",
-              f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else "")]
+              + (f"measuring the slo latency model {fmt(r.startup.latency_model_s, 'time')}; "
+                 if r.startup.latency_model_s is not None else "")
+              + f"engine start per run up to {fmt(max(r.startup.engine_start_s, default=None), 'time')}",
+              f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else ""),
+              "- Deadlines: " + (f"every request carries timeout_s = {st.timeout_s * 1000:.0f} ms "
+                                 f"({st.timeout_rule}); a request not done by then fails as a deadline miss"
+                                 if st.timeout_s is not None else "none (requests carry no timeout_s)")]
+    if st.latency_model:
+        lines.append(f"- slo latency model: {st.latency_model}")
     lags = [run.send_lag.p99 for run in r.runs if run.send_lag.p99 is not None and run.mode == "open-loop"]
     if lags:
         lines.append(f"- Sender accuracy: p99 of (actual - scheduled send) at most {fmt(max(lags), 'time')} over all "
@@ -214,19 +248,30 @@ def render(results: BenchResults) -> str:
         over = " (median over repeats [min-max])" if reps > 1 else ""
         lines += ["## Latency, from scheduled send to answer" + over,
                   ""]
+        deadlines = st.timeout_s is not None or any(s.deadline_missed or s.late_ok for s in r.summaries)
+        extra = ["deadline missed", "late OK"] if deadlines else []
         lines += _table(["contender", "completed/offered", "p50", "p95", "p99", "max", "rejected", "failed",
-                         "unfinished"],
+                         "unfinished"] + extra,
                         [[s.contender, f"{s.completed}/{s.offered}", fmt_spread(s.p50_s, "time", reps),
                           fmt_spread(s.p95_s, "time", reps), fmt_spread(s.p99_s, "time", reps),
                           fmt_spread(s.max_s, "time", reps), str(s.rejected), str(s.failed), str(s.unfinished)]
+                         + ([str(s.deadline_missed), str(s.late_ok)] if deadlines else [])
                          for s in r.summaries])
+        if deadlines:
+            lines += ["Deadline missed: failed with a timeout (the engine gave up at the deadline); failed counts "
+                      "every other failure. Late OK: answered OK more than timeout_s after being sent (must be 0).",
+                      ""]
+        lines += _refusals(results)
         lines += ["## Throughput, goodput, utilisation", ""]
-        lines += _table(["contender", "throughput", "goodput", "SLO attainment", "engine busy", "mean batch",
-                         "process CPU"],
+        frac = ["goodput / capacity"] if r.capacity else []
+        lines += _table(["contender", "throughput", "goodput"] + frac + ["SLO attainment", "engine busy",
+                                                                         "mean batch", "process CPU"],
                         [[s.contender, fmt_spread(s.throughput_rps, "rate", reps),
-                          fmt_spread(s.goodput_rps, "rate", reps), fmt_spread(s.slo_attainment, "share", reps),
-                          fmt_spread(s.busy_fraction, "share", reps), fmt_spread(s.mean_batch_size, "x", reps),
-                          fmt_spread(s.cpu_util, "share", reps)] for s in r.summaries])
+                          fmt_spread(s.goodput_rps, "rate", reps)]
+                         + ([fmt_spread(s.goodput_frac, "share", reps)] if r.capacity else [])
+                         + [fmt_spread(s.slo_attainment, "share", reps),
+                            fmt_spread(s.busy_fraction, "share", reps), fmt_spread(s.mean_batch_size, "x", reps),
+                            fmt_spread(s.cpu_util, "share", reps)] for s in r.summaries])
         lines += ["## Where the time goes (p50 of completed requests)", ""]
         lines += _table(["contender", "queue", "denoise", "decode"],
                         [[s.contender, fmt_spread(s.queue_p50_s, "time", reps),
@@ -251,10 +296,39 @@ def render(results: BenchResults) -> str:
               "- Every contender replays the identical trace (arrival times and requests, seeded), back to back.",
               "- Percentiles are nearest-rank over completed measured requests; rejected, failed and unfinished "
               "requests are counted and stay in the SLO-attainment denominator. Goodput counts completions "
-              "within the SLO per second of the measured window.",
+              "within the SLO per second of the measured window"
+              + ("; goodput / capacity divides it by the measured capacity." if r.capacity else "."),
+              "- Refusals told in: from a rejected request's scheduled send to its rejection reply.",
               "- Engine busy = time inside executor steps / wall time. Process CPU = CPU time / (wall x cores).",
               "- Timings on a shared machine are noisy: compare ratios, and mind the spread.", ""]
     return "\n".join(lines)
+
+
+def _refusals(results: BenchResults) -> list[str]:
+    """How quickly each contender told the requests it refused (only when something was refused)."""
+    if not any(s.rejected for s in results.summaries):
+        return []
+    reps = results.settings.repeats
+    reasons: dict[str, dict[str, int]] = {}
+    for run in results.runs:
+        mine = reasons.setdefault(run.contender, {})
+        for why, n in run.rejected_reasons.items():
+            mine[why] = mine.get(why, 0) + n
+    over = " (median over repeats [min-max])" if reps > 1 else ""
+    rows = [[s.contender, str(s.rejected),
+             ", ".join(f"{why} {n}" for why, n in reasons.get(s.contender, {}).items()) or "-",
+             _ms_spread(s.refusal_p50_ms, reps), _ms_spread(s.refusal_p99_ms, reps),
+             _ms_spread(s.refusal_max_ms, reps)] for s in results.summaries]
+    return ([f"## Refusals: how quickly they were told, from scheduled send to the rejection{over}", ""]
+            + _table(["contender", "rejected", "why", "p50", "p99", "max"], rows))
+
+
+def _ms_spread(s: Spread, repeats: int) -> str:
+    if s.median is None:
+        return "n/a"
+    if repeats < 2:
+        return _ms(s.median)
+    return f"{_ms(s.median)} [{_ms(s.low)}-{_ms(s.high)}]"
 
 
 def _by_steps(results: BenchResults) -> list[str]:

@@ -39,12 +39,16 @@ class BenchSettings:
     slo_rule: str
     sweep: bool
     sweep_rates_rps: list[float] = field(default_factory=list)
+    timeout_s: float | None = None  # every request's deadline (SamplingParams / body "timeout_s"); None: none
+    timeout_rule: str | None = None  # how it was set: "--timeout-s", or "--timeout-slo: the run's SLO"
+    latency_model: str | None = None  # slo contenders: where their latency model came from
 
 
 @dataclass
 class Startup:
     model_load_s: float | None  # loading the model (in-process); None for an external server
     engine_start_s: list[float] = field(default_factory=list)  # per contender run: building and starting the engine
+    latency_model_s: float | None = None  # measuring the slo contenders' latency model once (None: not measured)
 
 
 @dataclass
