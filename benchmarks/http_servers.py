@@ -123,6 +123,9 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--max-queue", type=int)
     p.add_argument("--timeout-s", type=float, help="server default deadline (--timeout-s of stepserve serve)")
+    p.add_argument("--timeout-slo", action="store_true",
+                   help="every request's deadline is the SLO: in process `bench --timeout-slo`, and every server "
+                        "gets --timeout-s of the SLO the in-process run measured")
     p.add_argument("--slo-p95-ms", type=float, help="SLO (default: the in-process run's, 2x idle of the longest)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -134,9 +137,12 @@ def main() -> None:
     slo = ["--slo-p95-ms", str(args.slo_p95_ms)] if args.slo_p95_ms else []
     bench(["--model", args.model, "--strategies", args.inprocess, "--dynamic-delays-ms", args.inprocess_delays_ms,
            "--threads", str(args.threads), "--repeats", str(args.repeats), "--out", str(inproc),
-           *([] if args.max_queue is None else ["--max-queue", str(args.max_queue)]), *load, *common, *slo])
+           *([] if args.max_queue is None else ["--max-queue", str(args.max_queue)]),
+           *(["--timeout-slo"] if args.timeout_slo else []), *load, *common, *slo])
     results = json.loads((inproc / "results.json").read_text())
     slo_ms = args.slo_p95_ms or results["slo_s"] * 1000.0
+    if args.timeout_slo:
+        args.timeout_s = slo_ms / 1000.0
     rate = results["settings"]["rate_rps"]
     trace = inproc / "trace.jsonl"
     print(f"trace: {trace} at {rate:.2f} req/s; SLO p95 {slo_ms:.0f} ms", flush=True)
@@ -155,7 +161,8 @@ def main() -> None:
                 rows.setdefault(spec.label, []).extend(summaries(out).values())
             finally:
                 stop_server(proc)
-    print_table(rows, [s.label for s in args.server])
+    capacity = (results.get("capacity") or {}).get("rps")
+    print_table(rows, [s.label for s in args.server], capacity)
 
 
 def _median(values: list[float]) -> float | None:
@@ -163,24 +170,42 @@ def _median(values: list[float]) -> float | None:
     return values[len(values) // 2] if values else None
 
 
-def print_table(rows: dict[str, list[dict]], servers: list[str]) -> None:
+def print_table(rows: dict[str, list[dict]], servers: list[str], capacity_rps: float | None) -> None:
+    """Medians over repeats; counts summed. goodput/cap uses the in-process run's measured capacity."""
+
     def med(label: str, key: str) -> float | None:
-        return _median([s[key]["median"] for s in rows[label]])
+        return _median([(s.get(key) or {}).get("median") for s in rows[label]])
+
+    def worst(label: str, key: str) -> float | None:
+        values = [(s.get(key) or {}).get("high") for s in rows[label]]
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
 
     base = servers[0] if servers else None
-    print(f"\n{'contender':32} {'p50 ms':>8} {'p95 ms':>8} {'goodput/s':>10} {'done':>6} {'refused':>8} "
-          f"{'p50 x':>6} {'p95 x':>6}")
+    print(f"\n{'contender':28} {'p50 ms':>8} {'p95 ms':>8} {'goodput/s':>10} {'/cap':>5} {'done':>6} {'refused':>8} "
+          f"{'missed':>7} {'lateOK':>7} {'refuse p99':>10} {'max ms':>7} {'p50 x':>6} {'p95 x':>6}")
+    summary = {}
     for label in rows:
         p50, p95, good = med(label, "p50_s"), med(label, "p95_s"), med(label, "goodput_rps")
         done = sum(s["completed"] for s in rows[label])
         refused = sum(s["rejected"] for s in rows[label])
+        missed = sum(s.get("deadline_missed", 0) for s in rows[label])
+        late = sum(s.get("late_ok", 0) for s in rows[label])
+        r99, rmax = med(label, "refusal_p99_ms"), worst(label, "refusal_max_ms")
+        frac = good / capacity_rps if good is not None and capacity_rps else None
         r50 = r95 = ""
         if base and p50 and p95 and med(base, "p50_s"):
             r50, r95 = f"{p50 / med(base, 'p50_s'):.2f}", f"{p95 / med(base, 'p95_s'):.2f}"
-        print(f"{label:32} {fmt(p50)} {fmt(p95)} {good or 0:10.2f} {done:6d} {refused:8d} {r50:>6} {r95:>6}")
-    print(json.dumps({label: {"p50_ms": med(label, "p50_s") and med(label, "p50_s") * 1000,
-                              "p95_ms": med(label, "p95_s") and med(label, "p95_s") * 1000,
-                              "goodput_rps": med(label, "goodput_rps")} for label in rows}))
+        print(f"{label:28} {fmt(p50)} {fmt(p95)} {good or 0:10.2f} {frac or 0:5.2f} {done:6d} {refused:8d} "
+              f"{missed:7d} {late:7d} {opt(r99):>10} {opt(rmax):>7} {r50:>6} {r95:>6}")
+        summary[label] = {"p50_ms": p50 and p50 * 1000, "p95_ms": p95 and p95 * 1000, "goodput_rps": good,
+                          "goodput_frac": frac, "completed": done, "refused": refused, "deadline_missed": missed,
+                          "late_ok": late, "refusal_p99_ms": r99, "refusal_max_ms": rmax}
+    print(json.dumps(summary))
+
+
+def opt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def fmt(seconds: float | None) -> str:

@@ -48,12 +48,13 @@ class EngineOptions:
     # a file written by `stepserve profile` / LatencyModel.save; None predicts nothing (see make_policy).
     latency_model: LatencyModel | str | None = None
     max_decode_per_step: int | None = None  # VAE decodes per engine step (None: every image finished in the step)
+    answer_margin_s: float = 0.0  # kept before each deadline to hand the answer back (see EngineCore)
 
     def make_core(self, executor: Executor) -> EngineCore:
         model = resolve_latency_model(self.latency_model, executor, self.max_batch_size)
         policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size,
                              latency_model=model)
-        return EngineCore(executor, policy, self.max_queue, self.max_decode_per_step)
+        return EngineCore(executor, policy, self.max_queue, self.max_decode_per_step, self.answer_margin_s)
 
 
 def resolve_latency_model(spec: LatencyModel | str | None, executor: Executor,

@@ -32,6 +32,9 @@ from .validation import resolve_params
 
 log = logging.getLogger(__name__)
 
+# An answer needs a moment to cross from the engine thread to the caller's event loop: deadlines keep this much
+# slack (EngineOptions.answer_margin_s) unless the caller sets its own (the HTTP server adds encoding and sending).
+DEFAULT_ANSWER_MARGIN_S = 0.005
 EVENT_QUEUE_BOUND = 32  # progress events kept for a slow stream reader; previews and results are never dropped
 
 
@@ -89,6 +92,7 @@ class _Abort:
 class AsyncEngine:
     def __init__(self, executor: Executor, join_timeout_s: float = 10.0, **options: Any) -> None:
         self.executor = executor
+        options.setdefault("answer_margin_s", DEFAULT_ANSWER_MARGIN_S)
         self.options = EngineOptions(**options)
         self.core = self.options.make_core(executor)
         self.clock = WallClock()

@@ -38,11 +38,13 @@ class DeadlineRefusedError(AdmissionError):
 
 class EngineCore:
     def __init__(self, executor: Executor, policy: Policy, max_queue: int | None = None,
-                 max_decode_per_step: int | None = None) -> None:
+                 max_decode_per_step: int | None = None, answer_margin_s: float = 0.0) -> None:
         if max_queue is not None and max_queue < 1:
             raise ValueError(f"max_queue must be >= 1 or None (unbounded), got {max_queue}")
         if max_decode_per_step is not None and max_decode_per_step < 1:
             raise ValueError(f"max_decode_per_step must be >= 1 or None (all), got {max_decode_per_step}")
+        if not 0.0 <= answer_margin_s < 60.0:
+            raise ValueError(f"answer_margin_s must be in [0, 60) seconds, got {answer_margin_s}")
         self.executor = executor
         self.policy = policy
         self.max_queue = max_queue
@@ -53,6 +55,10 @@ class EngineCore:
         # pays in that step (None: all of them in the step they finish).
         self.to_decode: deque[Request] = deque()
         self.max_decode_per_step = max_decode_per_step
+        # Time kept, before a caller's deadline, to hand an image back (thread hand-off, encoding, the response):
+        # a request's engine deadline is arrival + timeout_s - answer_margin_s, so an answer that is on time in
+        # the engine is on time for the caller too.
+        self.answer_margin_s = answer_margin_s
         self.draining = False  # no more arrivals expected: policies may flush partial batches
         self._aborts: set[str] = set()
         self._rejected: list[Request] = []  # reported by the next step
@@ -82,7 +88,7 @@ class EngineCore:
             arrival_time=now,
             bucket=(resolved.height, resolved.width),
             num_steps=resolved.num_inference_steps,
-            deadline=None if resolved.timeout_s is None else now + resolved.timeout_s,
+            deadline=None if resolved.timeout_s is None else now + resolved.timeout_s - self.answer_margin_s,
             priority=resolved.priority,
             preview_steps=frozenset(preview_steps),
         )

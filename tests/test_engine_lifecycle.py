@@ -152,3 +152,11 @@ def test_decodes_are_bounded_per_step_and_slots_free_at_once():
     assert max(decoded_per_step) == 1 and sum(decoded_per_step) == 8
     assert all(r.status is RequestStatus.COMPLETED for r in first + later)
     assert ex.forward_batch_sizes[:3] == [4, 4, 4]  # step 3: the later four run while the first four decode
+
+
+def test_answer_margin_moves_the_engine_deadline_earlier():
+    core = EngineCore(FakeExecutor(), make_policy("continuous"), answer_margin_s=0.01)
+    r = core.add_request(SamplingParams(prompt="a", seed=1, timeout_s=0.5), now=2.0)
+    assert r.deadline == pytest.approx(2.49)
+    with pytest.raises(ValueError, match="answer_margin_s"):
+        EngineCore(FakeExecutor(), make_policy("continuous"), answer_margin_s=-1.0)

@@ -7,7 +7,8 @@ requests stay in the denominators of SLO attainment and are counted in every tab
 With deadlines (requests carrying timeout_s): a request the target gave up on at its deadline is a deadline miss,
 counted apart from other failures; an OK answer that came back more than timeout_s after the request was sent is
 `late_ok` (an engine that honours deadlines has none); and how quickly refusals were told is the time from each
-rejected request's scheduled send to its rejection reply.
+rejected request's actual send to its rejection reply (the sender's own lag behind the schedule is reported
+separately, as send_lag, and not blamed on the target).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class StatusCounts:
 
 @dataclass
 class RefusalTiming:
-    """How quickly rejected requests were told: scheduled send -> rejection reply, in milliseconds."""
+    """How quickly rejected requests were told: actual send -> rejection reply, in milliseconds."""
 
     count: int
     p50_ms: float | None = None
@@ -70,7 +71,8 @@ class RefusalTiming:
 
 
 def refusal_timing(outcomes: list[Outcome]) -> RefusalTiming:
-    waits = [1000.0 * (o.done_s - o.scheduled_s) for o in outcomes if o.status == REJECTED and o.done_s is not None]
+    waits = [1000.0 * (o.done_s - (o.scheduled_s if o.sent_s is None else o.sent_s)) for o in outcomes
+             if o.status == REJECTED and o.done_s is not None]
     if not waits:
         return RefusalTiming(0)
     return RefusalTiming(len(waits), percentile(waits, 50), percentile(waits, 99), max(waits))
@@ -139,7 +141,7 @@ class RunMetrics:
     mean_batch_size: float | None = None
     usage: Usage = field(default_factory=Usage)
     latencies_s: list[float] = field(default_factory=list)  # sorted, for the CDF
-    refusal: RefusalTiming = field(default_factory=lambda: RefusalTiming(0))  # rejected: scheduled send -> reply
+    refusal: RefusalTiming = field(default_factory=lambda: RefusalTiming(0))  # rejected: actual send -> reply
     rejected_reasons: dict[str, int] = field(default_factory=dict)  # e.g. queue_full, deadline_infeasible
     late_ok: int = 0  # OK answers that came back after their deadline (must be 0 for an engine honouring them)
     late_ok_max_over_ms: float | None = None

@@ -298,7 +298,8 @@ def render(results: BenchResults) -> str:
               "requests are counted and stay in the SLO-attainment denominator. Goodput counts completions "
               "within the SLO per second of the measured window"
               + ("; goodput / capacity divides it by the measured capacity." if r.capacity else "."),
-              "- Refusals told in: from a rejected request's scheduled send to its rejection reply.",
+              "- Refusals told in: from a rejected request's actual send to its rejection reply (the sender's own "
+              "lag is the send_lag in results.json).",
               "- Engine busy = time inside executor steps / wall time. Process CPU = CPU time / (wall x cores).",
               "- Timings on a shared machine are noisy: compare ratios, and mind the spread.", ""]
     return "\n".join(lines)
@@ -319,7 +320,7 @@ def _refusals(results: BenchResults) -> list[str]:
              ", ".join(f"{why} {n}" for why, n in reasons.get(s.contender, {}).items()) or "-",
              _ms_spread(s.refusal_p50_ms, reps), _ms_spread(s.refusal_p99_ms, reps),
              _ms_spread(s.refusal_max_ms, reps)] for s in results.summaries]
-    return ([f"## Refusals: how quickly they were told, from scheduled send to the rejection{over}", ""]
+    return ([f"## Refusals: how quickly they were told, from the actual send to the rejection{over}", ""]
             + _table(["contender", "rejected", "why", "p50", "p99", "max"], rows))
 
 

@@ -17,6 +17,11 @@ from .targets import OK, Target
 from .workload import Mix, RequestSpec, Trace, user_requests
 
 
+# Idle latency and capacity are measured without deadlines: their requests carry this explicit timeout, so a
+# server's own default (`stepserve serve --timeout-s`) does not apply to them.
+NO_DEADLINE_S = 3600.0
+
+
 @dataclass
 class LoadPlan:
     """The load every contender gets: the identical trace (open loop) or the identical per-user sequences."""
@@ -114,6 +119,7 @@ async def measure_idle(maker: TargetMaker, mix: Mix, samples: int = 3, progress:
     try:
         for steps in steps_values:
             spec = mix.heaviest(steps)
+            spec.timeout_s = NO_DEADLINE_S  # a server's default --timeout-s must not cut the probe short
             times = []
             for i in range(samples + 1):
                 spec.seed = i
@@ -135,7 +141,7 @@ async def measure_idle(maker: TargetMaker, mix: Mix, samples: int = 3, progress:
 async def measure_capacity(maker: TargetMaker, mix: Mix, users: int, duration_s: float, warmup_s: float,
                            seed: int, progress: bool = True) -> Capacity:
     """Saturated throughput: a closed loop with more users than batch slots, so a request always waits."""
-    plan = LoadPlan("closed", mix, seed, warmup_s, duration_s, drain_s=0.0, users=users)
+    plan = LoadPlan("closed", mix, seed, warmup_s, duration_s, drain_s=0.0, users=users, timeout_s=NO_DEADLINE_S)
     target = maker.make()
     await target.start()
     bar = progress_bar(None, f"capacity ({maker.name})", "req", disable=not progress, leave=False, dynamic_ncols=True)

@@ -32,9 +32,10 @@ LatencyModel alone:
   engine is about to run at. Without this, a long request admitted while the batch happens to be small later
   holds the batch small (the cap protects it) and turns away many cheaper requests. In simulation (mixed
   8/20/40 steps, deadline 2x the idle latency of 40 steps, an exact cost model) this rule took goodput at 1.5x
-  capacity from 0.81x to 1.09x of capacity, at the price of refusing ~5% at half load that would have made it. It is an estimate, not a promise: it cannot see later arrivals that go ahead by
-  deadline or priority, nor the lower caps chosen later; with exact costs and heavy overload, the tests' traces
-  miss about 2% of the deadlines admission accepted. retry_after_s() says when a slot is predicted to free.
+  capacity from 0.81x to 1.09x of capacity, at the price of refusing ~5% at half load that would have made it.
+  It is an estimate, not a promise: it cannot see later arrivals that go ahead by deadline or priority, nor the
+  lower caps chosen later; with exact costs and heavy overload, the tests' traces miss about 2% of the deadlines
+  admission accepted. retry_after_s() says when a slot is predicted to free.
 
 Cost (same measurement as predict.py, 200 requests queued): admission() about 0.55 ms (two replays per bucket);
 schedule() one replay when the deadlines are loose, and one per batch size tried when they are tight: 1.8 ms at

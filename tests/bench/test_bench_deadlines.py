@@ -11,6 +11,7 @@ from stepserve.bench import app as bench_app
 from stepserve.bench.cli import UsageError, config_from_args, main
 from stepserve.bench.load import run_open_loop
 from stepserve.bench.metrics import Usage, summarize, summarize_repeats
+from stepserve.bench.runner import NO_DEADLINE_S
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, HttpTarget, Reply
 from stepserve.bench.workload import RequestSpec, Trace, TraceItem, load_trace
 from stepserve.executor.fake import CostModel
@@ -64,7 +65,8 @@ def test_timeout_slo_gives_every_request_the_slo(tmp_path, submitted):
     assert "--timeout-slo" in results["settings"]["timeout_rule"]
 
     idle = 2 * 4  # idle latency: one warm-up and three measured requests per step count, without a deadline
-    assert [p.timeout_s for p in submitted[:idle]] == [None] * idle
+    # explicitly without a deadline, so that a server's default --timeout-s cannot cut the probes short either
+    assert [p.timeout_s for p in submitted[:idle]] == [NO_DEADLINE_S] * idle
     trace = load_trace(out / "trace.jsonl")
     assert len(submitted) == idle + len(trace.items)  # every request of the run reached the engine...
     assert {p.timeout_s for p in submitted[idle:]} == {slo_s}  # ...carrying the SLO as its deadline
