@@ -10,7 +10,7 @@ from stepserve.scheduling import STRATEGIES, make_policy
 from stepserve.sim import Arrival, simulate
 from stepserve.types import FinishReason, RequestStatus, SamplingParams
 
-FINAL = {RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.CANCELLED, RequestStatus.REJECTED}
+from nothing_lost import FINAL, assert_nothing_lost, every_nth_call_fails
 
 arrival = st.builds(
     lambda t, steps, g, size, timeout, abort: (t, steps, g, size, timeout, abort),
@@ -34,38 +34,14 @@ arrival = st.builds(
 )
 def test_every_request_ends_in_exactly_one_final_state(arrivals, strategy, max_batch, max_queue, fault_every,
                                                        max_decode):
-    calls = {"n": 0}
-
-    def fault(stage, requests):
-        calls["n"] += 1
-        return fault_every is not None and calls["n"] % fault_every == 0
-
-    core = EngineCore(FakeExecutor(fault=fault), make_policy(strategy, max_batch, 20.0), max_queue, max_decode)
+    core = EngineCore(FakeExecutor(fault=every_nth_call_fails(fault_every)), make_policy(strategy, max_batch, 20.0),
+                      max_queue, max_decode)
     trace = [
         Arrival(t, SamplingParams(prompt=f"p{i}", seed=i, num_inference_steps=steps, guidance_scale=g,
                                   height=size, width=size, timeout_s=timeout), abort_at=abort)
         for i, (t, steps, g, size, timeout, abort) in enumerate(arrivals)
     ]
-    seen_final = {}
-
-    def on_step(report):
-        for r in report.finished:
-            assert r.request_id not in seen_final, "a request was finished twice"
-            seen_final[r.request_id] = r.status
-
-    res = simulate(core, trace, on_step=on_step)
-    assert len(res.requests) == len(trace)
-    for r in res.requests:
-        assert r.status in FINAL
-        assert seen_final[r.request_id] is r.status  # reported exactly once, with its final status
-        assert r.finish_reason is not None
-        if r.status is RequestStatus.COMPLETED:
-            assert r.step == r.num_steps and r.image is not None
-            assert r.timing.batch_sizes and len(r.timing.batch_sizes) == r.num_steps
-        else:
-            assert r.error, "a request that did not complete must say why"
-        assert r.latents is None and r.sampler_state is None  # its tensors were freed
-    assert not core.waiting and not core.running and not core.to_decode and not core.has_work()
+    assert_nothing_lost(core, trace)
 
 
 def test_fault_fails_only_requests_in_that_step_and_engine_keeps_serving():

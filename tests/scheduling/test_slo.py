@@ -17,9 +17,10 @@ from stepserve.sim import Arrival, simulate
 from stepserve.types import FinishReason, Request, RequestStatus, SamplingParams
 from stepserve.validation import resolve_params
 
+from nothing_lost import FINAL, assert_nothing_lost, every_nth_call_fails
+
 COST = CostModel()
 MODEL = LatencyModel.from_cost_model(COST, buckets=[(16, 16), (32, 32), (64, 64)])
-FINAL = {RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.CANCELLED, RequestStatus.REJECTED}
 
 
 def params(i, steps=10, timeout=None, priority=0, size=32):
@@ -340,35 +341,16 @@ arrival = st.tuples(
 )
 def test_every_request_ends_in_exactly_one_final_state(arrivals, max_batch, max_queue, fault_every, order,
                                                        starvation_s):
-    calls = {"n": 0}
-
-    def fault(stage, requests):
-        calls["n"] += 1
-        return fault_every is not None and calls["n"] % fault_every == 0
-
     policy = make_policy("slo", max_batch, latency_model=MODEL)
     policy.order, policy.starvation_s = order, starvation_s
-    core = EngineCore(FakeExecutor(cost=COST, fault=fault), policy, max_queue)
+    core = EngineCore(FakeExecutor(cost=COST, fault=every_nth_call_fails(fault_every)), policy, max_queue)
     trace = [Arrival(t, params(i, steps=steps, size=size, timeout=timeout, priority=prio), abort_at=abort)
              for i, (t, steps, size, timeout, prio, abort) in enumerate(arrivals)]
-    seen = {}
 
-    def on_step(report):
+    def batch_within_cap(report):
         assert report.batch_size <= max_batch
-        for r in report.finished:
-            assert r.request_id not in seen, "a request was finished twice"
-            seen[r.request_id] = r.status
 
-    res = simulate(core, trace, on_step=on_step)
-    assert len(res.requests) == len(trace)
-    for r in res.requests:
-        assert r.status in FINAL and seen[r.request_id] is r.status and r.finish_reason is not None
-        if r.status is RequestStatus.COMPLETED:
-            assert r.step == r.num_steps and len(r.timing.batch_sizes) == r.num_steps
-        else:
-            assert r.error
-        assert r.latents is None and r.sampler_state is None
-    assert not core.waiting and not core.running and not core.has_work()
+    assert_nothing_lost(core, trace, batch_within_cap)
 
 
 def test_make_policy_builds_slo_and_checks_its_settings():
