@@ -204,7 +204,7 @@ def test_cap_keeps_the_request_when_memory_is_plentiful(tiny_executor):
 def test_cap_lowers_the_request_to_what_fits(tiny_executor, monkeypatch):
     peaks = profiling.measure_peak_memory(tiny_executor, [1, 2, 4], bucket=(32, 32))
     budget = peaks[4] * 10 / 0.8  # room for ~10 at the measured rate beyond 4 (plus what the fixed part allows)
-    monkeypatch.setattr(profiling, "memory_budget", lambda executor: (int(budget), "in the test budget"))
+    monkeypatch.setattr(profiling.memory, "memory_budget", lambda executor: (int(budget), "in the test budget"))
     expected = profiling.memory_cap(peaks, int(budget), 0.2)
     assert 4 < expected < 64
     size, why = profiling.cap_max_batch_size(tiny_executor, 64)
@@ -220,7 +220,7 @@ def test_cap_after_running_out_of_memory_while_measuring(tiny_executor, monkeypa
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
             yield n, 1000 * n
 
-    monkeypatch.setattr(profiling, "_iter_peaks", run_out_at_4)
+    monkeypatch.setattr(profiling.memory, "_iter_peaks", run_out_at_4)
     size, why = profiling.cap_max_batch_size(tiny_executor, 16)
     assert size == 3 and "a batch of 4" in why and "ran out of memory" in why
 
@@ -228,7 +228,7 @@ def test_cap_after_running_out_of_memory_while_measuring(tiny_executor, monkeypa
         raise RuntimeError("profiler unavailable")
         yield  # pragma: no cover
 
-    monkeypatch.setattr(profiling, "_iter_peaks", broken)
+    monkeypatch.setattr(profiling.memory, "_iter_peaks", broken)
     size, why = profiling.cap_max_batch_size(tiny_executor, 16)
     assert size == 16 and "could not be measured" in why and "profiler unavailable" in why
 
