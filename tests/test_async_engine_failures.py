@@ -142,7 +142,9 @@ def test_failing_preview_is_logged_once_and_the_stream_goes_on(caplog):
         await engine.start()
         handles = [engine.submit(params(i, steps=6), preview_steps=frozenset({2, 4}), stream=True)
                    for i in range(3)]
-        streams = [[e async for e in h.events()] for h in handles]
+        streams = []
+        for h in handles:
+            streams.append([e async for e in h.events()])
         await engine.shutdown(1.0)
         return streams
 

@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 from stepserve.engine import EngineCore, QueueFullError
 from stepserve.executor.fake import FakeExecutor
 from stepserve.scheduling import STRATEGIES, make_policy
-from stepserve.sim import Arrival, simulate
+from stepserve.sim import Arrival
 from stepserve.types import FinishReason, RequestStatus, SamplingParams
 
-from nothing_lost import FINAL, assert_nothing_lost, every_nth_call_fails
+from nothing_lost import assert_nothing_lost, every_nth_call_fails
 
 arrival = st.builds(
     lambda t, steps, g, size, timeout, abort: (t, steps, g, size, timeout, abort),
