@@ -47,13 +47,14 @@ class EngineOptions:
     # slo: what the policy predicts with. "measure" times this executor at start-up (a few seconds); a path loads
     # a file written by `stepserve profile` / LatencyModel.save; None predicts nothing (see make_policy).
     latency_model: LatencyModel | str | None = None
+    slo_order: str = "edf"  # slo: within a priority, earliest deadline ("edf") or shortest remaining steps ("srs")
     max_decode_per_step: int | None = None  # VAE decodes per engine step (None: every image finished in the step)
     answer_margin_s: float = 0.0  # kept before each deadline to hand the answer back (see EngineCore)
 
     def make_core(self, executor: Executor) -> EngineCore:
         model = resolve_latency_model(self.latency_model, executor, self.max_batch_size)
         policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size,
-                             latency_model=model)
+                             latency_model=model, slo_order=self.slo_order)
         return EngineCore(executor, policy, self.max_queue, self.max_decode_per_step, self.answer_margin_s)
 
 

@@ -7,6 +7,7 @@ from .continuous import ContinuousBatchingPolicy
 from .dynamic import DynamicBatchingPolicy
 from .latency import LatencyModel
 from .none import NoBatchingPolicy
+from .slo import ORDERS as SLO_ORDERS
 from .slo import SLOPolicy
 from .static import DEFAULT_FLUSH_TIMEOUT_S, StaticBatchingPolicy
 
@@ -21,12 +22,14 @@ def make_policy(
     static_batch_size: int | None = None,
     static_flush_timeout_s: float | None = DEFAULT_FLUSH_TIMEOUT_S,
     latency_model: LatencyModel | None = None,
+    slo_order: str = "edf",
 ) -> Policy:
     """Build a policy by name; a bad name or setting raises ValueError naming what is allowed.
 
     `latency_model` is what "slo" predicts with (the other strategies ignore it). Without one, "slo" uses
     LatencyModel.zero(): it keeps its ordering rules (priority, deadlines, fair buckets) but predicts no misses,
-    so it refuses nothing and gives up on nothing before the deadline itself passes.
+    so it refuses nothing and gives up on nothing before the deadline itself passes. `slo_order` is its order
+    within a priority class: "edf" (earliest deadline first) or "srs" (shortest remaining steps first).
     """
     if strategy == "continuous":
         return ContinuousBatchingPolicy(max_batch_size)
@@ -37,11 +40,13 @@ def make_policy(
     if strategy == "none":
         return NoBatchingPolicy()
     if strategy == "slo":
-        return SLOPolicy(max_batch_size, latency_model if latency_model is not None else LatencyModel.zero())
+        return SLOPolicy(max_batch_size, latency_model if latency_model is not None else LatencyModel.zero(),
+                         order=slo_order)
     raise ValueError(f"strategy: {strategy!r} is not supported; allowed: {', '.join(STRATEGIES)}")
 
 
 __all__ = [
+    "SLO_ORDERS",
     "STRATEGIES",
     "Policy",
     "ContinuousBatchingPolicy",

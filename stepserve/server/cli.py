@@ -17,7 +17,7 @@ from pathlib import Path
 import uvicorn
 
 from ..api import DEVICES, DTYPES
-from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, STRATEGIES
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, SLO_ORDERS, STRATEGIES
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slo strategy: the latency model it predicts with, a file written by `stepserve profile` "
                         "or 'measure' (time this model on this device at start-up, a few seconds; the default "
                         "for --strategy slo)")
+    p.add_argument("--slo-order", default="edf", choices=SLO_ORDERS,
+                   help="slo strategy: order within a priority, earliest deadline first (edf) or shortest "
+                        "remaining steps first (srs)")
     p.add_argument("--answer-margin-ms", type=_non_negative_float, default=10.0,
                    help="time kept before each request's deadline to encode and send the answer: an image ready "
                         "later than timeout_s minus this is a 504, so no 200 arrives after its deadline "
@@ -143,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = AsyncEngine(executor, strategy=args.strategy, max_batch_size=args.max_batch_size,
                              max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue,
-                             latency_model=latency_model, answer_margin_s=args.answer_margin_ms / 1000.0)
+                             latency_model=latency_model, answer_margin_s=args.answer_margin_ms / 1000.0,
+                             slo_order=args.slo_order)
     except (OSError, ValueError) as exc:
         print(f"stepserve serve: error: --latency-model {args.latency_model!r}: {exc}", file=sys.stderr)
         return 2

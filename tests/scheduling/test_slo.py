@@ -406,3 +406,12 @@ def test_a_bucket_more_than_half_full_is_predicted_at_a_full_batch():
     reason = policy.admission(candidate(busy, params(9, steps=steps, timeout=timeout), now),
                               list(busy.waiting), list(busy.running), now)
     assert reason is not None and "cannot be met under the current load" in reason
+
+
+def test_the_engine_options_choose_the_slo_order():
+    from stepserve.api import EngineOptions
+
+    core = EngineOptions(strategy="slo", slo_order="srs", latency_model=MODEL).make_core(FakeExecutor(cost=COST))
+    assert core.policy.order == "srs"
+    with pytest.raises(ValueError, match="order"):
+        make_policy("slo", 4, latency_model=MODEL, slo_order="fifo")
