@@ -1,13 +1,14 @@
 """stepserve: a serving engine for diffusion models built around step-level (continuous) batching."""
 
 from .api import Engine, GenerationResult
-from .engine import EngineCore, QueueFullError
+from .engine import AdmissionError, DeadlineRefusedError, EngineCore, QueueFullError
 from .types import FinishReason, RequestStatus, SamplingParams
 from .validation import ValidationError
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
+    "AdmissionError",
+    "DeadlineRefusedError",
     "Engine",
     "EngineCore",
     "FinishReason",

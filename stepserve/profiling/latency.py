@@ -45,7 +45,7 @@ def profile_batch_sizes(max_batch_size: int) -> list[int]:
 
 def _environment(executor: Executor) -> dict[str, Any]:
     """What the numbers were measured on: executor, device, dtype, library versions."""
-    from .. import __version__
+    from ..version import __version__
 
     meta: dict[str, Any] = {"executor": type(executor).__name__, "stepserve": __version__,
                             "python": platform.python_version(), "platform": platform.platform()}
