@@ -70,10 +70,10 @@ def test_fake_executor_gives_exactly_its_cost_model(max_batch_size):
     # within the measured sizes, and past them too once two points fix the line (one point is read as
     # proportional to the batch size, which the fixed costs are not)
     assert_same_costs(measured, expected, [(32, 32)], up_to=2 * max_batch_size + 5 if max_batch_size > 1 else 1)
-    # every forward had the batch size of a measured point; (1 warmup + 3 repeats) per point
+    # every forward had the batch size of a measured point; (1 warmup + 5 repeats) per point
     sizes = profiling.profile_batch_sizes(max_batch_size)
     assert sorted(set(executor.forward_batch_sizes)) == sizes
-    assert len(executor.forward_batch_sizes) == 4 * len(sizes)
+    assert len(executor.forward_batch_sizes) == 6 * len(sizes)
 
 
 def test_fake_executor_without_guidance_and_several_buckets():
@@ -298,3 +298,14 @@ def test_format_bytes():
     assert profiling.format_bytes(3 * 1024**2) == "3.0 MiB"
     assert profiling.format_bytes(18.2 * 1024**3) == "18.2 GiB"
 
+
+
+def test_curves_are_made_non_decreasing_without_touching_monotone_ones():
+    from stepserve.profiling.latency import non_decreasing
+
+    assert non_decreasing([(1, 1.0), (2, 2.0), (3, 3.0)]) == ((1, 1.0), (2, 2.0), (3, 3.0))
+    fitted = non_decreasing([(1, 4.1), (2, 5.9), (3, 7.1), (4, 7.5), (5, 9.9), (6, 8.6), (7, 9.9), (8, 13.0)])
+    ys = [y for _, y in fitted]
+    assert all(a <= b for a, b in zip(ys, ys[1:]))
+    assert ys[4] == ys[5] == pytest.approx((9.9 + 8.6) / 2) and ys[:4] == [4.1, 5.9, 7.1, 7.5]
+    assert sum(ys) == pytest.approx(4.1 + 5.9 + 7.1 + 7.5 + 9.9 + 8.6 + 9.9 + 13.0)  # pooling keeps the mean

@@ -65,7 +65,7 @@ def _environment(executor: Executor) -> dict[str, Any]:
 
 
 def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequence[Bucket] | None = None,
-                          guidance_scale: float | None = None, repeats: int = 3, warmup: int = 1,
+                          guidance_scale: float | None = None, repeats: int = 5, warmup: int = 1,
                           progress: bool | None = None) -> LatencyModel:
     """Measure how long the executor's stages take and return them as a LatencyModel.
 
@@ -82,8 +82,9 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     - decode: decoding `batch` finished latents.
 
     The metadata records the device, dtype, library versions, model, settings and, per point, the minimum and
-    maximum of the recorded durations (`spread`). Points are kept as measured (not smoothed), so a noisy curve can
-    dip slightly as the batch grows.
+    maximum of the recorded durations (`spread`). A larger batch never costs less, so each curve is made
+    non-decreasing in batch size by pooling adjacent violators (a dip is averaged with the point before it);
+    a curve that was already non-decreasing (any real cost model, the fake executor's) is kept exactly.
 
     `progress`: None or True shows progress (stepserve.progress: a bar on a terminal, a line per phase
     elsewhere); False is silent.
@@ -165,6 +166,7 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         "repeats": repeats,
         "warmup": warmup,
         "statistic": "median",
+        "smoothing": "non-decreasing in batch size (pool adjacent violators)",
         "sampler": settings.sampler,
         "num_inference_steps": settings.num_inference_steps,
         "guidance_scale": settings.guidance_scale,
@@ -178,9 +180,23 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         },
     })
     return LatencyModel(
-        step={b: Curve(tuple(step_points[b])) for b in buckets},
-        encode=Curve(tuple(encode_points)),
-        decode={b: Curve(tuple(decode_points[b])) for b in buckets},
+        step={b: Curve(non_decreasing(step_points[b])) for b in buckets},
+        encode=Curve(non_decreasing(encode_points)),
+        decode={b: Curve(non_decreasing(decode_points[b])) for b in buckets},
         reference_bucket=reference,
         metadata=metadata,
     )
+
+
+def non_decreasing(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Least-squares non-decreasing fit of (x, y) points sorted by x: pool adjacent violators, each pooled block
+    taking the mean of its points. Non-decreasing input comes back unchanged."""
+    blocks: list[list[float]] = []  # [sum, count] per block
+    for _, y in points:
+        blocks.append([y, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    return tuple((x, y) for (x, _), y in zip(points, fitted))

@@ -37,14 +37,15 @@ def predict_finish_times(
     now: float,
     bucket: Bucket | None = None,
     horizon: int | None = None,
-    full: bool = False,
+    floor_batch: int = 1,
 ) -> list[float]:
     """Predicted finish time of each request of `queue` (in service order) with at most `max_batch` per step.
 
     `bucket` is the shape the costs are looked up for (default: the first request's). With `horizon` = k only
     the first k requests' times are computed and returned (the replay stops once they are all done; requests
-    after them still take slots and so still slow the steps down). With `full`, every step costs a full batch
-    (`step_s(max_batch)`): the replay of an engine whose free slots keep being filled by new arrivals.
+    after them still take slots and so still slow the steps down). With `floor_batch` = f, a step of b requests
+    costs `step_s(max(b, f))` (at most a full batch): the replay of an engine whose free slots new arrivals keep
+    filling up to about f.
     """
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -54,7 +55,8 @@ def predict_finish_times(
         return []
     if bucket is None:
         bucket = queue[0].bucket
-    step_cost = [0.0] + [model.step_s(max_batch if full else b, bucket) for b in range(1, max_batch + 1)]
+    floor_batch = min(max(floor_batch, 1), max_batch)
+    step_cost = [0.0] + [model.step_s(max(b, floor_batch), bucket) for b in range(1, max_batch + 1)]
     encode_cost: dict[int, float] = {}
     decode_cost: dict[int, float] = {}
 
