@@ -47,7 +47,7 @@ class EngineOptions:
     # slo: what the policy predicts with. "measure" times this executor at start-up (a few seconds); a path loads
     # a file written by `stepserve profile` / LatencyModel.save; None predicts nothing (see make_policy).
     latency_model: LatencyModel | str | None = None
-    slo_order: str = "edf"  # slo: within a priority, earliest deadline ("edf") or shortest remaining steps ("srs")
+    slo_order: str = "srs"  # slo: within a priority, shortest remaining steps ("srs") or earliest deadline ("edf")
     max_decode_per_step: int | None = None  # VAE decodes per engine step (None: every image finished in the step)
     answer_margin_s: float = 0.0  # kept before each deadline to hand the answer back (see EngineCore)
 

@@ -22,7 +22,7 @@ def make_policy(
     static_batch_size: int | None = None,
     static_flush_timeout_s: float | None = DEFAULT_FLUSH_TIMEOUT_S,
     latency_model: LatencyModel | None = None,
-    slo_order: str = "edf",
+    slo_order: str = "srs",
 ) -> Policy:
     """Build a policy by name; a bad name or setting raises ValueError naming what is allowed.
 

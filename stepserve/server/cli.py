@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slo strategy: the latency model it predicts with, a file written by `stepserve profile` "
                         "or 'measure' (time this model on this device at start-up, a few seconds; the default "
                         "for --strategy slo)")
-    p.add_argument("--slo-order", default="edf", choices=SLO_ORDERS,
-                   help="slo strategy: order within a priority, earliest deadline first (edf) or shortest "
-                        "remaining steps first (srs)")
+    p.add_argument("--slo-order", default="srs", choices=SLO_ORDERS,
+                   help="slo strategy: order within a priority, shortest remaining steps first (srs, the "
+                        "default) or earliest deadline first (edf)")
     p.add_argument("--answer-margin-ms", type=_non_negative_float, default=10.0,
                    help="time kept before each request's deadline to encode and send the answer: an image ready "
                         "later than timeout_s minus this is a 504, so no 200 arrives after its deadline "
