@@ -5,7 +5,8 @@
     stepserve bench --model embedded --timeout-slo --strategies continuous,slo   # deadline = the SLO
 
 Strategies: continuous, dynamic, static and none by default; slo joins them when the run has deadlines
-(--timeout-s or --timeout-slo): without deadlines slo refuses nothing and behaves like continuous.
+(--timeout-s or --timeout-slo): without deadlines slo refuses nothing and is continuous batching that admits
+the fewest remaining steps first.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies",
                    help=f"comma-separated: {', '.join(STRATEGIES)}; default: "
                         f"{','.join(default_strategies(False))}, and slo too when the run has deadlines "
-                        "(--timeout-s/--timeout-slo), since without deadlines slo behaves like continuous")
+                        "(--timeout-s/--timeout-slo), since without deadlines slo refuses nothing")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--static-batch-size", type=int, help="static's batch size (default: --max-batch-size)")
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if (not cfg.has_deadlines and cfg.load != "trace" and not cfg.targets
             and any(c.strategy in DEADLINE_STRATEGIES for c in cfg.contenders)):
         print("stepserve bench: note: no request carries a deadline (--timeout-s/--timeout-slo), so slo refuses "
-              "nothing and gives up on nothing: it behaves like continuous", file=sys.stderr)
+              "nothing and gives up on nothing: it is continuous batching, fewest remaining steps first",
+              file=sys.stderr)
     try:
         run = asyncio.run(run_bench(cfg))
     except (FileNotFoundError, ValueError) as exc:

@@ -301,7 +301,7 @@ def test_slo_is_in_the_default_strategies_only_with_deadlines(monkeypatch, capsy
     assert "slo" not in without and {"continuous", "dynamic", "static", "none"} <= set(without)
     for flags in (["--timeout-s", "1"], ["--timeout-slo"]):
         assert "slo" in [c.strategy for c in config_from_args(["--model", "fake", *flags]).contenders]
-    # asked for by name without deadlines: allowed, with a note that it then behaves like continuous
+    # asked for by name without deadlines: allowed, with a note that it then refuses nothing
     assert [c.strategy for c in config_from_args(["--strategies", "slo"]).contenders] == ["slo"]
 
     async def stop(cfg):
@@ -309,7 +309,7 @@ def test_slo_is_in_the_default_strategies_only_with_deadlines(monkeypatch, capsy
 
     monkeypatch.setattr(cli, "run_bench", stop)
     assert main(["--model", "fake", "--strategies", "slo"]) == 2
-    assert "slo refuses nothing and gives up on nothing: it behaves like continuous" in capsys.readouterr().err
+    assert "slo refuses nothing and gives up on nothing: it is continuous batching" in capsys.readouterr().err
     assert main(["--model", "fake", "--strategies", "slo", "--timeout-s", "1"]) == 2
-    assert "behaves like continuous" not in capsys.readouterr().err
+    assert "refuses nothing and gives up on nothing" not in capsys.readouterr().err
     assert "slo too when the run has deadlines" in " ".join(cli.build_parser().format_help().split())
