@@ -28,7 +28,6 @@ from .api import EngineOptions, GenerationResult
 from .clock import WallClock
 from .executor.base import Executor
 from .types import FinishReason, Request, RequestStatus, RequestTiming, SamplingParams, StepReport, next_request_id
-from .validation import resolve_params
 
 log = logging.getLogger(__name__)
 
@@ -179,20 +178,17 @@ class AsyncEngine:
         bound and the policy's admission rule, each member counting the ones before it), so a refusal leaves
         nothing of the group behind. Raises the AdmissionError of the first member refused."""
         self._check_open()
-        for p in params:
-            resolve_params(p, self.model)  # bad input fails before anything is decided
         previews = list(preview_steps) if preview_steps is not None else [frozenset()] * len(params)
         ids = list(request_ids) if request_ids is not None else [next_request_id() for _ in params]
         assert self._loop is not None, "call start() first"
+        now = self.clock.now()
+        # bad input fails here, before anything is decided
+        group = [self.core.new_request(p, now, rid, frozenset(pv)) for p, rid, pv in zip(params, ids, previews)]
         with self._lock:
             self._check_open()
-            now = self.clock.now()
             ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
-            group: list[Request] = []
-            for p, rid, pv in zip(params, ids, previews):
-                request = self.core.new_request(p, now, rid, frozenset(pv))
-                self.core.check_admission(request, now, ahead + group)  # raises for the whole group
-                group.append(request)
+            for i, request in enumerate(group):
+                self.core.check_admission(request, now, ahead + group[:i])  # raises for the whole group
             handles = []
             for request in group:
                 h = RequestHandle(request.request_id, request.params, now, request.preview_steps, stream,
@@ -259,15 +255,12 @@ class AsyncEngine:
             self._resolve_locked(_failed(item.handle, f"could not queue the request: {type(exc).__name__}: {exc}"))
 
     def _publish(self, report: StepReport) -> None:
-        for r in report.finished:
-            self._resolve(r)
-        for r in report.progressed:
-            if r.is_finished:
-                continue
-            with self._lock:
-                handle = self._handles.get(r.request_id)
-            if handle is None or not handle.stream:
-                continue
+        with self._lock:  # one pass under the lock per step, not one per request
+            for r in report.finished:
+                self._resolve_locked(r)
+            streams = [(r, h) for r in report.progressed if not r.is_finished
+                       and (h := self._handles.get(r.request_id)) is not None and h.stream]
+        for r, handle in streams:
             preview = None
             if r.step in handle.preview_steps:
                 try:
@@ -284,10 +277,6 @@ class AsyncEngine:
                 name = getattr(callback, "__qualname__", repr(callback))
                 self._log_once(f"on_step:{name}", "on_step callback %s failed; the engine serves on", name,
                                exc_info=exc, level=logging.ERROR)
-
-    def _resolve(self, r: Request) -> None:
-        with self._lock:
-            self._resolve_locked(r)
 
     def _resolve_locked(self, r: Request) -> None:
         handle = self._handles.pop(r.request_id, None)

@@ -97,13 +97,13 @@ class EngineCore:
         """Refuse `request` (raise an AdmissionError, the request ended as REJECTED) when the queue bound or the
         policy's own admission rule says so. `ahead`: accepted requests not yet in the waiting queue (a front
         end's inbox, or earlier members of the same group). Reads the queues only; safe beside a running step."""
-        waiting = list(self.waiting) + list(ahead)
-        if self.max_queue is not None and len(waiting) >= self.max_queue:
+        if self.max_queue is not None and len(self.waiting) + len(ahead) >= self.max_queue:
             self._refuse(request, FinishReason.QUEUE_FULL, now,
                          f"queue is full ({self.max_queue} waiting); retry later", QueueFullError)
         admission = getattr(self.policy, "admission", None)
         if admission is None:
             return
+        waiting = list(self.waiting) + list(ahead)
         reason = admission(request, waiting, list(self.running), now)
         if reason is not None:
             retry = self.policy.retry_after_s(waiting, list(self.running), now, request.bucket)
@@ -153,7 +153,7 @@ class EngineCore:
             hopeless = {id(r) for r in plan.give_up}
             finished += self._remove(lambda r: id(r) in hopeless, RequestStatus.FAILED, FinishReason.TIMEOUT, now,
                                      lambda r: f"deadline cannot be met: {progress_note(r, now)}")
-        report = StepReport(now=now, duration_s=0.0, batch_size=0, wake_at=self._wake_time(plan.wake_at))
+        report = StepReport(now=now, duration_s=0.0, batch_size=0, wake_at=plan.wake_at)
         t = now
 
         if plan.admit:
@@ -200,6 +200,8 @@ class EngineCore:
 
         report.duration_s = t - now
         report.finished = finished
+        if report.duration_s == 0 and not finished:  # idle: also wake for the earliest deadline
+            report.wake_at = self._wake_time(plan.wake_at)
         return report
 
     # --- helpers -----------------------------------------------------------------------------------------------
