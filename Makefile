@@ -15,9 +15,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
+# The tests also cover the integrations (ONNX, onnxruntime, Triton), which are package extras.
+$(VENV)/.extras: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[test,onnx,triton]"
+	touch $@
+
 setup: $(VENV)/.installed
 
-test: $(VENV)/.installed
+test: $(VENV)/.extras
 	$(PY) -m pytest
 
 demo: $(VENV)/.installed

@@ -70,21 +70,28 @@ def resolve_latency_model(spec: LatencyModel | str | None, executor: Executor,
     return LatencyModel.load(spec)
 
 
-def load_executor(model: str = "embedded", device: str = "cpu", dtype: str = "float32") -> Executor:
-    """Load a diffusers SD-family folder (or the embedded model) onto a device and wrap it in a TorchExecutor."""
+def load_executor(model: str = "embedded", device: str = "cpu", dtype: str = "float32", backend: str = "torch",
+                  threads: int | None = None) -> Executor:
+    """Load a diffusers SD-family folder (or the embedded model) for a backend and wrap it in a TorchExecutor.
+
+    backend: "torch" runs the folder's modules; "onnxruntime" runs an ONNX export (an export folder, or the model
+    exported once into a cache); "tensorrt" runs engine plans from `stepserve export tensorrt`. The samplers run in
+    torch on every backend. `threads`: onnxruntime's intra-op threads (torch's are set by the caller)."""
     import torch
 
+    from .backends import BACKENDS
+    from .backends.loading import load_adapter
     from .executor.torch_executor import TorchExecutor
-    from .pipelines.diffusers_sd import StableDiffusionAdapter
 
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
     if device not in DEVICES and not str(device).startswith("cuda:"):
         raise ValueError(f"device: {device!r} is not supported; allowed: {', '.join(DEVICES)}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' was asked for but no CUDA device is available; use --device cpu")
-    adapter = StableDiffusionAdapter.from_pretrained(model, device=device, dtype=getattr(torch, dtype))
-    return TorchExecutor(adapter)
+    return TorchExecutor(load_adapter(model, backend, device, dtype, threads))
 
 
 class Engine:
@@ -99,11 +106,12 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str = "embedded", *, device: str = "cpu", dtype: str = "float32",
-                        memory_cap: bool = True, **options: Any) -> "Engine":
+                        backend: str = "torch", memory_cap: bool = True, **options: Any) -> "Engine":
         """Load a model and build an engine. With memory_cap, max_batch_size is lowered to what fits in the
-        device's memory (profiling.cap_max_batch_size; the reason is logged)."""
-        executor = load_executor(model, device, dtype)
-        if memory_cap:
+        device's memory (profiling.cap_max_batch_size; the reason is logged). The cap measures torch's allocator,
+        so it applies to the torch backend only."""
+        executor = load_executor(model, device, dtype, backend)
+        if memory_cap and backend == "torch":
             from .profiling import cap_max_batch_size
 
             options["max_batch_size"], why = cap_max_batch_size(executor, options.get("max_batch_size", 8))

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..backends import Networks
+from ..backends.torch_networks import TorchNetworks
 from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo
 
 # Which of our samplers a diffusers scheduler class corresponds to (for the model's own default).
@@ -69,20 +71,45 @@ class PromptCache:
 
 
 class StableDiffusionAdapter:
-    def __init__(self, tokenizer, text_encoder, unet, vae, scheduler_config: dict, info: ModelInfo,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    """One SD-family pipeline: tokenizer, configs and the three networks (see stepserve.backends for how they run).
+    `unet`, `vae` and `text_encoder` are the torch modules on the torch backend and None on the others."""
+
+    def __init__(self, tokenizer, networks: Networks, scheduler_config: dict, info: ModelInfo, *,
+                 latent_channels: int, vae_scale_factor: int, vae_scaling_factor: float,
+                 use_attention_mask: bool = False, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, backend: str = "torch") -> None:
         self.tokenizer = tokenizer
+        self.networks = networks
         self.device = torch.device(device)
         self.dtype = dtype
-        self.text_encoder = text_encoder.to(self.device, dtype).eval()
-        # diffusers models are loaded in their dtype already (from_pretrained(torch_dtype=...)); cast only if not
-        self.unet = (unet if unet.dtype == dtype else unet.to(dtype=dtype)).to(self.device).eval()
-        self.vae = (vae if vae.dtype == dtype else vae.to(dtype=dtype)).to(self.device).eval()
+        self.backend = backend
         self.scheduler_config = dict(scheduler_config)
         self.info = info
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
-        self.latent_channels = unet.config.in_channels
+        self.latent_channels = latent_channels
+        self.vae_scale_factor = vae_scale_factor
+        self.vae_scaling_factor = vae_scaling_factor
+        self.use_attention_mask = use_attention_mask
         self.prompt_cache = PromptCache()
+        self.text_encoder = self.unet = self.vae = None
+
+    @classmethod
+    def from_modules(cls, tokenizer, text_encoder, unet, vae, scheduler_config: dict, info: ModelInfo,
+                     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+                     ) -> "StableDiffusionAdapter":
+        """The torch backend: the diffusers/transformers modules themselves, moved to `device` and `dtype`."""
+        device = torch.device(device)
+        text_encoder = text_encoder.to(device, dtype).eval()
+        # diffusers models are loaded in their dtype already (from_pretrained(torch_dtype=...)); cast only if not
+        unet = (unet if unet.dtype == dtype else unet.to(dtype=dtype)).to(device).eval()
+        vae = (vae if vae.dtype == dtype else vae.to(dtype=dtype)).to(device).eval()
+        adapter = cls(tokenizer, TorchNetworks(text_encoder, unet, vae), scheduler_config, info,
+                      latent_channels=unet.config.in_channels,
+                      vae_scale_factor=2 ** (len(vae.config.block_out_channels) - 1),
+                      vae_scaling_factor=vae.config.scaling_factor,
+                      use_attention_mask=bool(getattr(text_encoder.config, "use_attention_mask", False)),
+                      device=device, dtype=dtype)
+        adapter.text_encoder, adapter.unet, adapter.vae = text_encoder, unet, vae
+        return adapter
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike = "embedded", device: str = "cpu",
@@ -97,11 +124,41 @@ class StableDiffusionAdapter:
             unet = UNet2DConditionModel.from_pretrained(path / "unet", torch_dtype=dtype)
             vae = AutoencoderKL.from_pretrained(path / "vae", torch_dtype=dtype)
         scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
-        defaults_file = path / SERVING_DEFAULTS_FILE
-        defaults = json.loads(defaults_file.read_text()) if defaults_file.is_file() else {}
-        info = model_info_for(path.name if str(model) != "embedded" else "embedded", unet, vae, scheduler_config,
-                              defaults)
-        return cls(tokenizer, text_encoder, unet, vae, scheduler_config, info, device, dtype)
+        info = model_info_for(model_name(model, path), unet.config, vae.config, scheduler_config,
+                              serving_defaults(path))
+        return cls.from_modules(tokenizer, text_encoder, unet, vae, scheduler_config, info, device, dtype)
+
+    @classmethod
+    def from_export_dir(cls, path: str | os.PathLike, networks: Networks, backend: str,
+                        device: str | torch.device = "cpu") -> "StableDiffusionAdapter":
+        """A pipeline from an exported folder (`stepserve export onnx`: configs, tokenizer and network files),
+        with the given networks (onnxruntime sessions, TensorRT engines, or calls to other servers)."""
+        from transformers import CLIPTokenizer
+
+        path = Path(path)
+        configs = {name: _Config(json.loads((path / name / "config.json").read_text()))
+                   for name in ("unet", "vae", "text_encoder")}
+        tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
+        scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
+        manifest = json.loads((path / "manifest.json").read_text())
+        info = model_info_for(manifest["source"]["name"], configs["unet"], configs["vae"], scheduler_config,
+                              serving_defaults(path))
+        return cls(tokenizer, networks, scheduler_config, info,
+                   latent_channels=configs["unet"].in_channels,
+                   vae_scale_factor=2 ** (len(configs["vae"].block_out_channels) - 1),
+                   vae_scaling_factor=configs["vae"].scaling_factor,
+                   use_attention_mask=bool(getattr(configs["text_encoder"], "use_attention_mask", False)),
+                   device=device, dtype=torch.float32, backend=backend)
+
+    @classmethod
+    def from_onnx_dir(cls, path: str | os.PathLike, networks: Networks | None = None, device: str = "cpu",
+                      threads: int | None = None) -> "StableDiffusionAdapter":
+        """An ONNX export run by onnxruntime (or by `networks`, when given)."""
+        if networks is None:
+            from ..backends.onnxruntime import OnnxRuntimeNetworks
+
+            networks = OnnxRuntimeNetworks.from_dir(path, threads=threads)
+        return cls.from_export_dir(path, networks, "onnxruntime", device)
 
     # --- text --------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -120,10 +177,8 @@ class StableDiffusionAdapter:
         if missing:
             ids = self.tokenizer(missing, padding="max_length", max_length=self.tokenizer.model_max_length,
                                  truncation=True, return_tensors="pt")
-            mask = None
-            if getattr(self.text_encoder.config, "use_attention_mask", False):
-                mask = ids.attention_mask.to(self.device)
-            embeds = self.text_encoder(ids.input_ids.to(self.device), attention_mask=mask)[0].to(self.dtype)
+            mask = ids.attention_mask.to(self.device) if self.use_attention_mask else None
+            embeds = self.networks.encode_text(ids.input_ids.to(self.device), mask).to(self.dtype)
             for p, e in zip(missing, embeds):
                 self.prompt_cache.put(p, e)
                 out[p] = e
@@ -135,12 +190,12 @@ class StableDiffusionAdapter:
 
     @torch.no_grad()
     def unet_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        return self.unet(latents, timesteps, encoder_hidden_states=embeds, return_dict=False)[0]
+        return self.networks.denoise(latents, timesteps, embeds)
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> list[Image.Image]:
-        images = self.vae.decode(latents / self.vae.config.scaling_factor, return_dict=False)[0]
+        images = self.networks.decode(latents / self.vae_scaling_factor)
         return to_pil(images)
 
 
@@ -154,10 +209,27 @@ def to_pil(images: torch.Tensor) -> list[Image.Image]:
     return [Image.fromarray(a) for a in arr]
 
 
-def model_info_for(name: str, unet, vae, scheduler_config: dict, defaults: dict) -> ModelInfo:
-    vae_scale = 2 ** (len(vae.config.block_out_channels) - 1)
-    unet_down = 2 ** (len(unet.config.block_out_channels) - 1)
-    sample_size = unet.config.sample_size
+def model_name(model: str | os.PathLike, path: Path) -> str:
+    return "embedded" if str(model) == "embedded" else path.name
+
+
+def serving_defaults(path: Path) -> dict:
+    """The folder's stepserve.json (serving defaults and allowed sizes), or {}."""
+    defaults_file = path / SERVING_DEFAULTS_FILE
+    return json.loads(defaults_file.read_text()) if defaults_file.is_file() else {}
+
+
+class _Config:
+    """A saved config.json read back as attributes (unet.in_channels, vae.scaling_factor, ...)."""
+
+    def __init__(self, values: dict) -> None:
+        self.__dict__.update(values)
+
+
+def model_info_for(name: str, unet_config, vae_config, scheduler_config: dict, defaults: dict) -> ModelInfo:
+    vae_scale = 2 ** (len(vae_config.block_out_channels) - 1)
+    unet_down = 2 ** (len(unet_config.block_out_channels) - 1)
+    sample_size = unet_config.sample_size
     sample_size = sample_size if isinstance(sample_size, int) else sample_size[0]
     default_size = sample_size * vae_scale
     multiple = vae_scale * unet_down

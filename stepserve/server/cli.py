@@ -17,6 +17,7 @@ from pathlib import Path
 import uvicorn
 
 from ..api import DEVICES, DTYPES
+from ..backends import BACKENDS
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, SLO_ORDERS, STRATEGIES
 
 
@@ -86,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_int_from(1, 65535), default=8000)
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--backend", default="torch", choices=BACKENDS,
+                   help="how the networks run (samplers are torch on all): torch; onnxruntime (CPU, float32; "
+                        "--model may be an ONNX export, else the model is exported once into a cache); tensorrt "
+                        "(--model is a folder from `stepserve export tensorrt`, needs --device cuda)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--timeout-s", type=_positive_float, default=None,
                    help="default deadline of a request without its own timeout_s (504 when passed)")
@@ -115,9 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.model != "embedded" and not (Path(args.model).expanduser() / "model_index.json").is_file():
+    folder = Path(args.model).expanduser()
+    if args.model != "embedded" and not any((folder / f).is_file() for f in ("model_index.json", "manifest.json")):
         print(f"stepserve serve: error: --model {args.model!r} is neither 'embedded' nor a local diffusers folder "
-              f"with model_index.json", file=sys.stderr)
+              f"with model_index.json (nor an export folder with manifest.json)", file=sys.stderr)
         return 2
 
     import torch
@@ -128,13 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     from .app import create_app
     from .schemas import ServerLimits
 
-    print(f"stepserve serve: loading {args.model} on {args.device} ({args.dtype}) ...", file=sys.stderr, flush=True)
+    print(f"stepserve serve: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}) ...",
+          file=sys.stderr, flush=True)
     try:
-        executor = load_executor(args.model, args.device, args.dtype)
+        executor = load_executor(args.model, args.device, args.dtype, args.backend, threads=args.threads)
     except (OSError, ValueError) as exc:
         print(f"stepserve serve: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
-    if not args.no_memory_cap:
+    if args.backend != "torch" and not args.no_memory_cap:
+        print(f"stepserve serve: no memory cap on backend {args.backend}: the check measures torch's allocator",
+              file=sys.stderr, flush=True)
+    elif not args.no_memory_cap:
         from ..profiling import cap_max_batch_size
 
         args.max_batch_size, why = cap_max_batch_size(executor, args.max_batch_size)

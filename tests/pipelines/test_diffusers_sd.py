@@ -62,8 +62,8 @@ def test_mixed_sizes_run_in_buckets_and_match_diffusers(tiny_sd_path):
 def _configs(vae_blocks=2, unet_blocks=2, sample_size=8):
     from types import SimpleNamespace
 
-    unet = SimpleNamespace(config=SimpleNamespace(block_out_channels=(32,) * unet_blocks, sample_size=sample_size))
-    vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(16,) * vae_blocks))
+    unet = SimpleNamespace(block_out_channels=(32,) * unet_blocks, sample_size=sample_size)
+    vae = SimpleNamespace(block_out_channels=(16,) * vae_blocks)
     return unet, vae
 
 
