@@ -22,7 +22,7 @@ from .resources import capture_environment
 from .results import BenchResults, BenchSettings, CdfSeries, Startup, write_json
 from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measure_idle, rotate, run_contender
 from .sweep import SweepSpec, run_sweep
-from .targets import Contender, EngineTarget, HttpTarget
+from .targets import Contender, EngineTarget, server_target
 from .workload import Mix, load_trace, poisson_trace, save_trace
 
 LATENCY_MODEL_FILE = "latency_model.json"  # in --out: the latency model the slo contenders predicted with
@@ -89,8 +89,7 @@ class Makers:
 
 def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
     if cfg.targets:
-        makers = [TargetMaker(name, lambda u=url, n=name: HttpTarget(u, n, cfg.api_key))
-                  for name, url in (_split_target(t) for t in cfg.targets)]
+        makers = [TargetMaker(*server_target(t, cfg.api_key, cfg.keep_images)) for t in cfg.targets]
         return Makers(makers, makers[0])
     t0 = time.monotonic()
     executor = load_model(cfg.model, cfg.device, cfg.dtype)
@@ -127,13 +126,6 @@ def measure_latency_model(executor, max_batch_size: int, progress: bool = True):
     from ..profiling import measure_latency_model as measure
 
     return measure(executor, max_batch_size, progress=progress)
-
-
-def _split_target(text: str) -> list[str]:
-    """'label=URL' or 'URL' -> [label, URL]."""
-    if "=" in text and not text.split("=", 1)[0].startswith("http"):
-        return text.split("=", 1)
-    return [text, text]
 
 
 def load_model(model: str, device: str, dtype: str):

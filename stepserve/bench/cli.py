@@ -2,6 +2,7 @@
 
     stepserve bench --model embedded --steps 8,20,40 --rate-frac 0.7 --duration 30 --out bench-out
     stepserve bench --target http://127.0.0.1:8000 --load closed --users 16
+    stepserve bench --target triton=grpc://127.0.0.1:8001 --rate 5   # a Triton model `pipeline` (KServe v2)
     stepserve bench --model embedded --timeout-slo --strategies continuous,slo   # deadline = the SLO
 
 Strategies: continuous, dynamic, static and none by default; slo joins them when the run has deadlines
@@ -21,6 +22,7 @@ from ..api import DEVICES, DTYPES
 from ..scheduling import STRATEGIES
 from .app import BenchConfig, run_bench, write_outputs
 from .targets import Contender
+from .triton_target import is_triton_target, parse_triton_target
 from .workload import Mix
 
 LOADS = ("poisson", "closed", "trace")
@@ -55,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stepserve bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group()
     what.add_argument("--target", action="append", default=[],
-                      help="URL of a running server (repeatable; 'label=URL' names it); default: in-process")
+                      help="URL of a running stepserve server (repeatable; 'label=URL' names it), or a Triton "
+                           "model over KServe v2: 'triton=grpc://HOST:PORT[/MODEL]' or 'triton=http://HOST:PORT"
+                           "[/MODEL]' (MODEL default pipeline; 'triton:label=URL' names it; a decoupled model "
+                           "needs the gRPC port); default: in-process")
     what.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
     p.add_argument("--device", default="cpu", help=f"{' | '.join(DEVICES)} (in-process only)")
     p.add_argument("--dtype", default="float32", help=f"{' | '.join(DTYPES)} (in-process only)")
@@ -158,6 +163,12 @@ def config_from_args(argv: list[str]) -> BenchConfig:
     if args.timeout_s is not None and not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
         raise UsageError(f"--timeout-s: must be a number of seconds > 0 (every request's deadline), "
                          f"got {args.timeout_s:g}; for no deadline leave it out")
+    for text in args.target:
+        if is_triton_target(text):
+            try:
+                parse_triton_target(text)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
     contenders = contenders_from(args)
     if args.latency_model is not None:
         if args.target:

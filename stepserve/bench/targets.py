@@ -1,4 +1,5 @@
-"""What the load generator sends to: an in-process AsyncEngine (one per contender), or a server over HTTP.
+"""What the load generator sends to: an in-process AsyncEngine (one per contender), a server over HTTP, or a Triton
+Inference Server over KServe v2 (triton_target.py).
 
 A target answers each request with a Reply: how it ended and, when the server says, where the time went.
 Times are on time.monotonic(), the clock of both the event loop and the engine.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -223,6 +225,19 @@ class HttpTarget:
         except (aiohttp.ClientError, ValueError) as exc:  # unreachable / cut off, or not a number
             warn_once(log, f"busy time not read from {self.base}/metrics: its utilisation is left out", exc)
         return None
+
+
+def server_target(text: str, api_key: str | None = None,
+                  keep_images: bool = False) -> tuple[str, Callable[[], Target]]:
+    """(label, factory) for a --target: 'URL' or 'label=URL' (stepserve's HTTP API), 'triton=URL' or
+    'triton:label=URL' (a Triton model over KServe v2). A malformed Triton URL raises ValueError."""
+    from .triton_target import TritonTarget, is_triton_target, parse_triton_target
+
+    if is_triton_target(text):
+        address = parse_triton_target(text)
+        return address.label, lambda: TritonTarget(address, keep_images)
+    name, url = text.split("=", 1) if "=" in text and not text.split("=", 1)[0].startswith("http") else (text, text)
+    return name, lambda: HttpTarget(url, name, api_key)
 
 
 def _error_message(text: str) -> str:
