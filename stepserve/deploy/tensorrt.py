@@ -48,21 +48,23 @@ def parse_buckets(text: str) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                epilog="Rules for min/opt/max and the engine folder's layout: docs/TENSORRT.md.")
-    p.add_argument("--onnx", required=True, type=Path, help="an ONNX folder made by `stepserve export onnx`")
-    p.add_argument("--out", required=True, type=Path, help="the engine folder to write")
-    p.add_argument("--max-batch-size", type=int, default=8, help="the server's max_batch_size (default 8)")
-    p.add_argument("--buckets", type=parse_buckets, default=(),
+                                epilog=f"Exit status: 0 built, or not buildable here and build_engines.sh written; {EXIT_NOT_BUILT} the latter "
+                                       "with --require-build; 1 TensorRT failed; 2 bad options or ONNX folder. Rules for "
+                                       "min/opt/max and the engine folder: docs/TENSORRT.md.")
+    p.add_argument("--onnx", required=True, type=Path, metavar="DIR", help="an ONNX folder made by `stepserve export onnx`")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the engine folder to write")
+    p.add_argument("--max-batch-size", type=int, default=8, metavar="N", help="the server's max_batch_size (default 8)")
+    p.add_argument("--buckets", type=parse_buckets, default=(), metavar="N,N,...",
                    help="batch sizes a compiled server pads batches to, e.g. 1,2,4,8 (default: none)")
-    p.add_argument("--opt-batch", type=int, default=None,
+    p.add_argument("--opt-batch", type=int, default=None, metavar="N",
                    help="the batch (in requests) to tune for; default: the bucket a full batch pads to, else "
                         "--max-batch-size")
-    p.add_argument("--max-decode-per-step", type=int, default=None,
+    p.add_argument("--max-decode-per-step", type=int, default=None, metavar="N",
                    help="the engine's cap on VAE decodes per step (default: a whole batch)")
     p.add_argument("--no-cfg", action="store_true",
                    help="no request uses guidance_scale > 1, so batches are not doubled for guidance")
     p.add_argument("--fp16", action="store_true", help="let TensorRT use FP16 kernels (inputs/outputs stay FP32)")
-    p.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_MIB,
+    p.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_MIB, metavar="N",
                    help=f"TensorRT's workspace memory pool limit in MiB (default {DEFAULT_WORKSPACE_MIB})")
     p.add_argument("--script-only", action="store_true",
                    help="write build_engines.sh and manifest.json without building, even where TensorRT exists")
