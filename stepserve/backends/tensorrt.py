@@ -111,6 +111,7 @@ class TensorRTNetworks:
 
     def __init__(self, text_encoder: EngineRunner, unet: EngineRunner, vae_decoder: EngineRunner) -> None:
         self.runners = {"text_encoder": text_encoder, "unet": unet, "vae_decoder": vae_decoder}
+        self.runtime = None  # the trt.Runtime that deserialized the engines (set by load_tensorrt_networks)
 
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
         runner = self.runners["text_encoder"]
@@ -184,4 +185,6 @@ def load_tensorrt_networks(engine_dir: Path, device: str = "cuda") -> TensorRTNe
                     f"{engine_dir / file}: TensorRT {trt.__version__} could not load it; an engine runs only on the "
                     f"TensorRT version and GPU model that built it ({BUILD_HINT.format(dir=engine_dir)})")
             runners[network] = EngineRunner(network, engine, trt, torch_device)
-    return TensorRTNetworks(runners["text_encoder"], runners["unet"], runners["vae_decoder"])
+    networks = TensorRTNetworks(runners["text_encoder"], runners["unet"], runners["vae_decoder"])
+    networks.runtime = runtime  # kept alive as long as the engines it deserialized
+    return networks
