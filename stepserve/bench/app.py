@@ -37,6 +37,7 @@ class BenchConfig:
     model: str = "embedded"
     device: str = "cpu"
     dtype: str = "float32"
+    backend: str = "torch"  # in-process: torch | onnxruntime | tensorrt
     contenders: list[Contender] = field(default_factory=list)
     load: str = "poisson"  # poisson | closed | trace
     rate: float | None = None
@@ -92,7 +93,7 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
         makers = [TargetMaker(*server_target(t, cfg.api_key, cfg.keep_images)) for t in cfg.targets]
         return Makers(makers, makers[0])
     t0 = time.monotonic()
-    executor = load_model(cfg.model, cfg.device, cfg.dtype)
+    executor = load_model(cfg.model, cfg.device, cfg.dtype, cfg.backend)
     startup.model_load_s = time.monotonic() - t0
     model, source = _latency_model(cfg, executor, startup)
     makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images, model))
@@ -128,7 +129,7 @@ def measure_latency_model(executor, max_batch_size: int, progress: bool = True):
     return measure(executor, max_batch_size, progress=progress)
 
 
-def load_model(model: str, device: str, dtype: str):
+def load_model(model: str, device: str, dtype: str, backend: str = "torch"):
     if model == "fake":
         from .targets import SleepingFakeExecutor
 
@@ -136,8 +137,11 @@ def load_model(model: str, device: str, dtype: str):
     from ..api import load_executor
     from ..pipelines.diffusers_sd import resolve_model_path
 
-    resolve_model_path(model)  # a missing model fails fast, before the heavy imports
-    return load_executor(model, device, dtype)
+    from ..deploy.onnx_export import is_export_dir
+
+    if not (backend != "torch" and is_export_dir(model)):
+        resolve_model_path(model)  # a missing model fails fast, before the heavy imports
+    return load_executor(model, device, dtype, backend)
 
 
 @dataclass
@@ -258,6 +262,7 @@ def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: st
     target = ", ".join(cfg.targets) if cfg.targets else f"in-process engine, model {cfg.model}"
     return BenchSettings(
         target=target, model=None if cfg.targets else cfg.model, device=cfg.device, dtype=cfg.dtype,
+        backend=cfg.backend,
         contenders=[] if cfg.targets else list(cfg.contenders), mix=cfg.mix.to_dict(), load=cfg.load,
         rate_rps=rate, rate_frac=cfg.rate_frac, users=cfg.users if cfg.load == "closed" else None,
         trace_file=cfg.trace_file, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, drain_s=drain_s,

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..api import DEVICES, DTYPES
+from ..backends import BACKENDS
 from ..scheduling import STRATEGIES
 from .app import BenchConfig, run_bench, write_outputs
 from .targets import Contender
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
     p.add_argument("--device", default="cpu", help=f"{' | '.join(DEVICES)} (in-process only)")
     p.add_argument("--dtype", default="float32", help=f"{' | '.join(DTYPES)} (in-process only)")
+    p.add_argument("--backend", default="torch", choices=BACKENDS,
+                   help="how the networks run in process: torch, onnxruntime (CPU; the model is exported once into "
+                        "a cache unless --model is an ONNX export), tensorrt (engine folder, CUDA)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
     p.add_argument("--strategies",
                    help=f"comma-separated: {', '.join(STRATEGIES)}; default: "
@@ -183,7 +187,8 @@ def config_from_args(argv: list[str]) -> BenchConfig:
         raise UsageError(f"--mix/--steps: {exc}") from None
     return BenchConfig(
         argv=["bench", *argv], mix=mix, out=args.out, targets=list(args.target), model=args.model,
-        device=args.device, dtype=args.dtype, contenders=contenders, load=args.load, rate=args.rate,
+        device=args.device, dtype=args.dtype, backend=args.backend, contenders=contenders, load=args.load,
+        rate=args.rate,
         rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
         duration_s=args.duration, warmup_s=args.warmup, drain_s=args.drain, sweep=args.sweep,
         sweep_rates=_floats(args.sweep_rates, "--sweep-rates") if args.sweep_rates else [],

@@ -214,7 +214,7 @@ def render(results: BenchResults) -> str:
         where = (f"- Target: {st.target} (a running server: its start-up is not measured here); load generated on "
                  f"{r.environment.cpu}, {r.environment.cpu_count} cores")
     else:
-        where = (f"- Target: {st.target}; device {st.device} {st.dtype} ({r.environment.cpu}, "
+        where = (f"- Target: {st.target}; device {st.device} {st.dtype}, backend {st.backend} ({r.environment.cpu}, "
                  f"{r.environment.cpu_count} cores, torch threads {r.environment.torch_threads}); "
                  f"GPU: {r.environment.gpu or 'none'}")
     lines += [where,

@@ -42,6 +42,7 @@ class BenchSettings:
     timeout_s: float | None = None  # every request's deadline (SamplingParams / body "timeout_s"); None: none
     timeout_rule: str | None = None  # how it was set: "--timeout-s", or "--timeout-slo: the run's SLO"
     latency_model: str | None = None  # slo contenders: where their latency model came from
+    backend: str = "torch"  # in-process: how the networks ran (torch | onnxruntime | tensorrt)
 
 
 @dataclass
