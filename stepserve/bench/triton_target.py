@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
 STREAM_MODES = ("shared", "per-request")  # decoupled models: one gRPC stream for all requests, or one each
 QUEUE_FULL = "queue_full"
 QUEUE_FULL_MESSAGES = ("queue full", "exceeds maximum queue size")  # stepserve's model; Triton's dynamic batcher
+_REQUEST_ID = re.compile(r"^\[request id: [^\]]*\]\s*")  # Triton's own errors start with it
 # Sent when a request leaves a field to the model's default but the model's config makes that input required:
 # the embedded model's serving defaults.
 FALLBACK_DEFAULTS = {"steps": 15, "guidance_scale": 3.0}
@@ -154,7 +156,7 @@ def error_reply(message: str, status: str | None = None, timed_out: bool = False
     text = message or status or "unknown error"
     if timed_out:
         return Reply(TIMEOUT, error=f"deadline exceeded: {text}", reason="deadline_exceeded")
-    if text.strip().lower().startswith(QUEUE_FULL_MESSAGES):
+    if _REQUEST_ID.sub("", text.strip()).lower().startswith(QUEUE_FULL_MESSAGES):
         return Reply(REJECTED, error=text, reason=QUEUE_FULL)
     return Reply(FAILED, error=f"[{status}] {text}" if status else text)
 

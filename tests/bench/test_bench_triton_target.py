@@ -103,6 +103,17 @@ def test_errors_refusals_and_deadlines(servers, variant, protocol, stream_mode):
         assert time.monotonic() - t0 < 0.8
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_tritons_own_queue_limit_counts_as_rejected(servers, protocol):
+    """The dynamic batcher's max_queue_size: Triton refuses with "Exceeds maximum queue size"; the model is named
+    by the URL's path."""
+    specs = [RequestSpec("a seven", seed=i, num_inference_steps=25) for i in range(8)]  # 50 ms each, one at a time
+    replies, _ = _run(f"{_url(servers, 'classic', protocol)}/bounded", specs, keep_images=False)
+    rejected = [r for r in replies if r.status == REJECTED]
+    assert rejected and all(r.reason == "queue_full" and "maximum queue size" in r.error for r in rejected)
+    assert sorted({r.status for r in replies}) == [OK, REJECTED]  # those that fit are answered
+
+
 def test_a_decoupled_model_over_http_is_refused_with_the_grpc_hint(servers):
     target = TritonTarget(_url(servers, "decoupled", "http"))
     with pytest.raises(ValueError, match=r"is decoupled.*only over gRPC streaming; give its gRPC port"):

@@ -26,9 +26,9 @@ STEP_MS = 2.0
 DEFAULT_SIZE = 8  # height and width when the request leaves them out
 
 _CONFIG = """
-name: "pipeline"
+name: "%(name)s"
 backend: "python"
-max_batch_size: 8
+max_batch_size: %(batch)d
 input [
   { name: "prompt", data_type: TYPE_STRING, dims: [ 1 ] },
   { name: "negative_prompt", data_type: TYPE_STRING, dims: [ 1 ], optional: true },
@@ -43,6 +43,7 @@ output [ { name: "image", data_type: TYPE_UINT8, dims: [ -1, -1, 3 ] } ]
 instance_group [ { kind: KIND_CPU, count: 1 } ]
 """
 _CLASSIC = "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
+_BOUNDED = "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n"  # Triton itself refuses the rest
 _DECOUPLED = "model_transaction_policy { decoupled: true }\n"
 
 _MODEL = '''
@@ -125,11 +126,14 @@ def fake_pixel(seed: int, steps: int) -> int:
 
 
 def write_repository(root: Path, decoupled: bool) -> Path:
-    """A model repository with the fake `pipeline` model, classic or decoupled."""
-    model = root / "pipeline"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(_CONFIG + (_DECOUPLED if decoupled else _CLASSIC))
-    (model / "1" / "model.py").write_text(_MODEL % {"step_s": STEP_MS / 1000.0, "size": DEFAULT_SIZE})
+    """A model repository with the fake `pipeline` model, classic or decoupled; the classic one also holds
+    `bounded`, the same model with batches of 1 and a queue of 1 (Triton refuses what does not fit)."""
+    models = [("pipeline", 8, _DECOUPLED if decoupled else _CLASSIC)] + ([] if decoupled else [("bounded", 1, _BOUNDED)])
+    for name, batch, policy in models:
+        model = root / name
+        (model / "1").mkdir(parents=True)
+        (model / "config.pbtxt").write_text(_CONFIG % {"name": name, "batch": batch} + policy)
+        (model / "1" / "model.py").write_text(_MODEL % {"step_s": STEP_MS / 1000.0, "size": DEFAULT_SIZE})
     return root
 
 
