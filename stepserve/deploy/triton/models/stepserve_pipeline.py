@@ -1,0 +1,111 @@
+"""The stepserve layout's entry model: a decoupled model that runs stepserve's AsyncEngine inside Triton.
+
+execute() only validates and submits: each request joins the engine's queue at once and the engine (continuous
+batching by default) lets it join the running batch at the next denoising step. The answer is sent from the
+engine's completion, on the model's own event-loop thread, with the FINAL flag; execute() returns before any
+image exists. A full queue is answered at once with an error that starts with "queue full".
+
+Settings come from the config's `parameters`: strategy, max_batch_size, max_queue, max_queue_delay_ms, backend
+(onnxruntime or torch), threads (onnxruntime intra-op threads), torch_threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from stepserve.api import load_executor
+from stepserve.async_engine import AsyncEngine
+from stepserve.engine import AdmissionError, QueueFullError
+from stepserve.scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
+
+from .requests import (
+    INPUT_NAMES,
+    QUEUE_FULL_PREFIX,
+    BadRequest,
+    parse_request,
+    stack_images,
+)
+from .settings import limit_torch_threads, model_parameters, optional_int, version_dir
+
+log = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 5.0
+
+
+def _final(sender, response) -> None:
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def _error(message: str):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        params = model_parameters(args)
+        limit_torch_threads(optional_int(params.get("torch_threads")))
+        backend = params.get("backend", "onnxruntime")
+        folder = version_dir(args) / ("export" if backend == "onnxruntime" else "diffusers")
+        executor = load_executor(str(folder), backend=backend, threads=optional_int(params.get("threads")))
+        self.engine = AsyncEngine(
+            executor,
+            strategy=params.get("strategy", "continuous"),
+            max_batch_size=int(params.get("max_batch_size", "8")),
+            max_queue=optional_int(params.get("max_queue")),
+            max_queue_delay_ms=float(params.get("max_queue_delay_ms", DEFAULT_MAX_QUEUE_DELAY_MS)),
+        )
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="stepserve-triton-loop", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.engine.start(), self.loop).result()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            inputs = {}
+            for name in INPUT_NAMES:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                inputs[name] = None if tensor is None else tensor.as_numpy()
+            try:
+                parsed = parse_request(inputs, self.engine.model)
+                asyncio.run_coroutine_threadsafe(self._submit(parsed.params, sender), self.loop).result()
+            except BadRequest as e:
+                _final(sender, _error(str(e)))
+            except QueueFullError as e:
+                _final(sender, _error(f"{QUEUE_FULL_PREFIX}: {e}"))
+            except AdmissionError as e:  # refused by the policy (a deadline it cannot meet)
+                _final(sender, _error(f"refused: {e}"))
+            except Exception as e:  # noqa: BLE001 - shutting down, or the engine died: say so, serve the rest
+                _final(sender, _error(f"{type(e).__name__}: {e}"))
+
+    async def _submit(self, params, sender) -> None:
+        """Runs on the loop thread (the engine's futures belong to it); raises when the engine refuses."""
+        handles = self.engine.submit_many(params)
+        self.loop.create_task(self._answer(handles, sender))
+
+    async def _answer(self, handles, sender) -> None:
+        try:
+            results = [await h.result() for h in handles]
+            failed = [r for r in results if not r.ok]
+            if failed:
+                response = _error(f"generation failed: {failed[0].error or failed[0].status.value}")
+            else:
+                response = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("image", stack_images([r.image for r in results]))])
+        except Exception as e:  # noqa: BLE001 - every request gets its one final response
+            response = _error(f"{type(e).__name__}: {e}")
+        try:
+            _final(sender, response)
+        except Exception:
+            log.warning("could not send a response (the client may have gone)", exc_info=True)
+
+    def finalize(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.engine.shutdown(SHUTDOWN_GRACE_S), self.loop).result(
+                SHUTDOWN_GRACE_S + 15)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
