@@ -39,8 +39,11 @@ def _final(sender, response) -> None:
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
-def _error(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+def _error(message: str, request_id: str):
+    """An error reply. tritonclient's stream callback drops the id of an error reply, so the message ends with it
+    (a client sharing one stream among requests needs it); it must not start with it: "queue full" leads."""
+    suffix = f" [request id: {request_id}]" if request_id else ""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message + suffix))
 
 
 class TritonPythonModel:
@@ -65,38 +68,39 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            rid = request.request_id()
             inputs = {}
             for name in INPUT_NAMES:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 inputs[name] = None if tensor is None else tensor.as_numpy()
             try:
                 parsed = parse_request(inputs, self.engine.model)
-                asyncio.run_coroutine_threadsafe(self._submit(parsed.params, sender), self.loop).result()
+                asyncio.run_coroutine_threadsafe(self._submit(parsed.params, sender, rid), self.loop).result()
             except BadRequest as e:
-                _final(sender, _error(str(e)))
+                _final(sender, _error(str(e), rid))
             except QueueFullError as e:
-                _final(sender, _error(f"{QUEUE_FULL_PREFIX}: {e}"))
+                _final(sender, _error(f"{QUEUE_FULL_PREFIX}: {e}", rid))
             except AdmissionError as e:  # refused by the policy (a deadline it cannot meet)
-                _final(sender, _error(f"refused: {e}"))
+                _final(sender, _error(f"refused: {e}", rid))
             except Exception as e:  # noqa: BLE001 - shutting down, or the engine died: say so, serve the rest
-                _final(sender, _error(f"{type(e).__name__}: {e}"))
+                _final(sender, _error(f"{type(e).__name__}: {e}", rid))
 
-    async def _submit(self, params, sender) -> None:
+    async def _submit(self, params, sender, request_id: str) -> None:
         """Runs on the loop thread (the engine's futures belong to it); raises when the engine refuses."""
         handles = self.engine.submit_many(params)
-        self.loop.create_task(self._answer(handles, sender))
+        self.loop.create_task(self._answer(handles, sender, request_id))
 
-    async def _answer(self, handles, sender) -> None:
+    async def _answer(self, handles, sender, request_id: str) -> None:
         try:
             results = [await h.result() for h in handles]
             failed = [r for r in results if not r.ok]
             if failed:
-                response = _error(f"generation failed: {failed[0].error or failed[0].status.value}")
+                response = _error(f"generation failed: {failed[0].error or failed[0].status.value}", request_id)
             else:
                 response = pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor("image", stack_images([r.image for r in results]))])
         except Exception as e:  # noqa: BLE001 - every request gets its one final response
-            response = _error(f"{type(e).__name__}: {e}")
+            response = _error(f"{type(e).__name__}: {e}", request_id)
         try:
             _final(sender, response)
         except Exception:
