@@ -105,6 +105,7 @@ class TritonServer:
         self.log_path = Path(log_file) if log_file else self.workdir / "tritonserver.log"
         self.shm_prefix = f"stepserve-triton-{os.getpid()}-{secrets.token_hex(3)}-"
         self.process: subprocess.Popen | None = None
+        self.keep_log = log_file is not None  # a temporary log is kept only when start() failed (its error cites it)
 
     @property
     def http_url(self) -> str:
@@ -138,6 +139,7 @@ class TritonServer:
         try:
             self._wait_ready(timeout_s)
         except BaseException:
+            self.keep_log = True
             self.stop()
             raise
         self._say(f"ready in {time.monotonic() - started:.1f} s")
@@ -183,10 +185,9 @@ class TritonServer:
             process.wait()
         for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             region.unlink(missing_ok=True)
-        if self.log_path.parent != self.workdir:
+        shutil.rmtree(self.workdir / "backends", ignore_errors=True)
+        if not self.keep_log or self.log_path.parent != self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        else:
-            shutil.rmtree(self.workdir / "backends", ignore_errors=True)
 
     def __enter__(self):
         return self.start()
