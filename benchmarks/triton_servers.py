@@ -9,7 +9,8 @@ Every contender runs the networks in onnxruntime with the same threads, so the b
 2. Each contender in turn: its server is started, driven by `stepserve bench --target` with that trace (p50, p95,
    goodput within the SLO), then, with --sweep-fracs, by a rate sweep over those fractions of capacity (the knee:
    the highest rate whose p95 held the SLO), then stopped.
-3. A table of medians over --repeats, each contender's ratios to the classic repository, and a JSON summary.
+   Before that, one user sends the longest request of the mix alone for a few seconds: each layout's idle latency.
+3. A table of medians over --repeats, each contender's ratios to the best classic repository, and a JSON summary.
 
     python benchmarks/triton_servers.py --out bench-out/triton --rate-frac 0.7 --duration 30 \\
         --sweep-fracs 0.4,0.6,0.8,1.0,1.2
@@ -118,10 +119,17 @@ def main() -> None:
     repos = {label: export_repo(label, args) for label in labels if label.startswith("triton-")}
     rows: dict[str, list[dict]] = {}
     knees: dict[str, list[dict]] = {}
+    idle: dict[str, list[float]] = {}  # p50 of the longest request alone (one user, closed loop)
+    args.longest = str(max(int(x) for x in args.steps.split(",")))
     for repeat in range(args.repeats):
         order = labels[repeat % len(labels):] + labels[:repeat % len(labels)]
         for label in order:
             with Contender(label, args, repos) as target:
+                idle_out = args.out / f"{label}-idle-r{repeat + 1}"
+                bench(["--target", target, "--load", "closed", "--users", "1", "--steps", args.longest,
+                       "--duration", "6", "--warmup", "1", "--seed", str(args.seed), "--slo-p95-ms", str(slo_ms),
+                       "--out", str(idle_out), "--no-progress"])
+                idle.setdefault(label, []).extend(s["p50_s"]["median"] for s in summaries(idle_out).values())
                 out = args.out / f"{label}-r{repeat + 1}"
                 bench(["--target", target, "--load", "trace", "--trace", str(trace), "--slo-p95-ms", str(slo_ms),
                        "--out", str(out), *deadline, *common])
@@ -146,11 +154,14 @@ def main() -> None:
         for label in ordered:
             print(f"goodput {label:22} {goodput(label):6.2f}/s  = {goodput(label) / max(goodput(best), 1e-9):5.2f}x "
                   f"the best classic layout ({best})")
+    for label, values in idle.items():
+        print(f"idle {label:18} {args.longest}-step request alone: p50 "
+              + ", ".join(f"{v * 1000:.0f} ms" for v in values) + f" (SLO {slo_ms:.0f} ms)")
     for label, ks in knees.items():
         rates = [k["rate_rps"] for k in ks]
         print(f"knee {label:18} " + ", ".join("-" if r is None else f"{r:.2f} req/s" for r in rates)
               + (f" ({rates[0] / capacity:.2f}x capacity)" if rates and rates[0] and capacity else ""))
-    print(json.dumps({"slo_ms": slo_ms, "capacity_rps": capacity, "knees": knees}))
+    print(json.dumps({"slo_ms": slo_ms, "capacity_rps": capacity, "knees": knees, "idle_p50_s": idle}))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,16 @@ def backstop_s(params: Sequence[SamplingParams]) -> float | None:
     return None if timeout is None else timeout + max(1.0, 0.25 * timeout)
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def wait_all(state: ServerState, handles: list[RequestHandle], receive: Receive,
                    timeout_s: float | None) -> list[GenerationResult] | None:
     """All results in order, or None when the client disconnected first (its requests are then aborted)."""
     results = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
+    results.add_done_callback(_retrieve)  # once cancelled, its CancelledError is nobody's to read: no log noise
     watcher = asyncio.ensure_future(wait_disconnect(receive))
     try:
         done, _ = await asyncio.wait({results, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)

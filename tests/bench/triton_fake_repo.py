@@ -12,15 +12,10 @@ sleeps STEP_MS per step. A prompt starting with "queue full" makes the model ref
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import sysconfig
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from stepserve.deploy.triton.server import TritonServer
 
 STEP_MS = 2.0
 DEFAULT_SIZE = 8  # height and width when the request leaves them out
@@ -137,79 +132,25 @@ def write_repository(root: Path, decoupled: bool) -> Path:
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class TritonProcess:
-    process: subprocess.Popen
-    http_port: int
-    grpc_port: int
-    log: Path
+    """A started TritonServer, with URLs in the form the bench's --target takes."""
+
+    server: TritonServer
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.server.http_url}"
 
     @property
     def grpc_url(self) -> str:
-        return f"grpc://127.0.0.1:{self.grpc_port}"
+        return f"grpc://{self.server.grpc_url}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-
-def _bundled_server(workdir: Path) -> tuple[Path, Path, Path]:
-    """(tritonserver binary, a backends folder with the Python backend and this Python's stub, its libraries)."""
-    import pytriton
-
-    root = Path(pytriton.__file__).parent
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    backends = workdir / "backends"
-    shutil.copytree(root / "tritonserver" / "backends", backends, ignore=shutil.ignore_patterns("__pycache__"))
-    stub = root / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub"
-    shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
-    return root / "tritonserver" / "bin" / "tritonserver", backends, root.parent / "nvidia_pytriton.libs"
+        self.server.stop()
 
 
 def start_tritonserver(repository: Path, workdir: Path, timeout_s: float = 60.0) -> TritonProcess:
-    """Start the bundled tritonserver on free loopback ports and wait until the `pipeline` model is ready."""
-    binary, backends, libs = _bundled_server(workdir)
-    http_port, grpc_port = free_port(), free_port()
-    env = dict(os.environ)
-    lib_dirs = [sysconfig.get_config_var("LIBDIR"), str(libs), env.get("LD_LIBRARY_PATH", "")]
-    env["LD_LIBRARY_PATH"] = ":".join(d for d in lib_dirs if d)
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the stub's Python: this one
-    log = workdir / "tritonserver.log"
-    args = [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
-            f"--http-port={http_port}", f"--grpc-port={grpc_port}", "--allow-metrics=false",
-            "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
-            f"--backend-config=python,shm-region-prefix-name=stepserve-test-{http_port}",
-            "--backend-config=python,shm-default-byte-size=4194304"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = TritonProcess(process, http_port, grpc_port, log)
-    deadline = time.monotonic() + timeout_s
-    import urllib.request
-
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{server.http_url}/v2/models/pipeline/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    return server
-        except OSError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"tritonserver not ready after {timeout_s:g} s:\n{log.read_text()[-3000:]}")
+    """The bundled tritonserver (stepserve's own launcher) on free loopback ports, ready to answer."""
+    server = TritonServer(repository, log_file=str(workdir / "tritonserver.log"), quiet=True)
+    return TritonProcess(server.start(timeout_s))

@@ -8,33 +8,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from extras import require
 
 from stepserve.api import Engine, load_executor
 from stepserve.scheduling import STRATEGIES
 from stepserve.types import SamplingParams
 
 BATCHES = (1, 3, 8)
-
-
-@pytest.fixture(scope="module")
-def ort():
-    require("onnx", "onnx")
-    return require("onnxruntime", "onnx")
-
-
-@pytest.fixture(scope="module")
-def embedded_onnx(ort, tmp_path_factory):
-    from stepserve.deploy.onnx_export import export_onnx
-
-    return export_onnx("embedded", tmp_path_factory.mktemp("onnx") / "embedded", show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_onnx(ort, tiny_sd_path, tmp_path_factory):
-    from stepserve.deploy.onnx_export import export_onnx
-
-    return export_onnx(tiny_sd_path, tmp_path_factory.mktemp("onnx") / "tiny", show_progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from extras import require
 
 from stepserve.backends.tensorrt import TensorRTUnavailableError, load_tensorrt_networks
 from stepserve.deploy import tensorrt as cli
@@ -24,26 +23,6 @@ CAN_BUILD_HERE = not missing_requirements()
 
 
 # --- the command against real ONNX exports ---------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ort():
-    require("onnx", "onnx")
-    return require("onnxruntime", "onnx")
-
-
-@pytest.fixture(scope="module")
-def embedded_onnx(ort, tmp_path_factory):
-    from stepserve.deploy.onnx_export import export_onnx
-
-    return export_onnx("embedded", tmp_path_factory.mktemp("onnx") / "embedded", validate=False, show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_onnx(ort, tiny_sd_path, tmp_path_factory):
-    from stepserve.deploy.onnx_export import export_onnx
-
-    return export_onnx(tiny_sd_path, tmp_path_factory.mktemp("onnx") / "tiny", validate=False, show_progress=False)
-
-
 def run_cli(argv, capsys):
     rc = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()

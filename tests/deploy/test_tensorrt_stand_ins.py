@@ -11,19 +11,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-from extras import require
 
 from stepserve.backends.tensorrt import EngineRunner, TensorRTNetworks
 from stepserve.deploy import tensorrt as cli
-
-
-@pytest.fixture(scope="module")
-def embedded_onnx(tmp_path_factory):
-    require("onnx", "onnx")
-    require("onnxruntime", "onnx")
-    from stepserve.deploy.onnx_export import export_onnx
-
-    return export_onnx("embedded", tmp_path_factory.mktemp("onnx") / "embedded", validate=False, show_progress=False)
 
 
 def run_cli(argv, capsys):

@@ -23,12 +23,8 @@ OPTIONAL = {"negative_prompt", "sampler", "height", "width"}
 
 
 @pytest.fixture(scope="module")
-def onnx_dir(tmp_path_factory):
-    require("onnx", "onnx")
-    require("onnxruntime", "onnx")
-    from stepserve.deploy.onnx_export import export_onnx
-
-    return export_onnx("embedded", tmp_path_factory.mktemp("onnx") / "embedded", validate=False, show_progress=False)
+def onnx_dir(embedded_onnx):
+    return embedded_onnx
 
 
 @pytest.fixture(scope="module")

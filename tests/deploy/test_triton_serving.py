@@ -31,14 +31,11 @@ TYPES = {"prompt": ("BYTES", object), "negative_prompt": ("BYTES", object), "sam
 
 
 @pytest.fixture(scope="module")
-def onnx_dir(tmp_path_factory):
-    require("onnxruntime", "onnx")
+def onnx_dir(embedded_onnx):
     require("tritonclient.grpc", "triton")
     require("tritonclient.http", "triton")
     require("pytriton", "triton")
-    from stepserve.deploy.onnx_export import export_onnx
-
-    return export_onnx("embedded", tmp_path_factory.mktemp("onnx") / "embedded", validate=False, show_progress=False)
+    return embedded_onnx
 
 
 @pytest.fixture(scope="module")
