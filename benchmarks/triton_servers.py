@@ -152,8 +152,8 @@ def main() -> None:
     print_table({k: rows[k] for k in ordered}, ordered, capacity)
     if best:
         for label in ordered:
-            print(f"goodput {label:22} {goodput(label):6.2f}/s  = {goodput(label) / max(goodput(best), 1e-9):5.2f}x "
-                  f"the best classic layout ({best})")
+            ratio = f"{goodput(label) / goodput(best):5.2f}x" if goodput(best) > 0 else "(the best classic: 0/s)"
+            print(f"goodput {label:22} {goodput(label):6.2f}/s  = {ratio} the best classic layout ({best})")
     for label, values in idle.items():
         print(f"idle {label:18} {args.longest}-step request alone: p50 "
               + ", ".join(f"{v * 1000:.0f} ms" for v in values) + f" (SLO {slo_ms:.0f} ms)")
