@@ -16,7 +16,7 @@ from stepserve.executor.torch_executor import TorchExecutor
 from stepserve.pipelines.diffusers_sd import StableDiffusionAdapter
 
 from .bls_networks import BlsNetworks
-from .requests import INPUT_NAMES, BadRequest, parse_request, stack_images
+from .requests import BadRequest, parse_request, request_inputs, stack_images
 from .settings import limit_torch_threads, model_parameters, optional_int, version_dir
 
 
@@ -38,10 +38,7 @@ class TritonPythonModel:
         rows: list[tuple[int, int]] = []  # (request index, rows) of the valid requests, in order
         params = []
         for i, request in enumerate(requests):
-            inputs = {}
-            for name in INPUT_NAMES:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                inputs[name] = None if tensor is None else tensor.as_numpy()
+            inputs = request_inputs(request, pb_utils.get_input_tensor_by_name)
             try:
                 parsed = parse_request(inputs, self.engine.model)
             except BadRequest as e:

@@ -56,6 +56,16 @@ def _element(name: str, kind: str, value):
     return float(value)
 
 
+def request_inputs(request, get_input) -> dict[str, np.ndarray | None]:
+    """Every entry-model input of one Triton request as numpy, None where the client left it out. `get_input` is
+    the Python backend's `pb_utils.get_input_tensor_by_name` (passed in, so this module imports without Triton)."""
+    inputs = {}
+    for name in INPUT_NAMES:
+        tensor = get_input(request, name)
+        inputs[name] = None if tensor is None else tensor.as_numpy()
+    return inputs
+
+
 def parse_request(inputs: dict[str, np.ndarray | None], model: ModelInfo) -> ParsedRequest:
     """SamplingParams for every row of one request (`inputs`: Triton input name -> array, None when absent)."""
     missing = [n for n in REQUIRED if inputs.get(n) is None]

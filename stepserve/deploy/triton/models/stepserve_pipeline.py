@@ -23,10 +23,10 @@ from stepserve.engine import AdmissionError, QueueFullError
 from stepserve.scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
 
 from .requests import (
-    INPUT_NAMES,
     QUEUE_FULL_PREFIX,
     BadRequest,
     parse_request,
+    request_inputs,
     stack_images,
 )
 from .settings import limit_torch_threads, model_parameters, optional_int, version_dir
@@ -69,10 +69,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             rid = request.request_id()
-            inputs = {}
-            for name in INPUT_NAMES:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                inputs[name] = None if tensor is None else tensor.as_numpy()
+            inputs = request_inputs(request, pb_utils.get_input_tensor_by_name)
             try:
                 parsed = parse_request(inputs, self.engine.model)
                 asyncio.run_coroutine_threadsafe(self._submit(parsed.params, sender, rid), self.loop).result()
