@@ -157,7 +157,7 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
         import torch
 
         torch.set_num_threads(cfg.threads or default_threads())
-    env = capture_environment(cfg.argv, "http" if cfg.targets else cfg.device)
+    env = capture_environment(cfg.argv, _remote_kind(cfg.targets) if cfg.targets else cfg.device)
     startup = Startup(model_load_s=None)
     both = _makers(cfg, startup)
     makers, reference = both.contenders, both.reference
@@ -256,6 +256,14 @@ def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float, timeout_
         trace.description += f" ({(cfg.rate_frac or 0.7) * 100:.0f}% of measured capacity {capacity_rps:.2f} req/s)"
     return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s,
                     trace=trace.with_timeout(timeout_s), rate_rps=rate, timeout_s=timeout_s)
+
+
+def _remote_kind(targets: list[str]) -> str:
+    """What the load went to: "http" (stepserve's API), "triton" (KServe v2), or both."""
+    from .triton_target import is_triton_target
+
+    kinds = sorted({"triton" if is_triton_target(t) else "http" for t in targets})
+    return "+".join(kinds)
 
 
 def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: str) -> BenchSettings:

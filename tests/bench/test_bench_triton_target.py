@@ -137,6 +137,7 @@ def test_the_bench_cli_drives_triton_end_to_end(servers, tmp_path):
     for run in runs.values():
         assert run["counts"]["completed"] > 10 and run["counts"]["failed"] == 0
     assert [i["steps"] for i in results["idle"]] == [2, 6]
+    assert results["environment"]["device"] == "triton"  # what the load went to
     report = (out / "report.md").read_text()
     assert "classic" in report and decoupled in report
     assert (out / "trace.jsonl").is_file() and (out / "latency_cdf.png").is_file()
