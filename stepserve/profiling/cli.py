@@ -1,0 +1,174 @@
+"""`stepserve profile`: measure a model's stage latencies on this device and write them as a latency model file.
+
+The file is what `stepserve serve --latency-model PATH` plans with (strategy slo) and what the simulator's
+LatencyModelExecutor charges (stepserve.sim.latency_executor). The step and encode costs are measured with and
+without guidance rows (stepserve.profiling.guidance); the model's main curves are those of a request at the
+model's default guidance. The metadata records the device, dtype, backend, threads, library versions, the machine
+and the spread (fastest and slowest repeat) of every point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+PROG = "stepserve profile"
+BACKENDS = ("torch", "onnxruntime", "tensorrt")  # as stepserve.backends.BACKENDS, without importing torch here
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
+def _int_from(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _guidance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (1 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number > 1 (the scale of the measurement with guidance rows; "
+                                         f"the one without is always made too), got {text!r}")
+    return value
+
+
+def _sizes(text: str) -> list[tuple[int, int]]:
+    """'32x32,64x48' -> [(32, 32), (64, 48)] as (height, width)."""
+    out = []
+    for part in text.split(","):
+        h, sep, w = part.strip().lower().partition("x")
+        if not sep or not h.isdigit() or not w.isdigit() or int(h) < 1 or int(w) < 1:
+            raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH[,HEIGHTxWIDTH...] in positive integers, "
+                                             f"e.g. 32x32,64x64; got {text!r}")
+        out.append((int(h), int(w)))
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"each size once, got {text!r}")
+    return out
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog=PROG, description="Measure a model's step, encode and decode latencies on this device "
+                                              "and write them as a latency model (JSON).")
+    p.add_argument("--model", default="embedded", help="'embedded' or a local diffusers folder (model_index.json)")
+    p.add_argument("--backend", default="torch", choices=BACKENDS)
+    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--threads", type=_int_from(1), default=max(1, _cores() - 1),
+                   help="torch intra-op CPU threads (onnxruntime's too); default as `stepserve serve`: the cores "
+                        "this process may use minus one, at least 1 (%(default)s here)")
+    p.add_argument("--max-batch-size", type=_int_from(1), default=8,
+                   help="largest batch measured (every size up to 16, then a geometric series; default %(default)s)")
+    p.add_argument("--sizes", type=_sizes, default=None, metavar="HxW[,HxW...]",
+                   help="shape buckets to measure (default: the model's default size)")
+    p.add_argument("--guidance-scale", type=_guidance, default=None,
+                   help="scale of the measurement with guidance rows (default: the model's default if > 1, else 2)")
+    p.add_argument("--repeats", type=_int_from(1), default=5, help="recorded runs per point (median; default 5)")
+    p.add_argument("--warmup", type=_int_from(0), default=1, help="unrecorded runs per point first (default 1)")
+    p.add_argument("--out", required=True, metavar="PATH", help="the latency model file to write (JSON)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out).expanduser()
+    if not out.parent.is_dir():
+        print(f"{PROG}: error: --out {args.out!r}: folder {str(out.parent)!r} does not exist", file=sys.stderr)
+        return 2
+    folder = Path(args.model).expanduser()
+    if args.model != "embedded" and not any((folder / f).is_file() for f in ("model_index.json", "manifest.json")):
+        print(f"{PROG}: error: --model {args.model!r} is neither 'embedded' nor a local diffusers folder with "
+              f"model_index.json (nor an export folder with manifest.json)", file=sys.stderr)
+        return 2
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from ..api import load_executor
+    from .guidance import measure_with_and_without_guidance
+
+    print(f"{PROG}: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}, "
+          f"{args.threads} threads) ...", file=sys.stderr, flush=True)
+    try:
+        executor = load_executor(args.model, args.device, args.dtype, args.backend, threads=args.threads)
+    except (OSError, ValueError) as exc:
+        print(f"{PROG}: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        latency = measure_with_and_without_guidance(executor, args.max_batch_size, args.sizes, args.guidance_scale,
+                                                    repeats=args.repeats, warmup=args.warmup, progress=True)
+    except ValueError as exc:  # a size or guidance scale the model does not accept (ValidationError names it)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    latency.metadata.update(run_metadata(args))
+    try:
+        latency.save(out)
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write {str(out)!r}: {exc}", file=sys.stderr)
+        return 1
+    ref = latency.reference_bucket
+    n = args.max_batch_size
+    print(f"{PROG}: wrote {out} ({latency.metadata.get('model')}, bucket {ref[0]}x{ref[1]}: step "
+          f"{latency.step_s(1) * 1000:.2f} ms at batch 1, {latency.step_s(n) * 1000:.2f} ms at batch {n}; "
+          f"measured in {latency.metadata.get('wall_s')} s)", file=sys.stderr)
+    return 0
+
+
+def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
+    """What the measurement ran on, beyond what measure_latency_model records: the settings asked for, the
+    machine and the versions of the libraries the backend uses."""
+    versions: dict[str, str] = {}
+    for name in ("torch", "diffusers", "transformers", "onnxruntime", "tensorrt", "numpy"):
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None)
+        if version is not None:
+            versions[name] = str(version)
+    from ..version import __version__
+
+    versions["stepserve"] = __version__
+    versions["python"] = platform.python_version()
+    return {
+        "backend": args.backend,
+        "device_requested": args.device,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "versions": versions,
+        "machine": {"platform": platform.platform(), "processor": cpu_name(), "cores": _cores()},
+    }
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), else what platform reports."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
