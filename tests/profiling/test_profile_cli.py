@@ -1,0 +1,105 @@
+"""`stepserve profile`: writes a loadable latency model with both guidance measurements and its metadata; bad
+flags exit 2 with one clear line."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepserve.cli import COMMANDS
+from stepserve.executor.fake import FAKE_MODEL
+from stepserve.profiling import cli
+from stepserve.profiling.guidance import by_guidance_rows
+from stepserve.scheduling.latency import LatencyModel
+from stepserve.sim.latency_executor import LatencyModelExecutor
+
+
+def test_profile_of_the_tiny_pipeline_writes_a_loadable_model_with_metadata(tiny_sd_path, tmp_path, capsys):
+    import torch
+
+    threads = torch.get_num_threads()
+    out = tmp_path / "latency.json"
+    try:
+        rc = cli.main(["--model", str(tiny_sd_path), "--repeats", "1", "--max-batch-size", "2", "--threads", "1",
+                       "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "with guidance rows" in err and "without guidance" in err and "wrote" in err
+    model = LatencyModel.load(out)
+    meta = model.metadata
+    assert meta["backend"] == "torch" and meta["device"] == "cpu" and meta["dtype"] == "float32"
+    assert meta["threads"] == 1 and meta["repeats"] == 1 and meta["batch_sizes"] == [1, 2]
+    assert meta["versions"]["torch"] == torch.__version__ and "stepserve" in meta["versions"]
+    assert meta["machine"]["cores"] >= 1 and meta["machine"]["processor"]
+    assert meta["guidance_rows"] == 2  # the tiny pipeline's default guidance is > 1
+    bucket = model.reference_bucket
+    assert [n for n, _ in model.step[bucket].points] == [1, 2]
+    for n, lo, hi in meta["spread"]["step"][0]["points"]:
+        assert lo <= hi
+    curves = by_guidance_rows(model)
+    assert set(curves) == {1, 2}
+    assert curves[2].step[bucket] == model.step[bucket] and curves[2].encode == model.encode
+    assert all(s > 0 for _, s in curves[1].step[bucket].points)
+    assert meta["by_guidance_rows"]["1"]["guidance_scale"] == 1.0
+    assert meta["by_guidance_rows"]["2"]["guidance_scale"] > 1
+    # what the simulator charges for a guided batch is the model's own curve
+    ex = LatencyModelExecutor(FAKE_MODEL, model)
+    assert ex.seconds("step", 2, 2, bucket) == pytest.approx(model.step_s(2, bucket))
+    assert ex.seconds("step", 2, 0, bucket) == pytest.approx(curves[1].step[bucket](2))
+
+
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backend", "tensorflow"], ("invalid choice: 'tensorflow'", "torch", "onnxruntime", "tensorrt")),
+    (["--device", "tpu"], ("invalid choice: 'tpu'", "cpu", "cuda")),
+    (["--dtype", "int8"], ("invalid choice: 'int8'", "float32", "float16", "bfloat16")),
+    (["--max-batch-size", "0"], "expected an integer >= 1, got '0'"),
+    (["--repeats", "x"], "expected an integer >= 1, got 'x'"),
+    (["--threads", "-2"], "expected an integer >= 1"),
+    (["--sizes", "32by32"], "expected HEIGHTxWIDTH"),
+    (["--sizes", "32x32,32x32"], "each size once"),
+    (["--guidance-scale", "1"], "expected a number > 1"),
+    ([], "the following arguments are required: --out"),
+])
+def test_bad_flags_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    if argv:
+        argv = argv + ["--out", str(tmp_path / "x.json")]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stepserve profile: error:") and err.count("\n") == 1
+    for part in (message,) if isinstance(message, str) else message:
+        assert part in err, err
+
+
+def test_bad_paths_exit_2_before_loading_anything(tmp_path, capsys):
+    assert cli.main(["--out", str(tmp_path / "missing" / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["--model", str(tmp_path), "--out", str(tmp_path / "x.json")]) == 2
+    assert "neither 'embedded' nor a local diffusers folder" in capsys.readouterr().err
+
+
+def test_a_size_the_model_refuses_exits_2(tiny_sd_path, tmp_path, capsys):
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        rc = cli.main(["--model", str(tiny_sd_path), "--sizes", "33x33", "--repeats", "1", "--max-batch-size", "1",
+                       "--threads", "1", "--out", str(tmp_path / "x.json")])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("stepserve profile: error:") and "height" in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_choices_match_the_loader_and_the_command_is_registered():
+    from stepserve.api import DEVICES, DTYPES
+    from stepserve.backends import BACKENDS
+
+    assert cli.BACKENDS == BACKENDS and cli.DEVICES == DEVICES and cli.DTYPES == DTYPES
+    assert COMMANDS["profile"][0] == "stepserve.profiling.cli"
