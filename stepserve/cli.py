@@ -9,6 +9,7 @@ COMMANDS = {
     "serve": ("stepserve.server.cli", "serve the OpenAI-compatible images API over HTTP"),
     "demo": ("stepserve.demo", "generate images on the embedded model under each strategy and compare"),
     "bench": ("stepserve.bench.cli", "load-test strategies or a running server; write a report"),
+    "simulate": ("stepserve.sim.cli", "replay a bench workload on a simulated clock with a latency model"),
     "export": ("stepserve.deploy.cli", "export to ONNX, TensorRT plans or a Triton model repository"),
     "profile": ("stepserve.profiling.cli", "measure a model's stage latencies on this device; write a latency model"),
     "grid": ("stepserve.grid", "write a sample grid (every digit x several seeds) of the embedded model"),

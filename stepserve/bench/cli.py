@@ -54,8 +54,9 @@ def _floats(text: str, name: str, positive: bool = True) -> list[float]:
     return values
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="stepserve bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = "stepserve bench", description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The bench flags; `stepserve simulate` parses the same ones (under its own name) so command lines carry over."""
+    p = _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group()
     what.add_argument("--target", action="append", default=[],
                       help="URL of a running stepserve server (repeatable; 'label=URL' names it), or a Triton "
@@ -143,8 +144,10 @@ def contenders_from(args: argparse.Namespace) -> list[Contender]:
     return out
 
 
-def config_from_args(argv: list[str]) -> BenchConfig:
-    args = build_parser().parse_args(argv)
+def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
+    """Parse and check bench flags. `command` "simulate": --latency-model is the simulator's cost model (any
+    strategy) and the bench-only checks on it are left to `stepserve simulate`."""
+    args = build_parser(f"stepserve {command}").parse_args(argv)
     positive = {"--max-batch-size": args.max_batch_size, "--users": args.users, "--duration": args.duration,
                 "--repeats": args.repeats, "--rate": args.rate, "--rate-frac": args.rate_frac,
                 "--threads": args.threads, "--static-batch-size": args.static_batch_size,
@@ -174,7 +177,7 @@ def config_from_args(argv: list[str]) -> BenchConfig:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
     contenders = contenders_from(args)
-    if args.latency_model is not None:
+    if args.latency_model is not None and command == "bench":
         if args.target:
             raise UsageError("--latency-model is for in-process slo contenders; a --target server has its own")
         if not any(c.strategy == "slo" for c in contenders):
@@ -186,7 +189,7 @@ def config_from_args(argv: list[str]) -> BenchConfig:
     except (OSError, ValueError) as exc:
         raise UsageError(f"--mix/--steps: {exc}") from None
     return BenchConfig(
-        argv=["bench", *argv], mix=mix, out=args.out, targets=list(args.target), model=args.model,
+        argv=[command, *argv], mix=mix, out=args.out, targets=list(args.target), model=args.model,
         device=args.device, dtype=args.dtype, backend=args.backend, contenders=contenders, load=args.load,
         rate=args.rate,
         rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
