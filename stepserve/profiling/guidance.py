@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..executor.base import Executor
-from ..scheduling.latency import Bucket, Curve, LatencyModel
+from ..scheduling.latency import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    Bucket,
+    Curve,
+    LatencyModel,
+)
 
 METADATA_KEY = "by_guidance_rows"
 
@@ -62,7 +68,7 @@ def measure_with_and_without_guidance(executor: Executor, max_batch_size: int,
     if not guidance_scale > 1:
         raise ValueError(f"guidance_scale must be > 1 (the scale of the measurement with guidance rows; the one "
                          f"without is always made too), got {guidance_scale!r}")
-    measured = {}
+    measured: dict[int, LatencyModel] = {}
     for rows, scale in ((2, guidance_scale), (1, 1.0)):
         if progress is not False:
             print(f"profile {model.name}: {'with guidance rows' if rows == 2 else 'without guidance'} "
@@ -111,12 +117,10 @@ def by_guidance_rows(model: LatencyModel) -> dict[int | None, GuidanceCurves]:
         w = f"{where}.{key}"
         if not isinstance(entry, dict) or "step" not in entry or "encode" not in entry:
             raise ValueError(f"{w}: expected an object with 'step' and 'encode'")
-        try:
-            data = {"format": "stepserve-latency-model", "version": 1, "step": entry["step"],
-                    "encode": entry["encode"], "decode": entry["step"]}
-            curves = LatencyModel.from_dict(data, w)
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
+        # read through LatencyModel's own reader, so the curves are checked as a file's are
+        data = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "step": entry["step"], "encode": entry["encode"],
+                "decode": entry["step"]}
+        curves = LatencyModel.from_dict(data, w)
         spread = entry.get("spread") or {}
         if not isinstance(spread, dict):
             raise ValueError(f"{w}.spread: expected an object with 'step' and 'encode'")

@@ -181,3 +181,15 @@ def test_the_shipped_example_model_loads_and_drives_the_embedded_model_info():
     ex = LatencyModelExecutor(info, model, noise=1.0, seed=0)
     result = simulate(EngineCore(ex, make_policy("continuous", 16)), trace(200, seed=1))
     assert all(r.status is RequestStatus.COMPLETED for r in result.requests)
+
+
+def test_a_malformed_guidance_entry_is_refused_naming_it():
+    good = two_curve_model().to_dict()
+    bad = {**good, "metadata": {**good["metadata"], "by_guidance_rows": {"3": {}}}}
+    with pytest.raises(ValueError, match=r"metadata.by_guidance_rows: keys are rows per request.*'3'"):
+        LatencyModelExecutor(FAKE_MODEL, LatencyModel.from_dict(bad))
+    entries = dict(good["metadata"]["by_guidance_rows"])
+    entries["1"] = {**entries["1"], "encode": [[0, 1.0]]}
+    bad = {**good, "metadata": {**good["metadata"], "by_guidance_rows": entries}}
+    with pytest.raises(ValueError, match=r"metadata.by_guidance_rows.1: encode: counts must be integers >= 1"):
+        by_guidance_rows(LatencyModel.from_dict(bad))
