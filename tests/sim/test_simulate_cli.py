@@ -1,0 +1,141 @@
+"""`stepserve simulate`: a bench command line with the verb swapped and --latency-model for --model writes the
+bench's files with the bench's schema, runs the server's own engine and policies, and loses no request."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from stepserve.bench.cli import main as bench_main
+from stepserve.bench.runner import LoadPlan
+from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, Contender
+from stepserve.bench.workload import Mix, poisson_trace
+from stepserve.cli import main as stepserve_main
+from stepserve.engine import EngineCore
+from stepserve.executor.fake import CostModel
+from stepserve.scheduling import LatencyModel
+from stepserve.scheduling.continuous import ContinuousBatchingPolicy
+from stepserve.scheduling.slo import SLOPolicy
+from stepserve.sim.bench import SimSetup, make_core, model_for, simulate_contender
+from stepserve.sim.cli import main
+from stepserve.sim.drive import drive_open
+from stepserve.sim.latency_executor import LatencyModelExecutor
+
+WORKLOAD = ["--steps", "2,4", "--duration", "0.8", "--warmup", "0.3", "--drain", "0.5", "--capacity-duration", "1.0",
+            "--no-progress", "--seed", "3", "--strategies", "continuous,dynamic", "--dynamic-delays-ms", "5"]
+
+
+@pytest.fixture
+def latency_file(tmp_path):
+    """The fake executor's cost model as a latency model: what `--model fake` sleeps, simulate charges."""
+    path = tmp_path / "latency.json"
+    LatencyModel.from_cost_model(CostModel()).save(path)
+    return path
+
+
+def _keys(value, depth=2):
+    """The shape of a JSON value: its keys, nested `depth` levels (lists: their first element)."""
+    if isinstance(value, list):
+        return [_keys(value[0], depth)] if value else []
+    if isinstance(value, dict) and depth > 0:
+        return {k: _keys(v, depth - 1) for k, v in value.items()}
+    return None
+
+
+def test_bench_command_line_simulated_writes_the_bench_schema(tmp_path, latency_file, capsys):
+    sim_out, bench_out = tmp_path / "sim", tmp_path / "bench"
+    assert bench_main(["--model", "fake", *WORKLOAD, "--out", str(bench_out)]) == 0
+    assert stepserve_main(["simulate", "--latency-model", str(latency_file), *WORKLOAD, "--out", str(sim_out)]) == 0
+    assert "report:" in capsys.readouterr().out
+    assert {"results.json", "report.md", "latency_cdf.png", "trace.jsonl", "latency_model.json"} <= {
+        p.name for p in sim_out.iterdir()}
+    with Image.open(sim_out / "latency_cdf.png") as im:
+        assert im.size[0] > 100
+    sim = json.loads((sim_out / "results.json").read_text())
+    bench = json.loads((bench_out / "results.json").read_text())
+    assert list(sim) == list(bench) and sim["schema"] == bench["schema"]
+    for key in ("settings", "runs", "summaries", "idle", "capacity", "cdf", "timelines"):
+        assert _keys(sim[key]) == _keys(bench[key]), key
+    assert sim["environment"]["command"].startswith("stepserve simulate --latency-model")
+    assert [s["contender"] for s in sim["summaries"]] == ["continuous", "dynamic(5ms)"]
+    assert sim["settings"]["seed"] == 3 and sim["settings"]["device"].startswith("simulated")
+    # the same seed: the same trace, request for request, as the live bench replayed
+    assert (sim_out / "trace.jsonl").read_text().count("\n") > 0
+    # simulated costs are what the fake model sleeps: idle latencies agree loosely (sleeping overshoots)
+    for s, b in zip(sim["idle"], bench["idle"]):
+        assert s["steps"] == b["steps"] and 0.5 < s["latency_s"] / b["latency_s"] <= 1.05
+    report = (sim_out / "report.md").read_text()
+    assert "| continuous |" in report and "simulated engine" in report
+
+
+def test_closed_loop_and_trace_loads_simulate(tmp_path, latency_file):
+    out = tmp_path / "closed"
+    assert main(["--latency-model", str(latency_file), *WORKLOAD, "--load", "closed", "--users", "4",
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["runs"][0]["mode"] == "closed-loop" and results["summaries"][0]["completed"] > 10
+    replay = tmp_path / "replay"
+    assert main(["--latency-model", str(latency_file), *WORKLOAD, "--load", "trace",
+                 "--trace", str(_trace(tmp_path)), "--out", str(replay)]) == 0
+    runs = json.loads((replay / "results.json").read_text())["runs"]
+    assert runs[0]["counts"]["offered"] == 30 - 3  # 3 requests fall in the 0.3 s warm-up
+
+
+def _trace(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"offset_s": 0.1 * i, "prompt": "a seven", "num_inference_steps": 4}) + "\n"
+                            for i in range(30)))
+    return path
+
+
+@pytest.mark.parametrize("with_model, argv, message", [
+    (False, [], "--latency-model FILE is required"),
+    (True, ["--model", "fake"], "--model: simulate runs no model"),
+    (False, ["--target", "http://127.0.0.1:9"], "--target: a server cannot be simulated"),
+    (True, ["--sweep"], "--sweep is not simulated"),
+    (True, ["--noise", "-1"], "--noise: must be a number >= 0"),
+    (True, ["--strategies", "bogus"], "--strategies: bogus not supported"),
+])
+def test_bad_command_lines_fail_with_one_line(with_model, argv, message, latency_file, tmp_path, capsys):
+    given = ["--latency-model", str(latency_file)] if with_model else []
+    assert main([*given, *argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stepserve simulate: ") and message in err and "\n" not in err
+
+
+def test_missing_or_spreadless_latency_model_fails_cleanly(tmp_path, latency_file, capsys):
+    assert main(["--latency-model", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+    assert main(["--latency-model", str(latency_file), "--noise", "0.5", "--out", str(tmp_path / "o")]) == 2
+    assert "spread" in capsys.readouterr().err
+
+
+def test_the_simulator_runs_the_servers_engine_and_policies(latency_file):
+    latency = LatencyModel.load(latency_file)
+    setup = SimSetup(latency, model_for(latency))
+    core = make_core(setup, Contender("continuous", max_batch_size=4), 0)
+    assert type(core) is EngineCore and type(core.policy) is ContinuousBatchingPolicy
+    assert core.policy.max_batch_size == 4 and isinstance(core.executor, LatencyModelExecutor)
+    slo = make_core(setup, Contender("slo"), 0)
+    assert type(slo.policy) is SLOPolicy and slo.policy.latency_model is latency
+
+
+def test_nothing_is_lost_under_overload_deadlines_and_a_queue_bound(latency_file):
+    """Every request of the trace ends in exactly one bench status, and the counts add up to what was offered."""
+    latency = LatencyModel.load(latency_file)
+    setup = SimSetup(latency, model_for(latency))
+    mix = Mix.from_steps([4, 40])
+    trace = poisson_trace(mix, 60.0, 4.0, seed=1).with_timeout(1.0)  # far over capacity
+    plan = LoadPlan("open", mix, 1, 0.5, trace.duration_s, 0.3, trace=trace, rate_rps=60.0, timeout_s=1.0)
+    for contender in (Contender("continuous", max_queue=20), Contender("slo", max_queue=20), Contender("none")):
+        run = simulate_contender(setup, contender, plan, 0, 0.5)
+        c = run.metrics.counts
+        assert c.offered == sum(1 for it in trace.items if it.offset_s >= 0.5)
+        assert c.completed + c.rejected + c.failed + c.unfinished + c.deadline_missed == c.offered
+        assert c.rejected + c.deadline_missed + c.unfinished > 0, contender.name  # overloaded: not all served
+        assert c.completed > 0 or contender.strategy == "none"  # one at a time, everything queues past 1 s
+    driven = drive_open(make_core(setup, Contender("continuous", max_queue=20), 0), trace, 0.0, 100.0)
+    statuses = [o.status for o in driven.outcomes]
+    assert len(statuses) == len(trace.items) and set(statuses) <= {OK, REJECTED, FAILED, TIMEOUT, UNFINISHED}
+    assert UNFINISHED not in statuses  # with time to drain, every request gets an answer
+    assert all(o.done_s >= o.scheduled_s for o in driven.outcomes)
