@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..api import EngineOptions
 from ..async_engine import DEFAULT_ANSWER_MARGIN_S
-from ..bench.app import BenchConfig, BenchRun, _deadline, _plan, _settings
+from ..bench.app import BenchConfig, BenchRun, _deadline, _plan, _settings, _sweep_spec
 from ..bench.load import LoadResult
 from ..bench.metrics import Usage, summarize, summarize_repeats, window_rates
 from ..bench.report import conclusions
@@ -29,8 +29,9 @@ from ..bench.results import (
     Startup,
 )
 from ..bench.runner import NO_DEADLINE_S, ContenderRun, LoadPlan, rotate
+from ..bench.sweep import SweepResult, SweepSpec, _Sweeper, find_knee, point_from_run
 from ..bench.targets import OK, Contender
-from ..bench.workload import Mix, Trace, TraceItem, user_requests
+from ..bench.workload import Mix, Trace, TraceItem, poisson_trace, user_requests
 from ..engine import EngineCore
 from ..executor.fake import FAKE_MODEL
 from ..scheduling import LatencyModel
@@ -135,8 +136,6 @@ def simulate_contender(setup: SimSetup, contender: Contender, plan: LoadPlan, re
 
 def run_simulation(cfg: BenchConfig, setup: SimSetup) -> BenchRun:
     """bench.app.run_bench on simulated engines; the same BenchRun, for bench.app.write_outputs."""
-    if cfg.sweep:
-        raise ValueError("--sweep is not simulated yet: run fixed rates (--rate / --rate-frac) instead")
     env = capture_environment(cfg.argv, "simulated")
     startup = Startup(model_load_s=None)
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
@@ -154,7 +153,7 @@ def run_simulation(cfg: BenchConfig, setup: SimSetup) -> BenchRun:
     timeout_s, timeout_rule = _deadline(cfg, slo_s)
 
     capacity = None
-    if cfg.load == "poisson" and cfg.rate is None:
+    if (cfg.load == "poisson" and cfg.rate is None) or (cfg.sweep and not cfg.sweep_rates):
         longest_s = max(i.latency_s for i in idle)
         duration = max(cfg.capacity_duration_s, 5.0 * longest_s)
         capacity = simulate_capacity(setup, reference, cfg.mix, 2 * batch, duration, max(2.0, 2.0 * longest_s),
@@ -192,8 +191,47 @@ def run_simulation(cfg: BenchConfig, setup: SimSetup) -> BenchRun:
         results.cdf.append(CdfSeries(name, sorted(v for r in mine for v in r.latencies_s)))
         first = next(r for r in runs if r.metrics.contender == name and r.metrics.repeat == 0)
         results.timelines.append(first.timeline)
+    if cfg.sweep:
+        spec = _sweep_spec(cfg, capacity.rps if capacity else None, drain_s)
+        spec.timeout_s = timeout_s
+        sweep = simulate_sweep(setup, list(cfg.contenders), cfg.mix, spec, slo_s)
+        settings.sweep_rates_rps = sorted({p.rate_rps for p in sweep.points})
+        results.sweep, results.knees = sweep.points, sweep.knees
+        startup.engine_start_s += [r.engine_start_s for r in sweep.runs]
     results.conclusions = conclusions(results)
     return BenchRun(results, runs, plan, setup.latency)
+
+
+class _SimulatedSweeper(_Sweeper):
+    """The bench's rate search and grid (bench.sweep), each point a simulated run instead of a live one."""
+
+    def __init__(self, setup: SimSetup, mix: Mix, spec: SweepSpec, slo_s: float, out: SweepResult) -> None:
+        super().__init__(mix, spec, slo_s, False, out)
+        self.setup = setup
+
+    async def point(self, contender: Contender, rate: float) -> bool:  # awaits nothing: no real time passes
+        s = self.spec
+        duration = max(s.duration_s, s.min_requests / rate)
+        trace = poisson_trace(self.mix, rate, s.warmup_s + duration, s.seed).with_timeout(s.timeout_s)
+        plan = LoadPlan("open", self.mix, s.seed, s.warmup_s, duration, s.drain_s, trace=trace)
+        run = simulate_contender(self.setup, contender, plan, 0, self.slo_s)
+        point = point_from_run(run, rate, self.slo_s)
+        self.out.points.append(point)
+        self.out.runs.append(run)
+        return point.held
+
+
+def simulate_sweep(setup: SimSetup, contenders: list[Contender], mix: Mix, spec: SweepSpec,
+                   slo_s: float) -> SweepResult:
+    """bench.sweep.run_sweep on simulated runs: the same rates tried in the same order, the same knees."""
+    import asyncio
+
+    out = SweepResult()
+    sweeper = _SimulatedSweeper(setup, mix, spec, slo_s, out)
+    for contender in contenders:
+        asyncio.run(sweeper.grid(contender) if spec.grid_rps else sweeper.search(contender))
+        out.knees.append(find_knee(contender.name, out.points))
+    return out
 
 
 def load_setup(path: str | Path, noise: float = 0.0) -> SimSetup:

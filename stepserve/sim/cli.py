@@ -6,8 +6,8 @@ and an executor that charges a measured latency model; writes the same results.j
 
 Every `stepserve bench` flag about the workload, the contenders, the seed and the outputs means the same here,
 so a bench command line becomes a simulate one by swapping the verb and `--model` for `--latency-model`. Flags
-about where a model runs (--device, --dtype, --backend, --threads) are accepted and have no effect. Not
-simulated: --target (a server), --sweep. Time is simulated, so --duration costs no waiting; the same --seed
+about where a model runs (--device, --dtype, --backend, --threads) are accepted and have no effect. A server
+(--target) cannot be simulated; --sweep runs the bench's rate search on simulated runs. Time is simulated, so --duration costs no waiting; the same --seed
 gives the same results (apart from the environment block).
 """
 
@@ -53,8 +53,6 @@ def parse(argv: list[str]):
         raise UsageError("--target: a server cannot be simulated; give --latency-model FILE instead")
     if cfg.latency_model is None:
         raise UsageError("--latency-model FILE is required (a latency model from `stepserve profile`)")
-    if cfg.sweep:
-        raise UsageError("--sweep is not simulated yet: simulate fixed rates (--rate or --rate-frac) instead")
     return cfg, noise
 
 

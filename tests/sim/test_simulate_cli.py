@@ -81,6 +81,21 @@ def test_closed_loop_and_trace_loads_simulate(tmp_path, latency_file):
     assert runs[0]["counts"]["offered"] == 30 - 3  # 3 requests fall in the 0.3 s warm-up
 
 
+def test_sweep_finds_each_contenders_knee(tmp_path, latency_file):
+    out = tmp_path / "sweep"
+    assert main(["--latency-model", str(latency_file), *WORKLOAD, "--rate", "20", "--sweep", "--sweep-duration", "2",
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert (out / "throughput_vs_latency.png").is_file()
+    knees = {k["contender"]: k for k in results["knees"]}
+    assert set(knees) == {"continuous", "dynamic(5ms)"}
+    # continuous batching holds the SLO at a higher rate than dynamic batching on the same costs
+    assert knees["continuous"]["rate_rps"] is not None
+    assert knees["continuous"]["rate_rps"] >= (knees["dynamic(5ms)"]["rate_rps"] or 0)
+    points = [p for p in results["sweep"] if p["contender"] == "continuous"]
+    assert len(points) >= 3 and any(not p["held"] for p in points)
+
+
 def _trace(tmp_path):
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps({"offset_s": 0.1 * i, "prompt": "a seven", "num_inference_steps": 4}) + "\n"
@@ -92,7 +107,6 @@ def _trace(tmp_path):
     (False, [], "--latency-model FILE is required"),
     (True, ["--model", "fake"], "--model: simulate runs no model"),
     (False, ["--target", "http://127.0.0.1:9"], "--target: a server cannot be simulated"),
-    (True, ["--sweep"], "--sweep is not simulated"),
     (True, ["--noise", "-1"], "--noise: must be a number >= 0"),
     (True, ["--strategies", "bogus"], "--strategies: bogus not supported"),
 ])
