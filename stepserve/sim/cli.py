@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         p = build_parser("stepserve simulate", __doc__)
+        p._option_string_actions["--latency-model"].help = argparse.SUPPRESS  # bench's wording; see the epilog
         p.epilog = EPILOG
         p.print_help()
         return 0
