@@ -1,0 +1,92 @@
+"""How close `stepserve simulate` comes to a live in-process `stepserve bench` on the same trace.
+
+1. `stepserve profile` measures the model on this machine (or --latency-model gives a file).
+2. For each load (--fracs of continuous batching's capacity): a live `stepserve bench` in process with every
+   contender writes its trace; `stepserve simulate` replays that very trace with the latency model, the same
+   contenders and the same SLO.
+3. A table: live and simulated p50 / p95 per contender and load, and their ratios (the target is within 15%).
+
+    python benchmarks/sim_fidelity.py --out bench-out/fidelity --fracs 0.5,0.8 --duration 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stepserve(*argv: str) -> None:
+    subprocess.run([sys.executable, "-m", "stepserve.cli", *argv], check=True, cwd=ROOT)
+
+
+def summaries(path: Path) -> dict[str, dict]:
+    data = json.loads((path / "results.json").read_text())
+    return {s["contender"]: s for s in data["summaries"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("bench-out/fidelity"))
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--latency-model", type=Path, help="skip profiling and use this file")
+    p.add_argument("--strategies", default="continuous,dynamic,static,none")
+    p.add_argument("--dynamic-delays-ms", default="50")
+    p.add_argument("--fracs", default="0.5,0.8")
+    p.add_argument("--steps", default="8,20,40")
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
+    p.add_argument("--max-batch-size", type=int, default=8)
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    latency = args.latency_model or args.out / "latency.json"
+    if args.latency_model is None:
+        stepserve("profile", "--model", args.model, "--threads", str(args.threads), "--max-batch-size",
+                  str(2 * args.max_batch_size), "--out", str(latency))
+    common = ["--strategies", args.strategies, "--dynamic-delays-ms", args.dynamic_delays_ms, "--steps", args.steps,
+              "--seed", str(args.seed), "--max-batch-size", str(args.max_batch_size), "--no-progress"]
+    rows = []
+    for frac in args.fracs.split(","):
+        live = args.out / f"live-{frac}"
+        stepserve("bench", "--model", args.model, "--threads", str(args.threads), "--rate-frac", frac,
+                  "--duration", str(args.duration), "--warmup", str(args.warmup), "--out", str(live), *common)
+        slo_ms = json.loads((live / "results.json").read_text())["slo_s"] * 1000
+        sim = args.out / f"sim-{frac}"
+        stepserve("simulate", "--latency-model", str(latency), "--load", "trace", "--trace", str(live / "trace.jsonl"),
+                  "--slo-p95-ms", f"{slo_ms:.3f}", "--duration", str(args.duration), "--warmup", str(args.warmup),
+                  "--out", str(sim), *common)
+        got, want = summaries(sim), summaries(live)
+        for name in want:
+            lv, sv = want[name], got.get(name)
+            row = {"load": float(frac), "contender": name}
+            for key in ("p50_s", "p95_s"):
+                a = (lv.get(key) or {}).get("median")
+                b = ((sv or {}).get(key) or {}).get("median")
+                row[f"live_{key}"], row[f"sim_{key}"] = a, b
+                row[f"ratio_{key}"] = b / a if a and b else None
+            rows.append(row)
+    print(f"\n{'load':>5} {'contender':20} {'live p50':>9} {'sim p50':>9} {'sim/live':>8} {'live p95':>9} "
+          f"{'sim p95':>9} {'sim/live':>8}")
+    for r in rows:
+        def ms(v):
+            return f"{v * 1000:9.0f}" if v else f"{'-':>9}"
+
+        def ratio(v):
+            return f"{v:8.2f}" if v else f"{'-':>8}"
+
+        print(f"{r['load']:5.2f} {r['contender']:20} {ms(r['live_p50_s'])} {ms(r['sim_p50_s'])} "
+              f"{ratio(r['ratio_p50_s'])} {ms(r['live_p95_s'])} {ms(r['sim_p95_s'])} {ratio(r['ratio_p95_s'])}")
+    within = [abs(r[k] - 1) <= 0.15 for r in rows for k in ("ratio_p50_s", "ratio_p95_s") if r[k]]
+    print(f"within 15%: {sum(within)} of {len(within)} percentiles")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
