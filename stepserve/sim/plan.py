@@ -9,6 +9,10 @@ The search assumes more replicas never hurt: it tries 1, 2, 4, ... until a count
 fails), then bisects between the last count that failed and the first that held. Every count is simulated on the
 same trace. A run that can no longer hold (more requests have missed than the p95 allows) stops early; the
 answer and the count one below it are always simulated to the end, so their p95 are exact.
+
+The assumption can fail: static batching waits to fill a batch (up to its flush timeout), so spreading a load
+thinner can make it slower, and such a strategy may be reported as missing at max_replicas while some smaller
+count holds. Every count tried is listed, in the output and in plan.json.
 """
 
 from __future__ import annotations
@@ -191,8 +195,9 @@ def table(spec: PlanSpec, plans: list[StrategyPlan]) -> str:
     for p in plans:
         if p.replicas is None:
             last = p.at(spec.max_replicas)
-            rows.append((p.strategy, f"> {spec.max_replicas}", _fmt_ms(last.p95_s if last else None, last),
-                         "missed", "-", "-"))
+            p95 = f"> {slo_ms:g} (run stopped early)" if last and last.stopped_early else _fmt_ms(
+                last.p95_s if last else None, last)
+            rows.append((p.strategy, f"> {spec.max_replicas}", p95, "missed", "-", "-"))
             continue
         at, below = p.at(p.replicas), p.at(p.replicas - 1)
         margin = slo_ms - at.p95_s * 1000
@@ -218,8 +223,8 @@ def probe_lines(plan: StrategyPlan, slo_s: float) -> str:
     parts = []
     for p in plan.probes:
         mark = "holds" if p.held else "misses"
-        p95 = f"> {slo_s * 1000:g} (stopped early)" if p.stopped_early else _fmt_ms(p.p95_s, p)
-        parts.append(f"  {p.replicas:>4} replicas: p95 {p95} ms, {mark}")
+        p95 = f"> {slo_s * 1000:g} ms (stopped early)" if p.stopped_early else f"{_fmt_ms(p.p95_s, p)} ms"
+        parts.append(f"  {p.replicas:>4} replicas: p95 {p95}, {mark}")
     return f"{plan.strategy}:\n" + "\n".join(parts)
 
 

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"stepserve plan: {exc}", file=sys.stderr)
         return 2
-    from ..progress import progress
+    from ..progress import is_terminal, progress
     from .plan import (
         plot,
         probe_lines,
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
               "gives up on nothing: it is continuous batching, fewest remaining steps first", file=sys.stderr)
 
     def probe(strategy: str, n: int, stop_early: bool):
-        bar = progress(total, f"{strategy} x{n}", "req", disable=args.no_progress, leave=False)
+        # a live bar on a terminal; elsewhere only the result line below
+        bar = progress(total, f"{strategy} x{n}", "req", disable=args.no_progress or not is_terminal(sys.stderr),
+                       leave=False)
         with bar:
             _, p = simulate_fleet(spec, strategy, n, stop_early, on_progress=bar.update)
         if not args.no_progress:
@@ -154,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stepserve plan: {exc}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / PLAN_JSON).write_text(json.dumps(to_json(spec, plans, described), indent=2) + "\n")
+    data = to_json(spec, plans, described)
+    data["settings"]["latency_model_file"] = str(args.latency_model)
+    (args.out / PLAN_JSON).write_text(json.dumps(data, indent=2) + "\n")
     plot(spec, plans, args.out / PLOT)
     print(table(spec, plans))
     print()
