@@ -163,13 +163,7 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
     makers, reference = both.contenders, both.reference
 
     idle = await measure_idle(reference, cfg.mix, progress=cfg.progress)
-    if cfg.slo_p95_ms is not None:
-        slo_s, slo_rule = cfg.slo_p95_ms / 1000.0, f"p95 <= {cfg.slo_p95_ms:g} ms (given)"
-    else:
-        longest = max(idle, key=lambda i: i.latency_s)
-        slo_s = cfg.slo_x_idle * longest.latency_s
-        slo_rule = (f"p95 <= {cfg.slo_x_idle:g} x the idle latency of the longest request in the mix "
-                    f"({longest.steps} steps)")
+    slo_s, slo_rule = slo_from(cfg, idle)
     drain_s = cfg.drain_s if cfg.drain_s is not None else max(5.0, 3.0 * slo_s)
     timeout_s, timeout_rule = _deadline(cfg, slo_s)
 
@@ -222,6 +216,16 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
         startup.engine_start_s += [r.engine_start_s for r in sweep.runs]
     results.conclusions = conclusions(results)
     return BenchRun(results, runs, plan, both.latency_model)
+
+
+def slo_from(cfg: BenchConfig, idle: list) -> tuple[float, str]:
+    """The run's p95 SLO in seconds and how it was chosen: --slo-p95-ms, else a multiple of the idle latency of
+    the longest request in the mix (measured live, or simulated)."""
+    if cfg.slo_p95_ms is not None:
+        return cfg.slo_p95_ms / 1000.0, f"p95 <= {cfg.slo_p95_ms:g} ms (given)"
+    longest = max(idle, key=lambda i: i.latency_s)
+    return (cfg.slo_x_idle * longest.latency_s,
+            f"p95 <= {cfg.slo_x_idle:g} x the idle latency of the longest request in the mix ({longest.steps} steps)")
 
 
 def _deadline(cfg: BenchConfig, slo_s: float) -> tuple[float | None, str | None]:

@@ -48,10 +48,12 @@ def parse_buckets(text: str) -> tuple[int, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                epilog=f"Exit status: 0 built, or not buildable here and build_engines.sh written; {EXIT_NOT_BUILT} the latter "
-                                       "with --require-build; 1 TensorRT failed; 2 bad options or ONNX folder. Rules for "
-                                       "min/opt/max and the engine folder: docs/TENSORRT.md.")
-    p.add_argument("--onnx", required=True, type=Path, metavar="DIR", help="an ONNX folder made by `stepserve export onnx`")
+                                epilog=f"Exit status: 0 built, or not buildable here and build_engines.sh "
+                                       f"written; {EXIT_NOT_BUILT} the latter with --require-build; 1 TensorRT "
+                                       "failed; 2 bad options or ONNX folder. Rules for min/opt/max and the engine "
+                                       "folder: docs/DEPLOYMENT.md (TensorRT engines).")
+    p.add_argument("--onnx", required=True, type=Path, metavar="DIR",
+                   help="an ONNX folder made by `stepserve export onnx`")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the engine folder to write")
     p.add_argument("--max-batch-size", type=int, default=8, metavar="N", help="the server's max_batch_size (default 8)")
     p.add_argument("--buckets", type=parse_buckets, default=(), metavar="N,N,...",

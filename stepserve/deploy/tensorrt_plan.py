@@ -4,7 +4,7 @@ optimization profile, the equivalent `trtexec` command line, and the engine fold
 The engine folder holds `<network>.plan` next to copies of the small files a pipeline needs besides its networks
 (tokenizer, scheduler and network configs, serving defaults), so StableDiffusionAdapter.from_export_dir reads it
 as it reads an ONNX folder. Its manifest.json has format "stepserve-tensorrt", the ONNX export's `source`, and the
-profiles, commands and build status (see docs/TENSORRT.md).
+profiles, commands and build status (see docs/DEPLOYMENT.md ("TensorRT engines")).
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def read_onnx_export(path: str | Path) -> OnnxExport:
                                    f"`stepserve export onnx`")
         onnx_file = path / described.get("file", f"{name}.onnx")
         if not onnx_file.is_file():
-            raise ExportInputError(f"--onnx {path}: {onnx_file.name} is missing; re-export with `stepserve export onnx`")
+            raise ExportInputError(f"--onnx {path}: {onnx_file.name} is missing; "
+                                   f"re-export with `stepserve export onnx`")
         inputs[name] = tuple(InputSpec(i["name"], i.get("dtype", ""), tuple(i["shape"])) for i in described["inputs"])
     return OnnxExport(path, manifest, inputs, read_size_range(path))
 

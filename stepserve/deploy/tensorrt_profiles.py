@@ -14,7 +14,7 @@ What each network sees, in rows, for a scheduler batch of `n` requests (see step
   prompts repeat or are cached);
 - VAE decoder: the images finished in a step, up to `n`, or up to the engine's `max_decode_per_step`.
 
-Rules (documented in docs/TENSORRT.md):
+Rules (documented in docs/DEPLOYMENT.md ("TensorRT engines")):
 
 - min is 1 row for every network: a lone request without guidance, one uncached prompt, one preview decode;
 - max is the rows of the largest batch the server can run: `max_batch_size`, or the largest bucket when a compiled

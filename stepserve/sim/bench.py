@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..api import EngineOptions
 from ..async_engine import DEFAULT_ANSWER_MARGIN_S
-from ..bench.app import BenchConfig, BenchRun, _deadline, _plan, _settings, _sweep_spec
+from ..bench.app import BenchConfig, BenchRun, _deadline, _plan, _settings, _sweep_spec, slo_from
 from ..bench.load import LoadResult
 from ..bench.metrics import Usage, summarize, summarize_repeats, window_rates
 from ..bench.report import conclusions
@@ -142,13 +142,7 @@ def run_simulation(cfg: BenchConfig, setup: SimSetup) -> BenchRun:
     reference = Contender("continuous", max_batch_size=batch)
 
     idle = simulate_idle(setup, reference, cfg.mix, cfg.seed)
-    if cfg.slo_p95_ms is not None:
-        slo_s, slo_rule = cfg.slo_p95_ms / 1000.0, f"p95 <= {cfg.slo_p95_ms:g} ms (given)"
-    else:
-        longest = max(idle, key=lambda i: i.latency_s)
-        slo_s = cfg.slo_x_idle * longest.latency_s
-        slo_rule = (f"p95 <= {cfg.slo_x_idle:g} x the idle latency of the longest request in the mix "
-                    f"({longest.steps} steps)")
+    slo_s, slo_rule = slo_from(cfg, idle)
     drain_s = cfg.drain_s if cfg.drain_s is not None else max(5.0, 3.0 * slo_s)
     timeout_s, timeout_rule = _deadline(cfg, slo_s)
 

@@ -7,8 +7,8 @@ and an executor that charges a measured latency model; writes the same results.j
 Every `stepserve bench` flag about the workload, the contenders, the seed and the outputs means the same here,
 so a bench command line becomes a simulate one by swapping the verb and `--model` for `--latency-model`. Flags
 about where a model runs (--device, --dtype, --backend, --threads) are accepted and have no effect. A server
-(--target) cannot be simulated; --sweep runs the bench's rate search on simulated runs. Time is simulated, so --duration costs no waiting; the same --seed
-gives the same results (apart from the environment block).
+(--target) cannot be simulated; --sweep runs the bench's rate search on simulated runs. Time is simulated, so
+--duration costs no waiting; the same --seed gives the same results (apart from the environment block).
 """
 
 from __future__ import annotations

@@ -132,7 +132,8 @@ def write_repository(model: str | os.PathLike, out: str | os.PathLike, options: 
             item.rename(out / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _say(f"wrote the {options.mode} repository {out} (models: {', '.join(sorted(p.name for p in out.iterdir() if p.is_dir()))})", quiet)
+    models = ", ".join(sorted(p.name for p in out.iterdir() if p.is_dir()))
+    _say(f"wrote the {options.mode} repository {out} (models: {models})", quiet)
     return out
 
 
