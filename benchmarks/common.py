@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pick_model(arg: str) -> str:
@@ -19,3 +22,8 @@ def pick_model(arg: str) -> str:
     from tiny_sd import build_tiny_sd
 
     return str(build_tiny_sd(Path(tempfile.mkdtemp()) / "tiny"))
+
+
+def stepserve(*argv: str) -> None:
+    """Run a `stepserve` command in a child process from the repository root; fail loudly if it fails."""
+    subprocess.run([sys.executable, "-m", "stepserve.cli", *argv], check=True, cwd=ROOT)

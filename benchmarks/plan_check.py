@@ -13,15 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def stepserve(*argv: str) -> None:
-    subprocess.run([sys.executable, "-m", "stepserve.cli", *argv], check=True, cwd=ROOT)
+from common import stepserve
 
 
 def one_replica_rate(latency_path: Path, args) -> tuple[float, list[tuple[float, float]]]:

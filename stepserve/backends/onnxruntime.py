@@ -38,8 +38,9 @@ def make_session(path: str | os.PathLike, threads: int | None = None):
     return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 
-def _numpy(x: Tensor) -> np.ndarray:
-    return x.detach().to("cpu").contiguous().numpy()
+def _numpy(x: Tensor, dtype: type) -> np.ndarray:
+    """A CPU array of `dtype` for onnxruntime; no copy when the tensor already is one (this runs every step)."""
+    return x.detach().to("cpu").contiguous().numpy().astype(dtype, copy=False)
 
 
 class OnnxRuntimeNetworks:
@@ -62,17 +63,16 @@ class OnnxRuntimeNetworks:
         return torch.from_numpy(self.sessions[name].run(None, feeds)[0])
 
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
-        feeds = {"input_ids": _numpy(input_ids).astype(np.int64)}
+        feeds = {"input_ids": _numpy(input_ids, np.int64)}
         if "attention_mask" in self._text_inputs:
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
-            feeds["attention_mask"] = _numpy(attention_mask).astype(np.int64)
+            feeds["attention_mask"] = _numpy(attention_mask, np.int64)
         return self._run("text_encoder", feeds)
 
     def denoise(self, sample: Tensor, timestep: Tensor, encoder_hidden_states: Tensor) -> Tensor:
-        return self._run("unet", {"sample": _numpy(sample).astype(np.float32),
-                                  "timestep": _numpy(timestep).astype(np.float32),
-                                  "encoder_hidden_states": _numpy(encoder_hidden_states).astype(np.float32)})
+        return self._run("unet", {"sample": _numpy(sample, np.float32), "timestep": _numpy(timestep, np.float32),
+                                  "encoder_hidden_states": _numpy(encoder_hidden_states, np.float32)})
 
     def decode(self, latents: Tensor) -> Tensor:
-        return self._run("vae_decoder", {"latent_sample": _numpy(latents).astype(np.float32)})
+        return self._run("vae_decoder", {"latent_sample": _numpy(latents, np.float32)})

@@ -22,7 +22,8 @@ from .resources import capture_environment
 from .results import BenchResults, BenchSettings, CdfSeries, Startup, write_json
 from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measure_idle, rotate, run_contender
 from .sweep import SweepSpec, run_sweep
-from .targets import Contender, EngineTarget, server_target
+from .remote import server_target
+from .targets import Contender, EngineTarget
 from .workload import Mix, load_trace, poisson_trace, save_trace
 
 LATENCY_MODEL_FILE = "latency_model.json"  # in --out: the latency model the slo contenders predicted with
@@ -193,19 +194,8 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
     settings.timeout_s, settings.timeout_rule = timeout_s, timeout_rule
     if both.latency_model is not None:
         settings.latency_model = both.latency_model_source + " (saved as latency_model.json)"
-    warm = sum(1 for it in plan.trace.items if it.offset_s < cfg.warmup_s) if plan.trace else None
-    warm_note = (f"Warm-up excluded: requests scheduled in the first {cfg.warmup_s:g} s of every run"
-                 + (f" ({warm} per run)" if warm is not None else "") + " are sent but not counted.")
-    results = BenchResults(environment=env, settings=settings, startup=startup, load_description=plan.description,
-                           slo_s=slo_s, warmup_note=warm_note, idle=idle, capacity=capacity)
-    order = [m.name for m in makers]
-    results.runs = sorted((r.metrics for r in runs), key=lambda m: (order.index(m.contender), m.repeat))
-    for name in order:
-        mine = [r for r in results.runs if r.contender == name]
-        results.summaries.append(summarize_repeats(mine, capacity.rps if capacity else None))
-        results.cdf.append(CdfSeries(name, sorted(v for r in mine for v in r.latencies_s)))
-        first = next(r for r in runs if r.metrics.contender == name and r.metrics.repeat == 0)
-        results.timelines.append(first.timeline)
+    results = assemble_results(cfg, env, settings, startup, plan, slo_s, idle, capacity, runs,
+                               [m.name for m in makers])
 
     if cfg.sweep:
         spec = _sweep_spec(cfg, capacity.rps if capacity else None, drain_s)
@@ -216,6 +206,25 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
         startup.engine_start_s += [r.engine_start_s for r in sweep.runs]
     results.conclusions = conclusions(results)
     return BenchRun(results, runs, plan, both.latency_model)
+
+
+def assemble_results(cfg: BenchConfig, env, settings: BenchSettings, startup: Startup, plan: LoadPlan,
+                     slo_s: float, idle: list, capacity, runs: list[ContenderRun], order: list[str]) -> BenchResults:
+    """The results of every contender's runs, in contender order: per-run metrics, summaries over repeats, CDFs
+    and the first repeat's timeline. Shared by the live bench and the simulator, so both write one schema."""
+    warm = sum(1 for it in plan.trace.items if it.offset_s < cfg.warmup_s) if plan.trace else None
+    warm_note = (f"Warm-up excluded: requests scheduled in the first {cfg.warmup_s:g} s of every run"
+                 + (f" ({warm} per run)" if warm is not None else "") + " are sent but not counted.")
+    results = BenchResults(environment=env, settings=settings, startup=startup, load_description=plan.description,
+                           slo_s=slo_s, warmup_note=warm_note, idle=idle, capacity=capacity)
+    results.runs = sorted((r.metrics for r in runs), key=lambda m: (order.index(m.contender), m.repeat))
+    for name in order:
+        mine = [r for r in results.runs if r.contender == name]
+        results.summaries.append(summarize_repeats(mine, capacity.rps if capacity else None))
+        results.cdf.append(CdfSeries(name, sorted(v for r in mine for v in r.latencies_s)))
+        first = next(r for r in runs if r.metrics.contender == name and r.metrics.repeat == 0)
+        results.timelines.append(first.timeline)
+    return results
 
 
 def slo_from(cfg: BenchConfig, idle: list) -> tuple[float, str]:

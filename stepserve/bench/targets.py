@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -225,19 +224,6 @@ class HttpTarget:
         except (aiohttp.ClientError, ValueError) as exc:  # unreachable / cut off, or not a number
             warn_once(log, f"busy time not read from {self.base}/metrics: its utilisation is left out", exc)
         return None
-
-
-def server_target(text: str, api_key: str | None = None,
-                  keep_images: bool = False) -> tuple[str, Callable[[], Target]]:
-    """(label, factory) for a --target: 'URL' or 'label=URL' (stepserve's HTTP API), 'triton=URL' or
-    'triton:label=URL' (a Triton model over KServe v2). A malformed Triton URL raises ValueError."""
-    from .triton_target import TritonTarget, is_triton_target, parse_triton_target
-
-    if is_triton_target(text):
-        address = parse_triton_target(text)
-        return address.label, lambda: TritonTarget(address, keep_images)
-    name, url = text.split("=", 1) if "=" in text and not text.split("=", 1)[0].startswith("http") else (text, text)
-    return name, lambda: HttpTarget(url, name, api_key)
 
 
 def _error_message(text: str) -> str:

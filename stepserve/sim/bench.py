@@ -15,16 +15,23 @@ from pathlib import Path
 
 from ..api import EngineOptions
 from ..async_engine import DEFAULT_ANSWER_MARGIN_S
-from ..bench.app import BenchConfig, BenchRun, _deadline, _plan, _settings, _sweep_spec, slo_from
+from ..bench.app import (
+    BenchConfig,
+    BenchRun,
+    _deadline,
+    _plan,
+    _settings,
+    _sweep_spec,
+    assemble_results,
+    slo_from,
+)
 from ..bench.load import LoadResult
-from ..bench.metrics import Usage, summarize, summarize_repeats, window_rates
+from ..bench.metrics import Usage, summarize, window_rates
 from ..bench.report import conclusions
 from ..bench.resources import capture_environment
 from ..bench.results import (
     BatchTimeline,
-    BenchResults,
     Capacity,
-    CdfSeries,
     IdleLatency,
     Startup,
 )
@@ -172,19 +179,8 @@ def run_simulation(cfg: BenchConfig, setup: SimSetup) -> BenchRun:
     settings.timeout_s, settings.timeout_rule = timeout_s, timeout_rule
     settings.latency_model = f"{setup.source}; every engine charged it" + (
         f" with noise {setup.noise:g}" if setup.noise else "") + " (saved as latency_model.json)"
-    warm = sum(1 for it in plan.trace.items if it.offset_s < cfg.warmup_s) if plan.trace else None
-    warm_note = (f"Warm-up excluded: requests scheduled in the first {cfg.warmup_s:g} s of every run"
-                 + (f" ({warm} per run)" if warm is not None else "") + " are sent but not counted.")
-    results = BenchResults(environment=env, settings=settings, startup=startup, load_description=plan.description,
-                           slo_s=slo_s, warmup_note=warm_note, idle=idle, capacity=capacity)
-    order = [c.name for c in cfg.contenders]
-    results.runs = sorted((r.metrics for r in runs), key=lambda m: (order.index(m.contender), m.repeat))
-    for name in order:
-        mine = [r for r in results.runs if r.contender == name]
-        results.summaries.append(summarize_repeats(mine, capacity.rps if capacity else None))
-        results.cdf.append(CdfSeries(name, sorted(v for r in mine for v in r.latencies_s)))
-        first = next(r for r in runs if r.metrics.contender == name and r.metrics.repeat == 0)
-        results.timelines.append(first.timeline)
+    results = assemble_results(cfg, env, settings, startup, plan, slo_s, idle, capacity, runs,
+                               [c.name for c in cfg.contenders])
     if cfg.sweep:
         spec = _sweep_spec(cfg, capacity.rps if capacity else None, drain_s)
         spec.timeout_s = timeout_s

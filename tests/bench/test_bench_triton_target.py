@@ -18,7 +18,8 @@ from triton_fake_repo import (
 )
 
 from stepserve.bench.cli import UsageError, config_from_args, main
-from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, server_target
+from stepserve.bench.remote import server_target
+from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT
 from stepserve.bench.triton_target import (
     FALLBACK_DEFAULTS,
     ModelInputs,
