@@ -1,6 +1,7 @@
 """How close `stepserve simulate` comes to a live in-process `stepserve bench` on the same trace.
 
-1. `stepserve profile` measures the model on this machine (or --latency-model gives a file).
+1. `stepserve profile` measures the model on this machine right before each load's live run (or --latency-model
+   gives one file for all), so the machine's drift between the profile and the live run stays small.
 2. For each load (--fracs of continuous batching's capacity): a live `stepserve bench` in process with every
    contender writes its trace; `stepserve simulate` replays that very trace with the latency model, the same
    contenders and the same SLO.
@@ -38,16 +39,19 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
     p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--profile-rounds", type=int, default=10, help="`stepserve profile --rounds` (default 10)")
+    p.add_argument("--profile-statistic", choices=("mean", "median"), default="mean")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    latency = args.latency_model or args.out / "latency.json"
-    if args.latency_model is None:
-        stepserve("profile", "--model", args.model, "--threads", str(args.threads), "--max-batch-size",
-                  str(2 * args.max_batch_size), "--out", str(latency))
     common = ["--strategies", args.strategies, "--dynamic-delays-ms", args.dynamic_delays_ms, "--steps", args.steps,
               "--seed", str(args.seed), "--max-batch-size", str(args.max_batch_size), "--no-progress"]
     rows = []
     for frac in args.fracs.split(","):
+        latency = args.latency_model or args.out / f"latency-{frac}.json"
+        if args.latency_model is None:
+            stepserve("profile", "--model", args.model, "--threads", str(args.threads), "--max-batch-size",
+                      str(2 * args.max_batch_size), "--rounds", str(args.profile_rounds), "--statistic",
+                      args.profile_statistic, "--out", str(latency))
         live = args.out / f"live-{frac}"
         stepserve("bench", "--model", args.model, "--threads", str(args.threads), "--rate-frac", frac,
                   "--duration", str(args.duration), "--warmup", str(args.warmup), "--out", str(live), *common)

@@ -117,6 +117,45 @@ def test_metadata_and_spread_of_a_fake_measurement_and_json_round_trip(tmp_path)
     assert LatencyModel.load(path).to_dict() == measured.to_dict()
 
 
+class SlowSpells(FakeExecutor):
+    """The fake's costs, but every `period`-th denoise() takes `factor` times as long (a machine's slow spell)."""
+
+    def __init__(self, period: int, factor: float, **kwargs):
+        super().__init__(**kwargs)
+        self.period, self.factor, self.calls = period, factor, 0
+
+    def denoise(self, requests):
+        self.calls += 1
+        cost = super().denoise(requests)
+        return cost * self.factor if self.calls % self.period == 0 else cost
+
+
+def test_rounds_sweep_every_point_in_turn_and_pool_their_samples():
+    executor = EngineLikeChecks(cost=COST)
+    measured = profiling.measure_latency_model(executor, 3, repeats=2, warmup=1, rounds=4, progress=False)
+    assert_same_costs(measured, LatencyModel.from_cost_model(COST), [(32, 32)], up_to=6)
+    # the sizes come round in turn: 1, 2, 3, 1, 2, 3, ... (3 forwards each), not 1 x 12, then 2 x 12, ...
+    sizes = [executor.forward_batch_sizes[i] for i in range(0, len(executor.forward_batch_sizes), 3)]
+    assert sizes == [1, 2, 3] * 4
+    assert measured.metadata["rounds"] == 4
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
+        profiling.measure_latency_model(executor, 2, rounds=0, progress=False)
+
+
+def test_the_mean_counts_slow_steps_that_the_median_ignores():
+    # one denoise() in 5 takes 3x as long: the median of 5 recorded runs is the fast cost, the mean is 1.4x of it
+    kwargs = dict(max_batch_size=2, guidance_scale=1.0, repeats=5, warmup=0, progress=False)
+    median = profiling.measure_latency_model(SlowSpells(5, 3.0, cost=COST), **kwargs)
+    mean = profiling.measure_latency_model(SlowSpells(5, 3.0, cost=COST), statistic="mean", **kwargs)
+    fast = LatencyModel.from_cost_model(COST, guidance=False)
+    for n in (1, 2):
+        assert median.step_s(n) == pytest.approx(fast.step_s(n))
+        assert mean.step_s(n) == pytest.approx(1.4 * fast.step_s(n))
+    assert mean.metadata["statistic"] == "mean"
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        profiling.measure_latency_model(FakeExecutor(cost=COST), 2, statistic="p90", progress=False)
+
+
 def test_progress_is_reported_unless_switched_off(capsys):
     profiling.measure_latency_model(FakeExecutor(cost=COST), 3, progress=None)
     lines = capsys.readouterr().err.splitlines()

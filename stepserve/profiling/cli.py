@@ -88,7 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shape buckets to measure (default: the model's default size)")
     p.add_argument("--guidance-scale", type=_guidance, default=None,
                    help="scale of the measurement with guidance rows (default: the model's default if > 1, else 2)")
-    p.add_argument("--repeats", type=_int_from(1), default=5, help="recorded runs per point (median; default 5)")
+    p.add_argument("--repeats", type=_int_from(1), default=5, help="recorded runs per point and round (default 5)")
+    p.add_argument("--rounds", type=_int_from(1), default=10,
+                   help="sweeps over every point, taken in turn and pooled, so a slow spell of the machine spreads "
+                        "over all points (default 10)")
+    p.add_argument("--statistic", choices=("mean", "median"), default="mean",
+                   help="what a point is of its recorded durations (default mean: a queue's load is the mean "
+                        "service time times the rate, so this is what `simulate` and `plan` need)")
     p.add_argument("--warmup", type=_int_from(0), default=1, help="unrecorded runs per point first (default 1)")
     p.add_argument("--out", required=True, metavar="PATH", help="the latency model file to write (JSON)")
     return p
@@ -121,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         latency = measure_with_and_without_guidance(executor, args.max_batch_size, args.sizes, args.guidance_scale,
-                                                    repeats=args.repeats, warmup=args.warmup, progress=True)
+                                                    repeats=args.repeats, warmup=args.warmup, progress=True,
+                                                    rounds=args.rounds, statistic=args.statistic)
     except ValueError as exc:  # a size or guidance scale the model does not accept (ValidationError names it)
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

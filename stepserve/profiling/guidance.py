@@ -56,7 +56,8 @@ class GuidanceCurves:
 def measure_with_and_without_guidance(executor: Executor, max_batch_size: int,
                                       buckets: Sequence[Bucket] | None = None,
                                       guidance_scale: float | None = None, repeats: int = 5, warmup: int = 1,
-                                      progress: bool | None = None) -> LatencyModel:
+                                      progress: bool | None = None, rounds: int = 1,
+                                      statistic: str = "median") -> LatencyModel:
     """measure_latency_model twice: with guidance (`guidance_scale`, default the model's own when it is > 1, else
     2.0) and without (scale 1.0). The model's curves are those of the rows a request at the model's default
     guidance runs; both measurements go to `metadata["by_guidance_rows"]` (see the module docstring)."""
@@ -73,7 +74,8 @@ def measure_with_and_without_guidance(executor: Executor, max_batch_size: int,
         if progress is not False:
             print(f"profile {model.name}: {'with guidance rows' if rows == 2 else 'without guidance'} "
                   f"(guidance_scale {scale:g})", file=sys.stderr, flush=True)
-        measured[rows] = measure_latency_model(executor, max_batch_size, buckets, scale, repeats, warmup, progress)
+        measured[rows] = measure_latency_model(executor, max_batch_size, buckets, scale, repeats, warmup, progress,
+                                               rounds=rounds, statistic=statistic)
     main_rows = 2 if model.default_guidance_scale > 1 else 1
     main = measured[main_rows]
     metadata = dict(main.metadata)

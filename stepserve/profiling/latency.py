@@ -66,14 +66,20 @@ def _environment(executor: Executor) -> dict[str, Any]:
 
 def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequence[Bucket] | None = None,
                           guidance_scale: float | None = None, repeats: int = 5, warmup: int = 1,
-                          progress: bool | None = None) -> LatencyModel:
+                          progress: bool | None = None, rounds: int = 1, statistic: str = "median") -> LatencyModel:
     """Measure how long the executor's stages take and return them as a LatencyModel.
 
     For each bucket (default: the model's default size) and each batch size from profile_batch_sizes(
     max_batch_size), `batch` dummy requests (the model's defaults, guidance `guidance_scale` or the model's
     default, fixed seeds, distinct prompts, no prompt cache) are prepared, then denoised, then decoded, each stage
-    `warmup` times unrecorded and `repeats` times recorded; a point is the median of the recorded durations the
-    executor returned. Between denoising calls the requests advance one step, as in the engine.
+    `warmup` times unrecorded and `repeats` times recorded; a point is the `statistic` ("median" or "mean") of the
+    recorded durations the executor returned. Between denoising calls the requests advance one step, as in the
+    engine. `rounds` > 1 sweeps every point that many times in turn and pools their samples, so a slow spell of the
+    machine spreads over all points instead of bending a few of them.
+
+    Which statistic: a queue's load is the mean service time times the arrival rate, so a latency model meant to
+    predict latency under load (`stepserve simulate`, `stepserve plan`) should charge the mean; the median ignores
+    the occasional slow step (a page fault, the OS taking the core) that every live run also pays.
 
     - step: one denoising forward of `batch` requests (guidance rows as the requests have them; the metadata says
       how many rows per request, `guidance_rows`);
@@ -93,6 +99,11 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     max_batch_size 8 and about 1.1 s with 16 (defaults: repeats 3, warmup 1).
     """
     sizes = profile_batch_sizes(max_batch_size)
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if statistic not in _STATISTICS:
+        raise ValueError(f"statistic must be one of {tuple(_STATISTICS)}, got {statistic!r}")
+    summary = _STATISTICS[statistic]
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
@@ -110,49 +121,59 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     settings = probe[0]
     reference = default_bucket if default_bucket in buckets else buckets[0]
 
-    step_points: dict[Bucket, list[tuple[int, float]]] = {b: [] for b in buckets}
-    decode_points: dict[Bucket, list[tuple[int, float]]] = {b: [] for b in buckets}
-    encode_points: list[tuple[int, float]] = []
-    spread: dict[str, Any] = {"step": {}, "decode": {}, "encode": []}
+    step_s: dict[tuple[Bucket, int], list[float]] = {(b, n): [] for b in buckets for n in sizes}
+    decode_s: dict[tuple[Bucket, int], list[float]] = {(b, n): [] for b in buckets for n in sizes}
+    encode_s: dict[int, list[float]] = {n: [] for n in sizes}
     runs = warmup + repeats
     started = time.perf_counter()
     bar = None
     if progress is not False:
         from ..progress import progress as progress_bar
 
-        bar = progress_bar(len(buckets) * len(sizes), f"profile {model.name}", "point")
+        bar = progress_bar(rounds * len(buckets) * len(sizes), f"profile {model.name}", "point")
     try:
         with _no_prompt_cache(executor):
-            for bucket in buckets:
-                key = f"{bucket[0]}x{bucket[1]}"
-                for n in sizes:
-                    requests: list[Request] = []
-                    encode_s = []
-                    for k in range(runs):
+            for r in range(rounds):
+                for bucket in buckets:
+                    key = f"{bucket[0]}x{bucket[1]}"
+                    for n in sizes:
+                        requests: list[Request] = []
+                        encoded = []
+                        for k in range(runs):
+                            _release(requests)
+                            requests = _dummy_requests(executor, n, bucket, guidance_scale, f"{key}-{n}-{r}-{k}")
+                            encoded.append(float(executor.prepare(requests)))
+                        stepped = []
+                        for k in range(runs):
+                            if k:
+                                _advance(requests, executor)
+                            stepped.append(float(executor.denoise(requests)))
+                        decoded = [float(executor.decode(requests)) for _ in range(runs)]
                         _release(requests)
-                        requests = _dummy_requests(executor, n, bucket, guidance_scale, f"{key}-{n}-{k}")
-                        encode_s.append(float(executor.prepare(requests)))
-                    step_s = []
-                    for k in range(runs):
-                        if k:
-                            _advance(requests, executor)
-                        step_s.append(float(executor.denoise(requests)))
-                    decode_s = [float(executor.decode(requests)) for _ in range(runs)]
-                    _release(requests)
-                    for name, samples, points in (("step", step_s, step_points[bucket]),
-                                                  ("decode", decode_s, decode_points[bucket])):
-                        kept = samples[warmup:]
-                        points.append((n, statistics.median(kept)))
-                        spread[name].setdefault(key, []).append([n, min(kept), max(kept)])
-                    if bucket == reference:
-                        kept = encode_s[warmup:]
-                        encode_points.append((n, statistics.median(kept)))
-                        spread["encode"].append([n, min(kept), max(kept)])
-                    if bar is not None:
-                        bar.update(1)
+                        step_s[bucket, n] += stepped[warmup:]
+                        decode_s[bucket, n] += decoded[warmup:]
+                        if bucket == reference:
+                            encode_s[n] += encoded[warmup:]
+                        if bar is not None:
+                            bar.update(1)
     finally:
         if bar is not None:
             bar.close()
+
+    def points(samples: dict, keys) -> list[tuple[int, float]]:
+        return [(n, summary(samples[k])) for n, k in keys]
+
+    def ranges(samples: dict, keys) -> list[list]:
+        return [[n, min(samples[k]), max(samples[k])] for n, k in keys]
+
+    step_points = {b: points(step_s, [(n, (b, n)) for n in sizes]) for b in buckets}
+    decode_points = {b: points(decode_s, [(n, (b, n)) for n in sizes]) for b in buckets}
+    encode_points = points(encode_s, [(n, n) for n in sizes])
+    spread: dict[str, Any] = {
+        "step": {b: ranges(step_s, [(n, (b, n)) for n in sizes]) for b in buckets},
+        "decode": {b: ranges(decode_s, [(n, (b, n)) for n in sizes]) for b in buckets},
+        "encode": ranges(encode_s, [(n, n) for n in sizes]),
+    }
 
     metadata = _environment(executor)
     metadata.update({
@@ -165,7 +186,8 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         "buckets": [list(b) for b in buckets],
         "repeats": repeats,
         "warmup": warmup,
-        "statistic": "median",
+        "rounds": rounds,
+        "statistic": statistic,
         "smoothing": "non-decreasing in batch size (pool adjacent violators)",
         "sampler": settings.sampler,
         "num_inference_steps": settings.num_inference_steps,
@@ -174,8 +196,8 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         "encode_bucket": list(reference),
         "prompt_cache": "off (every prompt encoded)",
         "spread": {  # [batch size, min s, max s] of the recorded durations of each point
-            "step": [{"bucket": list(b), "points": spread["step"][f"{b[0]}x{b[1]}"]} for b in buckets],
-            "decode": [{"bucket": list(b), "points": spread["decode"][f"{b[0]}x{b[1]}"]} for b in buckets],
+            "step": [{"bucket": list(b), "points": spread["step"][b]} for b in buckets],
+            "decode": [{"bucket": list(b), "points": spread["decode"][b]} for b in buckets],
             "encode": spread["encode"],
         },
     })
@@ -186,6 +208,9 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         reference_bucket=reference,
         metadata=metadata,
     )
+
+
+_STATISTICS = {"median": statistics.median, "mean": statistics.fmean}
 
 
 def non_decreasing(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
