@@ -23,6 +23,7 @@ T5_WIDTH = 128  # = transformer joint_attention_dim (4096 in SD3); CLIP-L + CLIP
 SAMPLE_SIZE = 16  # latent size of the default image: 16 * vae scale 2 = 32x32 pixels
 VAE_SHIFT_FACTOR = 0.0609  # SD3's VAE config values
 VAE_SCALING_FACTOR = 1.5305
+VARIANTS = ("sd3", "sd3.5")
 
 
 def clip_tokenizer(pad_token: str = "<|endoftext|>"):
@@ -56,11 +57,14 @@ def _clip(width: int, vocab_size: int, seed: int):
         max_position_embeddings=CLIP_MAX_LENGTH, hidden_act="gelu", projection_dim=width))
 
 
-def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, seed: int = 0) -> Path:
+def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, variant: str = "sd3", seed: int = 0) -> Path:
     """Write a complete StableDiffusion3Pipeline folder with random weights to `path`; returns `path`.
 
     `with_t5=False` leaves out text_encoder_3 / tokenizer_3 (as SD3 may be run without T5): the pipeline then
-    feeds zeros in place of the T5 embeddings."""
+    feeds zeros in place of the T5 embeddings. `variant="sd3.5"` gives the transformer SD3.5's RMS-normed
+    query/key and (as SD3.5 Medium) a dual-attention (MMDiT-X) first layer."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
     from diffusers import (
         AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
@@ -84,7 +88,8 @@ def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, seed: int = 0) -> 
     transformer = SD3Transformer2DModel(
         sample_size=SAMPLE_SIZE, patch_size=2, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=8,
         num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=T5_WIDTH,
-        pooled_projection_dim=CLIP_L_WIDTH + CLIP_G_WIDTH, pos_embed_max_size=32)
+        pooled_projection_dim=CLIP_L_WIDTH + CLIP_G_WIDTH, pos_embed_max_size=32,
+        **({"qk_norm": "rms_norm", "dual_attention_layers": (0,)} if variant == "sd3.5" else {}))
     torch.manual_seed(seed + 4)
     vae = AutoencoderKL(
         sample_size=SAMPLE_SIZE * 2, in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1,
