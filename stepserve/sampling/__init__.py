@@ -6,6 +6,8 @@ schedulers row by row.
 """
 
 from .batch import model_inputs, predicted_original, sampler_step
+from .flow_shift import flow_dpmpp_config, flow_shift_mu, is_flow_config, uses_dynamic_shifting
+from .reference import reference_scheduler
 from .schedules import SAMPLER_NAMES, SamplerState, Schedule, build_schedule, init_noise_sigma, new_state
 
 __all__ = [
@@ -18,4 +20,9 @@ __all__ = [
     "model_inputs",
     "sampler_step",
     "predicted_original",
+    "flow_shift_mu",
+    "uses_dynamic_shifting",
+    "is_flow_config",
+    "flow_dpmpp_config",
+    "reference_scheduler",
 ]

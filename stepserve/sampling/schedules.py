@@ -5,10 +5,15 @@ calls ``set_timesteps`` and copies the resulting tables (timesteps, sigmas, alph
 ``Schedule``. That way every option the scheduler honours when it builds its tables -- timestep_spacing,
 steps_offset, beta schedules, Karras / exponential / beta sigmas, final_sigmas_type, shift, ... -- is honoured here
 too, and the samplers only ever see plain per-step numbers.
+
+Flow models add two per-request inputs (see ``flow_shift``): ``mu``, the resolution-dependent shift of a config with
+``use_dynamic_shifting``, and ``sigmas``, what the caller's pipeline passes to ``set_timesteps`` (FluxPipeline
+passes ``np.linspace(1, 1/n, n)``; StableDiffusion3Pipeline passes nothing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping
@@ -17,12 +22,10 @@ from typing import Any
 
 import torch
 
-from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES
-
-# Config values forced onto the class so that the sampler is what its name says, whatever the model shipped.
-_OVERRIDES = {
-    "dpmpp_2m": {"solver_order": 2, "algorithm_type": "dpmsolver++", "solver_type": "midpoint"},
-}
+from ..types import SAMPLER_NAMES
+from .flow_shift import SIGMAS_CHOICES, is_flow_config, pipeline_sigmas
+from .reference import check_choice as _check_choice
+from .reference import reference_scheduler
 
 _PREDICTION_TYPES = {
     "ddim": ("epsilon", "sample", "v_prediction"),
@@ -53,6 +56,7 @@ class Schedule:
     thresholding: tuple[float, float] | None = None  # (quantile ratio, max value): dynamic thresholding of x0
     flow_sigmas: bool = False  # dpmpp_2m: alpha_t = 1 - sigma, sigma_t = sigma
     stochastic: bool = False  # flow_euler: stochastic_sampling (re-noise x0 each step)
+    mu: float | None = None  # the resolution-dependent shift it was built with (use_dynamic_shifting), else None
     config: tuple = field(default=(), repr=False)  # the (frozen) scheduler config it was built from
 
     @property
@@ -95,64 +99,92 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-def _check_choice(field_name: str, value: Any, allowed: tuple, sampler: str | None = None) -> None:
-    if value not in allowed:
-        where = f" for sampler {sampler!r}" if sampler else ""
-        raise ValueError(f"{field_name} must be one of {allowed}{where}; got {value!r}")
-
-
-def build_schedule(sampler: str, scheduler_config: Mapping[str, Any], num_steps: int) -> Schedule:
+def build_schedule(
+    sampler: str,
+    scheduler_config: Mapping[str, Any],
+    num_steps: int,
+    *,
+    mu: float | None = None,
+    sigmas: str | None = None,
+) -> Schedule:
     """Build (cached) the step tables for one request.
 
-    Raises ValueError naming the field and its allowed values for an unknown sampler, a bad step count, or a
-    config option these samplers do not implement.
+    ``mu``: the request's resolution-dependent shift (``flow_shift_mu``); required exactly when the scheduler uses
+    ``use_dynamic_shifting``, refused otherwise. ``sigmas``: what the caller's pipeline passes to ``set_timesteps``
+    -- None (the scheduler's own spacing, as StableDiffusion3Pipeline) or "linspace" (FluxPipeline's
+    ``np.linspace(1.0, 1 / num_steps, num_steps)``, dropped for a scheduler with use_flow_sigmas as FluxPipeline
+    does); "linspace" is only for flow schedules.
+
+    Raises ValueError naming the field and its allowed values for an unknown sampler, a bad step count, a missing or
+    unexpected ``mu``, or a config option these samplers do not implement.
     """
     _check_choice("sampler", sampler, SAMPLER_NAMES)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer (1, 2, 3, ...); got {num_steps!r}")
     if not isinstance(scheduler_config, Mapping):
         raise ValueError(f"scheduler_config must be a mapping; got {type(scheduler_config).__name__}")
+    if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float)) or not math.isfinite(mu)):
+        raise ValueError(f"mu must be a finite number or None; got {mu!r}")
+    _check_choice("sigmas", sigmas, SIGMAS_CHOICES)
     config = dict(scheduler_config)
     train_steps = config.get("num_train_timesteps", 1000)
     if num_steps > train_steps:
         raise ValueError(f"num_steps must be in 1..{train_steps} (num_train_timesteps); got {num_steps}")
-    if sampler != "flow_euler" and config.get("trained_betas") is None and "beta_schedule" in config:
-        _check_choice("beta_schedule", config["beta_schedule"], _BETA_SCHEDULES, sampler)
-    return _build_cached(sampler, _freeze(config), num_steps)
+    if sampler != "flow_euler" and not is_flow_config(config):
+        if config.get("trained_betas") is None and "beta_schedule" in config:
+            _check_choice("beta_schedule", config["beta_schedule"], _BETA_SCHEDULES, sampler)
+    return _build_cached(sampler, _freeze(config), num_steps, None if mu is None else float(mu), sigmas)
 
 
 @functools.lru_cache(maxsize=512)
-def _build_cached(sampler: str, frozen_config: tuple, num_steps: int) -> Schedule:
-    import diffusers
-
-    config = _thaw(frozen_config)
-    try:
-        scheduler = getattr(diffusers, SCHEDULER_CLASSES[sampler]).from_config(config, **_OVERRIDES.get(sampler, {}))
-    except NotImplementedError as e:  # diffusers' way of refusing e.g. an unknown beta schedule
-        raise ValueError(f"scheduler_config not supported by sampler {sampler!r}: {e}") from e
+def _build_cached(sampler: str, frozen_config: tuple, num_steps: int, mu: float | None, sigmas: str | None) -> Schedule:
+    scheduler = reference_scheduler(sampler, _thaw(frozen_config))
     cfg = scheduler.config
     _validate(sampler, cfg)
-    scheduler.set_timesteps(num_steps, device="cpu")
-    schedule = _BUILDERS[sampler](scheduler, cfg, frozen_config)
+    _validate_flow_inputs(sampler, cfg, mu, sigmas)
+    kwargs: dict[str, Any] = {} if mu is None else {"mu": mu}
+    explicit = None if cfg.get("use_flow_sigmas") else pipeline_sigmas(sigmas, num_steps)
+    if explicit is not None:  # as diffusers' retrieve_timesteps passes custom sigmas: without a step count
+        scheduler.set_timesteps(sigmas=explicit, device="cpu", **kwargs)
+    else:
+        scheduler.set_timesteps(num_steps, device="cpu", **kwargs)
+    schedule = dataclasses.replace(_BUILDERS[sampler](scheduler, cfg, frozen_config), mu=mu)
     tables = schedule.timesteps + schedule.sigmas + schedule.alphas_cumprod + schedule.alphas_cumprod_prev
     if not all(math.isfinite(v) for v in tables):
         raise ValueError(f"num_steps={num_steps} gives non-finite {sampler!r} tables with this scheduler config")
     return schedule
 
 
+def _validate_flow_inputs(sampler: str, cfg: Mapping[str, Any], mu: float | None, sigmas: str | None) -> None:
+    flow = sampler == "flow_euler" or bool(cfg.get("use_flow_sigmas"))
+    if sigmas is not None and not flow:
+        raise ValueError(
+            f"sigmas must be one of (None,) for sampler {sampler!r} with this scheduler config: explicit pipeline "
+            f"sigmas ({sigmas!r}) apply to flow schedules only"
+        )
+    dynamic = bool(cfg.get("use_dynamic_shifting"))
+    if dynamic and mu is None:
+        raise ValueError(
+            f"mu is required for sampler {sampler!r}: the scheduler config sets use_dynamic_shifting, so the "
+            "schedule depends on the image size; pass mu=flow_shift_mu(image_seq_len, scheduler_config)"
+        )
+    if not dynamic and mu is not None:
+        raise ValueError(
+            f"mu must be None for sampler {sampler!r} with this scheduler config (use_dynamic_shifting is off, the "
+            f"shift is fixed); got mu={mu!r}"
+        )
+
+
 def _validate(sampler: str, cfg: Mapping[str, Any]) -> None:
     if sampler == "flow_euler":
-        if cfg.get("use_dynamic_shifting"):
-            raise ValueError(
-                "use_dynamic_shifting must be one of (False,) for sampler 'flow_euler': resolution-dependent "
-                "shifting needs a per-image `mu`; set a fixed `shift` instead"
-            )
+        _check_choice("time_shift_type", cfg.get("time_shift_type", "exponential"), ("exponential", "linear"), sampler)
         return
     _check_choice("prediction_type", cfg.get("prediction_type"), _PREDICTION_TYPES[sampler], sampler)
     _check_choice("timestep_spacing", cfg.get("timestep_spacing"), _SPACINGS, sampler)
     if sampler == "dpmpp_2m":
         _check_choice("variance_type", cfg.get("variance_type"), (None,), sampler)
-        _check_choice("use_dynamic_shifting", bool(cfg.get("use_dynamic_shifting")), (False,), sampler)
+        if not cfg.get("use_flow_sigmas"):  # the dynamic shift only moves flow sigmas (flow_shift = exp(mu))
+            _check_choice("use_dynamic_shifting", bool(cfg.get("use_dynamic_shifting")), (False,), sampler)
         _check_choice("final_sigmas_type", cfg.get("final_sigmas_type"), ("zero", "sigma_min"), sampler)
 
 

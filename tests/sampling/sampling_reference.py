@@ -7,11 +7,13 @@ import inspect
 from dataclasses import dataclass, field
 
 import diffusers
+import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
+from tiny_sd import SCHEDULER_CLASS as CLASSES
 
 import stepserve.sampling as S
-from tiny_sd import SCHEDULER_CLASS as CLASSES
+
 OVERRIDES = {"dpmpp_2m": dict(solver_order=2, algorithm_type="dpmsolver++", solver_type="midpoint")}
 SHAPE = (4, 8, 8)
 
@@ -23,10 +25,24 @@ def fake_model(x: torch.Tensor, t: torch.Tensor, key: torch.Tensor) -> torch.Ten
     return 0.9 * x * (t / (t + 1000.0)) + 0.1 * torch.sin(1.3 * x + t / 97.0 + key)
 
 
-def make_scheduler(sampler: str, config: dict, num_steps: int):
-    cls = getattr(diffusers, CLASSES[sampler])
-    sched = cls.from_config(config, **OVERRIDES.get(sampler, {}))
-    sched.set_timesteps(num_steps)
+def make_scheduler(sampler: str, config: dict, num_steps: int, mu: float | None = None, sigmas: str | None = None):
+    """The diffusers scheduler, set up as the pipeline would: FluxPipeline passes ``sigmas=np.linspace(1, 1/n, n)``
+    (dropped when the scheduler has use_flow_sigmas) and ``mu``; StableDiffusion3Pipeline passes ``mu`` only."""
+    if sampler == "dpmpp_2m" and "shift" in config:
+        # A flow model (FlowMatchEulerDiscreteScheduler config) with DPM-Solver++(2M) in flow mode, written out here
+        # independently of stepserve's flow_dpmpp_config.
+        sched = diffusers.DPMSolverMultistepScheduler(
+            num_train_timesteps=config.get("num_train_timesteps", 1000), use_flow_sigmas=True,
+            flow_shift=config.get("shift", 1.0), prediction_type="flow_prediction",
+            use_dynamic_shifting=config.get("use_dynamic_shifting", False), **OVERRIDES["dpmpp_2m"])
+    else:
+        cls = getattr(diffusers, CLASSES[sampler])
+        sched = cls.from_config(config, **OVERRIDES.get(sampler, {}))
+    kwargs = {} if mu is None else {"mu": mu}
+    if sigmas == "linspace" and not sched.config.get("use_flow_sigmas"):
+        sched.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), **kwargs)
+    else:
+        sched.set_timesteps(num_steps, **kwargs)
     return sched
 
 
@@ -38,9 +54,10 @@ class Trajectory:
     denoised: list = field(default_factory=list)  # diffusers' x0 estimate at each step, where it exposes one
 
 
-def reference(sampler: str, config: dict, num_steps: int, seed: int, key: float) -> Trajectory:
+def reference(sampler: str, config: dict, num_steps: int, seed: int, key: float, mu: float | None = None,
+              sigmas: str | None = None) -> Trajectory:
     """Run the diffusers scheduler for one image exactly as a diffusers pipeline does."""
-    sched = make_scheduler(sampler, config, num_steps)
+    sched = make_scheduler(sampler, config, num_steps, mu, sigmas)
     ts = sched.timesteps.tolist()
     if ts.count(ts[0]) > 1:
         # A repeated first timestep (dpmpp_2m with karras-like sigmas from a huge sigma_max, e.g. zero-terminal-SNR
@@ -82,12 +99,14 @@ class Item:
     join: int  # engine iteration at which the request is admitted
     seed: int
     key: float
+    mu: float | None = None  # resolution-dependent shift (flow configs with use_dynamic_shifting)
+    sigmas: str | None = None  # "linspace": the pipeline passes explicit sigmas, as FluxPipeline does
 
 
 def run_batched(items: list[Item], order_seed: int = 0) -> tuple[float, int]:
     """Drive all items through one shared step loop (joining at different iterations, rows shuffled every
     iteration) and compare every row against its solo diffusers run. Returns (max abs diff, compared steps)."""
-    refs = [reference(it.sampler, it.config, it.num_steps, it.seed, it.key) for it in items]
+    refs = [reference(it.sampler, it.config, it.num_steps, it.seed, it.key, it.mu, it.sigmas) for it in items]
     shuffle = torch.Generator().manual_seed(order_seed)
     live: dict[int, dict] = {}
     worst, compared, iteration = 0.0, 0, 0
@@ -96,7 +115,7 @@ def run_batched(items: list[Item], order_seed: int = 0) -> tuple[float, int]:
         while pending and items[pending[0]].join <= iteration:
             k = pending.pop(0)
             it = items[k]
-            sch = S.build_schedule(it.sampler, it.config, it.num_steps)
+            sch = S.build_schedule(it.sampler, it.config, it.num_steps, mu=it.mu, sigmas=it.sigmas)
             assert sch.num_steps == len(refs[k].timesteps)
             gen = torch.Generator("cpu").manual_seed(it.seed)
             x = torch.randn((1,) + SHAPE, generator=gen, dtype=torch.float32) * S.init_noise_sigma(sch)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import diffusers
 import pytest
 import torch
+from tiny_sd import SCHEDULER_CLASS, SD_SAMPLERS
 
 import stepserve.sampling as S
-from tiny_sd import SCHEDULER_CLASS, SD_SAMPLERS
 
 CLASSES = {name: SCHEDULER_CLASS[name] for name in SD_SAMPLERS}
 
