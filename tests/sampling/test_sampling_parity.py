@@ -19,8 +19,11 @@ def configs(draw, sampler: str) -> dict:
     if sampler == "flow_euler":
         cfg = dict(num_train_timesteps=1000, shift=draw(st.sampled_from([1.0, 3.0, 0.5])))
         cfg["stochastic_sampling"] = draw(st.booleans())
-        extra = draw(st.sampled_from(["none", "karras", "invert", "terminal", "sd_config"]))
-        if extra == "karras":
+        extra = draw(st.sampled_from(["none", "karras", "invert", "terminal", "sd_config", "dynamic"]))
+        if extra == "dynamic":  # resolution-dependent shift (Flux): the item draws a mu
+            cfg["use_dynamic_shifting"] = True
+            cfg["time_shift_type"] = draw(st.sampled_from(["exponential", "linear"]))
+        elif extra == "karras":
             cfg["use_karras_sigmas"] = True
         elif extra == "invert":
             cfg["invert_sigmas"] = True
@@ -29,6 +32,9 @@ def configs(draw, sampler: str) -> dict:
         elif extra == "sd_config":  # an SD-style config handed to the flow scheduler: unknown keys are ignored
             cfg = dict(SD_BETAS, steps_offset=1, clip_sample=False, set_alpha_to_one=False, stochastic_sampling=False)
         return cfg
+    if sampler == "dpmpp_2m" and draw(st.integers(0, 4)) == 0:  # a flow model's config: DPM-Solver++ in flow mode
+        return dict(num_train_timesteps=1000, shift=draw(st.sampled_from([1.0, 3.0])),
+                    use_dynamic_shifting=draw(st.booleans()))
     cfg = dict(draw(st.sampled_from([SD_BETAS, LINEAR_BETAS, {"beta_schedule": "squaredcos_cap_v2"}])))
     cfg["num_train_timesteps"] = 1000
     cfg["timestep_spacing"] = draw(st.sampled_from(["leading", "trailing", "linspace"]))
@@ -76,6 +82,7 @@ def items(draw, samplers=S.SAMPLER_NAMES) -> Item:
     config = draw(configs(sampler))
     # shift_terminal stretches a one-step schedule by 0/0: diffusers' own tables are NaN there
     low = 2 if config.get("shift_terminal") else 1
+    dynamic = config.get("use_dynamic_shifting")
     return Item(
         sampler=sampler,
         config=config,
@@ -83,6 +90,8 @@ def items(draw, samplers=S.SAMPLER_NAMES) -> Item:
         join=draw(st.integers(0, 12)),
         seed=draw(st.integers(0, 2**31 - 1)),
         key=draw(st.floats(-3, 3, allow_nan=False)),
+        mu=draw(st.floats(0.3, 1.5)) if dynamic else None,
+        sigmas=draw(st.sampled_from([None, "linspace"])) if "shift" in config else None,
     )
 
 
