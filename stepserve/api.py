@@ -106,16 +106,24 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str = "embedded", *, device: str = "cpu", dtype: str = "float32",
-                        backend: str = "torch", memory_cap: bool = True, **options: Any) -> "Engine":
+                        backend: str = "torch", memory_cap: bool = True, compile: bool = False,
+                        deterministic: bool = False, fast_path: Any = None, **options: Any) -> "Engine":
         """Load a model and build an engine. With memory_cap, max_batch_size is lowered to what fits in the
         device's memory (profiling.cap_max_batch_size; the reason is logged). The cap measures torch's allocator,
-        so it applies to the torch backend only."""
+        so it applies to the torch backend only. `compile` (the denoiser compiled per batch-size bucket) and
+        `deterministic` (byte-identical images under any load) are the fast path of stepserve.backends.fast_path;
+        `fast_path` takes its FastPathOptions whole."""
         executor = load_executor(model, device, dtype, backend)
         if memory_cap and backend == "torch":
             from .profiling import cap_max_batch_size
 
             options["max_batch_size"], why = cap_max_batch_size(executor, options.get("max_batch_size", 8))
             log.info(why)
+        if compile or deterministic or fast_path is not None:
+            from .backends.fast_path import FastPathOptions, apply_fast_path
+
+            fast_path = fast_path or FastPathOptions(compile=compile, deterministic=deterministic)
+            apply_fast_path(executor, fast_path, options.get("max_batch_size", 8))
         return cls(executor, **options)
 
     @property
