@@ -34,12 +34,12 @@ _DPM_UNSUPPORTED = ("shift_terminal", "invert_sigmas", "use_karras_sigmas", "use
 
 
 def is_flow_config(scheduler_config: Mapping[str, Any]) -> bool:
-    """True for a flow-matching model's scheduler config: ``_class_name`` FlowMatchEulerDiscreteScheduler (a saved
-    scheduler_config.json) or, for ``scheduler.config`` (which has no ``_class_name``), that class's own ``shift``
+    """True for a flow-matching model's scheduler config: a ``_class_name`` of diffusers' FlowMatch* schedulers (a
+    saved scheduler_config.json) or, for ``scheduler.config`` (which has no ``_class_name``), their own ``shift``
     parameter, which no noise-prediction scheduler has."""
     name = scheduler_config.get("_class_name")
     if name is not None:
-        return name == "FlowMatchEulerDiscreteScheduler"
+        return str(name).startswith("FlowMatch")
     return "shift" in scheduler_config
 
 

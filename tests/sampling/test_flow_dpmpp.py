@@ -123,5 +123,6 @@ def test_sd_config_dpmpp_is_unchanged():
     """A noise-prediction model's config still gives the plain DPM-Solver++(2M) tables."""
     sd = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1)
     assert not S.is_flow_config(sd) and not S.is_flow_config({"_class_name": "PNDMScheduler", "shift": 2})
+    assert S.is_flow_config({"_class_name": "FlowMatchHeunDiscreteScheduler"})
     sch = S.build_schedule("dpmpp_2m", sd, 10)
     assert not sch.flow_sigmas and sch.prediction_type == "epsilon"

@@ -16,7 +16,9 @@ SD = dict(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.
 
 def test_public_names():
     assert set(S.__all__) >= {"SAMPLER_NAMES", "build_schedule", "new_state", "init_noise_sigma", "model_inputs",
-                              "sampler_step", "predicted_original"}
+                              "sampler_step", "predicted_original", "flow_shift_mu", "uses_dynamic_shifting",
+                              "is_flow_config", "flow_dpmpp_config", "reference_scheduler"}
+    assert all(hasattr(S, name) for name in S.__all__)
     assert S.SAMPLER_NAMES == ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler")
     from stepserve import types
 
