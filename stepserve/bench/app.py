@@ -69,6 +69,7 @@ class BenchConfig:
     timeout_s: float | None = None  # every request's deadline in seconds; None: no deadline (unless timeout_slo)
     timeout_slo: bool = False  # every request's deadline is the run's SLO
     latency_model: Any = None  # slo contenders: a LatencyModel, a file path, or None (measure it on the executor)
+    peers: list[Any] = field(default_factory=list)  # --peers: PeerSettings; the contenders then run as stepserve serve
 
     @property
     def has_deadlines(self) -> bool:
@@ -90,6 +91,10 @@ class Makers:
 
 
 def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
+    if cfg.peers:  # every contender its own server on loopback (bench/peers), stepserve serve the reference
+        from .peers import peer_makers
+
+        return Makers(*peer_makers(cfg))
     if cfg.targets:
         makers = [TargetMaker(*server_target(t, cfg.api_key, cfg.keep_images)) for t in cfg.targets]
         return Makers(makers, makers[0])
@@ -154,7 +159,7 @@ class BenchRun:
 
 
 async def run_bench(cfg: BenchConfig) -> BenchRun:
-    if not cfg.targets and cfg.model != "fake":
+    if not cfg.targets and not cfg.peers and cfg.model != "fake":
         import torch
 
         torch.set_num_threads(cfg.threads or default_threads())
@@ -281,10 +286,15 @@ def _remote_kind(targets: list[str]) -> str:
 
 def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: str) -> BenchSettings:
     target = ", ".join(cfg.targets) if cfg.targets else f"in-process engine, model {cfg.model}"
-    return BenchSettings(
+    peers = []
+    if cfg.peers:
+        from .peers import peer_records
+
+        target, peers = f"servers on loopback (stepserve serve and peers), model {cfg.model}", peer_records(cfg)
+    return BenchSettings(peers=peers,
         target=target, model=None if cfg.targets else cfg.model, device=cfg.device, dtype=cfg.dtype,
         backend=cfg.backend,
-        contenders=[] if cfg.targets else list(cfg.contenders), mix=cfg.mix.to_dict(), load=cfg.load,
+        contenders=[] if cfg.targets or cfg.peers else list(cfg.contenders), mix=cfg.mix.to_dict(), load=cfg.load,
         rate_rps=rate, rate_frac=cfg.rate_frac, users=cfg.users if cfg.load == "closed" else None,
         trace_file=cfg.trace_file, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, drain_s=drain_s,
         repeats=cfg.repeats, seed=cfg.seed, slo_rule=slo_rule, sweep=cfg.sweep)

@@ -4,6 +4,7 @@
     stepserve bench --target http://127.0.0.1:8000 --load closed --users 16
     stepserve bench --target triton=grpc://127.0.0.1:8001 --rate 5   # a Triton model `pipeline` (KServe v2)
     stepserve bench --model embedded --timeout-slo --strategies continuous,slo   # deadline = the SLO
+    stepserve bench --peers triton,ray,litserve   # stepserve serve vs peer servers on loopback, same trace
 
 Strategies: continuous, dynamic, static and none by default; slo joins them when the run has deadlines
 (--timeout-s or --timeout-slo): without deadlines slo refuses nothing and is continuous batching that admits
@@ -64,6 +65,11 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
                            "[/MODEL]' (MODEL default pipeline; 'triton:label=URL' names it; a decoupled model "
                            "needs the gRPC port); default: in-process")
     what.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
+    p.add_argument("--peers", help="also serve the model with peer servers on loopback, each batching its own way: "
+                                   "comma-separated triton, ray, litserve, each optionally @BATCHxWAIT_MS (e.g. "
+                                   "ray@8x50; bare: max batch 4/8 x wait 10/50 ms); the --strategies (default "
+                                   "continuous) then run as stepserve serve. With triton the networks run in "
+                                   "onnxruntime everywhere (--backend onnxruntime is implied)")
     p.add_argument("--device", default="cpu", help=f"{' | '.join(DEVICES)} (in-process only)")
     p.add_argument("--dtype", default="float32", help=f"{' | '.join(DTYPES)} (in-process only)")
     p.add_argument("--backend", default="torch", choices=BACKENDS,
@@ -123,7 +129,9 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
 
 
 def contenders_from(args: argparse.Namespace) -> list[Contender]:
-    if args.strategies is None:
+    if args.strategies is None and args.peers:
+        names = ["continuous"]
+    elif args.strategies is None:
         names = default_strategies(args.timeout_s is not None or args.timeout_slo)
     else:
         names = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -177,6 +185,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
     contenders = contenders_from(args)
+    peers = _peers(args, argv) if args.peers is not None else []
     if args.latency_model is not None and command == "bench":
         if args.target:
             raise UsageError("--latency-model is for in-process slo contenders; a --target server has its own")
@@ -202,8 +211,30 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         slo_x_idle=args.slo_x_idle, repeats=args.repeats, seed=args.seed,
         capacity_duration_s=args.capacity_duration, api_key=args.api_key, progress=not args.no_progress,
         threads=args.threads, timeout_s=args.timeout_s, timeout_slo=args.timeout_slo,
-        latency_model=str(args.latency_model) if args.latency_model is not None else None,
+        latency_model=str(args.latency_model) if args.latency_model is not None else None, peers=peers,
     )
+
+
+def _peers(args: argparse.Namespace, argv: list[str]) -> list:
+    """--peers: the peer settings (bench/peers). Triton's classic layout runs the networks in onnxruntime, so a run
+    with triton runs every contender's networks there (an explicit other --backend is refused)."""
+    from .peers import parse_peers
+
+    if args.target:
+        raise UsageError("--peers and --target exclude each other: --peers starts its own servers")
+    if args.model == "fake":
+        raise UsageError("--peers serves a real model (embedded or a diffusers folder), not --model fake")
+    try:
+        peers = parse_peers(args.peers)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if any(p.peer == "triton" for p in peers) and args.backend != "onnxruntime":
+        if any(a == "--backend" or a.startswith("--backend=") for a in argv):
+            raise UsageError(f"--peers triton: Triton's classic layout runs the networks in onnxruntime; give "
+                             f"--backend onnxruntime (or leave it out) so that every contender runs the same "
+                             f"networks, not --backend {args.backend}")
+        args.backend = "onnxruntime"
+    return peers
 
 
 def main(argv: list[str] | None = None) -> int:

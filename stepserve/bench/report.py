@@ -58,6 +58,9 @@ def _family(results: BenchResults, name: str) -> str:
     for c in results.settings.contenders:
         if c.name == name:
             return c.strategy
+    for p in results.settings.peers:  # --peers: a peer's settings are one family (ray, litserve, ...)
+        if p["name"] == name:
+            return p["peer"]
     return name
 
 
@@ -232,6 +235,10 @@ def render(results: BenchResults) -> str:
                                  if st.timeout_s is not None else "none (requests carry no timeout_s)")]
     if st.latency_model:
         lines.append(f"- slo latency model: {st.latency_model}")
+    if st.peers:
+        from .peers.report import peer_lines
+
+        lines += peer_lines(st.peers)
     lags = [run.send_lag.p99 for run in r.runs if run.send_lag.p99 is not None and run.mode == "open-loop"]
     if lags:
         lines.append(f"- Sender accuracy: p99 of (actual - scheduled send) at most {fmt(max(lags), 'time')} over all "

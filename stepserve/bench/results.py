@@ -43,6 +43,8 @@ class BenchSettings:
     timeout_rule: str | None = None  # how it was set: "--timeout-s", or "--timeout-slo: the run's SLO"
     latency_model: str | None = None  # slo contenders: where their latency model came from
     backend: str = "torch"  # in-process: how the networks ran (torch | onnxruntime | tensorrt)
+    # --peers: per contender {"name", "peer", "versions", "config"} (bench/peers/registry.py record)
+    peers: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
