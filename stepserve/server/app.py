@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -17,20 +18,28 @@ from starlette.requests import ClientDisconnect
 from ..async_engine import AsyncEngine
 from . import errors
 from .errors import APIError, install_error_handlers
+from .metrics import CONTENT_TYPE, ServerMetrics
 from .outcomes import check, image_info, outcome_of, size_of
 from .png import encode
+from .schemas import ServerLimits, engine_params, parse_body
 from .state import ServerState
+from .streaming import EventStreamResponse, StreamJob, image_events
 from .submission import submit_all
 from .waiting import backstop_s, wait_all
-from .metrics import CONTENT_TYPE, ServerMetrics
-from .schemas import ServerLimits, engine_params, parse_body
-from .streaming import EventStreamResponse, StreamJob, image_events
 
+REPLICA_HEADER = "X-Stepserve-Replica"
 CLIENT_GONE = 499  # never read by anyone: the client has disconnected
 
 
+MetricsView = Callable[[ServerMetrics], Awaitable[bytes]]
+
+
 def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLimits | None = None,
-               shutdown_grace_s: float = 30.0) -> FastAPI:
+               shutdown_grace_s: float = 30.0, replica: str | None = None,
+               metrics_view: MetricsView | None = None) -> FastAPI:
+    """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
+    (stepserve/server/ray_serve.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
+    a metrics_view that renders all replicas' metrics instead of this app's alone."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None)
     engine.on_step.append(state.metrics.on_step)
 
@@ -48,8 +57,30 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     protected = [Depends(_auth(state))]
     app.include_router(_open_routes(state))
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
-    app.include_router(_metrics_route(state), dependencies=protected)
+    app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
+    if replica is not None:
+        app.add_middleware(ReplicaHeader, replica=replica)
     return app
+
+
+class ReplicaHeader:
+    """Pure ASGI middleware (streams pass through untouched) that names the serving replica on every response."""
+
+    def __init__(self, app, replica: str) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER.lower().encode(), replica.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_named(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
 
 
 def start_drain(app: FastAPI) -> None:
@@ -99,12 +130,13 @@ def _open_routes(state: ServerState) -> APIRouter:
     return router
 
 
-def _metrics_route(state: ServerState) -> APIRouter:
+def _metrics_route(state: ServerState, view: MetricsView | None) -> APIRouter:
     router = APIRouter()
 
     @router.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+        body = state.metrics.render() if view is None else await view(state.metrics)
+        return Response(body, media_type=CONTENT_TYPE)
 
     return router
 

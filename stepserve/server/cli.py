@@ -115,23 +115,71 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the start-up check that lowers --max-batch-size to what fits in memory (measured at "
                         "the model's largest size, 20%% headroom)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    from .replica_options import add_replica_flags
+
+    add_replica_flags(p)
     return p
+
+
+class StartupError(Exception):
+    """A flag or model that cannot be served; its message is the one-line error `stepserve serve` prints."""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        if replica_mode(args):
+            from .replica_options import plan_replicas
+
+            plan = plan_replicas(args, available_cores())
+            try:
+                from .ray_serve import serve_replicas
+            except ImportError as exc:
+                raise StartupError(f"--replicas needs Ray Serve: install stepserve[ray] ({exc})") from None
+            return serve_replicas(args, plan)
+        engine, limits, name = build_engine(args)
+    except StartupError as exc:
+        print(f"stepserve serve: error: {exc}", file=sys.stderr)
+        return 2
+    from .app import create_app
+
+    app = create_app(engine, api_key=args.api_key, limits=limits, shutdown_grace_s=args.shutdown_grace_s)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
+    print(f"stepserve serve: {name} on http://{args.host}:{args.port}/v1 "
+          f"(strategy {args.strategy}, max batch {args.max_batch_size})", file=sys.stderr, flush=True)
+    DrainingServer(config, app, args.shutdown_grace_s).run()
+    return 0
+
+
+def replica_mode(args: argparse.Namespace) -> bool:
+    """Ray Serve replicas (stepserve/server/ray_serve.py) instead of one process; replica flags need it."""
+    if args.replicas is not None or args.autoscale is not None or args.ray_address is not None:
+        return True
+    alone = [flag for flag, value in (("--replica-cpus", args.replica_cpus), ("--replica-gpus", args.replica_gpus),
+                                      ("--max-ongoing-requests", args.max_ongoing_requests),
+                                      ("--max-queued-requests", args.max_queued_requests),
+                                      ("--target-ongoing-requests", args.target_ongoing_requests))
+             if value is not None]
+    if alone:
+        raise StartupError(f"{', '.join(alone)} only apply to Ray Serve replicas; add --replicas N (or --autoscale "
+                           f"MIN:MAX)")
+    return False
+
+
+def build_engine(args: argparse.Namespace):
+    """(AsyncEngine not yet started, ServerLimits, model name) from the serve flags: the same in one process and in
+    every Ray Serve replica. Raises StartupError with a one-line message."""
     folder = Path(args.model).expanduser()
     if args.model != "embedded" and not any((folder / f).is_file() for f in ("model_index.json", "manifest.json")):
-        print(f"stepserve serve: error: --model {args.model!r} is neither 'embedded' nor a local diffusers folder "
-              f"with model_index.json (nor an export folder with manifest.json)", file=sys.stderr)
-        return 2
+        raise StartupError(f"--model {args.model!r} is neither 'embedded' nor a local diffusers folder with "
+                           f"model_index.json (nor an export folder with manifest.json)")
 
     import torch
 
     torch.set_num_threads(args.threads)
     from ..api import load_executor
     from ..async_engine import AsyncEngine
-    from .app import create_app
     from .schemas import ServerLimits
 
     print(f"stepserve serve: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}) ...",
@@ -139,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         executor = load_executor(args.model, args.device, args.dtype, args.backend, threads=args.threads)
     except (OSError, ValueError) as exc:
-        print(f"stepserve serve: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
-        return 2
+        raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
     if args.backend != "torch" and not args.no_memory_cap:
         print(f"stepserve serve: no memory cap on backend {args.backend}: the check measures torch's allocator",
               file=sys.stderr, flush=True)
@@ -159,16 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                              latency_model=latency_model, answer_margin_s=args.answer_margin_ms / 1000.0,
                              slo_order=args.slo_order)
     except (OSError, ValueError) as exc:
-        print(f"stepserve serve: error: --latency-model {args.latency_model!r}: {exc}", file=sys.stderr)
-        return 2
+        raise StartupError(f"--latency-model {args.latency_model!r}: {exc}") from None
     limits = ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s)
-    app = create_app(engine, api_key=args.api_key, limits=limits, shutdown_grace_s=args.shutdown_grace_s)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
-    print(f"stepserve serve: {executor.model.name} on http://{args.host}:{args.port}/v1 "
-          f"(strategy {args.strategy}, max batch {args.max_batch_size})", file=sys.stderr, flush=True)
-    DrainingServer(config, app, args.shutdown_grace_s).run()
-    return 0
+    return engine, limits, executor.model.name
 
 
 class DrainingServer(uvicorn.Server):

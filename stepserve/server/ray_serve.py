@@ -1,0 +1,247 @@
+"""`stepserve serve --replicas N`: the engine as a Ray Serve deployment, one continuous-batching engine per replica.
+
+Each replica hosts the very app `stepserve serve` runs alone (create_app in app.py, through Serve's late-bound
+`@serve.ingress()`), so routes, streaming, errors and per-replica admission (our 429s) are the same code. Ray's
+HTTP proxy and router sit in front: a request goes to a replica with fewer than max_ongoing_requests in flight,
+else waits in Ray's queue, and past max_queued_requests Ray answers 429 + Retry-After. Every answer from a replica
+names it in X-Stepserve-Replica. /metrics, on whichever replica serves it, shows all replicas' metrics with a
+`replica` label: each replica pushes a snapshot to a small hub actor every second (and its own at scrape time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import ray
+from ray import serve
+
+from .app import create_app
+from .cli import StartupError, available_cores, build_engine
+from .ray_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from .replica_metrics import merge, snapshot
+from .replica_options import ReplicaPlan, deployment_options
+
+APP_NAME = "stepserve"
+PUSH_EVERY_S = 1.0
+STALE_AFTER_S = 5.0  # a replica silent this long (killed, gone) drops out of /metrics
+
+log = logging.getLogger("stepserve.server")
+
+
+@ray.remote(num_cpus=0)
+class MetricsHub:
+    """The latest metrics snapshot of each replica, stamped with the hub's own clock (replicas may be on other
+    machines)."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, tuple[float, list]] = {}
+
+    def put(self, replica: str, families: list) -> None:
+        self.latest[replica] = (time.monotonic(), families)
+
+    def drop(self, replica: str) -> None:
+        self.latest.pop(replica, None)
+
+    def collect(self, max_age_s: float) -> dict[str, list]:
+        now = time.monotonic()
+        return {r: families for r, (at, families) in self.latest.items() if now - at <= max_age_s}
+
+
+@serve.ingress()
+class StepserveReplica:
+    """One replica: an engine and the shared app over it, built when Ray starts the replica."""
+
+    def __init__(self, args: argparse.Namespace, threads: int, hub) -> None:
+        self.args = argparse.Namespace(**{**vars(args), "threads": threads})
+        self.hub = hub
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.engine = None
+        self.pusher: asyncio.Task | None = None
+
+    async def __serve_build_asgi_app__(self):
+        engine, limits, _ = build_engine(self.args)  # StartupError fails the replica with its message
+        self.engine = engine
+        app = create_app(engine, api_key=self.args.api_key, limits=limits, shutdown_grace_s=self.args.shutdown_grace_s,
+                         replica=self.replica, metrics_view=self.all_metrics)
+        self.metrics = app.state.server.metrics
+        self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
+        return app
+
+    async def all_metrics(self, own) -> bytes:
+        await self._push()
+        per_replica = await self.hub.collect.remote(STALE_AFTER_S)
+        per_replica[self.replica] = snapshot(own.registry)
+        return merge(per_replica)
+
+    async def _push(self) -> None:
+        await self.hub.put.remote(self.replica, snapshot(self.metrics.registry))
+
+    async def _push_forever(self) -> None:
+        while True:
+            try:
+                await self._push()
+            except ray.exceptions.RayError as exc:  # the hub is gone (the server is stopping): keep serving
+                log.warning("replica %s cannot push metrics: %s", self.replica, exc)
+            await asyncio.sleep(PUSH_EVERY_S)
+
+    def check_health(self) -> None:
+        """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
+        if self.engine is not None and not self.engine.healthy:
+            raise RuntimeError(f"engine failed: {self.engine.failure}")
+
+    async def __del__(self) -> None:
+        if self.pusher is not None:
+            self.pusher.cancel()
+        self.hub.drop.remote(self.replica)
+
+
+def serve_replicas(args: argparse.Namespace, plan: ReplicaPlan) -> int:
+    """Start (or join) a Ray cluster, deploy the replicas, serve until SIGTERM/SIGINT, then take it all down."""
+    for note in plan.notes:
+        print(f"stepserve serve: {note}", file=sys.stderr, flush=True)
+    local = plan.ray_address is None
+    _connect(plan, local)
+    stop = _stop_on_signal()  # after ray.init, whose own SIGTERM handler would abort the process
+    started_serve = False
+    try:
+        started_serve = not _serve_running()
+        serve.start(http_options={"host": args.host, "port": args.port})
+        hub = MetricsHub.remote()
+        deployment = serve.deployment(StepserveReplica, name="Engine", **deployment_options(plan))
+        print(f"stepserve serve: deploying {_replica_text(plan)} of {args.model} ({plan.cpus:g} CPU, {plan.gpus:g} "
+              f"GPU, {plan.threads} thread(s) each) ...", file=sys.stderr, flush=True)
+        try:
+            serve.run(deployment.bind(args, plan.threads, hub), name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:
+            raise StartupError(f"the replicas did not start: {exc}") from None
+        print(f"stepserve serve: {args.model} on http://{args.host}:{args.port}/v1 ({_replica_text(plan)}, Ray "
+              f"Serve, strategy {args.strategy}, max batch {args.max_batch_size} per replica)",
+              file=sys.stderr, flush=True)
+        while not stop.wait(1.0):
+            pass
+        print(f"stepserve serve: stopping the replicas (requests in flight may finish within {plan.grace_s:g} s) "
+              f"...", file=sys.stderr, flush=True)
+        _bounded(serve.delete, plan.grace_s + 15.0, APP_NAME)
+        return 0
+    finally:
+        if local or started_serve:
+            _bounded(serve.shutdown, 30.0)
+        ray.shutdown()  # a local cluster started by ray.init stops with it
+        if local:
+            _end_leftovers()
+
+
+def _bounded(call, timeout_s: float, *args) -> None:
+    """Run a teardown call, giving up after timeout_s (a cluster process killed from outside can make it hang)."""
+    worker = threading.Thread(target=call, args=args, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        print(f"stepserve serve: {call.__name__} did not finish within {timeout_s:g} s; going on",
+              file=sys.stderr, flush=True)
+
+
+def _stop_on_signal() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _connect(plan: ReplicaPlan, local: bool) -> None:
+    if local:
+        # Loopback only: the cluster's own traffic never leaves this machine. Ray's own proxy errors (its queue
+        # limit, a replica that died) get the OpenAI error shape (ray_errors.py).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+        _adopt_orphans()
+        print(f"stepserve serve: starting a local Ray cluster ({available_cores()} CPUs, loopback) ...",
+              file=sys.stderr, flush=True)
+        ray.init(num_cpus=available_cores(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=True)
+        return
+    try:
+        ray.init(address=plan.ray_address, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        hint = "" if os.environ.get("RAY_AUTH_MODE") else (
+            "; a cluster with token authentication (Ray's default) needs RAY_AUTH_MODE=token here, and its token in "
+            "~/.ray/auth_token or RAY_AUTH_TOKEN")
+        raise StartupError(f"cannot join the Ray cluster at --ray-address {plan.ray_address!r}: {exc}{hint}") from None
+
+
+def _adopt_orphans() -> None:
+    """Linux: become the child subreaper, so that Ray workers orphaned by a raylet killed from outside (a signal to
+    the whole process group) stay our descendants, and _end_leftovers() can stop them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _end_leftovers(wait_s: float = 5.0) -> None:
+    """Stop whatever the local cluster left running below this process: SIGTERM, then SIGKILL after wait_s."""
+    pids = _descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            _reap()
+            pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+            time.sleep(0.1)
+        if not pids:
+            return
+
+
+def _reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _descendants(root: int) -> list[int]:
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = [], [root]
+    while frontier:
+        children = [p for p, pp in parent.items() if pp in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _serve_running() -> bool:
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _replica_text(plan: ReplicaPlan) -> str:
+    if plan.autoscale:
+        return f"{plan.replicas} replicas (autoscaling {plan.autoscale[0]}-{plan.autoscale[1]})"
+    return f"{plan.replicas} replica{'s' if plan.replicas != 1 else ''}"

@@ -1,0 +1,339 @@
+"""`stepserve serve --replicas N`: the engine as a Ray Serve deployment, checked through Ray's HTTP proxy.
+
+One Ray cluster (ray.init in a helper process, loopback only) serves the module; `stepserve serve --replicas 2
+--ray-address ...` joins it, two replicas of the embedded model on one thread each. The local-cluster mode (no
+--ray-address) gets its own short run. Every process a test starts is found again by a marker in its environment
+and must be gone at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from extras import require
+from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode_png
+
+from stepserve.server.cli import main as serve_main
+
+ROOT = Path(__file__).resolve().parents[2]
+MARK = "STEPSERVE_RAY_TEST_MARK"
+# 12 distinct requests (steps 2-5, two samplers, guidance on and off)
+CONFIGS = [dict(prompt=f"digit {i % 10}", seed=300 + i, num_inference_steps=2 + i % 4,
+                sampler=("euler", "ddim")[i % 2], guidance_scale=1.0 if i % 3 else 3.0) for i in range(12)]
+
+CLUSTER = """
+import sys, ray
+from stepserve.server.ray_serve import _adopt_orphans, _end_leftovers
+_adopt_orphans()
+ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+for line in sys.stdin:
+    replica = line.strip()
+    [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith("#" + replica)]
+    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
+    print("killed", flush=True)
+ray.shutdown()
+_end_leftovers()
+"""
+
+
+def _env(mark: str) -> dict:
+    from stepserve.server.ray_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+
+    return {**os.environ, "PYTHONPATH": str(ROOT), MARK: mark, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", PROXY_CALLBACK_ENV: PROXY_CALLBACK, "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def marked_pids(mark: str) -> list[int]:
+    """Processes whose environment carries this marker: everything a test started, Ray's workers included."""
+    found = []
+    needle = f"{MARK}={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        with open(f"/proc/{entry}/stat") as s:
+                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                                found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def assert_all_gone(mark: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while marked_pids(mark) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    left = marked_pids(mark)
+    assert not left, f"processes left behind: {[Path(f'/proc/{p}/cmdline').read_bytes()[:80] for p in left]}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """`stepserve serve --replicas ...` as a child process; its log goes to a file (Ray logs a lot)."""
+
+    def __init__(self, mark: str, *flags: str) -> None:
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="stepserve-ray-", suffix=".log")
+        args = ["--model", "embedded", "--port", str(self.port), "--threads", "1", "--log-level", "warning", *flags]
+        self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=ROOT,
+                                     env=_env(mark), stdout=self.log, stderr=subprocess.STDOUT)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self) -> str:
+        return Path(self.log.name).read_text()[-3000:]
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"stepserve serve exited early:\n{self.tail()}"
+            if "on http://" in Path(self.log.name).read_text():
+                return
+            time.sleep(0.25)
+        raise AssertionError(f"stepserve serve --replicas did not come up:\n{self.tail()}")
+
+    def stop(self) -> int:
+        """SIGTERM to the CLI alone, as a process manager would send it; its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"stepserve serve did not stop on SIGTERM:\n{self.tail()}") from None
+
+
+@pytest.fixture(scope="module")
+def local_server():
+    """`stepserve serve --replicas 1` with no --ray-address (its own local cluster), started before the module's
+    cluster so that the two boot side by side; test_local_cluster_* uses it last."""
+    require("ray", "ray")
+    mark = uuid.uuid4().hex
+    server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2")
+    try:
+        yield server, mark
+    finally:
+        server.stop()
+        server.log.close()
+        assert_all_gone(mark)
+
+
+@pytest.fixture(scope="module")
+def cluster(local_server):
+    mark = uuid.uuid4().hex
+    helper = subprocess.Popen([sys.executable, "-c", CLUSTER], cwd=ROOT, env=_env(mark), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    address = helper.stdout.readline().strip()
+    try:
+        assert address, "the test's Ray cluster did not start"
+        yield helper, address, mark
+    finally:
+        helper.stdin.close()
+        helper.wait(60)
+        assert_all_gone(mark)
+
+
+@pytest.fixture(scope="module")
+def replicas(cluster):
+    _, address, mark = cluster
+    server = ServeProcess(mark, "--replicas", "2", "--ray-address", address, "--max-batch-size", "4",
+                          "--max-queue", "8", "--max-ongoing-requests", "8", "--max-queued-requests", "40",
+                          "--shutdown-grace-s", "5")
+    try:
+        server.images = single_process_server_images()  # while the replicas boot
+        server.wait_ready()
+        yield server
+    finally:
+        assert server.stop() == 0, server.tail()
+        server.log.close()
+
+
+@pytest.fixture(scope="module")
+def single_process_images(replicas):
+    return replicas.images
+
+
+def single_process_server_images() -> list:
+    """CONFIGS through the single-process server (the same app, uvicorn in this process)."""
+    from conftest import ServerThread
+
+    from stepserve.api import load_executor
+    from stepserve.async_engine import AsyncEngine
+    from stepserve.server import create_app
+
+    app = create_app(AsyncEngine(load_executor("embedded"), max_batch_size=4))
+    with ServerThread(app) as server:
+        responses = asyncio.run(post_all(server.url, CONFIGS))
+    assert [r.status_code for r in responses] == [200] * len(CONFIGS)
+    return [decode_png(r.json()["data"][0]["b64_json"]) for r in responses]
+
+
+async def post_all(url: str, bodies: list[dict], timeout: float = 90) -> list:
+    """Every request's response, or the exception it ended with (a client timeout proves a hang)."""
+    limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+        return await asyncio.gather(*(client.post(GENERATIONS, json=b) for b in bodies), return_exceptions=True)
+
+
+def test_40_concurrent_all_200_on_both_replicas_same_images_as_one_process(replicas, single_process_images):
+    bodies = [CONFIGS[i % len(CONFIGS)] for i in range(40)]
+    responses = asyncio.run(post_all(replicas.url, bodies))
+    assert [getattr(r, "status_code", r) for r in responses] == [200] * 40
+    served_by = {r.headers["X-Stepserve-Replica"] for r in responses}
+    assert len(served_by) == 2, served_by
+    for i, r in enumerate(responses):
+        assert_close(decode_png(r.json()["data"][0]["b64_json"]), single_process_images[i % len(CONFIGS)], tol=1)
+
+
+def test_streaming_through_ray(replicas, single_process_images):
+    body = {**CONFIGS[3], "stream": True, "partial_images": 2}
+    with httpx.stream("POST", replicas.url + GENERATIONS, json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["X-Stepserve-Replica"]
+        events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+    assert [e["partial_image_index"] for e in events[:2]] == [0, 1]
+    assert_close(decode_png(events[-1]["b64_json"]), single_process_images[3], tol=1)
+
+
+def test_metrics_aggregate_replicas_with_a_replica_label(replicas):
+    responses = asyncio.run(post_all(replicas.url, CONFIGS * 2))
+    seen = {r.headers["X-Stepserve-Replica"] for r in responses if r.status_code == 200}
+    assert len(seen) == 2 and all(r.status_code == 200 for r in responses)
+    deadline = time.monotonic() + 10
+    while True:  # the other replica's snapshot is at most a second old
+        text = httpx.get(replicas.url + "/metrics", timeout=30).text
+        completed = {rep: _sample(text, f'stepserve_requests_total{{outcome="completed",replica="{rep}"}}')
+                     for rep in seen}
+        if all(v and v > 0 for v in completed.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert all(v and v > 0 for v in completed.values()), completed
+    assert text.count("# TYPE stepserve_requests_total counter") == 1  # one family, one sample per replica
+
+
+def _sample(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_ray_queue_limit_is_a_429_with_retry_after_and_replica_429s_pass_through(replicas):
+    slow = {"prompt": "burst", "num_inference_steps": 20, "guidance_scale": 1.0}
+    # 100 at once: 2 replicas x 8 in flight + 40 in Ray's queue fit; the rest Ray refuses at once.
+    responses = asyncio.run(post_all(replicas.url, [slow] * 100))
+    codes = [getattr(r, "status_code", r) for r in responses]
+    assert set(codes) <= {200, 429}, codes
+    ray_429 = [r for r in responses if r.status_code == 429]
+    assert ray_429, "Ray's queue limit never answered"
+    for r in ray_429:
+        error = assert_error_shape(r)
+        assert error["type"] == "rate_limit_error" and "max_queued_requests" in error["message"], error
+        assert int(r.headers["Retry-After"]) >= 1 and "X-Stepserve-Replica" not in r.headers
+    # 16 requests of 3 images each fit Ray's in-flight limit but not the engines (4 running + 8 waiting images
+    # each, --max-queue 8): the replicas refuse some themselves, and their 429s reach the client as they left it.
+    responses = asyncio.run(post_all(replicas.url, [{**slow, "n": 3}] * 16))
+    codes = [getattr(r, "status_code", r) for r in responses]
+    assert set(codes) <= {200, 429} and 429 in codes, codes
+    for r in responses:
+        if r.status_code == 429:
+            assert r.headers["X-Stepserve-Replica"] and int(r.headers["Retry-After"]) >= 1
+            assert assert_error_shape(r)["code"] == "queue_full"
+            assert "max_queued_requests" not in r.json()["error"]["message"]
+
+
+def test_killing_a_replica_mid_load_loses_no_request_silently(replicas, cluster):
+    helper, _, _ = cluster
+    body = {"prompt": "kill", "num_inference_steps": 40, "guidance_scale": 1.0}
+
+    async def load_then_kill():
+        task = asyncio.ensure_future(post_all(replicas.url, [{**body, "seed": i} for i in range(24)], timeout=60))
+        first = httpx.AsyncClient(base_url=replicas.url, timeout=60)
+        async with first:
+            victim = (await first.post(GENERATIONS, json={**body, "num_inference_steps": 2})).headers[
+                "X-Stepserve-Replica"]
+        helper.stdin.write(victim + "\n")
+        helper.stdin.flush()
+        assert (await asyncio.to_thread(helper.stdout.readline)).strip() == "killed"
+        return victim, await task
+
+    victim, responses = asyncio.run(load_then_kill())
+    hung = [r for r in responses if isinstance(r, Exception)]
+    assert not hung, f"requests ended without an answer: {hung[:3]}"
+    assert all(r.status_code == 200 or r.status_code >= 500 for r in responses), [r.status_code for r in responses]
+    assert any(r.status_code == 200 for r in responses)
+    for r in responses:
+        if r.status_code >= 500:
+            assert_error_shape(r)
+    # Ray replaces the dead replica; the service answers throughout
+    after = httpx.post(replicas.url + GENERATIONS, json={**body, "num_inference_steps": 2}, timeout=60)
+    assert after.status_code == 200 and after.headers["X-Stepserve-Replica"] != victim
+
+
+def test_local_cluster_serves_and_stops_without_leftovers(local_server):
+    server, mark = local_server
+    server.wait_ready()
+    r = httpx.post(server.url + GENERATIONS, json=CONFIGS[0], timeout=60)
+    assert r.status_code == 200 and r.headers["X-Stepserve-Replica"]
+    assert len(marked_pids(mark)) > 3  # the CLI, Ray's own processes and the replica
+    assert server.stop() == 0, server.tail()
+    assert_all_gone(mark)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--replica-cpus", "1"], "--replica-cpus only apply to Ray Serve replicas"),
+    (["--replicas", "3"], "3 replicas x 1 CPUs need 3 CPUs"),
+    (["--replicas", "5", "--autoscale", "1:4"], "--replicas 5 is outside --autoscale 1:4"),
+    (["--replicas", "2", "--target-ongoing-requests", "4"], "add --autoscale"),
+    (["--replicas", "1", "--replica-gpus", "1"], "add --device cuda"),
+])
+def test_bad_replica_flags_get_one_line_errors(flags, message, capsys, monkeypatch):
+    monkeypatch.setattr("stepserve.server.cli.available_cores", lambda: 2)
+    assert serve_main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stepserve serve: error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("text", ["4", "0:2", "3:2", "a:b", "1:"])
+def test_autoscale_flag_is_checked(text, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["--replicas", "1", "--autoscale", text])
+    assert exit_.value.code == 2 and "expected MIN:MAX" in capsys.readouterr().err
+
+
+def test_flags_map_to_ray_serve_options():
+    from stepserve.server.cli import build_parser
+    from stepserve.server.replica_options import deployment_options, plan_replicas
+
+    args = build_parser().parse_args(["--replicas", "2", "--autoscale", "1:4", "--replica-cpus", "0.5",
+                                      "--max-batch-size", "6", "--max-queued-requests", "10"])
+    options = deployment_options(plan_replicas(args, local_cores=2))
+    assert options["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
+                                             "target_ongoing_requests": 6.0}
+    assert "num_replicas" not in options
+    assert options["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 0.0}
+    assert options["max_ongoing_requests"] == 12 and options["max_queued_requests"] == 10
+    assert options["backpressure_config"]["status_code"] == 429
