@@ -185,7 +185,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
     contenders = contenders_from(args)
-    peers = _peers(args, argv) if args.peers is not None else []
+    peers = _peers(args, argv, command) if args.peers is not None else []
     if args.latency_model is not None and command == "bench":
         if args.target:
             raise UsageError("--latency-model is for in-process slo contenders; a --target server has its own")
@@ -215,11 +215,13 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
     )
 
 
-def _peers(args: argparse.Namespace, argv: list[str]) -> list:
+def _peers(args: argparse.Namespace, argv: list[str], command: str) -> list:
     """--peers: the peer settings (bench/peers). Triton's classic layout runs the networks in onnxruntime, so a run
     with triton runs every contender's networks there (an explicit other --backend is refused)."""
     from .peers import parse_peers
 
+    if command != "bench":
+        raise UsageError(f"--peers starts live servers: it is for stepserve bench, not stepserve {command}")
     if args.target:
         raise UsageError("--peers and --target exclude each other: --peers starts its own servers")
     if args.model == "fake":

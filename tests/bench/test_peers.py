@@ -70,6 +70,8 @@ def test_bench_flags_for_peers():
                         (["--peers", "tgi"], "unknown peer"), (["--peers", "ray", "--model", "fake"], "not --model fake")):
         with pytest.raises(UsageError, match=words):
             config_from_args(argv)
+    with pytest.raises(UsageError, match="not stepserve simulate"):
+        config_from_args(["--peers", "ray"], command="simulate")
 
 
 STUBBORN = textwrap.dedent("""

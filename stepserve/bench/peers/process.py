@@ -40,6 +40,8 @@ def tagged_pids(tag: str) -> list[int]:
     and skipped."""
     needle = f"{TAG_ENV}={tag}".encode()
     found = []
+    if not Path("/proc").is_dir():  # not Linux: only the child's process group is stopped
+        return found
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
