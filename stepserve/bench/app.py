@@ -39,6 +39,7 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "torch"  # in-process: torch | onnxruntime | tensorrt
+    fast_path: Any = None  # in-process torch: backends.fast_path.FastPathOptions (--compile, --deterministic)
     contenders: list[Contender] = field(default_factory=list)
     load: str = "poisson"  # poisson | closed | trace
     rate: float | None = None
@@ -100,6 +101,10 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
         return Makers(makers, makers[0])
     t0 = time.monotonic()
     executor = load_model(cfg.model, cfg.device, cfg.dtype, cfg.backend)
+    if cfg.fast_path is not None and cfg.fast_path.enabled and cfg.model != "fake":
+        from ..backends.fast_path import apply_fast_path
+
+        apply_fast_path(executor, cfg.fast_path, max((c.max_batch_size for c in cfg.contenders), default=8))
     startup.model_load_s = time.monotonic() - t0
     model, source = _latency_model(cfg, executor, startup)
     makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images, model))

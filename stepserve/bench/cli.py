@@ -76,6 +76,9 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
                    help="how the networks run in process: torch, onnxruntime (CPU; the model is exported once into "
                         "a cache unless --model is an ONNX export), tensorrt (engine folder, CUDA)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
+    from ..backends.fast_path import add_fast_path_flags
+
+    add_fast_path_flags(p)  # in-process only
     p.add_argument("--strategies",
                    help=f"comma-separated: {', '.join(STRATEGIES)}; default: "
                         f"{','.join(default_strategies(False))}, and slo too when the run has deadlines "
@@ -197,9 +200,12 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         mix = Mix.load(args.mix) if args.mix else Mix.from_steps([int(s) for s in _floats(args.steps, "--steps")])
     except (OSError, ValueError) as exc:
         raise UsageError(f"--mix/--steps: {exc}") from None
+    from ..backends.fast_path import fast_path_from_args
+
     return BenchConfig(
         argv=[command, *argv], mix=mix, out=args.out, targets=list(args.target), model=args.model,
         device=args.device, dtype=args.dtype, backend=args.backend, contenders=contenders, load=args.load,
+        fast_path=fast_path_from_args(args),
         rate=args.rate,
         rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
         duration_s=args.duration, warmup_s=args.warmup, drain_s=args.drain, sweep=args.sweep,

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .replica_options import add_replica_flags
 
     add_replica_flags(p)
+    from ..backends.fast_path import add_fast_path_flags
+
+    add_fast_path_flags(p)
     return p
 
 
@@ -196,6 +199,12 @@ def build_engine(args: argparse.Namespace):
 
         args.max_batch_size, why = cap_max_batch_size(executor, args.max_batch_size)
         print(f"stepserve serve: {why}", file=sys.stderr, flush=True)
+    from ..backends.fast_path import apply_fast_path, fast_path_from_args
+
+    try:
+        apply_fast_path(executor, fast_path_from_args(args), args.max_batch_size)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     latency_model = args.latency_model or ("measure" if args.strategy == "slo" else None)
     if latency_model == "measure":
         print("stepserve serve: measuring the step latency of this model for the slo strategy ...",

@@ -1,0 +1,57 @@
+"""--compile / --compile-buckets / --deterministic reach the engine from `stepserve serve` and `stepserve bench`;
+bad values are refused with a message that says what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepserve.backends.bucketed import BucketedNetworks
+from stepserve.backends.fast_path import FastPathOptions, apply_fast_path
+
+
+def test_serve_builds_a_deterministic_engine(capsys):
+    from stepserve.server.cli import build_engine, build_parser
+
+    args = build_parser().parse_args(["--deterministic", "--no-memory-cap", "--max-batch-size", "3", "--threads", "1"])
+    engine, _, name = build_engine(args)
+    networks = engine.executor.pipeline.networks
+    assert name == "embedded" and isinstance(networks, BucketedNetworks)
+    assert networks.fixed_rows == 6 and networks.buckets == (6,)
+    assert networks.calls == {6: 1}  # the warm-up step ran at start-up
+    assert "warm-up" in capsys.readouterr().err
+
+
+def test_serve_and_bench_parse_the_flags():
+    from stepserve.bench.cli import config_from_args
+    from stepserve.server.cli import build_parser
+
+    args = build_parser().parse_args(["--compile", "--compile-buckets", "8,1,2"])
+    assert args.compile and not args.deterministic and args.compile_buckets == (1, 2, 8)
+    cfg = config_from_args(["--model", "embedded", "--compile", "--deterministic"])
+    assert cfg.fast_path == FastPathOptions(compile=True, deterministic=True)
+    assert not config_from_args(["--model", "embedded"]).fast_path.enabled
+
+
+@pytest.mark.parametrize("value", ["0,2", "a", "", "1,,2"])
+def test_bad_buckets_exit_2_with_what_is_allowed(value, capsys):
+    from stepserve.server.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["--compile-buckets", value])
+    assert exc.value.code == 2
+    assert "expected comma-separated batch sizes >= 1" in capsys.readouterr().err
+
+
+def test_fast_path_refuses_other_backends_and_modes():
+    class Pipeline:
+        backend, device, networks = "onnxruntime", "cpu", None
+
+    class Executor:
+        pipeline = Pipeline()
+
+    with pytest.raises(ValueError, match="need --backend torch; got --backend onnxruntime"):
+        apply_fast_path(Executor(), FastPathOptions(compile=True), 8)
+    Pipeline.backend = "torch"
+    with pytest.raises(ValueError, match="compile_mode: 'fastest' is not supported; allowed: default"):
+        apply_fast_path(Executor(), FastPathOptions(compile=True, compile_mode="fastest"), 8)
+    assert apply_fast_path(Executor(), FastPathOptions(), 8) is None  # nothing asked: nothing wrapped
