@@ -94,7 +94,8 @@ class ServeProcess:
     def __init__(self, mark: str, *flags: str) -> None:
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="stepserve-ray-", suffix=".log")
-        args = ["--model", "embedded", "--port", str(self.port), "--threads", "1", "--log-level", "warning", *flags]
+        args = ["--model", "embedded", "--port", str(self.port), "--threads", "1", "--log-level", "warning",
+                "--no-memory-cap", *flags]
         self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=ROOT,
                                      env=_env(mark), stdout=self.log, stderr=subprocess.STDOUT)
 
