@@ -57,12 +57,15 @@ def _clip(width: int, vocab_size: int, seed: int):
         max_position_embeddings=CLIP_MAX_LENGTH, hidden_act="gelu", projection_dim=width))
 
 
-def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, variant: str = "sd3", seed: int = 0) -> Path:
+def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, variant: str = "sd3", dynamic_shifting: bool = False,
+                   seed: int = 0) -> Path:
     """Write a complete StableDiffusion3Pipeline folder with random weights to `path`; returns `path`.
 
     `with_t5=False` leaves out text_encoder_3 / tokenizer_3 (as SD3 may be run without T5): the pipeline then
     feeds zeros in place of the T5 embeddings. `variant="sd3.5"` gives the transformer SD3.5's RMS-normed
-    query/key and (as SD3.5 Medium) a dual-attention (MMDiT-X) first layer."""
+    query/key and (as SD3.5 Medium) a dual-attention (MMDiT-X) first layer. `dynamic_shifting=True` makes the
+    scheduler shift by resolution (`use_dynamic_shifting`, mu from the image token count), with base/max token
+    counts scaled to the tiny sizes (16 and 256 tokens: 16x16 to 64x64 pixels)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
     from diffusers import (
@@ -96,7 +99,9 @@ def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, variant: str = "sd
         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
         latent_channels=16, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
         shift_factor=VAE_SHIFT_FACTOR, scaling_factor=VAE_SCALING_FACTOR)
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
+    shifting = {"use_dynamic_shifting": True, "base_image_seq_len": 16, "max_image_seq_len": 256} \
+        if dynamic_shifting else {}
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, **shifting)
     pipe = StableDiffusion3Pipeline(
         transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, text_encoder_3=text_encoder_3,
