@@ -12,6 +12,7 @@ it to ``set_timesteps``, which shifts every sigma by ``exp(mu) / (exp(mu) + (1 /
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,8 +57,9 @@ def flow_shift_mu(image_seq_len: int, scheduler_config: Mapping[str, Any]) -> fl
     ``image_seq_len`` is the number of image tokens the transformer sees: Flux (h/16)*(w/16) for a pixel size h x w,
     SD3 (latent_h / patch_size) * (latent_w / patch_size).
     """
-    if isinstance(image_seq_len, bool) or not isinstance(image_seq_len, int) or image_seq_len < 1:
+    if isinstance(image_seq_len, bool) or not isinstance(image_seq_len, numbers.Integral) or image_seq_len < 1:
         raise ValueError(f"image_seq_len must be a positive integer (image tokens); got {image_seq_len!r}")
+    image_seq_len = int(image_seq_len)
     if not isinstance(scheduler_config, Mapping):
         raise ValueError(f"scheduler_config must be a mapping; got {type(scheduler_config).__name__}")
     values = {}

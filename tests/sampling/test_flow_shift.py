@@ -37,6 +37,7 @@ def test_mu_is_diffusers_calculate_shift(seq, cfg):
     mu = S.flow_shift_mu(seq, cfg)
     assert mu == flux_calculate_shift(seq, *args)  # same float operations: bit-identical
     assert mu == sd3_calculate_shift(seq, *args)
+    assert S.flow_shift_mu(np.int64(seq), cfg) == mu  # e.g. a product of tensor shapes turned to numpy
 
 
 @pytest.mark.parametrize("bad", [0, -4, 2.5, True, "256", None])
