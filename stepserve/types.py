@@ -119,7 +119,7 @@ class Request:
     timing: RequestTiming = field(default=None)  # type: ignore[assignment]
     # Executor-owned state (tensors), set on admission and dropped when the request finishes:
     latents: Any = None
-    prompt_embeds: Any = None  # (2 or 1, T, D): [uncond, cond] when guidance applies
+    prompt_embeds: Any = None  # the adapter's Conditioning (pipelines/family.py): cond and optional uncond row
     sampler_state: Any = None
     preview_latents: Any = None  # the denoised estimate (x0) after a step listed in preview_steps
     image: Any = None  # PIL.Image once decoded
@@ -184,3 +184,9 @@ class ModelInfo:
     max_guidance_scale: float = 50.0
     max_prompt_chars: int = 2000
     samplers: tuple[str, ...] = SAMPLER_NAMES
+    # What the model family lets a request set (docs/MODELS.md): its name in messages, whether a negative prompt
+    # is taken, and how guidance_scale acts: "cfg" (classifier-free guidance, an extra row when > 1) or
+    # "embedded" (a value fed to the denoiser, e.g. Flux.1 dev's guidance embedding).
+    family: str = "sd"
+    negative_prompt: bool = True
+    guidance: str = "cfg"

@@ -13,6 +13,7 @@ from .types import ModelInfo, SamplingParams
 MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
 DRAWN_SEED_LIMIT = 2**31  # a seed drawn for a request that has none lies in [0, DRAWN_SEED_LIMIT)
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # SamplingParams.priority: an integer in this range, higher served first
+_GUIDANCE_MEANING = {"cfg": "<= 1 disables guidance", "embedded": "the value fed to the model's guidance embedding"}
 _SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
 
 
@@ -62,6 +63,9 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
     negative = "" if p.negative_prompt is None else p.negative_prompt
     if not isinstance(negative, str) or len(negative) > model.max_prompt_chars:
         raise ValidationError("negative_prompt", f"must be a string of at most {model.max_prompt_chars} characters")
+    if negative and not model.negative_prompt:
+        raise ValidationError("negative_prompt", f"{model.name} ({model.family}) takes no negative prompt; "
+                                                 "allowed: empty")
 
     seed = p.seed
     if seed is None:
@@ -79,7 +83,8 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
     if not _is_number(guidance) or not math.isfinite(guidance) or not 0 <= guidance <= model.max_guidance_scale:
         raise ValidationError(
             "guidance_scale",
-            f"must be a number in [0, {model.max_guidance_scale:g}] (<= 1 disables guidance), got {p.guidance_scale!r}",
+            f"must be a number in [0, {model.max_guidance_scale:g}] "
+            f"({_GUIDANCE_MEANING.get(model.guidance, model.guidance)}), got {p.guidance_scale!r}",
         )
 
     sampler = model.default_sampler if p.sampler is None else p.sampler

@@ -34,10 +34,12 @@ def onnx_folder(model: str | os.PathLike) -> Path:
     (exported and checked against torch on first use)."""
     from ..deploy.onnx_export import export_onnx, is_export_dir
     from ..pipelines.diffusers_sd import resolve_model_path
+    from ..pipelines.registry import require_export_family
 
     if str(model) != "embedded" and is_export_dir(model):
         return Path(model)
     source = resolve_model_path(model)
+    require_export_family(model, "onnxruntime")
     cached = onnx_cache_dir(source)
     if not is_export_dir(cached):
         log.warning("exporting %s to ONNX in %s (once; reused while the model is unchanged)", model, cached)
@@ -51,10 +53,11 @@ def load_adapter(model: str | os.PathLike, backend: str, device: str, dtype: str
     import torch
 
     from ..pipelines.diffusers_sd import StableDiffusionAdapter
+    from ..pipelines.registry import load_family_adapter
     from . import BACKENDS
 
-    if backend == "torch":
-        return StableDiffusionAdapter.from_pretrained(model, device=device, dtype=getattr(torch, dtype))
+    if backend == "torch":  # the folder's model_index.json _class_name picks the family adapter
+        return load_family_adapter(model, device=device, dtype=getattr(torch, dtype))
     if backend == "onnxruntime":
         if device != "cpu" or dtype != "float32":
             raise ValueError(f"backend 'onnxruntime' runs on the CPU in float32; got --device {device} "

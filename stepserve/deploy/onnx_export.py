@@ -24,6 +24,7 @@ from ..pipelines.diffusers_sd import (
     StableDiffusionAdapter,
     resolve_model_path,
 )
+from ..pipelines.registry import require_export_family
 from ..progress import progress
 from .onnx_networks import GraphSpec, example_inputs, graph_module, graph_specs
 
@@ -49,6 +50,7 @@ def export_onnx(model: str | os.PathLike = "embedded", out: str | os.PathLike = 
     if opset not in OPSETS:
         raise ValueError(f"opset: {opset} is not supported; allowed: {OPSETS.start}..{OPSETS.stop - 1}")
     source = resolve_model_path(model)
+    require_export_family(model, "onnx export")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
         raise ExportError(f"--out {out}: the folder exists, is not empty and is not an ONNX export; "

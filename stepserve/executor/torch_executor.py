@@ -1,7 +1,8 @@
-"""Runs engine steps on a real pipeline with PyTorch and measures how long each stage took.
+"""Runs engine steps on a real pipeline (any model family, pipelines/family.py) and measures each stage's time.
 
 One denoising forward covers every request in the step, each at its own timestep. Classifier-free guidance is
-per request: a request with guidance_scale > 1 adds an unconditional row; the others pay for one row only.
+per request: a request whose conditioning has an unconditional row (the family decides: SD/SDXL when
+guidance_scale > 1) adds that row; the others pay for one row only.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 import torch
 
 from .. import sampling
-from ..pipelines.diffusers_sd import StableDiffusionAdapter
+from ..pipelines.family import FamilyAdapter, stack_rows
 from ..types import Request
 
 
@@ -21,7 +22,7 @@ def _sync(device: torch.device) -> None:
 
 
 class TorchExecutor:
-    def __init__(self, pipeline: StableDiffusionAdapter) -> None:
+    def __init__(self, pipeline: FamilyAdapter) -> None:
         self.pipeline = pipeline
         self.model = pipeline.info
         self.device = pipeline.device
@@ -46,19 +47,13 @@ class TorchExecutor:
     # --- stages ------------------------------------------------------------------------------------------------
     def _prepare(self, requests: list[Request]) -> None:
         p = self.pipeline
-        prompts = [r.params.prompt for r in requests]
-        negatives = [r.params.negative_prompt for r in requests if r.params.guidance_scale > 1]
-        embeds = iter(p.encode_prompts(prompts + negatives))
-        cond = [next(embeds) for _ in requests]
-        for r, c in zip(requests, cond):
-            r.prompt_embeds = (c, next(embeds) if r.params.guidance_scale > 1 else None)
-            schedule = sampling.build_schedule(r.params.sampler, p.scheduler_config, r.num_steps)
+        for r, conditioning in zip(requests, p.encode([r.params for r in requests])):
+            r.prompt_embeds = conditioning
+            schedule = p.schedule(r.params)
             r.num_steps = schedule.num_steps  # the table's own length (equal to the request for our samplers)
             # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
             generator = torch.Generator("cpu").manual_seed(r.params.seed)
-            shape = p.latent_shape(*r.bucket)
-            noise = torch.randn(shape, generator=generator, dtype=p.dtype).to(p.device)
-            r.latents = noise * sampling.init_noise_sigma(schedule)
+            r.latents = p.initial_latents(r.params, generator) * sampling.init_noise_sigma(schedule)
             r.sampler_state = sampling.new_state(schedule, generator)
 
     def _denoise(self, requests: list[Request]) -> None:
@@ -66,11 +61,13 @@ class TorchExecutor:
         steps = [r.step for r in requests]
         latents = torch.cat([r.latents for r in requests])
         model_in, timesteps = sampling.model_inputs(latents, states, steps)
-        guided = [i for i, r in enumerate(requests) if r.params.guidance_scale > 1]
+        # Rows: every request's conditional row, then the unconditional row of each guided request.
+        guided = [i for i, r in enumerate(requests) if r.prompt_embeds.guided]
         rows = torch.cat([model_in, model_in[guided]]) if guided else model_in
         t_rows = torch.cat([timesteps, timesteps[guided]]) if guided else timesteps
-        embeds = torch.stack([r.prompt_embeds[0] for r in requests] + [requests[i].prompt_embeds[1] for i in guided])
-        out = self.pipeline.unet_forward(rows, t_rows.to(rows.device), embeds)
+        conditioning = stack_rows([r.prompt_embeds.cond for r in requests]
+                                  + [requests[i].prompt_embeds.uncond for i in guided])
+        out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
         pred = out[: len(requests)]
         if guided:
             cond = pred[guided]
@@ -90,12 +87,16 @@ class TorchExecutor:
             r.latents = new[i : i + 1]
 
     def _decode(self, requests: list[Request]) -> None:
-        images = self.pipeline.decode(torch.cat([r.latents for r in requests]))
-        for r, image in zip(requests, images):
-            r.image = image
+        buckets: dict[tuple[int, int], list[Request]] = {}
+        for r in requests:  # one decode per size bucket (finished requests may come from several)
+            buckets.setdefault(r.bucket, []).append(r)
+        for bucket, group in buckets.items():
+            images = self.pipeline.decode(torch.cat([r.latents for r in group]), bucket)
+            for r, image in zip(group, images):
+                r.image = image
 
     def preview(self, request: Request):
         """A preview image: the decoded x0 estimate of the last step if one was kept, else the current latents."""
         latents = request.preview_latents if request.preview_latents is not None else request.latents
         request.preview_latents = None
-        return self.pipeline.decode(latents)[0]
+        return self.pipeline.decode(latents, request.bucket)[0]

@@ -1,9 +1,10 @@
-"""Adapter for the diffusers Stable Diffusion family (CLIP text encoder + UNet2DConditionModel + AutoencoderKL),
-loaded from a local folder with model_index.json. Nothing is downloaded.
+"""Adapter for the diffusers Stable Diffusion 1.x/2.x family (CLIP text encoder + UNet2DConditionModel +
+AutoencoderKL), loaded from a local folder with model_index.json. Nothing is downloaded.
 
-It exposes the three stages the executor needs, each batched: encode prompts, one UNet forward over rows with
+It implements the family interface (family.py): encode prompts (batched, cached), one UNet forward over rows with
 per-row timesteps, decode latents to PIL images. Text encoding, latent shapes and decoding follow diffusers'
-StableDiffusionPipeline so that images match it for the same seed and settings.
+StableDiffusionPipeline so that images match it for the same seed and settings. It is also the one family the
+onnxruntime, TensorRT and Triton backends serve.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ import contextlib
 import json
 import os
 import sys
-from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 
 from ..backends import Networks
 from ..backends.torch_networks import TorchNetworks
-from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo
+from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo, SamplingParams
+from .family import Conditioning, FamilyAdapter, PromptCache, to_pil
+
+__all__ = ["StableDiffusionAdapter", "PromptCache", "to_pil", "resolve_model_path", "model_info_for"]
 
 # Which of our samplers a diffusers scheduler class corresponds to (for the model's own default).
 _SCHEDULER_TO_SAMPLER = {cls: sampler for sampler, cls in SCHEDULER_CLASSES.items()}
@@ -45,34 +47,11 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
     return path
 
 
-class PromptCache:
-    """A small LRU of prompt -> embedding (T, D), so repeated prompts skip the text encoder."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, prompt: str) -> torch.Tensor | None:
-        value = self._items.get(prompt)
-        if value is not None:
-            self._items.move_to_end(prompt)
-            self.hits += 1
-        else:
-            self.misses += 1
-        return value
-
-    def put(self, prompt: str, value: torch.Tensor) -> None:
-        self._items[prompt] = value
-        self._items.move_to_end(prompt)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-
-class StableDiffusionAdapter:
-    """One SD-family pipeline: tokenizer, configs and the three networks (see stepserve.backends for how they run).
+class StableDiffusionAdapter(FamilyAdapter):
+    """One SD 1/2 pipeline: tokenizer, configs and the three networks (see stepserve.backends for how they run).
     `unet`, `vae` and `text_encoder` are the torch modules on the torch backend and None on the others."""
+
+    family = "sd"
 
     def __init__(self, tokenizer, networks: Networks, scheduler_config: dict, info: ModelInfo, *,
                  latent_channels: int, vae_scale_factor: int, vae_scaling_factor: float,
@@ -164,49 +143,42 @@ class StableDiffusionAdapter:
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> list[torch.Tensor]:
         """Embeddings (T, D) per prompt, batched over the prompts not in the cache."""
-        out: dict[str, torch.Tensor] = {}
-        missing = []
-        for p in prompts:
-            if p in out:
-                continue
-            cached = self.prompt_cache.get(p)
-            if cached is None:
-                missing.append(p)
-            else:
-                out[p] = cached
-        if missing:
-            ids = self.tokenizer(missing, padding="max_length", max_length=self.tokenizer.model_max_length,
-                                 truncation=True, return_tensors="pt")
-            mask = ids.attention_mask.to(self.device) if self.use_attention_mask else None
-            embeds = self.networks.encode_text(ids.input_ids.to(self.device), mask).to(self.dtype)
-            for p, e in zip(missing, embeds):
-                self.prompt_cache.put(p, e)
-                out[p] = e
-        return [out[p] for p in prompts]
+        return self.prompt_cache.encode(prompts, self._encode_missing)
+
+    def _encode_missing(self, prompts: list[str]) -> torch.Tensor:
+        ids = self.tokenizer(prompts, padding="max_length", max_length=self.tokenizer.model_max_length,
+                             truncation=True, return_tensors="pt")
+        mask = ids.attention_mask.to(self.device) if self.use_attention_mask else None
+        return self.networks.encode_text(ids.input_ids.to(self.device), mask).to(self.dtype)
+
+    def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
+        """The prompt's embeddings, and the negative prompt's (the unconditional row) when guidance_scale > 1, as
+        StableDiffusionPipeline does (it encodes "" when no negative prompt is given)."""
+        guided = [p.guidance_scale > 1 for p in params]
+        embeds = iter(self.encode_prompts([p.prompt for p in params]
+                                          + [p.negative_prompt for p, g in zip(params, guided) if g]))
+        conds = [{"encoder_hidden_states": next(embeds)[None]} for _ in params]
+        return [Conditioning(c, {"encoder_hidden_states": next(embeds)[None]} if g else None)
+                for c, g in zip(conds, guided)]
 
     # --- denoiser ----------------------------------------------------------------------------------------------
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
+    def noise_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
         return (1, self.latent_channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
+
+    latent_shape = noise_shape
+
+    def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, conditioning: dict) -> torch.Tensor:
+        return self.unet_forward(sample, timestep, conditioning["encoder_hidden_states"])
 
     @torch.no_grad()
     def unet_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        return self.networks.denoise(latents, timesteps, embeds)
+        return self.networks.denoise(latents, timesteps, encoder_hidden_states=embeds)
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> list[Image.Image]:
+    def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         images = self.networks.decode(latents / self.vae_scaling_factor)
         return to_pil(images)
-
-
-def to_pil(images: torch.Tensor) -> list[Image.Image]:
-    """[-1, 1] NCHW -> PIL, rounding as diffusers' image processor does."""
-    images = (images / 2 + 0.5).clamp(0, 1)
-    arr = images.cpu().permute(0, 2, 3, 1).float().numpy()
-    arr = (arr * 255).round().astype(np.uint8)
-    if arr.shape[-1] == 1:
-        return [Image.fromarray(a[..., 0], mode="L") for a in arr]
-    return [Image.fromarray(a) for a in arr]
 
 
 def model_name(model: str | os.PathLike, path: Path) -> str:
@@ -226,7 +198,10 @@ class _Config:
         self.__dict__.update(values)
 
 
-def model_info_for(name: str, unet_config, vae_config, scheduler_config: dict, defaults: dict) -> ModelInfo:
+def model_info_for(name: str, unet_config, vae_config, scheduler_config: dict, defaults: dict,
+                   **family_rules) -> ModelInfo:
+    """Sizes, defaults and samplers of a UNet/VAE pipeline folder; `family_rules`: ModelInfo's family, negative_prompt
+    and guidance (what a request may set)."""
     vae_scale = 2 ** (len(vae_config.block_out_channels) - 1)
     unet_down = 2 ** (len(unet_config.block_out_channels) - 1)
     sample_size = unet_config.sample_size
@@ -256,6 +231,7 @@ def model_info_for(name: str, unet_config, vae_config, scheduler_config: dict, d
         min_size=min_size,
         max_size=max_size,
         samplers=samplers,
+        **family_rules,
     )
 
 

@@ -1,0 +1,199 @@
+"""The model-family adapter interface: what the executor needs from a pipeline, whatever its architecture.
+
+How to add a family (SD 1/2 in diffusers_sd.py and SDXL in sdxl.py are worked examples):
+
+1. Write `stepserve/pipelines/<family>.py` with a class that subclasses `FamilyAdapter` and sets:
+   - `family`: a short name ("sdxl");
+   - `info`: a `ModelInfo` (sizes, defaults, allowed samplers, and the family's request rules: `family`,
+     `negative_prompt` (may a request set one), `guidance` ("cfg" or "embedded"); validation.py enforces them and
+     names what is allowed). diffusers_sd.model_info_for builds one from UNet/VAE configs and the folder's
+     stepserve.json; a transformer family builds its own the same way (list only samplers its scheduler fits);
+   - `device`, `dtype`, `scheduler_config` (the folder's scheduler_config.json as a dict), `networks`.
+2. Implement:
+   - `from_pretrained(model, device, dtype)`: `model` is "embedded" or a local diffusers folder
+     (diffusers_sd.resolve_model_path turns it into a Path); load from local disk only.
+   - `encode(params_list) -> list[Conditioning]`: one per request (resolved SamplingParams: every field set),
+     batched over the requests. A `Conditioning` holds the denoiser keyword arguments of the request's
+     conditional row (`cond`) and, when the request uses classifier-free guidance, of its unconditional row
+     (`uncond`; None otherwise: the family decides, e.g. SD/SDXL/SD3 when guidance_scale > 1). Every tensor has
+     a leading row dimension of 1, so the executor builds a step's batch with one `torch.cat` per key. Put
+     per-request extras here (SDXL's pooled embeds and add_time_ids; Flux's guidance value as a (1,) tensor).
+   - `noise_shape(height, width)`: the shape diffusers draws the starting noise in, `(1, ...)`; `initial_latents`
+     draws it from the request's CPU generator in `dtype` and calls `pack_latents`. Override `pack_latents` /
+     `unpack_latents` when the denoiser sees another layout (Flux's 2x2 packing): samplers and `denoise` then
+     see packed (1, ...) rows, and `decode` receives packed latents.
+   - `denoise(sample, timestep, conditioning) -> prediction` (the base class calls the networks): ONE forward
+     over the step's rows, each at its own timestep (`timestep`: (rows,) float32 in the scheduler's units, as
+     diffusers' scheduler.timesteps; rescale inside if the network wants another, e.g. Flux's t / 1000). Call
+     `self.networks.denoise(sample, timestep, **kwargs)` with every tensor batched on dim 0, so backend wrappers
+     can pad rows generically; what is the same for every row of a size bucket (Flux's image/text ids) is built
+     inside the networks object from the shapes. The prediction has the sample's shape.
+   - `decode(latents, size) -> list[PIL.Image]` for a batch of finished latents of one size bucket,
+     `size = (height, width)` (what unpacking needs); `to_pil` rounds as diffusers' image processor does.
+   - Optionally `schedule_options(params)`: extra keywords for `sampling.build_schedule` (Flux: `mu` from the
+     requested size), or override `schedule(params)` entirely.
+3. Register it: one line in `registry.py`'s `FAMILIES`, from the model_index.json `_class_name` to
+   "module:Class". `Engine.from_pretrained`, `stepserve serve --model` and the bench then load it (backend
+   torch; the exported backends stay SD 1/2 only).
+4. Add `stepserve/tiny/<family>.py` (`build_tiny_<family>(path, seed=0, **options) -> Path`: an offline random
+   folder) and a test that compares served images with the family's diffusers pipeline run per request under
+   every strategy (see tests/pipelines/test_sdxl.py).
+
+Guidance: the executor adds the `uncond` rows of the requests that have one and mixes
+`uncond + guidance_scale * (cond - uncond)` per request; an "embedded" family leaves `uncond` None and feeds the
+value through `cond`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from .. import sampling
+from ..types import ModelInfo, SamplingParams
+
+GUIDANCE_MODES = ("cfg", "embedded")
+
+
+@dataclass
+class Conditioning:
+    """One request's denoiser inputs besides sample and timestep: keyword -> tensor with a leading row dim of 1."""
+
+    cond: dict[str, Tensor]
+    uncond: dict[str, Tensor] | None = None  # the classifier-free-guidance row; None: the request has none
+
+    @property
+    def guided(self) -> bool:
+        return self.uncond is not None
+
+
+def stack_rows(rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Per-row keyword dicts -> one dict of tensors batched on dim 0 (in row order)."""
+    return {key: torch.cat([row[key] for row in rows]) for key in rows[0]}
+
+
+class PromptCache:
+    """A small LRU of prompt -> encoder output (any value), so repeated prompts skip the text encoders."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, prompt: str) -> Any:
+        value = self._items.get(prompt)
+        if value is not None:
+            self._items.move_to_end(prompt)
+            self.hits += 1
+        else:
+            self.misses += 1
+        return value
+
+    def put(self, prompt: str, value: Any) -> None:
+        self._items[prompt] = value
+        self._items.move_to_end(prompt)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def encode(self, prompts: list[str], encode_missing) -> list[Any]:
+        """Values for `prompts`, calling `encode_missing(list of distinct uncached prompts) -> list` once."""
+        out: dict[str, Any] = {}
+        missing: list[str] = []
+        for p in prompts:
+            if p in out or p in missing:
+                continue
+            cached = self.get(p)
+            if cached is None:
+                missing.append(p)
+            else:
+                out[p] = cached
+        if missing:
+            for p, value in zip(missing, encode_missing(missing)):
+                self.put(p, value)
+                out[p] = value
+        return [out[p] for p in prompts]
+
+
+class FamilyAdapter:
+    """Base of every family adapter; see the module docstring for what a subclass implements."""
+
+    family: ClassVar[str] = ""
+    info: ModelInfo
+    device: torch.device
+    dtype: torch.dtype
+    scheduler_config: dict
+    networks: Any
+    backend: str = "torch"
+
+    # --- per request -------------------------------------------------------------------------------------------
+    def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
+        raise NotImplementedError
+
+    def schedule_options(self, params: SamplingParams) -> dict:
+        """Extra keyword arguments for sampling.build_schedule for this request (none by default)."""
+        return {}
+
+    def schedule(self, params: SamplingParams) -> sampling.Schedule:
+        return sampling.build_schedule(params.sampler, self.scheduler_config, params.num_inference_steps,
+                                       **self.schedule_options(params))
+
+    def noise_shape(self, height: int, width: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def initial_latents(self, params: SamplingParams, generator: torch.Generator) -> Tensor:
+        """The starting noise as diffusers draws it (one CPU generator per request, the pipeline's dtype), packed
+        for the denoiser. The executor scales it by the schedule's init_noise_sigma."""
+        noise = torch.randn(self.noise_shape(params.height, params.width), generator=generator, dtype=self.dtype)
+        return self.pack_latents(noise.to(self.device))
+
+    def pack_latents(self, latents: Tensor) -> Tensor:
+        return latents
+
+    def unpack_latents(self, latents: Tensor, size: tuple[int, int]) -> Tensor:
+        return latents
+
+    # --- per batch ---------------------------------------------------------------------------------------------
+    def denoise(self, sample: Tensor, timestep: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
+        with torch.no_grad():
+            return self.networks.denoise(sample, timestep, **conditioning)
+
+    def decode(self, latents: Tensor, size: tuple[int, int]) -> list[Image.Image]:
+        raise NotImplementedError
+
+
+def vae_dtype(vae_config, dtype: torch.dtype) -> torch.dtype:
+    """The dtype to keep the VAE in: float32 when a float16 pipeline's VAE says `force_upcast` (diffusers' SDXL
+    pipeline upcasts such a VAE for every decode because it overflows in float16), else the pipeline's dtype."""
+    return torch.float32 if dtype == torch.float16 and getattr(vae_config, "force_upcast", False) else dtype
+
+
+def vae_decode(vae, latents: Tensor) -> Tensor:
+    """Latents -> images in [-1, 1] as diffusers' SD/SDXL pipelines decode them: with the VAE's latents_mean/std
+    when its config has both, else divided by scaling_factor; decoded in the VAE's own dtype (see vae_dtype)."""
+    cfg = vae.config
+    mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
+    if mean is not None and std is not None:
+        view = (1, len(mean), 1, 1)
+        latents = (latents * torch.tensor(std).view(view).to(latents) / cfg.scaling_factor
+                   + torch.tensor(mean).view(view).to(latents))
+    else:
+        latents = latents / cfg.scaling_factor
+    with torch.no_grad():
+        return vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+
+
+def to_pil(images: Tensor) -> list[Image.Image]:
+    """[-1, 1] NCHW -> PIL, rounding as diffusers' image processor does."""
+    images = (images / 2 + 0.5).clamp(0, 1)
+    arr = images.cpu().permute(0, 2, 3, 1).float().numpy()
+    arr = (arr * 255).round().astype(np.uint8)
+    if arr.shape[-1] == 1:
+        return [Image.fromarray(a[..., 0], mode="L") for a in arr]
+    return [Image.fromarray(a) for a in arr]

@@ -1,0 +1,164 @@
+"""Adapter for Stable Diffusion XL (diffusers' StableDiffusionXLPipeline): two CLIP text encoders (the second with a
+projection, whose pooled output conditions the UNet), a UNet2DConditionModel with `addition_embed_type="text_time"`
+and an AutoencoderKL. Loaded from a local folder; nothing is downloaded.
+
+What it reproduces of StableDiffusionXLPipeline (diffusers 0.3x), per request:
+- prompt embeddings: each tokenizer pads to its own model_max_length (77; longer prompts are truncated), each
+  encoder's penultimate hidden state (`hidden_states[-2]`), concatenated on the feature axis; the pooled embedding
+  is `text_encoder_2`'s projected output (`text_embeds`). Each tokenizer keeps its own pad token (SDXL's second one
+  pads with "!"), read from its folder.
+- classifier-free guidance when guidance_scale > 1 (and the UNet has no `time_cond_proj_dim`); with no negative
+  prompt and `force_zeros_for_empty_prompt` (model_index.json, default true) the unconditional embeddings are
+  zeros, otherwise the negative prompt ("" when none) is encoded like the prompt.
+- `add_time_ids = original_size + crops_coords_top_left + target_size` with original_size = target_size = the
+  requested (height, width) and crop (0, 0); the unconditional row uses the same ids (negative_original_size and
+  negative_target_size default to None).
+- decoding with the VAE's latents_mean/std when set, else 1/scaling_factor; a float16 pipeline keeps a
+  `force_upcast` VAE in float32 (diffusers upcasts it for every decode). No watermark is applied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from PIL import Image
+
+from ..types import SamplingParams
+from .diffusers_sd import (
+    _loading_bars_only_on_a_terminal,
+    model_info_for,
+    model_name,
+    resolve_model_path,
+    serving_defaults,
+)
+from .family import Conditioning, FamilyAdapter, PromptCache, to_pil, vae_decode, vae_dtype
+
+SDXL_GUIDANCE = 5.0  # StableDiffusionXLPipeline.__call__'s default guidance_scale
+
+
+class SDXLNetworks:
+    """The torch modules of an SDXL pipeline behind the three batched calls of stepserve.backends."""
+
+    def __init__(self, text_encoder, text_encoder_2, unet, vae) -> None:
+        self.text_encoder, self.text_encoder_2, self.unet, self.vae = text_encoder, text_encoder_2, unet, vae
+
+    @torch.no_grad()
+    def encode_text(self, input_ids: torch.Tensor, input_ids_2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) ids for each tokenizer -> prompt embeddings (B, T, D1 + D2) and pooled embeddings (B, P)."""
+        out = self.text_encoder(input_ids, output_hidden_states=True)
+        out_2 = self.text_encoder_2(input_ids_2, output_hidden_states=True)
+        embeds = torch.cat([out.hidden_states[-2], out_2.hidden_states[-2]], dim=-1)
+        return embeds, out_2[0]
+
+    @torch.no_grad()
+    def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                text_embeds: torch.Tensor, time_ids: torch.Tensor) -> torch.Tensor:
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states,
+                         added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, return_dict=False)[0]
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents as the denoiser leaves them -> images in [-1, 1]."""
+        return vae_decode(self.vae, latents)
+
+
+class StableDiffusionXLAdapter(FamilyAdapter):
+    family = "sdxl"
+
+    def __init__(self, tokenizer, tokenizer_2, networks: SDXLNetworks, scheduler_config: dict, info, *,
+                 force_zeros_for_empty_prompt: bool = True, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        unet, vae = networks.unet, networks.vae
+        if getattr(unet.config, "addition_embed_type", None) != "text_time":
+            raise ValueError(f"{info.name}: an SDXL UNet has addition_embed_type 'text_time', this one has "
+                             f"{unet.config.addition_embed_type!r}")
+        if unet.config.time_cond_proj_dim is not None:
+            raise ValueError(f"{info.name}: UNets with time_cond_proj_dim (guidance-distilled, e.g. LCM) are not "
+                             f"supported; allowed: time_cond_proj_dim null")
+        expected = unet.config.addition_time_embed_dim * 6 + networks.text_encoder_2.config.projection_dim
+        if unet.add_embedding.linear_1.in_features != expected:
+            raise ValueError(f"{info.name}: the UNet's add embedding takes {unet.add_embedding.linear_1.in_features} "
+                             f"features; SDXL's 6 time ids and text_encoder_2's projection give {expected}")
+        self.tokenizer, self.tokenizer_2, self.networks = tokenizer, tokenizer_2, networks
+        self.scheduler_config = dict(scheduler_config)
+        self.info = info
+        self.force_zeros_for_empty_prompt = force_zeros_for_empty_prompt
+        self.device, self.dtype = torch.device(device), dtype
+        self.latent_channels = unet.config.in_channels
+        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.prompt_cache = PromptCache()
+
+    @classmethod
+    def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "StableDiffusionXLAdapter":
+        from diffusers import AutoencoderKL, UNet2DConditionModel
+        from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+        path = resolve_model_path(model)
+        index = json.loads((path / "model_index.json").read_text())
+        missing = [name for name in ("tokenizer", "tokenizer_2", "text_encoder", "text_encoder_2", "unet", "vae",
+                                     "scheduler") if not (path / name).is_dir()]
+        if missing:
+            raise FileNotFoundError(f"{path}: an SDXL folder needs the sub-folders {', '.join(missing)}")
+        with _loading_bars_only_on_a_terminal():
+            tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
+            tokenizer_2 = CLIPTokenizer.from_pretrained(path / "tokenizer_2")
+            text_encoder = CLIPTextModel.from_pretrained(path / "text_encoder", torch_dtype=dtype)
+            text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder_2", torch_dtype=dtype)
+            unet = UNet2DConditionModel.from_pretrained(path / "unet", torch_dtype=dtype)
+            vae = AutoencoderKL.from_pretrained(path / "vae")
+        if vae.dtype != vae_dtype(vae.config, dtype):
+            vae = vae.to(dtype=vae_dtype(vae.config, dtype))
+        device = torch.device(device)
+        networks = SDXLNetworks(*(m.to(device).eval() for m in (text_encoder, text_encoder_2, unet, vae)))
+        scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
+        defaults = {"default_guidance_scale": SDXL_GUIDANCE, **serving_defaults(path)}
+        info = model_info_for(model_name(model, path), unet.config, vae.config, scheduler_config, defaults,
+                              family="sdxl")
+        return cls(tokenizer, tokenizer_2, networks, scheduler_config, info,
+                   force_zeros_for_empty_prompt=bool(index.get("force_zeros_for_empty_prompt", True)),
+                   device=device, dtype=dtype)
+
+    # --- text --------------------------------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(embeddings (T, D1 + D2), pooled (P,)) per prompt, batched over the prompts not in the cache."""
+        return self.prompt_cache.encode(prompts, self._encode_missing)
+
+    def _encode_missing(self, prompts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        ids = [tok(prompts, padding="max_length", max_length=tok.model_max_length, truncation=True,
+                   return_tensors="pt").input_ids.to(self.device) for tok in (self.tokenizer, self.tokenizer_2)]
+        embeds, pooled = self.networks.encode_text(*ids)
+        return list(zip(embeds.to(self.dtype), pooled.to(self.dtype)))
+
+    def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
+        guided = [p.guidance_scale > 1 for p in params]
+        zeros = [g and not p.negative_prompt and self.force_zeros_for_empty_prompt for p, g in zip(params, guided)]
+        encoded = iter(self.encode_prompts(
+            [p.prompt for p in params]
+            + [p.negative_prompt for p, g, z in zip(params, guided, zeros) if g and not z]))
+        conds = [next(encoded) for _ in params]
+        out = []
+        for p, g, z, (embeds, pooled) in zip(params, guided, zeros, conds):
+            time_ids = self.add_time_ids(p.height, p.width)
+            cond = {"encoder_hidden_states": embeds[None], "text_embeds": pooled[None], "time_ids": time_ids}
+            uncond = None
+            if g:
+                neg_embeds, neg_pooled = (torch.zeros_like(embeds), torch.zeros_like(pooled)) if z else next(encoded)
+                uncond = {"encoder_hidden_states": neg_embeds[None], "text_embeds": neg_pooled[None],
+                          "time_ids": time_ids}
+            out.append(Conditioning(cond, uncond))
+        return out
+
+    def add_time_ids(self, height: int, width: int) -> torch.Tensor:
+        """(1, 6): original_size + crops_coords_top_left + target_size, as StableDiffusionXLPipeline's defaults
+        (original and target size = the requested size, crop (0, 0))."""
+        return torch.tensor([[height, width, 0, 0, height, width]], dtype=self.dtype, device=self.device)
+
+    # --- latents -----------------------------------------------------------------------------------------------
+    def noise_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
+        return (1, self.latent_channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
+
+    def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
+        return to_pil(self.networks.decode(latents))
