@@ -16,6 +16,7 @@ from .diffusers_sd import resolve_model_path
 FAMILIES: dict[str, str] = {
     "StableDiffusionPipeline": "stepserve.pipelines.diffusers_sd:StableDiffusionAdapter",
     "StableDiffusionXLPipeline": "stepserve.pipelines.sdxl:StableDiffusionXLAdapter",
+    "StableDiffusion3Pipeline": "stepserve.pipelines.sd3:SD3Adapter",
 }
 
 # The families the exported backends (onnxruntime, TensorRT, Triton) serve: their graphs are SD 1/2's.

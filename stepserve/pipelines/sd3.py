@@ -9,8 +9,10 @@ Every rule below is diffusers 0.42's `StableDiffusion3Pipeline`, so that a serve
   (zeros when the folder has no T5); pooled = [CLIP-L pooled, CLIP-G pooled]. With guidance (> 1) the
   unconditional row encodes the negative prompt, "" when none is given.
 - latents: (1, 16, H / vae_scale, W / vae_scale), unit normal from the request's generator.
-- timesteps: the flow scheduler's own `set_timesteps(steps)` (no sigmas; `mu` only with use_dynamic_shifting).
-- guidance: uncond + scale * (cond - uncond) on the velocity.
+- timesteps: the flow scheduler's own `set_timesteps(steps)` (no sigmas); with use_dynamic_shifting, `mu` from the
+  image token count (latent_h / patch) * (latent_w / patch), so mixed sizes follow mixed schedules. The higher-order
+  sampler `dpmpp_2m` is DPMSolverMultistepScheduler in flow mode built from the same config (sampling.flow_shift).
+- guidance: true classifier-free guidance, uncond + scale * (cond - uncond) on the velocity, when scale > 1.
 - decode: latents / scaling_factor + shift_factor through the VAE.
 """
 
@@ -18,43 +20,41 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from PIL import Image
 
-from ..types import ModelInfo
-from .diffusers_sd import (
-    PromptCache,
-    _loading_bars_only_on_a_terminal,
-    model_name,
-    resolve_model_path,
-    serving_defaults,
-    to_pil,
-)
+from .. import sampling
+from ..types import ModelInfo, SamplingParams
+from .diffusers_sd import _loading_bars_only_on_a_terminal, model_name, resolve_model_path, serving_defaults
+from .family import Conditioning, FamilyAdapter, PromptCache, to_pil
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
 T5_MAX_LENGTH = 256  # the pipeline's max_sequence_length default
 DEFAULT_STEPS = 28  # StableDiffusion3Pipeline.__call__ defaults
 DEFAULT_GUIDANCE = 7.0
-SAMPLERS = ("flow_euler",)
-
-
-@dataclass
-class SD3Conditioning:
-    """One prompt's text conditioning: token embeddings (T, D) and pooled embeddings (P,)."""
-
-    embeds: torch.Tensor
-    pooled: torch.Tensor
+SAMPLERS = ("flow_euler", "dpmpp_2m")  # the flow model's own Euler, and DPM-Solver++(2M) in flow mode
 
 
 class SD3TorchNetworks:
-    """The transformer and VAE as torch modules; every tensor argument is batched on dim 0."""
+    """The text encoders (CLIP-L, CLIP-G, T5 or None), transformer and VAE as torch modules; every tensor argument is
+    batched on dim 0, so backend wrappers (stepserve.backends.bucketed) can pad rows generically."""
 
-    def __init__(self, transformer: torch.nn.Module, vae: torch.nn.Module) -> None:
+    def __init__(self, text_encoders: list, transformer: torch.nn.Module, vae: torch.nn.Module) -> None:
+        self.text_encoders = text_encoders
         self.transformer = transformer
         self.vae = vae
+
+    @torch.no_grad()
+    def encode_clip(self, input_ids: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """CLIP encoder `index` (0: CLIP-L, 1: CLIP-G): (penultimate hidden state, projected pooled output)."""
+        out = self.text_encoders[index](input_ids, output_hidden_states=True)
+        return out.hidden_states[-2], out[0]
+
+    @torch.no_grad()
+    def encode_t5(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.text_encoders[2](input_ids)[0]
 
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
@@ -67,44 +67,43 @@ class SD3TorchNetworks:
         return self.vae.decode(latents, return_dict=False)[0]
 
 
-def is_sd3_folder(path: Path) -> bool:
-    index = path / "model_index.json"
-    return index.is_file() and json.loads(index.read_text()).get("_class_name") == PIPELINE_CLASS
+class SD3Adapter(FamilyAdapter):
+    """A loaded SD3 pipeline: tokenizers and text encoders (CLIP-L, CLIP-G, T5 or None), the transformer/VAE
+    networks, configs."""
 
+    family = "sd3"
 
-class SD3Adapter:
-    """A loaded SD3 pipeline: tokenizers and text encoders (torch), the denoiser/VAE networks, configs."""
-
-    def __init__(self, tokenizers: list, text_encoders: list, networks: SD3TorchNetworks, *, scheduler_config: dict,
-                 info: ModelInfo, latent_channels: int, vae_scale_factor: int, vae_scaling_factor: float,
-                 vae_shift_factor: float, joint_attention_dim: int, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, prompt_cache_size: int = 64) -> None:
-        if len(tokenizers) != 3 or len(text_encoders) != 3:
-            raise ValueError("tokenizers and text_encoders must hold (CLIP-L, CLIP-G, T5 or None)")
+    def __init__(self, tokenizers: list, networks: SD3TorchNetworks, *, scheduler_config: dict,
+                 info: ModelInfo, latent_channels: int, vae_scale_factor: int, patch_size: int,
+                 vae_scaling_factor: float, vae_shift_factor: float, joint_attention_dim: int,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 prompt_cache_size: int = 64) -> None:
+        if len(tokenizers) != 3 or len(networks.text_encoders) != 3:
+            raise ValueError("tokenizers and text encoders must be (CLIP-L, CLIP-G, T5 or None)")
         self.tokenizers = tokenizers
-        self.text_encoders = text_encoders
         self.networks = networks
         self.scheduler_config = dict(scheduler_config)
         self.info = info
         self.latent_channels = latent_channels
         self.vae_scale_factor = vae_scale_factor
+        self.patch_size = patch_size
         self.vae_scaling_factor = vae_scaling_factor
         self.vae_shift_factor = vae_shift_factor
         self.joint_attention_dim = joint_attention_dim
         self.device = torch.device(device)
         self.dtype = dtype
-        # Real SD3 prompts are 333 x 4096 values each: keep the cache small.
+        # A real SD3 prompt is 333 x 4096 values (2.7 MB in float16): the cache is kept small.
         self.prompt_cache = PromptCache(prompt_cache_size)
 
     @property
     def has_t5(self) -> bool:
-        return self.text_encoders[2] is not None
+        return self.networks.text_encoders[2] is not None
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
                         dtype: torch.dtype = torch.float32) -> "SD3Adapter":
-        """Load a StableDiffusion3Pipeline folder. text_encoder_3/tokenizer_3 may be absent from the folder or set to
-        null in model_index.json: the model then runs without T5, as diffusers does with text_encoder_3=None."""
+        """Load a StableDiffusion3Pipeline folder. text_encoder_3/tokenizer_3 may be absent from the folder or null
+        in model_index.json: the model then runs without T5, as diffusers does with text_encoder_3=None."""
         from diffusers import AutoencoderKL, SD3Transformer2DModel
         from transformers import AutoTokenizer, CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel
 
@@ -127,71 +126,74 @@ class SD3Adapter:
         transformer, vae = transformer.to(device).eval(), vae.to(device).eval()
         scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
         info = sd3_model_info(model_name(model, path), transformer.config, vae.config, serving_defaults(path))
-        return cls(tokenizers, encoders, SD3TorchNetworks(transformer, vae), scheduler_config=scheduler_config,
+        return cls(tokenizers, SD3TorchNetworks(encoders, transformer, vae), scheduler_config=scheduler_config,
                    info=info, latent_channels=transformer.config.in_channels,
                    vae_scale_factor=2 ** (len(vae.config.block_out_channels) - 1),
-                   vae_scaling_factor=vae.config.scaling_factor, vae_shift_factor=vae.config.shift_factor,
+                   patch_size=transformer.config.patch_size, vae_scaling_factor=vae.config.scaling_factor,
+                   vae_shift_factor=vae.config.shift_factor,
                    joint_attention_dim=transformer.config.joint_attention_dim, device=device, dtype=dtype)
 
     # --- text --------------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> list[SD3Conditioning]:
-        """Conditioning per prompt, batched over the distinct prompts not in the cache."""
-        out: dict[str, SD3Conditioning] = {}
-        missing = []
-        for p in prompts:
-            if p not in out and p not in missing:
-                cached = self.prompt_cache.get(p)
-                if cached is None:
-                    missing.append(p)
-                else:
-                    out[p] = cached
-        if missing:
-            embeds, pooled = self._encode(missing)
-            for i, p in enumerate(missing):
-                out[p] = SD3Conditioning(embeds[i], pooled[i])
-                self.prompt_cache.put(p, out[p])
-        return [out[p] for p in prompts]
+    def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
+        """The prompt's row and, when guidance_scale > 1, the negative prompt's ("" when none is given)."""
+        guided = [p.guidance_scale > 1 for p in params]
+        rows = iter(self.encode_prompts([p.prompt for p in params]
+                                        + [p.negative_prompt or "" for p, g in zip(params, guided) if g]))
+        conds = [next(rows) for _ in params]
+        return [Conditioning(c, next(rows) if g else None) for c, g in zip(conds, guided)]
 
-    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> list[dict[str, torch.Tensor]]:
+        """Per prompt {"encoder_hidden_states": (1, 77 + 256, D), "pooled_projections": (1, P)}, batched over the
+        distinct prompts not in the cache."""
+        return self.prompt_cache.encode(prompts, self._encode_missing)
+
+    def _encode_missing(self, prompts: list[str]) -> list[dict[str, torch.Tensor]]:
         # StableDiffusion3Pipeline.encode_prompt with prompt_2 = prompt_3 = prompt and clip_skip None.
         clip_embeds, clip_pooled = zip(*(self._clip(i, prompts) for i in (0, 1)))
         clip = torch.cat(clip_embeds, dim=-1)
         t5 = self._t5(prompts)
         clip = torch.nn.functional.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
-        return torch.cat([clip, t5], dim=-2), torch.cat(clip_pooled, dim=-1)
+        embeds, pooled = torch.cat([clip, t5], dim=-2), torch.cat(clip_pooled, dim=-1)
+        return [{"encoder_hidden_states": embeds[i : i + 1], "pooled_projections": pooled[i : i + 1]}
+                for i in range(len(prompts))]
 
     def _clip(self, index: int, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        tokenizer, encoder = self.tokenizers[index], self.text_encoders[index]
-        ids = tokenizer(prompts, padding="max_length", max_length=self.tokenizers[0].model_max_length,
-                        truncation=True, return_tensors="pt").input_ids
-        out = encoder(ids.to(self.device), output_hidden_states=True)
-        # penultimate hidden state, in the first text encoder's dtype; pooled (text_embeds) as is
-        return out.hidden_states[-2].to(self.text_encoders[0].dtype), out[0]
+        ids = self.tokenizers[index](prompts, padding="max_length", max_length=self.tokenizers[0].model_max_length,
+                                     truncation=True, return_tensors="pt").input_ids
+        hidden, pooled = self.networks.encode_clip(ids.to(self.device), index)
+        return hidden.to(self._text_dtype), pooled  # hidden states in the first text encoder's dtype, as diffusers
 
     def _t5(self, prompts: list[str]) -> torch.Tensor:
         if not self.has_t5:
             return torch.zeros((len(prompts), T5_MAX_LENGTH, self.joint_attention_dim), device=self.device,
-                               dtype=self.text_encoders[0].dtype)
+                               dtype=self._text_dtype)
         ids = self.tokenizers[2](prompts, padding="max_length", max_length=T5_MAX_LENGTH, truncation=True,
                                  add_special_tokens=True, return_tensors="pt").input_ids
-        return self.text_encoders[2](ids.to(self.device))[0].to(self.text_encoders[2].dtype)
+        return self.networks.encode_t5(ids.to(self.device)).to(self.networks.text_encoders[2].dtype)
 
-    # --- denoiser ----------------------------------------------------------------------------------------------
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
-        return (1, self.latent_channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
+    @property
+    def _text_dtype(self) -> torch.dtype:
+        return self.networks.text_encoders[0].dtype
 
-    @torch.no_grad()
-    def denoise(self, rows: torch.Tensor, timesteps: torch.Tensor, conds: list[SD3Conditioning]) -> torch.Tensor:
-        """One transformer forward; row i at timesteps[i] with conditioning conds[i]."""
-        return self.networks.denoise(rows, timesteps, encoder_hidden_states=torch.stack([c.embeds for c in conds]),
-                                     pooled_projections=torch.stack([c.pooled for c in conds]))
+    # --- schedule and latents ----------------------------------------------------------------------------------
+    def schedule_options(self, params: SamplingParams) -> dict:
+        """`mu` from the image token count when the scheduler shifts by resolution (the pipeline's calculate_shift);
+        no sigmas, as StableDiffusion3Pipeline passes none."""
+        if not sampling.uses_dynamic_shifting(self.scheduler_config):
+            return {}
+        _, _, h, w = self.noise_shape(params.height, params.width)
+        seq_len = (h // self.patch_size) * (w // self.patch_size)
+        return {"mu": sampling.flow_shift_mu(seq_len, self.scheduler_config)}
+
+    def noise_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
+        return (1, self.latent_channels, int(height) // self.vae_scale_factor, int(width) // self.vae_scale_factor)
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> list[Image.Image]:
+    def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         latents = latents / self.vae_scaling_factor + self.vae_shift_factor
-        return to_pil(self.networks.decode(latents.to(self.dtype)))
+        return to_pil(self.networks.decode(latents.to(self.networks.vae.dtype)))
 
 
 def _component_present(index: dict, path: Path, name: str) -> bool:
@@ -227,4 +229,7 @@ def sd3_model_info(name: str, transformer_config, vae_config, defaults: dict) ->
         min_size=min_size,
         max_size=max_size,
         samplers=SAMPLERS,
+        family="sd3",
+        negative_prompt=True,
+        guidance="cfg",
     )

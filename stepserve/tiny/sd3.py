@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from . import clip_tokenizer
+
 CLIP_MAX_LENGTH = 77  # diffusers' SD3 pipeline truncates CLIP prompts to the tokenizer's model_max_length
 CLIP_L_WIDTH = 32
 CLIP_G_WIDTH = 64
@@ -24,17 +26,6 @@ SAMPLE_SIZE = 16  # latent size of the default image: 16 * vae scale 2 = 32x32 p
 VAE_SHIFT_FACTOR = 0.0609  # SD3's VAE config values
 VAE_SCALING_FACTOR = 1.5305
 VARIANTS = ("sd3", "sd3.5")
-
-
-def clip_tokenizer(pad_token: str = "<|endoftext|>"):
-    """A CLIP BPE tokenizer with a character-level vocabulary (no merges), 77 tokens long."""
-    from transformers import CLIPTokenizer
-
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in (c for c in string.printable if not c.isspace()):
-        vocab.setdefault(c, len(vocab))
-        vocab.setdefault(c + "</w>", len(vocab))
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_MAX_LENGTH, pad_token=pad_token)
 
 
 def t5_tokenizer():
@@ -77,7 +68,7 @@ def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, variant: str = "sd
     from transformers import T5Config, T5EncoderModel
 
     path = Path(path)
-    tokenizer, tokenizer_2 = clip_tokenizer(), clip_tokenizer(pad_token="!")
+    tokenizer, tokenizer_2 = clip_tokenizer(CLIP_MAX_LENGTH), clip_tokenizer(CLIP_MAX_LENGTH, pad_token="!")
     text_encoder = _clip(CLIP_L_WIDTH, len(tokenizer), seed)
     text_encoder_2 = _clip(CLIP_G_WIDTH, len(tokenizer_2), seed + 1)
     tokenizer_3 = text_encoder_3 = None
