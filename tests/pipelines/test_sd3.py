@@ -33,8 +33,8 @@ def mixed_requests(n=12):
     out = []
     for i in range(n):
         out.append(SamplingParams(
-            prompt=LONG_PROMPT if i == 5 else ["a red fox", "seven", "blue sky", "zz top"][i % 4] + f" {i}",
-            negative_prompt=["", "blurry", "", "low quality"][i % 4],
+            prompt=LONG_PROMPT if i == 6 else ["a red fox", "seven", "blue sky", "zz top"][i % 4] + f" {i}",
+            negative_prompt="blurry, " * 20 if i == 6 else ["", "blurry", "", "low quality"][i % 4],
             seed=300 + 11 * i,
             num_inference_steps=[2, 5, 3, 7][i % 4],
             guidance_scale=[1.0, 4.5, 7.0, 0.5, 2.0][i % 5],
