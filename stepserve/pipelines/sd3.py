@@ -102,8 +102,8 @@ class SD3Adapter(FamilyAdapter):
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
                         dtype: torch.dtype = torch.float32) -> "SD3Adapter":
-        """Load a StableDiffusion3Pipeline folder. text_encoder_3/tokenizer_3 may be absent from the folder or null
-        in model_index.json: the model then runs without T5, as diffusers does with text_encoder_3=None."""
+        """Load a StableDiffusion3Pipeline folder. text_encoder_3/tokenizer_3 may both be null (or absent) in
+        model_index.json: the model then runs without T5, as diffusers does with text_encoder_3=None."""
         from diffusers import AutoencoderKL, SD3Transformer2DModel
         from transformers import AutoTokenizer, CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel
 
@@ -117,7 +117,7 @@ class SD3Adapter(FamilyAdapter):
                           CLIPTokenizer.from_pretrained(path / "tokenizer_2"), None]
             encoders = [CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", torch_dtype=dtype),
                         CLIPTextModelWithProjection.from_pretrained(path / "text_encoder_2", torch_dtype=dtype), None]
-            if _component_present(index, path, "text_encoder_3") and _component_present(index, path, "tokenizer_3"):
+            if _t5_declared(index, path):
                 tokenizers[2] = AutoTokenizer.from_pretrained(path / "tokenizer_3")
                 encoders[2] = T5EncoderModel.from_pretrained(path / "text_encoder_3", torch_dtype=dtype)
             transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype)
@@ -125,7 +125,8 @@ class SD3Adapter(FamilyAdapter):
         encoders = [e.to(device).eval() if e is not None else None for e in encoders]
         transformer, vae = transformer.to(device).eval(), vae.to(device).eval()
         scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
-        info = sd3_model_info(model_name(model, path), transformer.config, vae.config, serving_defaults(path))
+        info = sd3_model_info(model_name(model, path), transformer.config, vae.config, serving_defaults(path),
+                              scheduler_config)
         return cls(tokenizers, SD3TorchNetworks(encoders, transformer, vae), scheduler_config=scheduler_config,
                    info=info, latent_channels=transformer.config.in_channels,
                    vae_scale_factor=2 ** (len(vae.config.block_out_channels) - 1),
@@ -196,12 +197,39 @@ class SD3Adapter(FamilyAdapter):
         return to_pil(self.networks.decode(latents.to(self.networks.vae.dtype)))
 
 
-def _component_present(index: dict, path: Path, name: str) -> bool:
-    entry = index.get(name)
-    return bool(entry) and entry[0] is not None and (path / name).is_dir()
+def _t5_declared(index: dict, path: Path) -> bool:
+    """Whether the folder has T5: text_encoder_3 and tokenizer_3 both listed in model_index.json (not null) with
+    their subfolders, or both left out / null. Anything in between is an error that says what is missing."""
+    listed = {name: bool(index.get(name)) and index[name][0] is not None for name in ("text_encoder_3", "tokenizer_3")}
+    if listed["text_encoder_3"] != listed["tokenizer_3"]:
+        have, lack = ("text_encoder_3", "tokenizer_3") if listed["text_encoder_3"] else ("tokenizer_3", "text_encoder_3")
+        raise ValueError(f"model: {path} lists {have} but not {lack} in model_index.json; SD3 needs both for T5, or "
+                         "neither (null) to run without T5")
+    missing = [name for name, on in listed.items() if on and not (path / name).is_dir()]
+    if missing:
+        raise ValueError(f"model: {path} lists {', '.join(missing)} in model_index.json but has no such folder")
+    return listed["text_encoder_3"]
 
 
-def sd3_model_info(name: str, transformer_config, vae_config, defaults: dict) -> ModelInfo:
+def _servable_samplers(scheduler_config: dict, default_tokens: int) -> tuple[str, ...]:
+    """The samplers whose schedules this scheduler config can build (dpmpp_2m's flow mode refuses a few
+    FlowMatchEulerDiscreteScheduler options, e.g. shift_terminal): refused at validation, not mid-run."""
+    options = {"mu": sampling.flow_shift_mu(default_tokens, scheduler_config)} \
+        if sampling.uses_dynamic_shifting(scheduler_config) else {}
+    out = []
+    for sampler in SAMPLERS:
+        try:
+            sampling.build_schedule(sampler, scheduler_config, 2, **options)
+        except ValueError:
+            continue
+        out.append(sampler)
+    if not out:
+        raise ValueError(f"scheduler: no sampler of {SAMPLERS} supports this scheduler config "
+                         f"({scheduler_config.get('_class_name')!r})")
+    return tuple(out)
+
+
+def sd3_model_info(name: str, transformer_config, vae_config, defaults: dict, scheduler_config: dict) -> ModelInfo:
     """Sizes: multiples of vae_scale * patch_size (the pipeline's check); default sample_size * vae_scale (its
     default); at most what the transformer's position embedding covers (pos_embed_max_size patches)."""
     vae_scale = 2 ** (len(vae_config.block_out_channels) - 1)
@@ -218,9 +246,13 @@ def sd3_model_info(name: str, transformer_config, vae_config, defaults: dict) ->
             not min_size <= min(height, width) <= max(height, width) <= max_size:
         raise ValueError(f"stepserve.json: min_size {min_size} and max_size {max_size} must be multiples of "
                          f"{multiple}, at most {limit}, around the default size {width}x{height}")
+    samplers = _servable_samplers(scheduler_config, (transformer_config.sample_size // patch) ** 2)
+    default_sampler = defaults.get("default_sampler", samplers[0])
+    if default_sampler not in samplers:
+        raise ValueError(f"stepserve.json: default_sampler {default_sampler!r} is not one of {samplers}")
     return ModelInfo(
         name=name,
-        default_sampler=defaults.get("default_sampler", "flow_euler"),
+        default_sampler=default_sampler,
         default_steps=int(defaults.get("default_steps", DEFAULT_STEPS)),
         default_guidance_scale=float(defaults.get("default_guidance_scale", DEFAULT_GUIDANCE)),
         default_height=height,
@@ -228,7 +260,7 @@ def sd3_model_info(name: str, transformer_config, vae_config, defaults: dict) ->
         size_multiple=multiple,
         min_size=min_size,
         max_size=max_size,
-        samplers=SAMPLERS,
+        samplers=samplers,
         family="sd3",
         negative_prompt=True,
         guidance="cfg",

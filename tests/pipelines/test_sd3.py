@@ -202,3 +202,26 @@ def test_deterministic_mode_is_byte_identical_in_any_company(sd3_path):
     amid = engine.generate(crowd[:1] + [target] + crowd[1:3])[1]
     assert max(amid.timing.batch_sizes) > 1
     assert np.array_equal(as_array(alone.image), as_array(amid.image))
+
+
+def _edited_copy(src, dst, name, edit):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    file = dst / name
+    file.write_text(json.dumps(edit(json.loads(file.read_text()))))
+    return dst
+
+
+def test_loading_rules(sd3_path, tmp_path):
+    from stepserve.pipelines.sd3 import SD3Adapter
+
+    half_t5 = _edited_copy(sd3_path, tmp_path / "half", "model_index.json", lambda d: {**d, "tokenizer_3": [None, None]})
+    with pytest.raises(ValueError, match="lists text_encoder_3 but not tokenizer_3"):
+        SD3Adapter.from_pretrained(half_t5)
+    # a scheduler option DPM-Solver++'s flow mode cannot reproduce: dpmpp_2m is refused at validation, not mid-run
+    terminal = _edited_copy(sd3_path, tmp_path / "terminal", "scheduler/scheduler_config.json",
+                            lambda d: {**d, "shift_terminal": 0.1})
+    assert SD3Adapter.from_pretrained(terminal).info.samplers == ("flow_euler",)
+    assert SD3Adapter.from_pretrained(sd3_path).info.samplers == ("flow_euler", "dpmpp_2m")
