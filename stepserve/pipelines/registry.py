@@ -17,6 +17,7 @@ FAMILIES: dict[str, str] = {
     "StableDiffusionPipeline": "stepserve.pipelines.diffusers_sd:StableDiffusionAdapter",
     "StableDiffusionXLPipeline": "stepserve.pipelines.sdxl:StableDiffusionXLAdapter",
     "StableDiffusion3Pipeline": "stepserve.pipelines.sd3:SD3Adapter",
+    "FluxPipeline": "stepserve.pipelines.flux:FluxAdapter",
 }
 
 # The families the exported backends (onnxruntime, TensorRT, Triton) serve: their graphs are SD 1/2's.
