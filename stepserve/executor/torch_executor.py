@@ -13,6 +13,7 @@ import torch
 
 from .. import sampling
 from ..pipelines.family import FamilyAdapter, stack_rows
+from ..sampling.common import to_device
 from ..types import Request
 
 
@@ -63,19 +64,20 @@ class TorchExecutor:
         model_in, timesteps = sampling.model_inputs(latents, states, steps)
         # Rows: every request's conditional row, then the unconditional row of each guided request.
         guided = [i for i, r in enumerate(requests) if r.prompt_embeds.guided]
-        rows = torch.cat([model_in, model_in[guided]]) if guided else model_in
-        t_rows = torch.cat([timesteps, timesteps[guided]]) if guided else timesteps
+        at = to_device(torch.tensor(guided, dtype=torch.int64), latents.device)  # no host sync (sampling/common.py)
+        rows = torch.cat([model_in, model_in[at]]) if guided else model_in
+        t_rows = torch.cat([timesteps, timesteps[at]]) if guided else timesteps
         conditioning = stack_rows([r.prompt_embeds.cond for r in requests]
                                   + [requests[i].prompt_embeds.uncond for i in guided])
         out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
         pred = out[: len(requests)]
         if guided:
-            cond = pred[guided]
+            cond = pred[at]
             uncond = out[len(requests):]
-            scale = torch.tensor([requests[i].params.guidance_scale for i in guided], device=out.device,
-                                 dtype=out.dtype).view(-1, *([1] * (out.dim() - 1)))
+            scale = to_device(torch.tensor([requests[i].params.guidance_scale for i in guided], dtype=out.dtype),
+                              out.device).view(-1, *([1] * (out.dim() - 1)))
             pred = pred.clone()
-            pred[guided] = uncond + scale * (cond - uncond)
+            pred[at] = uncond + scale * (cond - uncond)
         wants = [i for i, r in enumerate(requests) if r.step + 1 in r.preview_steps]
         if wants:  # x0 estimates for preview images, only for the rows that asked for one at this step
             x0 = sampling.predicted_original(pred[wants], latents[wants], [states[i] for i in wants],

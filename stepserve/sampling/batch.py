@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import ddim, dpmpp, euler, flow
-from .common import gather_b
+from .common import gather_b, to_device
 from .schedules import SamplerState
 
 _Fn = Callable[[Tensor, Tensor, Sequence[SamplerState], Sequence[int]], Tensor]
@@ -68,7 +68,7 @@ def _apply(fns: dict[str, _Fn], model_output: Tensor, latents: Tensor, states, s
         return fn(model_output, latents, list(states), idx_steps).to(latents.dtype)
     out = torch.empty_like(latents)
     for rows in groups:
-        index = torch.tensor(rows, device=latents.device)
+        index = to_device(torch.tensor(rows), latents.device)
         fn = fns[states[rows[0]].schedule.sampler]
         sub = fn(model_output[index], latents[index], [states[k] for k in rows], [idx_steps[k] for k in rows])
         out[index] = sub.to(latents.dtype)
@@ -82,8 +82,9 @@ def model_inputs(latents: Tensor, states: Sequence[SamplerState], steps: Sequenc
     2022 Table 1); every other row passes through unchanged.
     """
     idx_steps = _check(latents, states, steps)
-    timesteps = torch.tensor(
-        [st.schedule.timesteps[i] for st, i in zip(states, idx_steps)], dtype=torch.float32, device=latents.device
+    timesteps = to_device(
+        torch.tensor([st.schedule.timesteps[i] for st, i in zip(states, idx_steps)], dtype=torch.float32),
+        latents.device,
     )
     if not any(st.schedule.input_scaling for st in states):
         return latents, timesteps

@@ -21,12 +21,21 @@ def append_dims(v: Tensor, ndim: int) -> Tensor:
     return v.reshape(v.shape + (1,) * extra)
 
 
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on ``device`` without stalling the host. On CUDA it is staged in pinned memory and copied
+    asynchronously: a copy from pageable memory (what ``torch.tensor(..., device="cuda")`` does) waits for the
+    stream to drain, so the host would sit idle until the queued forward finished before queueing the next work."""
+    if device.type != "cuda" or t.device == device:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def gather(values: Sequence[float], like: Tensor) -> Tensor:
     """Stack per-row scalars into a float32 ``(B,)`` tensor on ``like``'s device.
 
     Table entries are float32 values kept as Python floats, so the conversion is exact.
     """
-    return torch.tensor(list(values), dtype=torch.float32, device=like.device)
+    return to_device(torch.tensor(list(values), dtype=torch.float32), like.device)
 
 
 def gather_b(values: Sequence[float], like: Tensor) -> Tensor:
@@ -46,7 +55,7 @@ def per_item_noise(states: Sequence, like: Tensor, dtype: torch.dtype) -> Tensor
         gen = st.generator
         if gen is None:
             raise ValueError(f"sampler {st.schedule.sampler!r} needs a torch.Generator in its state; got None")
-        draws.append(torch.randn(shape, generator=gen, device=gen.device, dtype=dtype).to(like.device))
+        draws.append(to_device(torch.randn(shape, generator=gen, device=gen.device, dtype=dtype), like.device))
     return torch.cat(draws, dim=0)
 
 
