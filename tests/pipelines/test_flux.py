@@ -242,3 +242,26 @@ def test_previews_unpack_the_packed_latents(flux_dev):
     assert preview.shape == final.shape == (48, 32, 3)
     assert np.abs(final - reference_image(flux_dev, p)).max() <= 1
     assert np.abs(preview - final).mean() < 0.5 * np.abs(noisy - final).mean()
+
+
+def test_folder_max_sequence_length(flux_schnell, tmp_path):
+    """stepserve.json's max_sequence_length is FluxPipeline's argument of that name (T5 length), bounded by 512."""
+    import json
+    import shutil
+
+    folder = tmp_path / "schnell_256"
+    shutil.copytree(flux_schnell, folder)
+    serving = json.loads((folder / "stepserve.json").read_text())
+    (folder / "stepserve.json").write_text(json.dumps({**serving, "max_sequence_length": 256}))
+    engine = Engine.from_pretrained(str(folder), max_batch_size=2, memory_cap=False)
+    p = SamplingParams(prompt=LONG_PROMPT, seed=9, num_inference_steps=2, height=32, width=32)
+    image = as_array(engine.generate([p])[0].image)
+    pipe, config = _pipe(flux_schnell)
+    pipe.scheduler = _scheduler("flow_euler", config)
+    want = pipe(p.prompt, height=32, width=32, num_inference_steps=2, max_sequence_length=256,
+                generator=torch.Generator("cpu").manual_seed(9), output_type="np").images[0]
+    assert np.abs(image - (want * 255).round().astype(np.int16)).max() <= 1
+    assert engine.executor.pipeline.encode_prompts(["a"])[0][0].shape[0] == 256
+    (folder / "stepserve.json").write_text(json.dumps({**serving, "max_sequence_length": 600}))
+    with pytest.raises(ValueError, match="max_sequence_length must be in 1..512"):
+        Engine.from_pretrained(str(folder))
