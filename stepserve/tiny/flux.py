@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from . import clip_tokenizer
+
 VARIANTS = ("dev", "schnell")
 CLIP_MAX_LENGTH = 77  # FluxPipeline truncates CLIP prompts to tokenizer.model_max_length
 T5_MAX_LENGTH = 512  # FluxPipeline's max_sequence_length default
@@ -43,17 +45,6 @@ SCHEDULER_CONFIGS = {
     "schnell": dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False, base_image_seq_len=256,
                     max_image_seq_len=4096, base_shift=0.5, max_shift=1.15),
 }
-
-
-def clip_tokenizer():
-    """A CLIP BPE tokenizer with a character-level vocabulary (no merges), 77 tokens long."""
-    from transformers import CLIPTokenizer
-
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in (c for c in string.printable if not c.isspace()):
-        vocab.setdefault(c, len(vocab))
-        vocab.setdefault(c + "</w>", len(vocab))
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_MAX_LENGTH)
 
 
 def t5_tokenizer():
@@ -75,7 +66,7 @@ def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0) ->
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
     path = Path(path)
-    tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
+    tokenizer, tokenizer_2 = clip_tokenizer(CLIP_MAX_LENGTH), t5_tokenizer()
     torch.manual_seed(seed)
     text_encoder = CLIPTextModel(CLIPTextConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=CLIP_WIDTH, intermediate_size=37,
