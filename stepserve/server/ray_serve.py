@@ -75,8 +75,12 @@ class StepserveReplica:
         return app
 
     async def all_metrics(self, own) -> bytes:
-        await self._push()
-        per_replica = await self.hub.collect.remote(STALE_AFTER_S)
+        try:
+            await self._push()
+            per_replica = await self.hub.collect.remote(STALE_AFTER_S)
+        except ray.exceptions.RayError as exc:  # no hub (the server is stopping): this replica's own numbers
+            log.warning("replica %s shows its own metrics only: %s", self.replica, exc)
+            per_replica = {}
         per_replica[self.replica] = snapshot(own.registry)
         return merge(per_replica)
 
@@ -125,7 +129,8 @@ def serve_replicas(args: argparse.Namespace, plan: ReplicaPlan) -> int:
               f"Serve, strategy {args.strategy}, max batch {args.max_batch_size} per replica)",
               file=sys.stderr, flush=True)
         while not stop.wait(1.0):
-            pass
+            if local:
+                _reap()  # Ray workers that exited and were handed to us (the subreaper)
         print(f"stepserve serve: stopping the replicas (requests in flight may finish within {plan.grace_s:g} s) "
               f"...", file=sys.stderr, flush=True)
         _bounded(serve.delete, plan.grace_s + 15.0, APP_NAME)
