@@ -3,13 +3,14 @@
 1. `stepserve bench` in process on the model (one thread) measures one engine's capacity and writes a seeded
    Poisson trace at --rate-frac of it.
 2. Each contender is a `stepserve serve` child process on loopback: `single` (no Ray), `ray-1` (--replicas 1) and
-   `ray-2` (--replicas 2), each replica on one thread and one reserved CPU, Ray on a local cluster it starts and
-   stops. `stepserve bench --target` replays the same trace against it. With --repeats N the contenders take
-   turns, N rounds, starting from a different one each round.
-3. A table of medians over the rounds: completed requests per second, p50, p95 (all requests, refused ones as
-   infinitely late) and each contender's ratio to ray-1.
+   `ray-2` (--replicas 2), each replica on one thread and one reserved CPU (OMP_NUM_THREADS=1 for all), Ray on a
+   local cluster it starts and stops. `stepserve bench --target` replays the same trace against it. With
+   --repeats N the contenders take turns, N rounds, starting from a different one each round.
+3. A table: completed requests per second, p50, p95 (all requests; unfinished ones count as infinitely late),
+   medians over the rounds, each contender's ratios to ray-1 in the same round, and every round's p50/p95.
 
-    python benchmarks/ray_replicas.py --out bench-out/ray-replicas --rate-frac 1.5 --duration 30 --repeats 2
+    python benchmarks/ray_replicas.py --out bench-out/ray-replicas --rate-frac 0.7 --duration 30 --repeats 3
+    python benchmarks/ray_replicas.py --out bench-out/ray-replicas --summarize     # the table again
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def start(label: str, args) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "stepserve.cli", "serve", "--model", args.model, "--port", str(port), "--threads",
            "1", "--max-batch-size", str(args.max_batch_size), "--log-level", "warning", *CONTENDERS[label]]
     log = open(args.out / f"{label}-server.log", "a")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}, stdout=log,
-                            stderr=subprocess.STDOUT)
+    # OMP_NUM_THREADS=1 for every contender: Ray gives it to a replica that reserves one CPU, so the single-process
+    # server gets it too.
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -74,7 +77,10 @@ def bench(argv: list[str]) -> None:
 
 def median(values: list[float]) -> float | None:
     values = sorted(v for v in values if v is not None)
-    return values[len(values) // 2] if values else None
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def main() -> None:
@@ -89,12 +95,18 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     labels = [c for c in args.contenders.split(",") if c]
     unknown = [c for c in labels if c not in CONTENDERS]
     if unknown:
         raise SystemExit(f"--contenders: unknown {unknown}; allowed: {', '.join(CONTENDERS)}")
+    if args.summarize:
+        rows = {label: [json.loads(f.read_text())["runs"][0]
+                        for f in sorted(args.out.glob(f"{label}-r*/results.json"))] for label in labels}
+        table(rows, args.duration)
+        return
 
     common = ["--steps", args.steps, "--duration", str(args.duration), "--warmup", str(args.warmup), "--seed",
               str(args.seed), "--max-batch-size", str(args.max_batch_size), "--no-progress"]
@@ -124,22 +136,38 @@ def main() -> None:
 
 
 def table(rows: dict[str, list[dict]], duration_s: float) -> None:
-    def med(label: str, pick) -> float | None:
-        return median([pick(run) for run in rows[label]])
+    """Per round and the median over rounds (the mean of the middle two for an even count); ratios to ray-1 are
+    taken round by round (the contenders of one round ran back to back) before their median."""
 
-    done = {label: med(label, lambda r: r["counts"]["completed"] / duration_s) for label in rows}
-    p50 = {label: med(label, lambda r: (r["latency"] or {}).get("p50")) for label in rows}
-    p95 = {label: med(label, lambda r: r["p95_all_s"]) for label in rows}
+    def done(run: dict) -> float:
+        return run["counts"]["completed"] / duration_s
+
+    def p50(run: dict) -> float | None:
+        return (run["latency"] or {}).get("p50")
+
+    def p95(run: dict) -> float:
+        value = run["p95_all_s"]  # None or inf when more than 5% never finished
+        return float("inf") if value is None else value
+
     base = "ray-1" if "ray-1" in rows else next(iter(rows))
-    print(f"\n{'contender':10} {'done/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'done x':>7} {'p95 x':>6} {'rounds':>6}")
-    for label in rows:
-        ratio = (f"{done[label] / done[base]:7.2f}" if done[label] and done[base] else f"{'-':>7}")
-        p95_ratio = (f"{p95[label] / p95[base]:6.2f}" if p95[label] and p95[base] and p95[base] != float("inf")
-                     else f"{'-':>6}")
-        print(f"{label:10} {done[label] or 0:7.2f} {ms(p50[label])} {ms(p95[label])} {ratio} {p95_ratio} "
-              f"{len(rows[label]):6d}")
-    print(json.dumps({label: {"completed_rps": done[label], "p50_ms": p50[label] and p50[label] * 1000,
-                              "p95_all_ms": p95[label] and p95[label] * 1000} for label in rows}))
+    print(f"\n{'contender':10} {'done/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'done x':>7} {'p95 x':>6}  per round "
+          f"(p50/p95 ms)")
+    summary = {}
+    for label, runs in rows.items():
+        pairs = list(zip(runs, rows[base]))
+        done_x = median([done(r) / done(b) for r, b in pairs if done(b)])
+        p95_x = median([p95(r) / p95(b) for r, b in pairs if p95(b) not in (0, float("inf"))])
+        rounds = " ".join(f"{ms(p50(r)).strip()}/{ms(p95(r)).strip()}" for r in runs)
+        row = {"completed_rps": median([done(r) for r in runs]), "p50_s": median([p50(r) for r in runs]),
+               "p95_all_s": median([p95(r) for r in runs]), "done_x": done_x, "p95_x": p95_x}
+        print(f"{label:10} {row['completed_rps'] or 0:7.2f} {ms(row['p50_s'])} {ms(row['p95_all_s'])} "
+              f"{opt(done_x, 7)} {opt(p95_x, 6)}  {rounds}")
+        summary[label] = row
+    print(json.dumps(summary))
+
+
+def opt(value: float | None, width: int) -> str:
+    return f"{value:{width}.2f}" if value is not None and value != float("inf") else f"{'-':>{width}}"
 
 
 def ms(seconds: float | None) -> str:
