@@ -139,3 +139,24 @@ def test_compiled_deterministic_engine_matches_eager_and_stays_byte_identical(en
     assert np.abs(alone.astype(int) - eager.astype(int)).max() <= 1
     mixed = compiled.generate(_others(random.Random(9), 3) + [target])
     assert mixed[-1].image.tobytes() == alone.tobytes()
+
+
+@pytest.mark.parametrize("family", ["sdxl", "flux"])
+def test_other_families_are_byte_identical_too(tmp_path, family):
+    """The wrapper pads every batched conditioning keyword (SDXL's text_embeds/time_ids, Flux's pooled projections
+    and guidance) and passes Flux's shared position ids through."""
+    import importlib
+
+    build = getattr(importlib.import_module(f"stepserve.tiny.{family}"), f"build_tiny_{family}")
+    engine = Engine.from_pretrained(str(build(tmp_path / family)), max_batch_size=2, memory_cap=False,
+                                    fast_path=FastPathOptions(deterministic=True, progress=False))
+    target = SamplingParams(prompt="a cat", seed=5, num_inference_steps=3)
+    alone = engine.generate([target])[0].image.tobytes()
+    rng = random.Random(family)
+    for size in (2, 3):
+        others = [SamplingParams(prompt=rng.choice(["dog", "tree"]), seed=rng.randrange(99),
+                                 num_inference_steps=rng.choice([2, 3, 4])) for _ in range(size - 1)]
+        at = rng.randrange(size)
+        results = engine.generate(others[:at] + [target] + others[at:])
+        assert results[at].image.tobytes() == alone, (family, size, at)
+    assert set(engine.executor.pipeline.networks.calls) == {4}
