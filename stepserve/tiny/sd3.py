@@ -26,6 +26,9 @@ SAMPLE_SIZE = 16  # latent size of the default image: 16 * vae scale 2 = 32x32 p
 VAE_SHIFT_FACTOR = 0.0609  # SD3's VAE config values
 VAE_SCALING_FACTOR = 1.5305
 VARIANTS = ("sd3", "sd3.5")
+# benchmarks/families.py builds this size: a wider, deeper transformer at 64x64 pixels (256 image tokens), where a
+# forward costs enough that batching shows
+BENCH_OPTIONS = {"heads": 8, "layers": 4, "sample_size": 32}
 
 
 def t5_tokenizer():
@@ -49,14 +52,15 @@ def _clip(width: int, vocab_size: int, seed: int):
 
 
 def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, variant: str = "sd3", dynamic_shifting: bool = False,
-                   seed: int = 0) -> Path:
+                   seed: int = 0, heads: int = 4, layers: int = 2, sample_size: int = SAMPLE_SIZE) -> Path:
     """Write a complete StableDiffusion3Pipeline folder with random weights to `path`; returns `path`.
 
     `with_t5=False` leaves out text_encoder_3 / tokenizer_3 (as SD3 may be run without T5): the pipeline then
     feeds zeros in place of the T5 embeddings. `variant="sd3.5"` gives the transformer SD3.5's RMS-normed
     query/key and (as SD3.5 Medium) a dual-attention (MMDiT-X) first layer. `dynamic_shifting=True` makes the
     scheduler shift by resolution (`use_dynamic_shifting`, mu from the image token count), with base/max token
-    counts scaled to the tiny sizes (16 and 256 tokens: 16x16 to 64x64 pixels)."""
+    counts scaled to the tiny sizes (16 and 256 tokens: 16x16 to 64x64 pixels). `heads` (of width 8), `layers`
+    and `sample_size` (latent pixels; the image is twice that) size the transformer."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
     from diffusers import (
@@ -80,13 +84,13 @@ def build_tiny_sd3(path: str | Path, *, with_t5: bool = True, variant: str = "sd
             relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
     torch.manual_seed(seed + 3)
     transformer = SD3Transformer2DModel(
-        sample_size=SAMPLE_SIZE, patch_size=2, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=8,
-        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=T5_WIDTH,
-        pooled_projection_dim=CLIP_L_WIDTH + CLIP_G_WIDTH, pos_embed_max_size=32,
+        sample_size=sample_size, patch_size=2, in_channels=16, out_channels=16, num_layers=layers,
+        attention_head_dim=8, num_attention_heads=heads, caption_projection_dim=8 * heads, joint_attention_dim=T5_WIDTH,
+        pooled_projection_dim=CLIP_L_WIDTH + CLIP_G_WIDTH, pos_embed_max_size=max(32, sample_size),
         **({"qk_norm": "rms_norm", "dual_attention_layers": (0,)} if variant == "sd3.5" else {}))
     torch.manual_seed(seed + 4)
     vae = AutoencoderKL(
-        sample_size=SAMPLE_SIZE * 2, in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1,
+        sample_size=sample_size * 2, in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1,
         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
         latent_channels=16, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
         shift_factor=VAE_SHIFT_FACTOR, scaling_factor=VAE_SCALING_FACTOR)
