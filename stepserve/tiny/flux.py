@@ -15,7 +15,7 @@ The transformer's matrices are redrawn from N(0, 1/fan_in) (LeCun normal): with 
 transformer this small barely listens to its conditioning (a changed prompt moved pixels by ~3/255), too little for
 a test to tell a right encoding from a wrong one; redrawn, prompt, guidance and step count each move them by tens.
 
-A `stepserve.json` narrows the served sizes to 16..64 pixels (default 32x32; schnell: 4 steps by default, as its
+A `stepserve.json` narrows the served sizes to 16..64 pixels (default 32x32, `default_size`; schnell: 4 steps by default, as its
 model card runs it), so the tiny model stays cheap to serve; without it a Flux folder serves FluxPipeline's own
 defaults. Tokenizers are built from in-memory vocabularies: nothing is downloaded.
 """
@@ -57,9 +57,16 @@ def t5_tokenizer():
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=T5_MAX_LENGTH)
 
 
-def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0) -> Path:
+# benchmarks/families.py builds this size: a transformer that costs enough per row for batching to show
+# (1.3M parameters), at 64x64 images (256 image tokens beside the 512 T5 tokens).
+BENCH_OPTIONS = {"heads": 4, "layers": (2, 2), "default_size": 64}
+
+
+def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0, heads: int = 2,
+                    layers: tuple[int, int] = (1, 1), default_size: int = 32) -> Path:
     """Write a complete FluxPipeline folder with random weights to `path` (`variant` "dev" or "schnell");
-    returns `path`."""
+    returns `path`. `heads` (of width 16) and `layers` (double-stream, single-stream blocks) size the transformer
+    (raise them for benchmarks); `default_size`: the served default image side (sizes from half to twice it)."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
@@ -78,8 +85,8 @@ def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0) ->
         relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
     torch.manual_seed(seed + 2)
     transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=LATENT_CHANNELS * 4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=T5_WIDTH, pooled_projection_dim=CLIP_WIDTH,
+        patch_size=1, in_channels=LATENT_CHANNELS * 4, num_layers=layers[0], num_single_layers=layers[1],
+        attention_head_dim=16, num_attention_heads=heads, joint_attention_dim=T5_WIDTH, pooled_projection_dim=CLIP_WIDTH,
         guidance_embeds=variant == "dev", axes_dims_rope=(4, 4, 8))
     with torch.no_grad():
         for weight in (p for p in transformer.parameters() if p.ndim == 2):
@@ -94,7 +101,8 @@ def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0) ->
     pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
     pipe.save_pretrained(path)
-    serving = {"height": 32, "width": 32, "min_size": 16, "max_size": 64}
+    serving = {"height": default_size, "width": default_size, "min_size": default_size // 2,
+               "max_size": default_size * 2}
     if variant == "schnell":
         serving["default_steps"] = 4
     (path / "stepserve.json").write_text(json.dumps(serving, indent=2) + "\n")
