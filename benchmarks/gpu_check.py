@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--out", type=Path, default=Path("gpu-check"))
-    ap.add_argument("--budget-s", type=float, default=420.0, help="no phase starts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="a phase that would not finish within this many seconds is skipped (not with --smoke)")
     ap.add_argument("--compile-backend", default="inductor", help="inductor | aot_eager (smoke tests)")
     ap.add_argument("--bench-duration", type=float, default=None, help="seconds per strategy run")
     args = ap.parse_args(argv)

@@ -55,9 +55,12 @@ def run_phases(args, device: str, dtype: str) -> dict:
     checks: list[dict] = []
     report: dict = {"checks": checks, "notes": notes, "forward": [], "strategies": []}
 
-    def time_left(phase: str) -> bool:
-        if time.monotonic() - t_start > args.budget_s:
-            notes.append(f"{phase}: skipped, past --budget-s {args.budget_s:g} s")
+    def time_left(phase: str, need_s: float = 0.0) -> bool:
+        """Whether `phase` (about need_s seconds on the GPU) can still finish inside --budget-s."""
+        elapsed = time.monotonic() - t_start
+        if not smoke and elapsed + need_s > args.budget_s:
+            notes.append(f"{phase}: skipped at {elapsed:.0f} s, it needs about {need_s:.0f} s of --budget-s "
+                         f"{args.budget_s:g} s")
             return False
         return True
 
@@ -93,17 +96,20 @@ def run_phases(args, device: str, dtype: str) -> dict:
         compiled_out = recorder.fn(*pargs, **pkwargs)
         compiled_out = compiled_out.clone() if isinstance(compiled_out, torch.Tensor) else compiled_out[0].clone()
         eager_out = wrapper.inner.denoise(*pargs, **pkwargs)
-    check(f"compiled vs eager ({dtype}), rel max err", rel_err(compiled_out, eager_out), 2e-2 if on_cuda else 1e-4)
-    if dtype != "float32" and time_left("half vs float32"):
+    # Limits catch gross errors (a leaked padding row, a wrong layout: errors of order 1), not rounding drift:
+    # float32 convolutions run in TF32 on CUDA by default, and 16-bit formats keep 8 (bf16) or 11 (fp16) bits.
+    limits = {"float32": 1e-2 if on_cuda else 1e-4, "float16": 2e-2, "bfloat16": 6e-2}
+    check(f"compiled vs eager ({dtype}), rel max err", rel_err(compiled_out, eager_out), limits[dtype])
+    if dtype != "float32" and time_left("half vs float32", 30):
         ref = Engine.from_pretrained(str(folder), device=device, dtype="float32", memory_cap=False, max_batch_size=2)
         up = lambda v: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
         with torch.no_grad():
             f32 = ref.executor.pipeline.networks.denoise(*map(up, pargs), **{k: up(v) for k, v in pkwargs.items()})
-        check(f"{dtype} vs float32 denoiser, rel max err", rel_err(eager_out, f32), 5e-2)
+        check(f"{dtype} vs float32 denoiser, rel max err", rel_err(eager_out, f32), 3 * limits[dtype])
         del ref
 
     # 4. latency model of the compiled engine
-    if time_left("profile"):
+    if time_left("profile", 60):
         from stepserve.profiling import measure_latency_model
 
         model = measure_latency_model(executor, max_batch, repeats=3, progress=True)
@@ -111,7 +117,7 @@ def run_phases(args, device: str, dtype: str) -> dict:
         notes.append(f"latency model: {args.out / 'latency_model.json'} (stepserve simulate --latency-model)")
 
     # 5. bare compiled forward vs the engine's step, and MFU
-    if time_left("bare vs engine"):
+    if time_left("bare vs engine", 20):
         per_row = None
         for rows in ((1, 2, 4) if smoke else (1, 2, 8, 16, 32)):
             requests = requests_for(executor, rows)
@@ -135,10 +141,10 @@ def run_phases(args, device: str, dtype: str) -> dict:
                      "the bare forward's real rows / its time / the timed matmul peak")
 
     # 6. strategy comparison on the same compiled engine
-    if time_left("strategies"):
+    if time_left("strategies", 110):
         report["strategies"] = strategies(args, executor, folder, device, dtype, smoke)
     # 7. flux-sized transformer
-    if (ROOT_FLUX.is_file() and on_cuda and not smoke) and time_left("flux"):
+    if (ROOT_FLUX.is_file() and on_cuda and not smoke) and time_left("flux", 150):
         report["flux"] = flux_forward(device, getattr(torch, dtype), peak)
         notes.append(f"flux (bare transformer, 512x512, 512 text tokens): {report['flux']}")
     elif not ROOT_FLUX.is_file() or not on_cuda or smoke:
@@ -156,12 +162,12 @@ def strategies(args, executor, folder: Path, device: str, dtype: str, smoke: boo
     from stepserve.bench.app import run_bench
     from stepserve.bench.cli import config_from_args
 
-    duration = args.bench_duration or (2.0 if smoke else 20.0)
+    duration = args.bench_duration or (2.0 if smoke else 12.0)
     argv = ["--model", str(folder), "--device", device, "--dtype", dtype, "--strategies", ",".join(STRATEGIES),
             "--max-batch-size", "2" if smoke else "16", "--duration", str(duration), "--warmup", str(duration / 4),
             "--steps", "2,4" if smoke else "20,30", "--out", str(args.out / "bench"), "--no-progress",
             "--dynamic-delays-ms", "50"]
-    argv += ["--rate", "4"] if smoke else ["--rate-frac", "0.7", "--capacity-duration", "10"]
+    argv += ["--rate", "4"] if smoke else ["--rate-frac", "0.7", "--capacity-duration", "6"]
     cfg = config_from_args(argv)
     loader, app.load_model = app.load_model, lambda *a, **k: executor
     try:

@@ -66,7 +66,9 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     denoise_fn = None
     if options.compile:
         # one graph per bucket (and per latent size): allow that many before dynamo falls back to eager
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(buckets))
+        config = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, limit, max(getattr(config, limit), 8 * len(buckets)))
         denoise_fn = torch.compile(inner.denoise, backend=options.compile_backend, dynamic=False,
                                    **({"mode": mode} if options.compile_backend == "inductor" else {}))
     if options.deterministic:
@@ -96,7 +98,9 @@ def _deterministic_kernels(on_cuda: bool) -> None:
 
 def warm_up(executor: Any, wrapper: BucketedNetworks, progress: bool = True) -> None:
     """Run one real step at every bucket (the model's default size): throwaway requests without guidance, one row
-    each, then a decode, so every compiled shape is built before the first request arrives."""
+    each, then a decode, so every compiled shape is built before the first request arrives. With CUDA graphs each
+    bucket runs three times: torch.compile's cudagraph trees run a new shape eagerly once, then record, then
+    replay."""
     from ..progress import progress as progress_bar
     from ..types import Request, SamplingParams
     from ..validation import resolve_params
@@ -110,7 +114,8 @@ def warm_up(executor: Any, wrapper: BucketedNetworks, progress: bool = True) -> 
             requests = [Request(f"warm-up-{size}-{i}", params, 0.0, bucket, params.num_inference_steps)
                         for i in range(size)]
             executor.prepare(requests)
-            executor.denoise(requests)
+            for _ in range(3 if wrapper.cuda_graphs else 1):
+                executor.denoise(requests)
             if size == wrapper.buckets[0]:
                 executor.decode(requests[:1])
             bar.update(1)
