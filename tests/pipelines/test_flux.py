@@ -265,3 +265,17 @@ def test_folder_max_sequence_length(flux_schnell, tmp_path):
     (folder / "stepserve.json").write_text(json.dumps({**serving, "max_sequence_length": 600}))
     with pytest.raises(ValueError, match="max_sequence_length must be in 1..512"):
         Engine.from_pretrained(str(folder))
+
+
+def test_deterministic_mode_is_byte_identical_in_any_company(flux_dev):
+    """--deterministic pads every network call to a fixed batch size (the shared image/text ids are not rows), so
+    batch company cannot change a single byte."""
+    engine = Engine.from_pretrained(str(flux_dev), max_batch_size=2, memory_cap=False, deterministic=True)
+    target = SamplingParams(prompt="seven", seed=5, num_inference_steps=3, guidance_scale=5.0, sampler="dpmpp_2m",
+                            height=48, width=32)
+    alone = engine.generate([target])[0]
+    crowd = [p for p in dev_requests(6) if (p.height, p.width) == (48, 32)]
+    amid = engine.generate(crowd[:1] + [target] + crowd[1:3])[1]
+    assert max(amid.timing.batch_sizes) > 1
+    assert np.array_equal(as_array(alone.image), as_array(amid.image))
+    assert np.abs(as_array(alone.image) - reference_image(flux_dev, target)).max() <= 1
