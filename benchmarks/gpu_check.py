@@ -2,7 +2,8 @@
 
 1. build: an SD-1.5-sized pipeline with random weights from the real configs (UNet 860M, VAE, CLIP ViT-L text
    encoder; written below, nothing downloaded), saved as a diffusers folder; --smoke: a tiny one;
-2. numerics: half vs float32 and compiled vs eager denoiser outputs on the same rows (relative max error);
+2. numerics: half vs float32 and compiled vs eager denoiser outputs on the same rows (relative max error), and
+   whether a row's output at a fixed shape changes when the rows are permuted (what --deterministic rests on);
 3. compile: the denoiser compiled for every bucket (CUDA graphs on a GPU), warm-up timed;
 4. profile: a latency model of the compiled engine (`stepserve simulate --latency-model` reads it);
 5. bare vs engine: the bare compiled forward against the engine's step at the same rows, and model FLOP utilisation
@@ -127,9 +128,9 @@ def print_table(report: dict) -> None:
     env = report["environment"]
     print(f"\n== gpu_check: {env['model']} on {env['device_name']} ({env['dtype']}), peak "
           f"{env['peak_tflops']:.3g} TFLOP/s (timed matmul), {report['wall_s']:.0f} s ==")
-    print(f"{'check':<44}{'value':>12}{'limit':>10}  ok")
+    print(f"{'check':<58}{'value':>10}{'limit':>8}  ok")
     for c in report["checks"]:
-        print(f"{c['name']:<44}{c['value']:>12.2e}{c['limit']:>10.0e}  {'yes' if c['ok'] else 'NO'}")
+        print(f"{c['name']:<58}{c['value']:>10.3g}{c['limit']:>8.0e}  {'yes' if c['ok'] else 'NO'}")
     if report.get("forward"):
         print(f"\n{'rows':>5}{'bare ms':>10}{'engine ms':>11}{'engine/bare':>13}{'img/s (step)':>14}{'MFU':>8}")
         for f in report["forward"]:
