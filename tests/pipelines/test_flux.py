@@ -279,3 +279,30 @@ def test_deterministic_mode_is_byte_identical_in_any_company(flux_dev):
     assert max(amid.timing.batch_sizes) > 1
     assert np.array_equal(as_array(alone.image), as_array(amid.image))
     assert np.abs(as_array(alone.image) - reference_image(flux_dev, target)).max() <= 1
+
+
+def test_http_serves_flux(flux_dev):
+    """Through the OpenAI-shaped HTTP API: a Flux image equals FluxPipeline's; a negative prompt is a 400 naming it."""
+    import base64
+    import io
+
+    from fastapi.testclient import TestClient
+    from PIL import Image
+
+    from stepserve.async_engine import AsyncEngine
+    from stepserve.server import create_app
+
+    _engine(flux_dev, "continuous")  # loads the shared executor
+    app = create_app(AsyncEngine(_EXECUTORS[str(flux_dev)], strategy="continuous", max_batch_size=2))
+    body = {"prompt": "a red fox", "size": "32x48", "seed": 4, "num_inference_steps": 3, "guidance_scale": 2.5,
+            "sampler": "dpmpp_2m"}
+    with TestClient(app) as http:
+        ok = http.post("/v1/images/generations", json=body)
+        refused = http.post("/v1/images/generations", json={**body, "negative_prompt": "blurry"})
+    assert ok.status_code == 200, ok.text
+    image = Image.open(io.BytesIO(base64.b64decode(ok.json()["data"][0]["b64_json"])))
+    want = reference_image(flux_dev, SamplingParams(prompt="a red fox", seed=4, num_inference_steps=3,
+                                                    guidance_scale=2.5, sampler="dpmpp_2m", height=48, width=32))
+    assert np.abs(as_array(image) - want).max() <= 1
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "negative_prompt"
+    assert "no negative prompt" in refused.json()["error"]["message"]
