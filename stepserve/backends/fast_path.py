@@ -61,6 +61,7 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     channels_last = on_cuda if options.channels_last is None else options.channels_last
     if channels_last and getattr(inner, "unet", None) is not None:
         inner.unet.to(memory_format=torch.channels_last)
+    _prefer_sdpa(inner)
     mode = options.compile_mode or ("reduce-overhead" if on_cuda else "default")
     cuda_graphs = options.compile and on_cuda and mode == "reduce-overhead"
     denoise_fn = None
@@ -83,6 +84,22 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     if options.warm_up:
         warm_up(executor, wrapper, options.progress)
     return wrapper
+
+
+def _prefer_sdpa(inner: Any) -> None:
+    """Attention through torch's scaled_dot_product_attention (flash / memory-efficient kernels on GPUs). diffusers
+    picks AttnProcessor2_0 (SDPA) by default; a module that still has the classic AttnProcessor is switched."""
+    try:
+        from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
+    except ImportError:
+        return
+    for name in ("unet", "vae", "transformer"):
+        module = getattr(inner, name, None)
+        processors = getattr(module, "attn_processors", None)
+        if processors and any(type(p) is AttnProcessor for p in processors.values()):
+            module.set_attn_processor({k: AttnProcessor2_0() if type(p) is AttnProcessor else p
+                                       for k, p in processors.items()})
+            log.info("fast path: %s attention switched to scaled_dot_product_attention", name)
 
 
 def _deterministic_kernels(on_cuda: bool) -> None:

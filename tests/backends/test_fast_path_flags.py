@@ -55,3 +55,15 @@ def test_fast_path_refuses_other_backends_and_modes():
     with pytest.raises(ValueError, match="compile_mode: 'fastest' is not supported; allowed: default"):
         apply_fast_path(Executor(), FastPathOptions(compile=True, compile_mode="fastest"), 8)
     assert apply_fast_path(Executor(), FastPathOptions(), 8) is None  # nothing asked: nothing wrapped
+
+
+def test_fast_path_switches_classic_attention_to_sdpa():
+    from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
+
+    from stepserve.backends.fast_path import _prefer_sdpa
+    from stepserve.pipelines.diffusers_sd import StableDiffusionAdapter
+
+    networks = StableDiffusionAdapter.from_pretrained("embedded").networks
+    networks.unet.set_attn_processor(AttnProcessor())
+    _prefer_sdpa(networks)
+    assert {type(p) for p in networks.unet.attn_processors.values()} == {AttnProcessor2_0}
