@@ -12,7 +12,7 @@ import time
 import torch
 
 from .. import sampling
-from ..pipelines.family import FamilyAdapter, stack_rows
+from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
 from ..types import Request
 
@@ -67,8 +67,8 @@ class TorchExecutor:
         at = to_device(torch.tensor(guided, dtype=torch.int64), latents.device)  # no host sync (sampling/common.py)
         rows = torch.cat([model_in, model_in[at]]) if guided else model_in
         t_rows = torch.cat([timesteps, timesteps[at]]) if guided else timesteps
-        conditioning = stack_rows([r.prompt_embeds.cond for r in requests]
-                                  + [requests[i].prompt_embeds.uncond for i in guided])
+        conditioning = self.pipeline.collate([r.prompt_embeds.cond for r in requests]
+                                             + [requests[i].prompt_embeds.uncond for i in guided])
         out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
         pred = out[: len(requests)]
         if guided:
@@ -77,7 +77,7 @@ class TorchExecutor:
             scale = to_device(torch.tensor([requests[i].params.guidance_scale for i in guided], dtype=out.dtype),
                               out.device).view(-1, *([1] * (out.dim() - 1)))
             pred = pred.clone()
-            pred[at] = uncond + scale * (cond - uncond)
+            pred[at] = self.pipeline.combine_guidance(cond, uncond, scale)
         wants = [i for i, r in enumerate(requests) if r.step + 1 in r.preview_steps]
         if wants:  # x0 estimates for preview images, only for the rows that asked for one at this step
             x0 = sampling.predicted_original(pred[wants], latents[wants], [states[i] for i in wants],

@@ -31,7 +31,8 @@ How to add a family (SD 1/2 in diffusers_sd.py and SDXL in sdxl.py are worked ex
    - `decode(latents, size) -> list[PIL.Image]` for a batch of finished latents of one size bucket,
      `size = (height, width)` (what unpacking needs); `to_pil` rounds as diffusers' image processor does.
    - Optionally `schedule_options(params)`: extra keywords for `sampling.build_schedule` (Flux: `mu` from the
-     requested size), or override `schedule(params)` entirely.
+     requested size), or override `schedule(params)` entirely; `collate(rows)` when rows of one step can differ
+     in shape (pad + mask); `combine_guidance(cond, uncond, scale)` when CFG is not the plain formula.
 3. Register it: one line in `registry.py`'s `FAMILIES`, from the model_index.json `_class_name` to
    "module:Class". `Engine.from_pretrained`, `stepserve serve --model` and the bench then load it (backend
    torch; the exported backends stay SD 1/2 only).
@@ -160,6 +161,16 @@ class FamilyAdapter:
         return latents
 
     # --- per batch ---------------------------------------------------------------------------------------------
+    def collate(self, rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """One step's per-row conditioning -> the denoiser's batched keywords. Override when rows can differ in
+        shape (e.g. text of different lengths: pad and build the attention mask here)."""
+        return stack_rows(rows)
+
+    def combine_guidance(self, cond: Tensor, uncond: Tensor, scale: Tensor) -> Tensor:
+        """Classifier-free guidance for the guided rows (Ho & Salimans 2022): uncond + s * (cond - uncond), `scale`
+        (rows, 1, ...). Override for a family that rescales the result (Qwen-Image's norm-preserving true CFG)."""
+        return uncond + scale * (cond - uncond)
+
     def denoise(self, sample: Tensor, timestep: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
         with torch.no_grad():
             return self.networks.denoise(sample, timestep, **conditioning)

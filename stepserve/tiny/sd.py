@@ -37,3 +37,6 @@ def build_tiny_sd(path: str | Path, seed: int = 0, channels: tuple[int, int] = (
                             safety_checker=None, feature_extractor=None,
                             requires_safety_checker=False).save_pretrained(path)
     return path
+
+# The size benchmarks/families.py builds: wide enough that a forward costs more at batch 8 than at batch 1.
+BENCH_OPTIONS = {"channels": (64, 128), "sample_size": 16}

@@ -96,3 +96,23 @@ def test_family_rules_in_validation(tiny_sd_path):
 def test_conditioning_without_uncond_is_not_guided():
     c = Conditioning({"x": torch.zeros(1, 2)})
     assert not c.guided and Conditioning(c.cond, {"x": torch.ones(1, 2)}).guided
+
+
+def test_the_executor_guides_through_the_adapters_hooks(tiny_sd_path):
+    """A family may override collate and combine_guidance: the executor calls them. With a combine that keeps
+    the conditional prediction, a guided request gives the image of the same request without guidance."""
+    import numpy as np
+
+    from stepserve import Engine
+    from stepserve.api import load_executor
+
+    executor = load_executor(str(tiny_sd_path))
+    adapter = executor.pipeline
+    collated = []
+    adapter.collate = lambda rows: collated.append(len(rows)) or stack_rows(rows)
+    adapter.combine_guidance = lambda cond, uncond, scale: cond
+    p = SamplingParams(prompt="hook", seed=3, num_inference_steps=3, sampler="euler")
+    guided, plain = Engine(executor).generate([replace(p, guidance_scale=5.0), replace(p, guidance_scale=1.0)])
+    assert collated and max(collated) == 3  # two conditional rows and one unconditional row
+    diff = np.abs(np.asarray(guided.image, dtype=np.int16) - np.asarray(plain.image, dtype=np.int16))
+    assert diff.max() <= 1
