@@ -133,15 +133,18 @@ class BucketedNetworks:
         return self.fixed_rows is not None
 
     def denoise(self, sample: Tensor, timestep: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        if self.channels_last and sample.dim() == 4:
-            sample = sample.contiguous(memory_format=torch.channels_last)
         before = _mark_cuda_graph_step if self.cuda_graphs else None
         n = sample.shape[0]
         for start in range(0, n, self.buckets[-1]):
             size = bucket_for(min(n - start, self.buckets[-1]), self.buckets)
             self.calls[size] = self.calls.get(size, 0) + 1
-        return run_bucketed(self._denoise, self.buckets, (sample, timestep, *args), kwargs, before=before,
+        return run_bucketed(self._padded_denoise, self.buckets, (sample, timestep, *args), kwargs, before=before,
                             copy_out=self.cuda_graphs)
+
+    def _padded_denoise(self, sample: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.channels_last and sample.dim() == 4:  # after padding: the network sees the layout it was built for
+            sample = sample.contiguous(memory_format=torch.channels_last)
+        return self._denoise(sample, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         """The inner object's other methods (encode_text, decode, a family's extra encoders) and modules. In the

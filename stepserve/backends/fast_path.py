@@ -53,6 +53,8 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
         raise ValueError(f"--compile and --deterministic need --backend torch; got --backend {pipeline.backend}")
     if options.compile_mode is not None and options.compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode: {options.compile_mode!r} is not supported; allowed: {', '.join(COMPILE_MODES)}")
+    if isinstance(pipeline.networks, BucketedNetworks):
+        raise ValueError("the fast path is already applied to this executor's networks")
     device = torch.device(pipeline.device)
     on_cuda = device.type == "cuda"
     inner = pipeline.networks
@@ -63,7 +65,7 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
         inner.unet.to(memory_format=torch.channels_last)
     _prefer_sdpa(inner)
     mode = options.compile_mode or ("reduce-overhead" if on_cuda else "default")
-    cuda_graphs = options.compile and on_cuda and mode == "reduce-overhead"
+    cuda_graphs = options.compile and on_cuda and mode == "reduce-overhead" and options.compile_backend == "inductor"
     denoise_fn = None
     if options.compile:
         # one graph per bucket (and per latent size): allow that many before dynamo falls back to eager

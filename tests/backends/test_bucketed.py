@@ -74,6 +74,21 @@ def test_deterministic_mode_runs_every_network_at_the_fixed_size():
     assert wrapped.calls == {6: 4}  # 1 -> one call, 4 -> one call, 7 -> two calls of 6
 
 
+def test_channels_last_reaches_the_network_after_padding():
+    inner = RowWise()
+    formats = []
+
+    def denoise(sample, timestep, **kwargs):
+        formats.append(sample.is_contiguous(memory_format=torch.channels_last) and not sample.is_contiguous())
+        return inner.denoise(sample, timestep, **kwargs)
+
+    wrapped = BucketedNetworks(inner, (4,), denoise_fn=denoise, channels_last=True)
+    sample, t, embeds, _ = _inputs(3)
+    out = wrapped.denoise(sample, t, encoder_hidden_states=embeds)
+    assert formats == [True] and out.is_contiguous()
+    assert torch.equal(out, RowWise().denoise(sample, t, embeds))
+
+
 def test_empty_batch_is_refused_clearly():
     with pytest.raises(ValueError, match="at least one row"):
         run_bucketed(lambda x: x, (1, 2), (torch.zeros(0, 3),), {})

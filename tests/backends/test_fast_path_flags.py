@@ -19,6 +19,8 @@ def test_serve_builds_a_deterministic_engine(capsys):
     assert networks.fixed_rows == 6 and networks.buckets == (6,)
     assert networks.calls == {6: 1}  # the warm-up step ran at start-up
     assert "warm-up" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="already applied"):
+        apply_fast_path(engine.executor, FastPathOptions(compile=True), 3)
 
 
 def test_serve_and_bench_parse_the_flags():
