@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "service time times the rate, so this is what `simulate` and `plan` need)")
     p.add_argument("--warmup", type=_int_from(0), default=1, help="unrecorded runs per point first (default 1)")
     p.add_argument("--out", required=True, metavar="PATH", help="the latency model file to write (JSON)")
+    from ..backends.fast_path import add_fast_path_flags
+
+    add_fast_path_flags(p)  # profile the engine as it will serve: compiled buckets, or the deterministic shapes
     return p
 
 
@@ -124,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         executor = load_executor(args.model, args.device, args.dtype, args.backend, threads=args.threads)
     except (OSError, ValueError) as exc:
         print(f"{PROG}: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    from ..backends.fast_path import apply_fast_path, fast_path_from_args
+
+    try:
+        apply_fast_path(executor, fast_path_from_args(args), args.max_batch_size)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     try:
         latency = measure_with_and_without_guidance(executor, args.max_batch_size, args.sizes, args.guidance_scale,
@@ -161,6 +171,7 @@ def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
     versions["python"] = platform.python_version()
     return {
         "backend": args.backend,
+        "fast_path": {"compile": args.compile, "deterministic": args.deterministic},
         "device_requested": args.device,
         "dtype": args.dtype,
         "threads": args.threads,

@@ -69,3 +69,15 @@ def test_fast_path_switches_classic_attention_to_sdpa():
     networks.unet.set_attn_processor(AttnProcessor())
     _prefer_sdpa(networks)
     assert {type(p) for p in networks.unet.attn_processors.values()} == {AttnProcessor2_0}
+
+
+def test_profile_measures_the_deterministic_engine(tmp_path):
+    from stepserve.profiling.cli import main
+    from stepserve.scheduling import LatencyModel
+
+    out = tmp_path / "latency.json"
+    assert main(["--model", "embedded", "--deterministic", "--max-batch-size", "2", "--repeats", "1", "--warmup", "0",
+                 "--threads", "1", "--out", str(out)]) == 0
+    model = LatencyModel.load(out)
+    assert model.metadata["fast_path"] == {"compile": False, "deterministic": True}
+    assert model.step_s(1) > 0
