@@ -164,4 +164,6 @@ def add_fast_path_flags(parser) -> None:
 
 
 def fast_path_from_args(args) -> FastPathOptions:
-    return FastPathOptions(compile=args.compile, deterministic=args.deterministic, buckets=args.compile_buckets)
+    """The options from parsed flags (absent flags, as in `stepserve simulate`, mean off)."""
+    return FastPathOptions(compile=getattr(args, "compile", False), deterministic=getattr(args, "deterministic", False),
+                           buckets=getattr(args, "compile_buckets", None))

@@ -78,7 +78,8 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
     from ..backends.fast_path import add_fast_path_flags
 
-    add_fast_path_flags(p)  # in-process only
+    if prog != "stepserve simulate":  # a simulated clock has no kernels to compile
+        add_fast_path_flags(p)  # in-process only
     p.add_argument("--strategies",
                    help=f"comma-separated: {', '.join(STRATEGIES)}; default: "
                         f"{','.join(default_strategies(False))}, and slo too when the run has deadlines "
