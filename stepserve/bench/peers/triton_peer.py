@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     write_repository(onnx_folder(options.model), args.repo, RepositoryOptions(
         mode="classic", max_batch_size=options.max_batch_size, max_queue_delay_ms=args.wait_ms,
         threads=options.threads, validate=False), quiet=True)
-    server = TritonServer(args.repo, Ports(args.http_port, args.grpc_port, args.metrics_port), quiet=True)
+    log = str(args.repo.parent / "tritonserver.log")
+    server = TritonServer(args.repo, Ports(args.http_port, args.grpc_port, args.metrics_port), log, quiet=True)
     try:
         server.start()
         args.ready_file.write_text("ready\n")
