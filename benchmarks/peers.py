@@ -46,8 +46,8 @@ def goodput_table(results: dict) -> dict[str, tuple[str, float]]:
     return best
 
 
-async def idle_overhead(setting: PeerSetting, ctx: PeerContext, spec: RequestSpec, rounds: int) -> dict:
-    """Alternate: the bare pipeline in process, then the same request through the peer; medians and their gap."""
+def bare_pipeline(ctx: PeerContext):
+    """The engine with no batching on the peers' backend and threads, in this process: one request alone."""
     import torch
 
     from stepserve import Engine
@@ -55,7 +55,11 @@ async def idle_overhead(setting: PeerSetting, ctx: PeerContext, spec: RequestSpe
 
     h = ctx.handler
     torch.set_num_threads(h.threads)
-    bare_engine = Engine(load_executor(h.model, h.device, h.dtype, h.backend, h.threads), strategy="none")
+    return Engine(load_executor(h.model, h.device, h.dtype, h.backend, h.threads), strategy="none")
+
+
+async def idle_overhead(setting: PeerSetting, ctx: PeerContext, bare_engine, spec: RequestSpec, rounds: int) -> dict:
+    """Alternate: the bare pipeline in process, then the same request through the peer; medians and their gap."""
     target = PeerTarget(setting, ctx)
     await target.start()
     bare, served = [], []
@@ -116,6 +120,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1, help="replays of the trace comparison (order rotated)")
     p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
     p.add_argument("--max-batch-size", type=int, default=8, help="stepserve serve's batch bound")
     p.add_argument("--idle-setting", default="8x10", help="BATCHxWAIT_MS of each peer in the idle measurement")
@@ -136,7 +141,7 @@ def main() -> None:
         stepserve("bench", "--peers", args.peers, "--model", args.model, "--backend", backend, "--steps", args.steps,
                   "--rate-frac", str(args.rate_frac), "--duration", str(args.duration), "--warmup", str(args.warmup),
                   "--seed", str(args.seed), "--threads", str(args.threads), "--max-batch-size",
-                  str(args.max_batch_size), "--out", str(trace_out), "--no-progress")
+                  str(args.max_batch_size), "--repeats", str(args.repeats), "--out", str(trace_out), "--no-progress")
         results = json.loads((trace_out / "results.json").read_text())
         best = goodput_table(results)
         ours_name, ours = best.pop("stepserve")
@@ -161,8 +166,9 @@ def main() -> None:
     idle_settings = [PeerSetting("stepserve", args.max_batch_size, None, "continuous")]
     idle_settings += [PeerSetting(peer, int(batch), float(wait)) for peer in dict.fromkeys(s.peer for s in settings)]
     summary["idle"] = []
+    bare = bare_pipeline(ctx)
     for setting in idle_settings:
-        row = asyncio.run(idle_overhead(setting, ctx, spec, args.idle_rounds))
+        row = asyncio.run(idle_overhead(setting, ctx, bare, spec, args.idle_rounds))
         summary["idle"].append(row)
         print(f"idle {row['contender']:24} {args.idle_steps}-step request: served {row['served_ms']:.1f} ms, bare "
               f"pipeline {row['bare_ms']:.1f} ms, overhead {row['overhead_ms']:.1f} ms (median of {row['rounds']})")
