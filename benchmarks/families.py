@@ -4,8 +4,8 @@
    guidance) generated with continuous batching at max_batch_size 8 and at max_batch_size 1; seconds per image
    (encode + denoise + decode), rounds alternated, medians reported.
 2. Continuous against dynamic batching on one mixed open-loop trace: `stepserve bench` (Poisson arrivals at
-   --load x the capacity estimated from the batch-8 cost, steps 4/8/16, guidance off or on, two size buckets),
-   p50/p95.
+   --load x the capacity estimated from the batch-8 cost, steps 2/4/8, guidance off or on, two size buckets;
+   dynamic with a 50 ms queue delay), p50/p95.
 
 The tiny test models are so small that a forward costs about the same at any batch size, which would make batching
 look free. Each family is built at the size its module's BENCH_OPTIONS gives (wider UNets, larger native size for
@@ -75,20 +75,20 @@ def batch_cost(executor, rounds: int) -> tuple[float, float]:
 
 
 def mix_for(info) -> dict:
-    """Steps 4/8/16, guidance off or the default, two size buckets: the default and one bucket larger."""
+    """Steps 2/4/8, guidance off or the default, two size buckets: the default and one bucket larger."""
     h, w = info.default_height, info.default_width
     taller = min(h + 2 * info.size_multiple, info.max_size)
     guidance = [1.0, info.default_guidance_scale] if info.guidance == "cfg" else [info.default_guidance_scale]
-    return {"steps": [4, 8, 16], "guidance_scale": guidance, "sampler": info.default_sampler,
+    return {"steps": [2, 4, 8], "guidance_scale": guidance, "sampler": info.default_sampler,
             "size": [f"{w}x{h}", f"{w}x{taller}"], "prompts": ["a lighthouse", "a red fox in snow", "night city"]}
 
 
 def trace_rate(info, per_image_b8_s: float, load: float) -> float:
     """Arrivals per second at `load` x the capacity estimated from the batch-8 cost: that cost is for 8 steps at
-    the default guidance; the mix averages (4 + 8 + 16) / 3 steps and (for CFG families) half its requests run
+    the default guidance; the mix averages (2 + 4 + 8) / 3 steps and (for CFG families) half its requests run
     one row instead of two."""
     rows = 0.75 if info.guidance == "cfg" and info.default_guidance_scale > 1 else 1.0
-    seconds_per_request = per_image_b8_s * (28 / 3) / 8 * rows
+    seconds_per_request = per_image_b8_s * (14 / 3) / 8 * rows
     return load / seconds_per_request
 
 
@@ -96,13 +96,15 @@ def strategy_p95(path: Path, info, rate: float, args, out: Path) -> tuple[dict[s
     out.mkdir(parents=True, exist_ok=True)
     mix = out / "mix.json"
     mix.write_text(json.dumps(mix_for(info)))
-    stepserve("bench", "--model", str(path), "--strategies", "continuous,dynamic", "--mix", str(mix),
+    stepserve("bench", "--model", str(path), "--strategies", "continuous,dynamic", "--dynamic-delays-ms", "50",
+              "--mix", str(mix),
               "--rate", f"{rate:.3f}", "--duration", str(args.duration), "--warmup", "3",
               "--capacity-duration", str(args.capacity_duration), "--max-batch-size", "8",
               "--repeats", str(args.repeats), "--threads", str(args.threads), "--seed", "0", "--no-progress",
               "--out", str(out / "bench"))
     results = json.loads((out / "bench" / "results.json").read_text())
-    return {s["contender"]: s for s in results["summaries"]}, results["load_description"]
+    by_strategy = {s["contender"].split("(")[0]: s for s in results["summaries"]}  # "dynamic(50ms)" -> dynamic
+    return by_strategy, results["load_description"]
 
 
 def _seconds(spread: dict) -> float:
@@ -115,10 +117,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", default=",".join(FAMILY_MODULES))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--capacity-duration", type=float, default=10.0)
     parser.add_argument("--load", type=float, default=0.7, help="trace rate / capacity estimated from the batch-8 cost")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
