@@ -11,7 +11,7 @@ The tiny test models are so small that a forward costs about the same at any bat
 look free. Each family is built at the size its module's BENCH_OPTIONS gives (wider UNets, larger native size for
 sd/sdxl); a module without BENCH_OPTIONS runs at its test size, and the output says which.
 
-    python benchmarks/families.py [--families sd,sdxl,sd3,flux] [--rounds 3] [--duration 20] [--out DIR]
+    python benchmarks/families.py [--families sd,sdxl,sd3,flux] [--rounds 3] [--duration 30] [--load 0.7] [--out DIR]
 """
 
 from __future__ import annotations
