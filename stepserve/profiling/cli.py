@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..arg_types import int_from
+
 PROG = "stepserve profile"
 BACKENDS = ("torch", "onnxruntime", "tensorrt")  # as stepserve.backends.BACKENDS, without importing torch here
 DEVICES = ("cpu", "cuda")
@@ -27,17 +29,7 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message}\n")
 
 
-def _int_from(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
-        return value
-
-    return parse
+_int_from = int_from
 
 
 def _guidance(text: str) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 import uvicorn
 
 from ..api import DEVICES, DTYPES
+from ..arg_types import float_from, int_from
 from ..backends import BACKENDS
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, SLO_ORDERS, STRATEGIES
 
@@ -26,36 +27,8 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"stepserve serve: error: {message}\n")
 
 
-def _int_from(low: int, high: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
-            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _float_from(low: float, inclusive: bool, what: str):
-    """A finite float above `low` (or at least `low` when inclusive), with an error that says what is allowed."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        ok = value >= low if inclusive else value > low
-        if not ok or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
-
-
+_int_from = int_from
+_float_from = float_from
 _positive_float = _float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = _float_from(0.0, inclusive=True, what="a number >= 0")
 

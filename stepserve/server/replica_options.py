@@ -10,31 +10,10 @@ import argparse
 import math
 from dataclasses import dataclass, field
 
+from ..arg_types import float_from, int_from
 
-def _count(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _amount(low: float, inclusive: bool, what: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (value >= low if inclusive else value > low) or math.isinf(value):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
+_count = int_from
+_amount = float_from
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:
