@@ -8,7 +8,6 @@ with one latency model, measured once on the shared executor (or loaded from a f
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measu
 from .sweep import SweepSpec, run_sweep
 from .remote import server_target
 from .targets import Contender, EngineTarget
+from .threads import default_threads
 from .workload import Mix, load_trace, poisson_trace, save_trace
 
 LATENCY_MODEL_FILE = "latency_model.json"  # in --out: the latency model the slo contenders predicted with
@@ -75,12 +75,6 @@ class BenchConfig:
     @property
     def has_deadlines(self) -> bool:
         return self.timeout_s is not None or self.timeout_slo
-
-
-def default_threads() -> int:
-    """In process, the engine's torch threads leave one core to the load generator, so that sends stay on time
-    (and torch's threads do not wait on a core the sender holds)."""
-    return max(1, (os.cpu_count() or 1) - 1)
 
 
 @dataclass

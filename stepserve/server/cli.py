@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import uvicorn
 
@@ -20,6 +18,7 @@ from ..api import DEVICES, DTYPES
 from ..arg_types import float_from, int_from
 from ..backends import BACKENDS
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, SLO_ORDERS, STRATEGIES
+from .startup import StartupError, available_cores, build_engine, default_threads
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -31,20 +30,6 @@ _int_from = int_from
 _float_from = float_from
 _positive_float = _float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = _float_from(0.0, inclusive=True, what="a number >= 0")
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on: its affinity mask (taskset, a container's cpuset), not the host's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity API on this platform
-        return os.cpu_count() or 1
-
-
-def default_threads() -> int:
-    """All cores but one, at least 1. The spare core runs the event loop and the HTTP work; with a thread on every
-    core, torch's OpenMP threads spin-wait for a core the server holds, and steps under load get much slower."""
-    return max(1, available_cores() - 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,10 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class StartupError(Exception):
-    """A flag or model that cannot be served; its message is the one-line error `stepserve serve` prints."""
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -141,56 +122,6 @@ def replica_mode(args: argparse.Namespace) -> bool:
         raise StartupError(f"{', '.join(alone)} only apply to Ray Serve replicas; add --replicas N (or --autoscale "
                            f"MIN:MAX)")
     return False
-
-
-def build_engine(args: argparse.Namespace):
-    """(AsyncEngine not yet started, ServerLimits, model name) from the serve flags: the same in one process and in
-    every Ray Serve replica. Raises StartupError with a one-line message."""
-    folder = Path(args.model).expanduser()
-    if args.model != "embedded" and not any((folder / f).is_file() for f in ("model_index.json", "manifest.json")):
-        raise StartupError(f"--model {args.model!r} is neither 'embedded' nor a local diffusers folder with "
-                           f"model_index.json (nor an export folder with manifest.json)")
-
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from ..api import load_executor
-    from ..async_engine import AsyncEngine
-    from .schemas import ServerLimits
-
-    print(f"stepserve serve: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}) ...",
-          file=sys.stderr, flush=True)
-    try:
-        executor = load_executor(args.model, args.device, args.dtype, args.backend, threads=args.threads)
-    except (OSError, ValueError) as exc:
-        raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
-    if args.backend != "torch" and not args.no_memory_cap:
-        print(f"stepserve serve: no memory cap on backend {args.backend}: the check measures torch's allocator",
-              file=sys.stderr, flush=True)
-    elif not args.no_memory_cap:
-        from ..profiling import cap_max_batch_size
-
-        args.max_batch_size, why = cap_max_batch_size(executor, args.max_batch_size)
-        print(f"stepserve serve: {why}", file=sys.stderr, flush=True)
-    from ..backends.fast_path import apply_fast_path, fast_path_from_args
-
-    try:
-        apply_fast_path(executor, fast_path_from_args(args), args.max_batch_size)
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
-    latency_model = args.latency_model or ("measure" if args.strategy == "slo" else None)
-    if latency_model == "measure":
-        print("stepserve serve: measuring the step latency of this model for the slo strategy ...",
-              file=sys.stderr, flush=True)
-    try:
-        engine = AsyncEngine(executor, strategy=args.strategy, max_batch_size=args.max_batch_size,
-                             max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue,
-                             latency_model=latency_model, answer_margin_s=args.answer_margin_ms / 1000.0,
-                             slo_order=args.slo_order)
-    except (OSError, ValueError) as exc:
-        raise StartupError(f"--latency-model {args.latency_model!r}: {exc}") from None
-    limits = ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s)
-    return engine, limits, executor.model.name
 
 
 class DrainingServer(uvicorn.Server):

@@ -23,10 +23,10 @@ import ray
 from ray import serve
 
 from .app import create_app
-from .cli import StartupError, available_cores, build_engine
 from .ray_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from .replica_metrics import merge, snapshot
 from .replica_options import ReplicaPlan, deployment_options
+from .startup import StartupError, available_cores, build_engine
 
 APP_NAME = "stepserve"
 PUSH_EVERY_S = 1.0

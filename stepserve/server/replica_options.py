@@ -77,7 +77,7 @@ class ReplicaPlan:
 
 def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
     """Check the replica flags against each other (and, for a local cluster, against this machine's cores)."""
-    from .cli import StartupError
+    from .startup import StartupError
 
     autoscale = args.autoscale
     replicas = args.replicas if args.replicas is not None else (autoscale[0] if autoscale else 1)
