@@ -244,8 +244,9 @@ def _sample(text: str, name: str) -> float | None:
 
 def test_ray_queue_limit_is_a_429_with_retry_after_and_replica_429s_pass_through(replicas):
     slow = {"prompt": "burst", "num_inference_steps": 20, "guidance_scale": 1.0}
-    # 100 at once: 2 replicas x 8 in flight + 40 in Ray's queue fit; the rest Ray refuses at once.
-    responses = asyncio.run(post_all(replicas.url, [slow] * 100))
+    # 100 at once: 2 replicas x 8 in flight + 40 in Ray's queue fit; the rest Ray refuses at once. The burst's
+    # requests are long (150 steps), so the replicas cannot drain the queue while a slow client is still sending.
+    responses = asyncio.run(post_all(replicas.url, [{**slow, "num_inference_steps": 150}] * 100))
     codes = [getattr(r, "status_code", r) for r in responses]
     assert set(codes) <= {200, 429}, codes
     ray_429 = [r for r in responses if r.status_code == 429]
