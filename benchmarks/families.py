@@ -29,7 +29,7 @@ import torch
 from common import stepserve
 
 from stepserve import Engine, SamplingParams
-from stepserve.api import load_executor
+from stepserve.loading import load_executor
 from stepserve.tiny import FAMILY_MODULES
 
 

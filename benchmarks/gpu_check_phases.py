@@ -184,7 +184,7 @@ def strategies(args, executor, folder: Path, device: str, dtype: str, smoke: boo
     """`stepserve bench` on the already compiled executor (its loader is pointed at it, so nothing recompiles)."""
     from stepserve.bench import app
     from stepserve.bench.app import run_bench
-    from stepserve.bench.cli import config_from_args
+    from stepserve.commands.bench import config_from_args
 
     duration = args.bench_duration or (2.0 if smoke else 12.0)
     argv = ["--model", str(folder), "--device", device, "--dtype", dtype, "--strategies", ",".join(STRATEGIES),

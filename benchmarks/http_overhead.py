@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from stepserve import Engine, SamplingParams
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
     from stepserve.async_engine import AsyncEngine
     from stepserve.server import create_app
 

@@ -121,7 +121,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     executor = load_executor(pick_model(args.model))
     bounds = [None if b == "none" else int(b) for b in args.bounds.split(",")]

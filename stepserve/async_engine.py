@@ -24,10 +24,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import EngineOptions, GenerationResult
 from .clock import WallClock
+from .engine_config import EngineOptions, options_from
 from .executor.base import Executor
-from .types import FinishReason, Request, RequestStatus, RequestTiming, SamplingParams, StepReport, next_request_id
+from .types import (FinishReason, GenerationResult, Request, RequestStatus, RequestTiming, SamplingParams, StepReport,
+                    next_request_id)
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,12 @@ class _Abort:
 
 
 class AsyncEngine:
-    def __init__(self, executor: Executor, join_timeout_s: float = 10.0, **options: Any) -> None:
+    def __init__(self, executor: Executor, join_timeout_s: float = 10.0, options: EngineOptions | None = None,
+                 **overrides: Any) -> None:
         self.executor = executor
-        options.setdefault("answer_margin_s", DEFAULT_ANSWER_MARGIN_S)
-        self.options = EngineOptions(**options)
+        if options is None:
+            overrides.setdefault("answer_margin_s", DEFAULT_ANSWER_MARGIN_S)
+        self.options = options_from(options, overrides)
         self.core = self.options.make_core(executor)
         self.clock = WallClock()
         self.accepting = True

@@ -6,14 +6,14 @@ import importlib
 import sys
 
 COMMANDS = {
-    "serve": ("stepserve.server.cli", "serve the OpenAI-compatible images API over HTTP"),
-    "demo": ("stepserve.demo", "generate images on the embedded model under each strategy and compare"),
-    "bench": ("stepserve.bench.cli", "load-test strategies or a running server; write a report"),
-    "simulate": ("stepserve.sim.cli", "replay a bench workload on a simulated clock with a latency model"),
-    "plan": ("stepserve.sim.plan_cli", "the fewest replicas behind a router that hold a p95 SLO at a rate (simulated)"),
-    "export": ("stepserve.deploy.cli", "export to ONNX, TensorRT plans or a Triton model repository"),
-    "profile": ("stepserve.profiling.cli", "measure a model's stage latencies on this device; write a latency model"),
-    "grid": ("stepserve.grid", "write a sample grid (every digit x several seeds) of the embedded model"),
+    "serve": ("stepserve.commands.serve", "serve the OpenAI-compatible images API over HTTP"),
+    "demo": ("stepserve.commands.demo", "generate images on the embedded model under each strategy and compare"),
+    "bench": ("stepserve.commands.bench", "load-test strategies or a running server; write a report"),
+    "simulate": ("stepserve.commands.simulate", "replay a bench workload on a simulated clock with a latency model"),
+    "plan": ("stepserve.commands.plan", "the fewest replicas behind a router that hold a p95 SLO at a rate (simulated)"),
+    "export": ("stepserve.commands.export", "export to ONNX, TensorRT plans or a Triton model repository"),
+    "profile": ("stepserve.commands.profile", "measure a model's stage latencies on this device; write a latency model"),
+    "grid": ("stepserve.commands.grid", "write a sample grid (every digit x several seeds) of the embedded model"),
     "train-embedded": ("stepserve.training.embedded", "retrain the embedded default model from scikit-learn digits"),
 }
 

@@ -119,7 +119,7 @@ class Request:
     timing: RequestTiming = field(default=None)  # type: ignore[assignment]
     # Executor-owned state (tensors), set on admission and dropped when the request finishes:
     latents: Any = None
-    prompt_embeds: Any = None  # the adapter's Conditioning (pipelines/family.py): cond and optional uncond row
+    conditioning: Any = None  # the family adapter's Conditioning (pipelines/family.py): cond and optional uncond row
     sampler_state: Any = None
     preview_latents: Any = None  # the denoised estimate (x0) after a step listed in preview_steps
     image: Any = None  # PIL.Image once decoded
@@ -134,9 +134,30 @@ class Request:
 
     def release_tensors(self) -> None:
         self.latents = None
-        self.prompt_embeds = None
+        self.conditioning = None
         self.sampler_state = None
         self.preview_latents = None
+
+
+@dataclass
+class GenerationResult:
+    """A request's outcome as callers see it (offline Engine, AsyncEngine)."""
+
+    request_id: str
+    status: RequestStatus
+    image: Any  # PIL.Image when completed, else None
+    params: SamplingParams  # as resolved: defaults filled in, seed drawn
+    timing: RequestTiming
+    finish_reason: FinishReason | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RequestStatus.COMPLETED
+
+    @classmethod
+    def from_request(cls, r: "Request") -> "GenerationResult":
+        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error)
 
 
 @dataclass

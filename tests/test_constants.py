@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from stepserve import api, scheduling
-from stepserve.bench import cli as bench_cli
+from stepserve import loading, scheduling
+from stepserve.commands import bench as bench_cli
 from stepserve.bench.targets import Contender
-from stepserve.server import cli as server_cli
+from stepserve.commands import serve as server_cli
 
 
 def _choices(parser, dest: str):
@@ -15,8 +15,8 @@ def _choices(parser, dest: str):
 def test_server_cli_offers_exactly_the_engine_strategies_devices_and_dtypes():
     parser = server_cli.build_parser()
     assert tuple(_choices(parser, "strategy")) == scheduling.STRATEGIES
-    assert tuple(_choices(parser, "device")) == api.DEVICES
-    assert tuple(_choices(parser, "dtype")) == api.DTYPES
+    assert tuple(_choices(parser, "device")) == loading.DEVICES
+    assert tuple(_choices(parser, "dtype")) == loading.DTYPES
     assert parser.get_default("max_queue_delay_ms") == scheduling.DEFAULT_MAX_QUEUE_DELAY_MS
 
 
@@ -25,9 +25,8 @@ def test_bench_cli_defaults_to_every_strategy_and_names_the_devices():
     assert parser.get_default("strategies") is None  # chosen from the run: every strategy when it has deadlines
     assert tuple(bench_cli.default_strategies(True)) == scheduling.STRATEGIES
     assert set(bench_cli.default_strategies(False)) == set(scheduling.STRATEGIES) - {"slo"}
-    helps = {a.dest: a.help for a in parser._actions}
-    assert all(d in helps["device"] for d in api.DEVICES)
-    assert all(d in helps["dtype"] for d in api.DTYPES)
+    assert tuple(_choices(parser, "device")) == loading.DEVICES  # the same flags as serve (commands/flags.py)
+    assert tuple(_choices(parser, "dtype")) == loading.DTYPES
     assert Contender("dynamic").max_queue_delay_ms == scheduling.DEFAULT_MAX_QUEUE_DELAY_MS
 
 
@@ -114,7 +113,7 @@ def test_one_size_parser_width_first():
 
 
 def test_one_list_of_digit_prompts():
-    from stepserve import grid
+    from stepserve.commands import grid
     from stepserve.bench.workload import Mix
     from stepserve.digits import DIGIT_PROMPTS, DIGIT_WORDS
     from stepserve.training import data

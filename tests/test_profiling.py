@@ -184,7 +184,7 @@ def test_bad_settings_are_refused_before_anything_runs():
 # --- the tiny Stable Diffusion pipeline ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_executor(tiny_sd_path):
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     return load_executor(str(tiny_sd_path))
 
@@ -290,7 +290,7 @@ def test_cap_keeps_the_request_for_an_executor_without_device_memory():
 def test_cuda_peaks_and_metadata(tiny_sd_path):
     import torch
 
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     executor = load_executor(str(tiny_sd_path), device="cuda")
     peaks = profiling.measure_peak_memory(executor, [1, 2, 4])

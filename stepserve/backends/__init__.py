@@ -14,9 +14,6 @@ from typing import Protocol
 
 from torch import Tensor
 
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
-
-
 class Networks(Protocol):
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor: ...
 

@@ -139,31 +139,3 @@ def warm_up(executor: Any, wrapper: BucketedNetworks, progress: bool = True) -> 
                 executor.decode(requests[:1])
             bar.update(1)
             bar.set_postfix(batch=size)
-
-
-def _bucket_list(text: str) -> tuple[int, ...]:
-    import argparse
-
-    try:
-        return check_buckets(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes >= 1 (e.g. 1,2,4,8,16), got {text!r}")
-
-
-def add_fast_path_flags(parser) -> None:
-    """--compile, --compile-buckets and --deterministic (serve, bench)."""
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the denoiser for a fixed set of batch sizes (a step pads its rows to the "
-                             "next one; CUDA graphs per batch size on a GPU), all built at start-up (torch backend)")
-    parser.add_argument("--compile-buckets", type=_bucket_list, default=None, metavar="N,N,...",
-                        help="the batch sizes (denoiser rows) to compile for (default: powers of two up to twice "
-                             "--max-batch-size, a conditional and an unconditional row per request)")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="byte-identical images whoever shares the batch: every forward runs at one fixed "
-                             "padded shape (slower at low load; torch backend)")
-
-
-def fast_path_from_args(args) -> FastPathOptions:
-    """The options from parsed flags (absent flags, as in `stepserve simulate`, mean off)."""
-    return FastPathOptions(compile=getattr(args, "compile", False), deterministic=getattr(args, "deterministic", False),
-                           buckets=getattr(args, "compile_buckets", None))

@@ -23,7 +23,7 @@ from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measu
 from .sweep import SweepSpec, run_sweep
 from .remote import server_target
 from .targets import Contender, EngineTarget
-from .threads import default_threads
+from ..loading import default_threads
 from .workload import Mix, load_trace, poisson_trace, save_trace
 
 LATENCY_MODEL_FILE = "latency_model.json"  # in --out: the latency model the slo contenders predicted with
@@ -94,11 +94,7 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
         makers = [TargetMaker(*server_target(t, cfg.api_key, cfg.keep_images)) for t in cfg.targets]
         return Makers(makers, makers[0])
     t0 = time.monotonic()
-    executor = load_model(cfg.model, cfg.device, cfg.dtype, cfg.backend)
-    if cfg.fast_path is not None and cfg.fast_path.enabled and cfg.model != "fake":
-        from ..backends.fast_path import apply_fast_path
-
-        apply_fast_path(executor, cfg.fast_path, max((c.max_batch_size for c in cfg.contenders), default=8))
+    executor = load_model(cfg)
     startup.model_load_s = time.monotonic() - t0
     model, source = _latency_model(cfg, executor, startup)
     makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images, model))
@@ -134,19 +130,21 @@ def measure_latency_model(executor, max_batch_size: int, progress: bool = True):
     return measure(executor, max_batch_size, progress=progress)
 
 
-def load_model(model: str, device: str, dtype: str, backend: str = "torch"):
-    if model == "fake":
+def load_model(cfg: BenchConfig):
+    """The executor every in-process contender shares: built once (stepserve.engine_config), without the memory
+    cap (a contender's max_batch_size is what the run compares), with the fast path when asked; `fake` is the
+    sleeping fake executor (no model)."""
+    from ..engine_config import EngineConfig, EngineOptions, build_engine
+
+    fake = None
+    if cfg.model == "fake":
         from .targets import SleepingFakeExecutor
 
-        return SleepingFakeExecutor()
-    from ..api import load_executor
-    from ..pipelines.diffusers_sd import resolve_model_path
-
-    from ..deploy.onnx_export import is_export_dir
-
-    if not (backend != "torch" and is_export_dir(model)):
-        resolve_model_path(model)  # a missing model fails fast, before the heavy imports
-    return load_executor(model, device, dtype, backend)
+        fake = SleepingFakeExecutor()
+    batch = max((c.max_batch_size for c in cfg.contenders), default=8)
+    config = EngineConfig(cfg.model, cfg.device, cfg.dtype, cfg.backend, threads=None, memory_cap=False,
+                          fast_path=cfg.fast_path if fake is None else None, options=EngineOptions(max_batch_size=batch))
+    return build_engine(config, executor=fake).executor
 
 
 @dataclass
@@ -161,7 +159,7 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
     if not cfg.targets and not cfg.peers and cfg.model != "fake":
         import torch
 
-        torch.set_num_threads(cfg.threads or default_threads())
+        torch.set_num_threads(cfg.threads or default_threads())  # before loading, as the serve command does
     env = capture_environment(cfg.argv, _remote_kind(cfg.targets) if cfg.targets else cfg.device)
     startup = Startup(model_load_s=None)
     both = _makers(cfg, startup)

@@ -99,10 +99,6 @@ def read_manifest(path: str | os.PathLike) -> dict:
     return manifest
 
 
-def is_export_dir(path: str | os.PathLike) -> bool:
-    return (Path(path) / MANIFEST_FILE).is_file()
-
-
 def _export_graph(adapter, spec: GraphSpec, out: Path, opset: int, generator: torch.Generator) -> None:
     module = graph_module(adapter, spec)
     args = example_inputs(adapter, spec, 2, generator)  # batch 2: an example of 1 can get folded into the graph

@@ -49,7 +49,7 @@ class TorchExecutor:
     def _prepare(self, requests: list[Request]) -> None:
         p = self.pipeline
         for r, conditioning in zip(requests, p.encode([r.params for r in requests])):
-            r.prompt_embeds = conditioning
+            r.conditioning = conditioning
             schedule = p.schedule(r.params)
             r.num_steps = schedule.num_steps  # the table's own length (equal to the request for our samplers)
             # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
@@ -63,12 +63,12 @@ class TorchExecutor:
         latents = torch.cat([r.latents for r in requests])
         model_in, timesteps = sampling.model_inputs(latents, states, steps)
         # Rows: every request's conditional row, then the unconditional row of each guided request.
-        guided = [i for i, r in enumerate(requests) if r.prompt_embeds.guided]
+        guided = [i for i, r in enumerate(requests) if r.conditioning.guided]
         at = to_device(torch.tensor(guided, dtype=torch.int64), latents.device)  # no host sync (sampling/common.py)
         rows = torch.cat([model_in, model_in[at]]) if guided else model_in
         t_rows = torch.cat([timesteps, timesteps[at]]) if guided else timesteps
-        conditioning = self.pipeline.collate([r.prompt_embeds.cond for r in requests]
-                                             + [requests[i].prompt_embeds.uncond for i in guided])
+        conditioning = self.pipeline.collate([r.conditioning.cond for r in requests]
+                                             + [requests[i].conditioning.uncond for i in guided])
         out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
         pred = out[: len(requests)]
         if guided:

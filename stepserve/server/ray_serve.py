@@ -26,7 +26,9 @@ from .app import create_app
 from .ray_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from .replica_metrics import merge, snapshot
 from .replica_options import ReplicaPlan, deployment_options
-from .startup import StartupError, available_cores, build_engine
+from ..loading import available_cores
+from .startup import StartupError
+from .startup import build_engine_from_args as build_engine
 
 APP_NAME = "stepserve"
 PUSH_EVERY_S = 1.0

@@ -10,7 +10,7 @@ import argparse
 import math
 from dataclasses import dataclass, field
 
-from ..arg_types import float_from, int_from
+from ..commands.flags import float_from, int_from
 
 _count = int_from
 _amount = float_from

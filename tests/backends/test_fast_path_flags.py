@@ -10,10 +10,11 @@ from stepserve.backends.fast_path import FastPathOptions, apply_fast_path
 
 
 def test_serve_builds_a_deterministic_engine(capsys):
-    from stepserve.server.cli import build_engine, build_parser
+    from stepserve.commands.serve import build_parser
+    from stepserve.server.startup import build_engine_from_args
 
     args = build_parser().parse_args(["--deterministic", "--no-memory-cap", "--max-batch-size", "3", "--threads", "1"])
-    engine, _, name = build_engine(args)
+    engine, _, name = build_engine_from_args(args)
     networks = engine.executor.pipeline.networks
     assert name == "embedded" and isinstance(networks, BucketedNetworks)
     assert networks.fixed_rows == 6 and networks.buckets == (6,)
@@ -24,8 +25,8 @@ def test_serve_builds_a_deterministic_engine(capsys):
 
 
 def test_serve_and_bench_parse_the_flags():
-    from stepserve.bench.cli import config_from_args
-    from stepserve.server.cli import build_parser
+    from stepserve.commands.bench import config_from_args
+    from stepserve.commands.serve import build_parser
 
     args = build_parser().parse_args(["--compile", "--compile-buckets", "8,1,2"])
     assert args.compile and not args.deterministic and args.compile_buckets == (1, 2, 8)
@@ -36,7 +37,7 @@ def test_serve_and_bench_parse_the_flags():
 
 @pytest.mark.parametrize("value", ["0,2", "a", "", "1,,2"])
 def test_bad_buckets_exit_2_with_what_is_allowed(value, capsys):
-    from stepserve.server.cli import build_parser
+    from stepserve.commands.serve import build_parser
 
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["--compile-buckets", value])
@@ -72,7 +73,7 @@ def test_fast_path_switches_classic_attention_to_sdpa():
 
 
 def test_profile_measures_the_deterministic_engine(tmp_path):
-    from stepserve.profiling.cli import main
+    from stepserve.commands.profile import main
     from stepserve.scheduling import LatencyModel
 
     out = tmp_path / "latency.json"

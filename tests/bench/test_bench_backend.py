@@ -7,7 +7,7 @@ import json
 
 from extras import require
 
-from stepserve.bench.cli import main
+from stepserve.commands.bench import main
 
 
 def test_bench_runs_in_process_on_onnxruntime_and_records_the_backend(tiny_sd_path, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from stepserve.bench import app as bench_app
-from stepserve.bench.cli import UsageError, config_from_args, main
+from stepserve.commands.bench import UsageError, config_from_args, main
 from stepserve.bench.load import run_open_loop
 from stepserve.bench.metrics import Usage, summarize, summarize_repeats
 from stepserve.bench.runner import NO_DEADLINE_S
@@ -295,7 +295,7 @@ def test_flags_parse_into_the_config(tmp_path):
 
 
 def test_slo_is_in_the_default_strategies_only_with_deadlines(monkeypatch, capsys):
-    from stepserve.bench import cli
+    from stepserve.commands import bench as cli
 
     without = [c.strategy for c in config_from_args(["--model", "fake"]).contenders]
     assert "slo" not in without and {"continuous", "dynamic", "static", "none"} <= set(without)

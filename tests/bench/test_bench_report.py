@@ -5,7 +5,7 @@ import json
 import pytest
 from PIL import Image
 
-from stepserve.bench.cli import main
+from stepserve.commands.bench import main
 
 FAST = ["--model", "fake", "--steps", "2,4", "--duration", "0.8", "--warmup", "0.3", "--drain", "0.5",
         "--capacity-duration", "1.0", "--no-progress", "--seed", "3"]
@@ -88,7 +88,7 @@ def test_bad_flags_get_one_line_errors(argv, fragment, capsys):
 
 
 def test_demo_defaults_compare_every_strategy_on_a_mixed_workload():
-    from stepserve.demo import DEFAULT_OUT, config_from_args
+    from stepserve.commands.demo import DEFAULT_OUT, config_from_args
 
     cfg = config_from_args([])
     assert [c.name for c in cfg.contenders] == ["continuous", "dynamic(10ms)", "dynamic(50ms)", "dynamic(200ms)",
@@ -98,7 +98,7 @@ def test_demo_defaults_compare_every_strategy_on_a_mixed_workload():
 
 
 def test_demo_missing_model_is_one_line(tmp_path, capsys):
-    from stepserve.demo import main as demo_main
+    from stepserve.commands.demo import main as demo_main
 
     assert demo_main(["--model", str(tmp_path / "nowhere"), "--no-progress", "--out", str(tmp_path / "o")]) == 1
     assert "nowhere" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -17,7 +17,7 @@ from triton_fake_repo import (
     write_repository,
 )
 
-from stepserve.bench.cli import UsageError, config_from_args, main
+from stepserve.commands.bench import UsageError, config_from_args, main
 from stepserve.bench.remote import server_target
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT
 from stepserve.bench.triton_target import (

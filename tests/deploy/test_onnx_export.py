@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from stepserve.api import Engine, load_executor
+from stepserve.api import Engine
+from stepserve.loading import load_executor
 from stepserve.scheduling import STRATEGIES
 from stepserve.types import SamplingParams
 
@@ -108,14 +109,16 @@ def test_a_text_to_image_pipeline_with_guidance_serves_the_same_images(tiny_sd_p
 
 
 def test_a_diffusers_folder_is_exported_once_into_the_cache_and_reused(ort, tiny_sd_path, tmp_path, monkeypatch):
-    import stepserve.deploy.onnx_export as onnx_export
+    import stepserve.deploy.onnx_cache as onnx_cache
 
+    with pytest.raises(ValueError, match=r"runs an export folder \(with manifest.json\); .* make one with `stepserve export onnx`"):
+        load_executor(str(tiny_sd_path), backend="onnxruntime")  # loading never exports
     monkeypatch.setenv("STEPSERVE_CACHE", str(tmp_path))
     calls = []
-    real = onnx_export.export_onnx
-    monkeypatch.setattr(onnx_export, "export_onnx", lambda *a, **k: calls.append(a) or real(*a, **k))
-    first = load_executor(str(tiny_sd_path), backend="onnxruntime")
-    second = load_executor(str(tiny_sd_path), backend="onnxruntime")
+    real = onnx_cache.export_onnx
+    monkeypatch.setattr(onnx_cache, "export_onnx", lambda *a, **k: calls.append(a) or real(*a, **k))
+    first = load_executor(onnx_cache.serving_model(str(tiny_sd_path), "onnxruntime"), backend="onnxruntime")
+    second = load_executor(onnx_cache.serving_model(str(tiny_sd_path), "onnxruntime"), backend="onnxruntime")
     assert len(calls) == 1
     assert first.pipeline.backend == second.pipeline.backend == "onnxruntime"
     exports = list((tmp_path / "onnx").iterdir())

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stepserve.backends.tensorrt import TensorRTUnavailableError, load_tensorrt_networks
-from stepserve.deploy import tensorrt as cli
+from stepserve.commands import export_tensorrt as cli
 from stepserve.deploy.tensorrt_build import missing_requirements
 from stepserve.deploy.tensorrt_plan import SCRIPT_FILE, read_onnx_export
 from stepserve.deploy.tensorrt_profiles import InputSpec, SizeRange

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stepserve.backends.tensorrt import EngineRunner, TensorRTNetworks
-from stepserve.deploy import tensorrt as cli
+from stepserve.commands import export_tensorrt as cli
 
 
 def run_cli(argv, capsys):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from extras import require
 
-from stepserve.deploy.triton.cli import main as export_main
+from stepserve.commands.export_triton import main as export_main
 from stepserve.deploy.triton.config import NETWORK_MODELS, PIPELINE_INPUTS
 from stepserve.deploy.triton.models.requests import (
     BadRequest,

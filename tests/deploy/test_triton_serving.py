@@ -41,7 +41,8 @@ def onnx_dir(embedded_onnx):
 @pytest.fixture(scope="module")
 def expected(onnx_dir):
     """stepserve's images for REQUESTS, one at a time, on the same ONNX export."""
-    from stepserve.api import Engine, load_executor
+    from stepserve.api import Engine
+    from stepserve.loading import load_executor
     from stepserve.types import SamplingParams
 
     engine = Engine(load_executor(str(onnx_dir), backend="onnxruntime", threads=1), strategy="none")

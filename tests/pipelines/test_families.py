@@ -52,10 +52,10 @@ def test_exported_backends_refuse_other_families(tiny_sd_path, tmp_path):
     with pytest.raises(UnsupportedModelError, match="backend 'onnxruntime' serves StableDiffusionPipeline folders "
                                                     "only; .* is a StableDiffusionXLPipeline"):
         require_export_family(folder, "onnxruntime")
-    from stepserve.backends.loading import load_adapter
+    from stepserve.loading import load_executor
 
     with pytest.raises(UnsupportedModelError, match="StableDiffusionXLPipeline"):
-        load_adapter(str(folder), "onnxruntime", "cpu", "float32")
+        load_executor(str(folder), backend="onnxruntime")
 
 
 def test_sd_conditioning_has_an_uncond_row_only_with_guidance(tiny_sd_path):
@@ -104,7 +104,7 @@ def test_the_executor_guides_through_the_adapters_hooks(tiny_sd_path):
     import numpy as np
 
     from stepserve import Engine
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     executor = load_executor(str(tiny_sd_path))
     adapter = executor.pipeline

@@ -98,7 +98,7 @@ _EXECUTORS: dict = {}
 
 def _engine(path, strategy):
     """An engine on the folder's executor, loaded once per folder (Engine.from_pretrained is tested below)."""
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     if str(path) not in _EXECUTORS:
         _EXECUTORS[str(path)] = load_executor(str(path))

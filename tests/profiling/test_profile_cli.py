@@ -7,7 +7,7 @@ import pytest
 
 from stepserve.cli import COMMANDS
 from stepserve.executor.fake import FAKE_MODEL
-from stepserve.profiling import cli
+from stepserve.commands import profile as cli
 from stepserve.profiling.guidance import by_guidance_rows
 from stepserve.scheduling.latency import LatencyModel
 from stepserve.sim.latency_executor import LatencyModelExecutor
@@ -97,9 +97,10 @@ def test_a_size_the_model_refuses_exits_2(tiny_sd_path, tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_choices_match_the_loader_and_the_command_is_registered():
-    from stepserve.api import DEVICES, DTYPES
-    from stepserve.backends import BACKENDS
+def test_choices_are_the_loaders_and_the_command_is_registered():
+    from stepserve.loading import BACKENDS, DEVICES, DTYPES
 
-    assert cli.BACKENDS == BACKENDS and cli.DEVICES == DEVICES and cli.DTYPES == DTYPES
-    assert COMMANDS["profile"][0] == "stepserve.profiling.cli"
+    actions = {a.dest: a for a in cli.build_parser()._actions}
+    assert tuple(actions["backend"].choices) == BACKENDS
+    assert tuple(actions["device"].choices) == DEVICES and tuple(actions["dtype"].choices) == DTYPES
+    assert COMMANDS["profile"][0] == "stepserve.commands.profile"

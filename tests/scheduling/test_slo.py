@@ -409,7 +409,7 @@ def test_a_bucket_more_than_half_full_is_predicted_at_a_full_batch():
 
 
 def test_the_engine_options_choose_the_slo_order():
-    from stepserve.api import EngineOptions
+    from stepserve.engine_config import EngineOptions
 
     core = EngineOptions(strategy="slo", slo_order="srs", latency_model=MODEL).make_core(FakeExecutor(cost=COST))
     assert core.policy.order == "srs"

@@ -69,7 +69,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_executor(tiny_sd_path):
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     return load_executor(str(tiny_sd_path))
 

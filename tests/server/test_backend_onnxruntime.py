@@ -7,7 +7,7 @@ import pytest
 from extras import require
 from server_helpers import GENERATIONS, assert_close, decode_png
 
-from stepserve.server import cli
+from stepserve.commands import serve as cli
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def _images(server, bodies):
 
 
 def test_http_answers_on_onnxruntime_equal_torch(serve, onnx_dir):
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     bodies = [{"prompt": p, "seed": s, "num_inference_steps": n, "guidance_scale": g}
               for p, s, n, g in (("a", 1, 3, 1.0), ("b", 2, 5, 4.0), ("a", 3, 4, 1.0))]
@@ -45,9 +45,9 @@ def test_serve_backend_flag_loads_onnxruntime_and_skips_the_torch_memory_cap(mon
     class Stop(Exception):
         pass
 
-    def fake_engine(executor, **options):
+    def fake_engine(executor, options):
         seen["backend"] = executor.pipeline.backend
-        seen["max_batch_size"] = options["max_batch_size"]
+        seen["max_batch_size"] = options.max_batch_size
         raise Stop
 
     monkeypatch.setattr("stepserve.async_engine.AsyncEngine", fake_engine)

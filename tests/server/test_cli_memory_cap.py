@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepserve.server import cli
+from stepserve.commands import serve as cli
 
 
 @pytest.mark.parametrize("flag, expect_capped", [([], True), (["--no-memory-cap"], False)])
@@ -18,7 +18,7 @@ def test_serve_caps_max_batch_size_at_start_up(monkeypatch, tiny_sd_path, flag, 
         seen["requested"] = requested
         return 3, f"max_batch_size {requested} capped to 3: test"
 
-    def fake_engine(executor, **options):
+    def fake_engine(executor, options):
         seen["options"] = options
         raise Stop
 
@@ -26,5 +26,5 @@ def test_serve_caps_max_batch_size_at_start_up(monkeypatch, tiny_sd_path, flag, 
     monkeypatch.setattr("stepserve.async_engine.AsyncEngine", fake_engine)
     with pytest.raises(Stop):
         cli.main(["--model", str(tiny_sd_path), "--max-batch-size", "64", "--threads", "1", *flag])
-    assert seen["options"]["max_batch_size"] == (3 if expect_capped else 64)
+    assert seen["options"].max_batch_size == (3 if expect_capped else 64)
     assert ("capped to 3" in capsys.readouterr().err) == expect_capped

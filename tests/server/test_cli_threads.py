@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from stepserve.server import cli
+from stepserve.commands import serve as cli
 
 
 @pytest.mark.parametrize("cores, expected", [(1, 1), (2, 1), (3, 2), (16, 15)])
@@ -28,7 +28,7 @@ def test_default_follows_this_process_affinity_and_help_says_so(capsys):
 def test_serve_applies_the_default_before_loading_the_model(monkeypatch, capsys):
     import torch
 
-    import stepserve.api
+    import stepserve.loading
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(5)), raising=False)
     calls = []
@@ -37,7 +37,7 @@ def test_serve_applies_the_default_before_loading_the_model(monkeypatch, capsys)
     def no_model(*args, **kwargs):
         raise OSError("not loaded in this test")
 
-    monkeypatch.setattr(stepserve.api, "load_executor", no_model)
+    monkeypatch.setattr(stepserve.loading, "load_executor", no_model)
     assert cli.main([]) == 2
     assert calls == [4]
     assert "not loaded in this test" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from server_helpers import GENERATIONS, assert_error_shape, decode_png
 
 @pytest.fixture(scope="module")
 def embedded_executor():
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
 
     return load_executor("embedded")
 

@@ -25,7 +25,7 @@ import pytest
 from extras import require
 from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode_png
 
-from stepserve.server.cli import main as serve_main
+from stepserve.commands.serve import main as serve_main
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "STEPSERVE_RAY_TEST_MARK"
@@ -180,7 +180,7 @@ def single_process_server_images() -> list:
     """CONFIGS through the single-process server (the same app, uvicorn in this process)."""
     from conftest import ServerThread
 
-    from stepserve.api import load_executor
+    from stepserve.loading import load_executor
     from stepserve.async_engine import AsyncEngine
     from stepserve.server import create_app
 
@@ -313,7 +313,7 @@ def test_local_cluster_serves_and_stops_without_leftovers(local_server):
     (["--replicas", "1", "--replica-gpus", "1"], "add --device cuda"),
 ])
 def test_bad_replica_flags_get_one_line_errors(flags, message, capsys, monkeypatch):
-    monkeypatch.setattr("stepserve.server.cli.available_cores", lambda: 2)
+    monkeypatch.setattr("stepserve.commands.serve.available_cores", lambda: 2)
     assert serve_main(flags) == 2
     err = capsys.readouterr().err
     assert err.startswith("stepserve serve: error: ") and message in err and err.count("\n") == 1, err
@@ -327,7 +327,7 @@ def test_autoscale_flag_is_checked(text, capsys):
 
 
 def test_flags_map_to_ray_serve_options():
-    from stepserve.server.cli import build_parser
+    from stepserve.commands.serve import build_parser
     from stepserve.server.replica_options import deployment_options, plan_replicas
 
     args = build_parser().parse_args(["--replicas", "2", "--autoscale", "1:4", "--replica-cpus", "0.5",

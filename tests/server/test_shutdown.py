@@ -8,7 +8,7 @@ import threading
 import httpx
 from server_helpers import GENERATIONS, assert_error_shape, decode_png, wait_until
 
-from stepserve.server.cli import main
+from stepserve.commands.serve import main
 
 
 def _exit_code(args: list[str]) -> int:

@@ -9,7 +9,7 @@ from stepserve.bench.workload import Mix
 from stepserve.cli import main as stepserve_main
 from stepserve.scheduling.latency import Curve, LatencyModel
 from stepserve.sim.plan import PlanSpec, plan_strategy, simulate_fleet
-from stepserve.sim.plan_cli import main
+from stepserve.commands.plan import main
 
 A = (32, 32)
 # about 16 requests/s per replica at batch 8 and 10 steps

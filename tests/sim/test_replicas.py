@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from stepserve.api import EngineOptions
+from stepserve.engine_config import EngineOptions
 from stepserve.bench.workload import Mix, poisson_trace
 from stepserve.scheduling.latency import Curve, LatencyModel
 from stepserve.sim.replicas import (

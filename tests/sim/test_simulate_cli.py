@@ -6,7 +6,7 @@ import json
 import pytest
 from PIL import Image
 
-from stepserve.bench.cli import main as bench_main
+from stepserve.commands.bench import main as bench_main
 from stepserve.bench.runner import LoadPlan
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, Contender
 from stepserve.bench.workload import Mix, poisson_trace
@@ -17,7 +17,7 @@ from stepserve.scheduling import LatencyModel
 from stepserve.scheduling.continuous import ContinuousBatchingPolicy
 from stepserve.scheduling.slo import SLOPolicy
 from stepserve.sim.bench import SimSetup, make_core, model_for, simulate_contender
-from stepserve.sim.cli import main
+from stepserve.commands.simulate import main
 from stepserve.sim.drive import drive_open
 from stepserve.sim.latency_executor import LatencyModelExecutor
 

@@ -5,7 +5,7 @@ import json
 
 from stepserve.executor.fake import CostModel
 from stepserve.scheduling import LatencyModel
-from stepserve.sim.cli import main
+from stepserve.commands.simulate import main
 
 WORKLOAD = ["--steps", "2,4,8", "--duration", "3", "--warmup", "0.5", "--capacity-duration", "2", "--no-progress",
             "--strategies", "continuous,dynamic,static,none,slo", "--timeout-slo", "--max-queue", "30",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from stepserve.bench.cli import main as bench_main
+from stepserve.commands.bench import main as bench_main
 from stepserve.cli import main as stepserve_main
 from stepserve.executor.fake import CostModel
 from stepserve.scheduling import LatencyModel

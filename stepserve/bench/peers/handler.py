@@ -65,13 +65,13 @@ class BatchHandler:
     """parse(body) -> one request's SamplingParams (or PeerRequestError); run(batch) -> one answer per request."""
 
     def __init__(self, options: HandlerOptions) -> None:
-        import torch
+        from ...api import Engine
+        from ...engine_config import EngineConfig, EngineOptions, build_engine
 
-        from ...api import Engine, load_executor
-
-        torch.set_num_threads(options.threads)
-        executor = load_executor(options.model, options.device, options.dtype, options.backend, options.threads)
-        self.engine = Engine(executor, strategy="static", max_batch_size=options.max_batch_size)
+        batching = EngineOptions(strategy="static", max_batch_size=options.max_batch_size)
+        built = build_engine(EngineConfig(options.model, options.device, options.dtype, options.backend,
+                                          options.threads, memory_cap=False, options=batching))
+        self.engine = Engine(built.executor, options=built.options)
 
     def parse(self, body: bytes | str | dict) -> list[SamplingParams]:
         from ...server.errors import APIError

@@ -21,7 +21,7 @@ from .handler import add_handler_args, options_from
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ...backends.loading import onnx_folder
+    from ...deploy.onnx_cache import onnx_folder
     from ...deploy.triton.repository import RepositoryOptions, write_repository
     from ...deploy.triton.server import Ports, TritonServer
 

@@ -19,7 +19,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..onnx_export import export_onnx, is_export_dir, read_manifest
+from ...loading import is_export_dir
+from ..onnx_export import export_onnx, read_manifest
 from .config import (
     ENTRY_MODEL,
     MODES,

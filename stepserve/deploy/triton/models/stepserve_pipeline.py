@@ -17,9 +17,10 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from stepserve.api import load_executor
-from stepserve.async_engine import AsyncEngine
+from stepserve.async_engine import DEFAULT_ANSWER_MARGIN_S, AsyncEngine
 from stepserve.engine import AdmissionError, QueueFullError
+from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
+from stepserve.loading import load_executor
 from stepserve.scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
 
 from .requests import (
@@ -53,13 +54,14 @@ class TritonPythonModel:
         backend = params.get("backend", "onnxruntime")
         folder = version_dir(args) / ("export" if backend == "onnxruntime" else "diffusers")
         executor = load_executor(str(folder), backend=backend, threads=optional_int(params.get("threads")))
-        self.engine = AsyncEngine(
-            executor,
-            strategy=params.get("strategy", "continuous"),
-            max_batch_size=int(params.get("max_batch_size", "8")),
-            max_queue=optional_int(params.get("max_queue")),
-            max_queue_delay_ms=float(params.get("max_queue_delay_ms", DEFAULT_MAX_QUEUE_DELAY_MS)),
-        )
+        options = EngineOptions(strategy=params.get("strategy", "continuous"),
+                                max_batch_size=int(params.get("max_batch_size", "8")),
+                                max_queue=optional_int(params.get("max_queue")),
+                                max_queue_delay_ms=float(params.get("max_queue_delay_ms", DEFAULT_MAX_QUEUE_DELAY_MS)),
+                                answer_margin_s=DEFAULT_ANSWER_MARGIN_S)
+        built = build_engine(EngineConfig(str(folder), backend=backend, memory_cap=False, options=options),
+                             executor=executor)  # torch's threads are set above: it runs only the samplers here
+        self.engine = AsyncEngine(built.executor, options=built.options)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="stepserve-triton-loop", daemon=True)
         self.thread.start()

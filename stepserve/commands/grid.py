@@ -7,7 +7,7 @@ import sys
 
 from PIL import Image, ImageDraw
 
-from .digits import DIGIT_PROMPTS
+from ..digits import DIGIT_PROMPTS
 
 
 def make_grid(rows: list[list[Image.Image]], labels: list[str], scale: int = 3, label_w: int = 150) -> Image.Image:
@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
 
-    from .api import Engine
-    from .types import SamplingParams
-    from .validation import ValidationError
+    from ..api import Engine
+    from ..types import SamplingParams
+    from ..validation import ValidationError
 
     prompts = [p.strip() for p in args.prompts.split(",")] if args.prompts else list(DIGIT_PROMPTS)
     engine = Engine.from_pretrained(args.model, strategy="continuous", max_batch_size=16)

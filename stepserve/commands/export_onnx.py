@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .onnx_export import DEFAULT_OPSET, OPSETS, ExportError, export_onnx
+from ..deploy.onnx_export import DEFAULT_OPSET, OPSETS, ExportError, export_onnx
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,9 +6,9 @@ import importlib
 import sys
 
 TARGETS = {
-    "onnx": ("stepserve.deploy.onnx_cli", "text encoder, denoiser and VAE decoder as ONNX, checked against torch"),
-    "tensorrt": ("stepserve.deploy.tensorrt", "TensorRT engine plans from an ONNX export (or trtexec commands)"),
-    "triton": ("stepserve.deploy.triton.cli", "a Triton model repository: classic (dynamic batcher) or stepserve"),
+    "onnx": ("stepserve.commands.export_onnx", "text encoder, denoiser and VAE decoder as ONNX, checked against torch"),
+    "tensorrt": ("stepserve.commands.export_tensorrt", "TensorRT engine plans from an ONNX export (or trtexec commands)"),
+    "triton": ("stepserve.commands.export_triton", "a Triton model repository: classic (dynamic batcher) or stepserve"),
 }
 
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ..scheduling import STRATEGIES
-from .routers import ROUTERS
+from ..sim.routers import ROUTERS
 
 PLAN_JSON = "plan.json"
 PLOT = "p95_vs_replicas.png"
@@ -72,7 +72,7 @@ def parse(argv: list[str]):
     """(PlanSpec, mix description) from a command line; a bad flag raises UsageError with one line."""
     from ..bench.workload import Mix
     from ..scheduling import LatencyModel
-    from .plan import PlanSpec
+    from ..sim.plan import PlanSpec
 
     a = build_parser().parse_args(argv)
     rate = _number(a.rate, "--rate")
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stepserve plan: {exc}", file=sys.stderr)
         return 2
     from ..progress import is_terminal, progress
-    from .plan import (
+    from ..sim.plan import (
         plot,
         probe_lines,
         run_plan,

@@ -10,26 +10,15 @@ and the spread (fastest and slowest repeat) of every point.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..arg_types import int_from
+from ..loading import available_cores
+from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from
 
 PROG = "stepserve profile"
-BACKENDS = ("torch", "onnxruntime", "tensorrt")  # as stepserve.backends.BACKENDS, without importing torch here
-DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{PROG}: error: {message}\n")
-
-
-_int_from = int_from
 
 
 def _guidance(text: str) -> float:
@@ -57,40 +46,25 @@ def _sizes(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=PROG, description="Measure a model's step, encode and decode latencies on this device "
+    p = OneLineParser(prog=PROG, description="Measure a model's step, encode and decode latencies on this device "
                                               "and write them as a latency model (JSON).")
-    p.add_argument("--model", default="embedded", help="'embedded' or a local diffusers folder (model_index.json)")
-    p.add_argument("--backend", default="torch", choices=BACKENDS)
-    p.add_argument("--device", default="cpu", choices=DEVICES)
-    p.add_argument("--dtype", default="float32", choices=DTYPES)
-    p.add_argument("--threads", type=_int_from(1), default=max(1, _cores() - 1),
-                   help="torch intra-op CPU threads (onnxruntime's too); default as `stepserve serve`: the cores "
-                        "this process may use minus one, at least 1 (%(default)s here)")
-    p.add_argument("--max-batch-size", type=_int_from(1), default=8,
+    add_model_flags(p)
+    p.add_argument("--max-batch-size", type=int_from(1), default=8,
                    help="largest batch measured (every size up to 16, then a geometric series; default %(default)s)")
     p.add_argument("--sizes", type=_sizes, default=None, metavar="HxW[,HxW...]",
                    help="shape buckets to measure (default: the model's default size)")
     p.add_argument("--guidance-scale", type=_guidance, default=None,
                    help="scale of the measurement with guidance rows (default: the model's default if > 1, else 2)")
-    p.add_argument("--repeats", type=_int_from(1), default=5, help="recorded runs per point and round (default 5)")
-    p.add_argument("--rounds", type=_int_from(1), default=10,
+    p.add_argument("--repeats", type=int_from(1), default=5, help="recorded runs per point and round (default 5)")
+    p.add_argument("--rounds", type=int_from(1), default=10,
                    help="sweeps over every point, taken in turn and pooled, so a slow spell of the machine spreads "
                         "over all points (default 10)")
     p.add_argument("--statistic", choices=("mean", "median"), default="mean",
                    help="what a point is of its recorded durations (default mean: a queue's load is the mean "
                         "service time times the rate, so this is what `simulate` and `plan` need)")
-    p.add_argument("--warmup", type=_int_from(0), default=1, help="unrecorded runs per point first (default 1)")
+    p.add_argument("--warmup", type=int_from(0), default=1, help="unrecorded runs per point first (default 1)")
     p.add_argument("--out", required=True, metavar="PATH", help="the latency model file to write (JSON)")
-    from ..backends.fast_path import add_fast_path_flags
-
     add_fast_path_flags(p)  # profile the engine as it will serve: compiled buckets, or the deterministic shapes
     return p
 
@@ -101,31 +75,22 @@ def main(argv: list[str] | None = None) -> int:
     if not out.parent.is_dir():
         print(f"{PROG}: error: --out {args.out!r}: folder {str(out.parent)!r} does not exist", file=sys.stderr)
         return 2
-    folder = Path(args.model).expanduser()
-    if args.model != "embedded" and not any((folder / f).is_file() for f in ("model_index.json", "manifest.json")):
-        print(f"{PROG}: error: --model {args.model!r} is neither 'embedded' nor a local diffusers folder with "
-              f"model_index.json (nor an export folder with manifest.json)", file=sys.stderr)
+    from ..engine_config import EngineOptions, build_engine
+    from ..loading import check_model_argument
+    from ..profiling.guidance import measure_with_and_without_guidance
+
+    try:
+        check_model_argument(args.model)  # before the heavy imports
+    except FileNotFoundError as exc:
+        print(f"{PROG}: error: --{exc}", file=sys.stderr)
         return 2
-
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from ..api import load_executor
-    from .guidance import measure_with_and_without_guidance
-
     print(f"{PROG}: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}, "
           f"{args.threads} threads) ...", file=sys.stderr, flush=True)
-    try:
-        executor = load_executor(args.model, args.device, args.dtype, args.backend, threads=args.threads)
+    try:  # the engine as it will serve (fast path included), without the memory cap: every batch size is measured
+        config = engine_config(args, EngineOptions(max_batch_size=args.max_batch_size), memory_cap=False)
+        executor = build_engine(config).executor
     except (OSError, ValueError) as exc:
         print(f"{PROG}: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
-        return 2
-    from ..backends.fast_path import apply_fast_path, fast_path_from_args
-
-    try:
-        apply_fast_path(executor, fast_path_from_args(args), args.max_batch_size)
-    except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     try:
         latency = measure_with_and_without_guidance(executor, args.max_batch_size, args.sizes, args.guidance_scale,
@@ -168,7 +133,7 @@ def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "threads": args.threads,
         "versions": versions,
-        "machine": {"platform": platform.platform(), "processor": cpu_name(), "cores": _cores()},
+        "machine": {"platform": platform.platform(), "processor": cpu_name(), "cores": available_cores()},
     }
 
 

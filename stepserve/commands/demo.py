@@ -13,11 +13,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from .bench.app import BenchConfig, BenchRun, run_bench, write_outputs
-from .bench.metrics import ContenderSummary
-from .bench.report import fmt
-from .bench.targets import Contender
-from .bench.workload import Mix
+from ..bench.app import BenchConfig, BenchRun, run_bench, write_outputs
+from ..bench.metrics import ContenderSummary
+from ..bench.report import fmt
+from ..bench.targets import Contender
+from ..bench.workload import Mix
 
 DEFAULT_OUT = Path("bench-out") / "demo"
 

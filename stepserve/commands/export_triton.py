@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ...scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, STRATEGIES
-from ..onnx_export import ExportError
-from .config import MODES, NETWORK_BACKENDS
-from .repository import ENGINE_BACKENDS, RepositoryOptions, write_repository
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, STRATEGIES
+from ..deploy.onnx_export import ExportError
+from ..deploy.triton.config import MODES, NETWORK_BACKENDS
+from ..deploy.triton.repository import ENGINE_BACKENDS, RepositoryOptions, write_repository
 
 PROG = "stepserve export triton"
 STEPSERVE_ONLY = ("strategy", "backend")

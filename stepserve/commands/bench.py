@@ -19,13 +19,12 @@ import math
 import sys
 from pathlib import Path
 
-from ..api import DEVICES, DTYPES
-from ..backends import BACKENDS
+from ..bench.app import BenchConfig, run_bench, write_outputs
+from ..bench.targets import Contender
+from ..bench.triton_target import is_triton_target, parse_triton_target
+from ..bench.workload import Mix
 from ..scheduling import STRATEGIES
-from .app import BenchConfig, run_bench, write_outputs
-from .targets import Contender
-from .triton_target import is_triton_target, parse_triton_target
-from .workload import Mix
+from .flags import add_fast_path_flags, add_model_flags, fast_path_from_args
 
 LOADS = ("poisson", "closed", "trace")
 DEADLINE_STRATEGIES = ("slo",)  # only differ from continuous when requests carry deadlines
@@ -64,20 +63,13 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
                            "model over KServe v2: 'triton=grpc://HOST:PORT[/MODEL]' or 'triton=http://HOST:PORT"
                            "[/MODEL]' (MODEL default pipeline; 'triton:label=URL' names it; a decoupled model "
                            "needs the gRPC port); default: in-process")
-    what.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
     p.add_argument("--peers", help="also serve the model with peer servers on loopback, each batching its own way: "
                                    "comma-separated triton, ray, litserve, each optionally @BATCHxWAIT_MS (e.g. "
                                    "ray@8x50; bare: max batch 4/8 x wait 10/50 ms); the --strategies (default "
                                    "continuous) then run as stepserve serve. With triton the networks run in "
                                    "onnxruntime everywhere (--backend onnxruntime is implied)")
-    p.add_argument("--device", default="cpu", help=f"{' | '.join(DEVICES)} (in-process only)")
-    p.add_argument("--dtype", default="float32", help=f"{' | '.join(DTYPES)} (in-process only)")
-    p.add_argument("--backend", default="torch", choices=BACKENDS,
-                   help="how the networks run in process: torch, onnxruntime (CPU; the model is exported once into "
-                        "a cache unless --model is an ONNX export), tensorrt (engine folder, CUDA)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
-    from ..backends.fast_path import add_fast_path_flags
-
+    add_model_flags(p, "embedded | PATH to a diffusers folder | fake (no model)", " (in-process only)",
+                    model_in=what)
     if prog != "stepserve simulate":  # a simulated clock has no kernels to compile
         add_fast_path_flags(p)  # in-process only
     p.add_argument("--strategies",
@@ -201,12 +193,18 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         mix = Mix.load(args.mix) if args.mix else Mix.from_steps([int(s) for s in _floats(args.steps, "--steps")])
     except (OSError, ValueError) as exc:
         raise UsageError(f"--mix/--steps: {exc}") from None
-    from ..backends.fast_path import fast_path_from_args
+    model = args.model
+    if command == "bench" and not args.target and model != "fake":
+        from ..deploy.onnx_cache import serving_model
 
+        try:  # on onnxruntime a diffusers folder runs as its ONNX export, made once into a cache
+            model = serving_model(model, args.backend)
+        except (OSError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
     return BenchConfig(
-        argv=[command, *argv], mix=mix, out=args.out, targets=list(args.target), model=args.model,
+        argv=[command, *argv], mix=mix, out=args.out, targets=list(args.target), model=model,
         device=args.device, dtype=args.dtype, backend=args.backend, contenders=contenders, load=args.load,
-        fast_path=fast_path_from_args(args),
+        fast_path=fast_path_from_args(args) if command == "bench" else None,
         rate=args.rate,
         rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
         duration_s=args.duration, warmup_s=args.warmup, drain_s=args.drain, sweep=args.sweep,
@@ -225,7 +223,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
 def _peers(args: argparse.Namespace, argv: list[str], command: str) -> list:
     """--peers: the peer settings (bench/peers). Triton's classic layout runs the networks in onnxruntime, so a run
     with triton runs every contender's networks there (an explicit other --backend is refused)."""
-    from .peers import parse_peers
+    from ..bench.peers import parse_peers
 
     if command != "bench":
         raise UsageError(f"--peers starts live servers: it is for stepserve bench, not stepserve {command}")

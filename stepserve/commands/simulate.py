@@ -18,7 +18,7 @@ import math
 import sys
 
 from ..bench.app import write_outputs
-from ..bench.cli import UsageError, build_parser, config_from_args
+from .bench import UsageError, build_parser, config_from_args
 
 EPILOG = """simulate-only flags:
   --latency-model PATH  (required) the cost model every engine charges: a file from `stepserve profile`,
@@ -64,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         p.epilog = EPILOG
         p.print_help()
         return 0
-    from .bench import load_setup, run_simulation
+    from ..sim.bench import load_setup, run_simulation
 
     try:
         cfg, noise = parse(argv)
         setup = load_setup(cfg.latency_model, noise)
         if noise > 0:
-            from .bench import make_executor
+            from ..sim.bench import make_executor
 
             make_executor(setup, cfg.seed)  # a model without a recorded spread fails here, before any run
         run = run_simulation(cfg, setup)

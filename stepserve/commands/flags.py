@@ -1,0 +1,127 @@
+"""The flags that several commands share, defined once, and argparse value types that say what is allowed.
+
+- `add_model_flags`: --model, --device, --dtype, --backend, --threads (serve, profile, bench);
+- `add_fast_path_flags`: --compile, --compile-buckets, --deterministic (serve, profile, bench);
+- `engine_config`: those flags (and a command's own EngineOptions) -> the EngineConfig that
+  stepserve.engine_config.build_engine builds, with the ONNX export cache resolved for --backend onnxruntime.
+
+Each value type refuses a bad value with a message that says what is allowed (argparse turns it into
+`error: argument --flag: expected ..., got '...'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from ..loading import BACKENDS, DEVICES, DTYPES, default_threads
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Errors in one line (`PROG: error: ...`, exit status 2), not the whole usage block; defaults shown in
+    --help."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def int_from(low: int, high: int | None = None):
+    """An integer >= `low` (and <= `high` when given)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+        return value
+
+    return parse
+
+
+def float_from(low: float, inclusive: bool, what: str):
+    """A finite float above `low` (or at least `low` when inclusive); `what` says what is allowed."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        ok = value >= low if inclusive else value > low
+        if not ok or math.isinf(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def bucket_list(text: str) -> tuple[int, ...]:
+    """'1,2,4,8' -> batch sizes, each >= 1, in increasing order."""
+    try:
+        sizes = sorted({int(v) for v in text.split(",")})
+    except ValueError:  # not a number, or an empty item
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes >= 1 (e.g. 1,2,4,8,16), got {text!r}")
+    return tuple(sizes)
+
+
+def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, where: str = "",
+                    model_in=None) -> None:
+    """What to load and where it runs. `where` is appended to the help of the runtime flags (e.g. ' (in-process
+    only)'); `model_in`: the group --model goes in (a mutually exclusive one), default the parser."""
+    (model_in or p).add_argument("--model", default="embedded",
+                                 help=model_help or "'embedded' or a local diffusers folder (model_index.json)")
+    p.add_argument("--device", default="cpu", choices=DEVICES, help="where the networks run" + where)
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="the networks' precision" + where)
+    p.add_argument("--backend", default="torch", choices=BACKENDS,
+                   help="how the networks run (the samplers are torch on all): torch; onnxruntime (CPU, float32; "
+                        "--model may be an ONNX export, else the model is exported once into a cache); tensorrt "
+                        "(--model is a folder from `stepserve export tensorrt`, needs --device cuda)" + where)
+    p.add_argument("--threads", type=int_from(1), default=default_threads(),
+                   help="torch intra-op CPU threads (onnxruntime's too). The default is the cores this process "
+                        "may use minus one, at least 1: the spare core runs what feeds the engine (HTTP, or the "
+                        "load generator), so torch's threads do not spin-wait on it" + where)
+
+
+def add_fast_path_flags(p: argparse.ArgumentParser) -> None:
+    """--compile, --compile-buckets and --deterministic (stepserve.backends.fast_path)."""
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the denoiser for a fixed set of batch sizes (a step pads its rows to the "
+                        "next one; CUDA graphs per batch size on a GPU), all built at start-up (torch backend)")
+    p.add_argument("--compile-buckets", type=bucket_list, default=None, metavar="N,N,...",
+                   help="the batch buckets (denoiser rows) to compile for (default: powers of two up to twice "
+                        "--max-batch-size, a conditional and an unconditional row per request)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="byte-identical images whoever shares the batch: every forward runs at one fixed "
+                        "padded shape (slower at low load; torch backend)")
+
+
+def fast_path_from_args(args: argparse.Namespace):
+    from ..backends.fast_path import FastPathOptions
+
+    return FastPathOptions(compile=args.compile, deterministic=args.deterministic, buckets=args.compile_buckets)
+
+
+def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
+    """The EngineConfig of the model flags, the fast path flags and a command's EngineOptions. On --backend
+    onnxruntime a diffusers folder becomes its cached ONNX export (exported once, on first use)."""
+    from ..deploy.onnx_cache import serving_model
+    from ..engine_config import EngineConfig
+
+    model = serving_model(args.model, args.backend)
+    return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
+                        threads=args.threads, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
+                        options=options)
+
+
+def say_to_stderr(prog: str):
+    """A `say` callback for build_engine: one line on stderr, prefixed with the command's name."""
+    return lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True)

@@ -1,0 +1,59 @@
+"""The ONNX export of a diffusers folder, made once and kept in a cache: what `--backend onnxruntime` serves when
+a command is given a diffusers folder instead of an export folder. Commands resolve the model argument with
+`onnx_folder` before they build an engine; the engine side only ever loads export folders (stepserve.loading)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+from ..loading import is_export_dir
+from ..pipelines.diffusers_sd import resolve_model_path
+from ..pipelines.registry import require_export_family
+from .onnx_export import export_onnx
+
+log = logging.getLogger(__name__)
+
+ONNX_CACHE_ENV = "STEPSERVE_CACHE"
+
+
+def onnx_cache_dir(source: Path) -> Path:
+    """Where the ONNX export of a diffusers folder is kept: keyed by the folder, its files' sizes and times, and
+    the versions that shape the export, so a changed model or library makes a new export."""
+    from importlib.metadata import version
+
+    root = Path(os.environ.get(ONNX_CACHE_ENV) or Path.home() / ".cache" / "stepserve") / "onnx"
+    key = hashlib.sha256(str(source.resolve()).encode())
+    for file in sorted(source.rglob("*")):
+        if file.is_file():
+            stat = file.stat()
+            key.update(f"{file.relative_to(source)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    for package in ("stepserve", "torch", "onnx"):
+        key.update(version(package).encode())
+    return root / f"{source.name}-{key.hexdigest()[:16]}"
+
+
+def onnx_folder(model: str | os.PathLike) -> Path:
+    """An ONNX export folder for `model`: itself if it is one, else the cached export of the diffusers folder
+    (exported and checked against torch on first use)."""
+    if is_export_dir(model):
+        return Path(model)
+    source = resolve_model_path(model)
+    require_export_family(model, "onnxruntime")
+    cached = onnx_cache_dir(source)
+    if not is_export_dir(cached):
+        log.warning("exporting %s to ONNX in %s (once; reused while the model is unchanged)", model, cached)
+        partial = cached.with_name(cached.name + f".partial-{os.getpid()}")
+        export_onnx(model, partial)
+        partial.rename(cached)
+    return cached
+
+
+def serving_model(model: str, backend: str) -> str:
+    """The model argument a command hands to the engine builder: on onnxruntime, a diffusers folder (or
+    'embedded') becomes its cached export; anything else is passed on as given."""
+    if backend != "onnxruntime" or is_export_dir(model):
+        return model
+    return str(onnx_folder(model))

@@ -1,0 +1,127 @@
+"""One way to build an engine: `build_engine(EngineConfig(...))`.
+
+Every place that serves a model builds its engine here: `Engine.from_pretrained`, `stepserve serve` and its Ray
+Serve replicas, the model that runs inside tritonserver, `stepserve profile` and the in-process bench. The steps,
+in order:
+
+1. torch's intra-op threads (`threads`, when given);
+2. the model argument -> an executor (stepserve.loading);
+3. the memory cap: max_batch_size lowered to what fits (torch backend; stepserve.profiling.memory);
+4. the fast path: compiled batch buckets or the deterministic mode (stepserve.backends.fast_path);
+5. the latency model the slo policy predicts with (`resolve_latency_model`: given, loaded or measured).
+
+What comes back (`BuiltEngine`) is the executor and the EngineOptions it serves with; `EngineOptions.make_core`
+turns them into an EngineCore for the offline Engine, the AsyncEngine or a bench contender.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .engine import EngineCore
+from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, LatencyModel, make_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine batches: the policy and its settings."""
+
+    strategy: str = "continuous"
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS
+    static_batch_size: int | None = None
+    max_queue: int | None = None
+    # slo: what the policy predicts with. "measure" times the executor at start-up (a few seconds); a path loads
+    # a file written by `stepserve profile` / LatencyModel.save; None predicts nothing (see make_policy).
+    latency_model: LatencyModel | str | None = None
+    slo_order: str = "srs"  # slo: within a priority, shortest remaining steps ("srs") or earliest deadline ("edf")
+    max_decode_per_step: int | None = None  # VAE decodes per engine step (None: every image finished in the step)
+    answer_margin_s: float = 0.0  # kept before each deadline to hand the answer back (see EngineCore)
+
+    def make_core(self, executor: Any) -> EngineCore:
+        model = resolve_latency_model(self.latency_model, executor, self.max_batch_size)
+        policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size,
+                             latency_model=model, slo_order=self.slo_order)
+        return EngineCore(executor, policy, self.max_queue, self.max_decode_per_step, self.answer_margin_s)
+
+
+def options_from(options: EngineOptions | None, overrides: dict[str, Any]) -> EngineOptions:
+    """EngineOptions given whole, or as keywords (Engine(executor, strategy="dynamic", ...)), not both."""
+    if options is not None and overrides:
+        raise TypeError(f"give EngineOptions or keyword options, not both (got {', '.join(overrides)})")
+    return options if options is not None else EngineOptions(**overrides)
+
+
+def resolve_latency_model(spec: LatencyModel | str | None, executor: Any, max_batch_size: int,
+                          progress: bool | None = None) -> LatencyModel | None:
+    """A LatencyModel from an option value: itself, "measure" (time this executor now), or a file path."""
+    if spec is None or isinstance(spec, LatencyModel):
+        return spec
+    if spec == "measure":
+        from .profiling import measure_latency_model
+
+        return measure_latency_model(executor, max_batch_size, progress=progress)
+    return LatencyModel.load(spec)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What to serve and how: the model and where it runs, the start-up checks, and the batching options."""
+
+    model: str = "embedded"  # 'embedded', a local diffusers folder, or an export folder (stepserve.loading)
+    device: str = "cpu"
+    dtype: str = "float32"
+    backend: str = "torch"  # torch | onnxruntime | tensorrt
+    threads: int | None = None  # torch's intra-op threads (onnxruntime's too); None: leave torch's setting
+    memory_cap: bool = True  # lower max_batch_size to what fits in memory (torch backend only)
+    fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
+    options: EngineOptions = field(default_factory=EngineOptions)
+
+
+@dataclass
+class BuiltEngine:
+    executor: Any  # the loaded executor, fast path applied
+    options: EngineOptions  # as configured, with max_batch_size lowered by the memory cap and the latency model
+    # resolved (a LatencyModel or None)
+
+    def make_core(self) -> EngineCore:
+        return self.options.make_core(self.executor)
+
+
+def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, executor: Any = None) -> BuiltEngine:
+    """Load and prepare what `config` asks for; `say` hears one line per start-up decision (memory cap, latency
+    model). `executor`: one already loaded (a fake, or one shared between engines), used instead of loading.
+    Raises FileNotFoundError or ValueError with a message naming the setting and what is allowed."""
+    options = config.options
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    if executor is None:
+        from .loading import load_executor
+
+        executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads)
+    if config.memory_cap and config.backend != "torch":
+        say(f"no memory cap on backend {config.backend}: the check measures torch's allocator")
+    elif config.memory_cap:
+        from .profiling import cap_max_batch_size
+
+        capped, why = cap_max_batch_size(executor, options.max_batch_size)
+        options = replace(options, max_batch_size=capped)
+        say(why)
+    if config.fast_path is not None and config.fast_path.enabled:
+        from .backends.fast_path import apply_fast_path
+
+        apply_fast_path(executor, config.fast_path, options.max_batch_size)
+    if options.latency_model == "measure":
+        say("measuring the step latency of this model for the slo strategy ...")
+    try:
+        model = resolve_latency_model(options.latency_model, executor, options.max_batch_size)
+    except OSError as exc:
+        raise ValueError(f"latency_model {options.latency_model!r}: {exc}") from None
+    return BuiltEngine(executor, replace(options, latency_model=model))

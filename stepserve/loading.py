@@ -1,0 +1,99 @@
+"""Model argument -> executor: the one place that turns what a caller names into an executor.
+
+A model argument is 'embedded' (the model that ships with stepserve), a local diffusers folder (model_index.json;
+its `_class_name` picks the family adapter, pipelines/registry.py) or an export folder (manifest.json, written by
+`stepserve export onnx` or `stepserve export tensorrt`). The backend says how the three networks run
+(stepserve/backends): torch runs the folder's modules; onnxruntime runs an ONNX export; tensorrt runs engine plans.
+The samplers run in torch on every backend.
+
+Exporting is not loading: this module never exports. A command that is given a diffusers folder with
+`--backend onnxruntime` resolves it to its cached export first (stepserve/deploy/onnx_cache.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "float16", "bfloat16")
+EXPORT_MANIFEST = "manifest.json"  # marks an export folder (ONNX graphs or TensorRT plans)
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (taskset, a container's cpuset), not the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API on this platform
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Torch's intra-op threads by default: all cores but one, at least 1. The spare core runs what feeds the
+    engine (the server's event loop and HTTP work, or the bench's load generator); with a thread on every core,
+    torch's OpenMP threads spin-wait for a core that other work holds, and steps under load get much slower."""
+    return max(1, available_cores() - 1)
+
+
+def is_export_dir(path: str | os.PathLike) -> bool:
+    return str(path) != "embedded" and (Path(path).expanduser() / EXPORT_MANIFEST).is_file()
+
+
+def check_model_argument(model: str | os.PathLike) -> None:
+    """Fail fast, before any heavy import, when `model` names nothing that can be loaded."""
+    folder = Path(model).expanduser()
+    if str(model) != "embedded" and not any((folder / f).is_file() for f in ("model_index.json", EXPORT_MANIFEST)):
+        raise FileNotFoundError(f"model: {str(model)!r} is neither 'embedded' nor a local diffusers folder with "
+                                f"model_index.json (nor an export folder with {EXPORT_MANIFEST})")
+
+
+def check_runtime(device: str, dtype: str, backend: str) -> None:
+    """ValueError naming what is allowed, for a device, dtype or backend that cannot be served."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: {backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
+    if device not in DEVICES and not str(device).startswith("cuda:"):
+        raise ValueError(f"device: {device!r} is not supported; allowed: {', '.join(DEVICES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+    if backend == "onnxruntime" and (device != "cpu" or dtype != "float32"):
+        raise ValueError(f"backend 'onnxruntime' runs on the CPU in float32; got --device {device} "
+                         f"--dtype {dtype} (use --backend torch or tensorrt for a GPU)")
+    if backend == "tensorrt" and not str(device).startswith("cuda"):
+        raise ValueError(f"backend 'tensorrt' needs --device cuda; got --device {device}")
+
+
+def load_executor(model: str | os.PathLike = "embedded", device: str = "cpu", dtype: str = "float32",
+                  backend: str = "torch", threads: int | None = None):
+    """A TorchExecutor over `model`'s family adapter on `backend`. `threads`: onnxruntime's intra-op threads
+    (torch's are set by the engine builder). Raises FileNotFoundError or ValueError with a message that names the
+    argument and what is allowed."""
+    check_runtime(device, dtype, backend)
+    check_model_argument(model)
+    import torch
+
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for but no CUDA device is available; use --device cpu")
+    from .executor.torch_executor import TorchExecutor
+
+    return TorchExecutor(_load_adapter(model, backend, device, getattr(torch, dtype), threads))
+
+
+def _load_adapter(model, backend: str, device: str, dtype, threads: int | None):
+    from .pipelines.diffusers_sd import StableDiffusionAdapter
+    from .pipelines.registry import load_family_adapter, require_export_family
+
+    if backend == "torch":  # the folder's model_index.json _class_name picks the family adapter
+        return load_family_adapter(model, device=device, dtype=dtype)
+    if not is_export_dir(model):
+        require_export_family(model, backend)  # another family: say so by name first
+        kind = "stepserve export onnx" if backend == "onnxruntime" else "stepserve export tensorrt"
+        raise ValueError(f"backend {backend!r} runs an export folder (with {EXPORT_MANIFEST}); {str(model)!r} is "
+                         f"not one: make one with `{kind}`, or let `stepserve serve/bench/profile --backend "
+                         f"onnxruntime` export the model once into its cache (stepserve.deploy.onnx_cache.onnx_folder)")
+    if backend == "onnxruntime":
+        return StableDiffusionAdapter.from_onnx_dir(Path(model), threads=threads)
+    from .backends.tensorrt import load_tensorrt_networks
+
+    networks = load_tensorrt_networks(Path(model), device)
+    return StableDiffusionAdapter.from_export_dir(model, networks, "tensorrt", device)
