@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the start-up check that lowers --max-batch-size to what fits in memory (measured at "
                         "the model's largest size, 20%% headroom)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    from .replica_options import add_replica_flags
+    from .ray.options import add_replica_flags
 
     add_replica_flags(p)
     from ..backends.fast_path import add_fast_path_flags
@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if replica_mode(args):
-            from .replica_options import plan_replicas
+            from .ray.options import plan_replicas
 
             plan = plan_replicas(args, available_cores())
             try:
-                from .ray_serve import serve_replicas
+                from .ray.deployment import serve_replicas
             except ImportError as exc:
                 raise StartupError(f"--replicas needs Ray Serve: install stepserve[ray] ({exc})") from None
             return serve_replicas(args, plan)

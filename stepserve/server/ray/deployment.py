@@ -1,6 +1,6 @@
 """`stepserve serve --replicas N`: the engine as a Ray Serve deployment, one continuous-batching engine per replica.
 
-Each replica hosts the very app `stepserve serve` runs alone (create_app in app.py, through Serve's late-bound
+Each replica hosts the very app `stepserve serve` runs alone (create_app in server/app.py, through Serve's late-bound
 `@serve.ingress()`), so routes, streaming, errors and per-replica admission (our 429s) are the same code. Ray's
 HTTP proxy and router sit in front: a request goes to a replica with fewer than max_ongoing_requests in flight,
 else waits in Ray's queue, and past max_queued_requests Ray answers 429 + Retry-After. Every answer from a replica
@@ -22,11 +22,11 @@ import time
 import ray
 from ray import serve
 
-from .app import create_app
-from .ray_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
-from .replica_metrics import merge, snapshot
-from .replica_options import ReplicaPlan, deployment_options
-from .startup import StartupError, available_cores, build_engine
+from ..app import create_app
+from ..startup import StartupError, available_cores, build_engine
+from .metrics import merge, snapshot
+from .options import ReplicaPlan, deployment_options
+from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
 APP_NAME = "stepserve"
 PUSH_EVERY_S = 1.0
@@ -163,7 +163,7 @@ def _stop_on_signal() -> threading.Event:
 def _connect(plan: ReplicaPlan, local: bool) -> None:
     if local:
         # Loopback only: the cluster's own traffic never leaves this machine. Ray's own proxy errors (its queue
-        # limit, a replica that died) get the OpenAI error shape (ray_errors.py).
+        # limit, a replica that died) get the OpenAI error shape (proxy_errors.py).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)

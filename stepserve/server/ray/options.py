@@ -10,7 +10,7 @@ import argparse
 import math
 from dataclasses import dataclass, field
 
-from ..arg_types import float_from, int_from
+from ...arg_types import float_from, int_from
 
 _count = int_from
 _amount = float_from
@@ -77,7 +77,7 @@ class ReplicaPlan:
 
 def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
     """Check the replica flags against each other (and, for a local cluster, against this machine's cores)."""
-    from .startup import StartupError
+    from ..startup import StartupError
 
     autoscale = args.autoscale
     replicas = args.replicas if args.replicas is not None else (autoscale[0] if autoscale else 1)
