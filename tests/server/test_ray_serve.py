@@ -182,7 +182,7 @@ def single_process_server_images() -> list:
 
     from stepserve.api import load_executor
     from stepserve.async_engine import AsyncEngine
-    from stepserve.server import create_app
+    from stepserve.server.app import create_app
 
     app = create_app(AsyncEngine(load_executor("embedded"), max_batch_size=4))
     with ServerThread(app) as server:
