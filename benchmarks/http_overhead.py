@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from stepserve import Engine, SamplingParams
     from stepserve.loading import load_executor
     from stepserve.async_engine import AsyncEngine
-    from stepserve.server import create_app
+    from stepserve.server.app import create_app
 
     torch.set_num_threads(args.threads)
     model = pick_model(args.model)

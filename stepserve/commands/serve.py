@@ -13,8 +13,9 @@ import uvicorn
 
 from ..loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, SLO_ORDERS, STRATEGIES
-from ..server.startup import StartupError, build_engine_from_args
-from .flags import OneLineParser, add_fast_path_flags, add_model_flags, float_from, int_from
+from ..engine_config import EngineOptions
+from ..server.startup import ServeSettings, StartupError, start_engine
+from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, float_from, int_from
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
@@ -52,33 +53,90 @@ def build_parser() -> argparse.ArgumentParser:
                         "the model's largest size, 20%% headroom)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level")
-    from ..server.replica_options import add_replica_flags
 
     add_replica_flags(p)
     add_fast_path_flags(p)
     return p
 
 
+def parse_autoscale(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX, two integers with 1 <= MIN <= MAX (e.g. 1:4), got "
+                                         f"{text!r}")
+    return bounds
+
+
+def add_replica_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `--replicas N` (server/ray/options.py maps them onto Ray Serve's options)."""
+    g = p.add_argument_group("replicas (Ray Serve; see docs/SCALING.md)")
+    g.add_argument("--replicas", type=int_from(1), default=None, metavar="N",
+                   help="serve N engines as a Ray Serve deployment behind Ray's HTTP proxy on --host:--port (with "
+                        "--autoscale: the replicas to start with)")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join this Ray cluster (e.g. 127.0.0.1:6379 or 'auto'); default: start a local one on "
+                        "loopback and stop it on exit")
+    g.add_argument("--autoscale", type=parse_autoscale, default=None, metavar="MIN:MAX",
+                   help="let Ray Serve's autoscaler keep between MIN and MAX replicas")
+    g.add_argument("--target-ongoing-requests", type=float_from(0.0, False, "a positive number"), default=None,
+                   help="autoscaling: the requests in flight per replica Ray Serve aims for (default: "
+                        "--max-batch-size)")
+    g.add_argument("--replica-cpus", type=float_from(0.0, False, "a positive number of CPUs (fractions allowed)"),
+                   default=None, help="CPUs Ray reserves for each replica (default 1); torch then runs on at most "
+                                      "that many threads (at least 1)")
+    g.add_argument("--replica-gpus", type=float_from(0.0, True, "a number of GPUs >= 0 (fractions allowed)"),
+                   default=None, help="GPUs Ray reserves for each replica (default 0; > 0 needs --device cuda)")
+    g.add_argument("--max-ongoing-requests", type=int_from(1), default=None,
+                   help="requests Ray sends one replica at once (default: 2 x --max-batch-size: a batch running "
+                        "and one waiting); more wait in Ray's queue")
+    g.add_argument("--max-queued-requests", type=int_from(0), default=None,
+                   help="requests Ray's router holds while every replica is at --max-ongoing-requests; beyond it "
+                        "429 + Retry-After (default: unbounded)")
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """What the serve flags ask for, as plain data: the same for one process and for every Ray Serve replica."""
+    from ..server.schemas import ServerLimits
+
+    options = EngineOptions(strategy=args.strategy, max_batch_size=args.max_batch_size,
+                            max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue,
+                            latency_model=args.latency_model or ("measure" if args.strategy == "slo" else None),
+                            answer_margin_s=args.answer_margin_ms / 1000.0, slo_order=args.slo_order)
+    try:
+        config = engine_config(args, options, memory_cap=not args.no_memory_cap)
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
+    return ServeSettings(config, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), args.api_key,
+                         args.shutdown_grace_s, args.host, args.port)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if replica_mode(args):
-            from ..server.replica_options import plan_replicas
+            from ..server.ray.options import plan_replicas
 
             plan = plan_replicas(args, available_cores())
             try:
-                from ..server.ray_serve import serve_replicas
+                from ..server.ray.deployment import serve_replicas
             except ImportError as exc:
                 raise StartupError(f"--replicas needs Ray Serve: install stepserve[ray] ({exc})") from None
-            return serve_replicas(args, plan)
-        engine, limits, name = build_engine_from_args(args)
+            return serve_replicas(serve_settings(args), plan)
+        settings = serve_settings(args)
+        engine = start_engine(settings.engine)
     except StartupError as exc:
         print(f"stepserve serve: error: {exc}", file=sys.stderr)
         return 2
     from ..server.app import create_app
     from ..server.draining import DrainingServer
 
-    app = create_app(engine, api_key=args.api_key, limits=limits, shutdown_grace_s=args.shutdown_grace_s)
+    name = engine.model.name
+    app = create_app(engine, api_key=settings.api_key, limits=settings.limits,
+                     shutdown_grace_s=settings.shutdown_grace_s)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
     print(f"stepserve serve: {name} on http://{args.host}:{args.port}/v1 "
@@ -88,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def replica_mode(args: argparse.Namespace) -> bool:
-    """Ray Serve replicas (stepserve/server/ray_serve.py) instead of one process; replica flags need it."""
+    """Ray Serve replicas (stepserve/server/ray/deployment.py) instead of one process; replica flags need it."""
     if args.replicas is not None or args.autoscale is not None or args.ray_address is not None:
         return True
     alone = [flag for flag, value in (("--replica-cpus", args.replica_cpus), ("--replica-gpus", args.replica_gpus),

@@ -18,14 +18,10 @@ from starlette.requests import ClientDisconnect
 from ..async_engine import AsyncEngine
 from . import errors
 from .errors import APIError, install_error_handlers
+from .images import ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .outcomes import check, image_info, outcome_of, size_of
-from .png import encode
 from .schemas import ServerLimits, engine_params, parse_body
-from .state import ServerState
 from .streaming import EventStreamResponse, StreamJob, image_events
-from .submission import submit_all
-from .waiting import backstop_s, wait_all
 
 REPLICA_HEADER = "X-Stepserve-Replica"
 CLIENT_GONE = 499  # never read by anyone: the client has disconnected
@@ -38,7 +34,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
                shutdown_grace_s: float = 30.0, replica: str | None = None,
                metrics_view: MetricsView | None = None) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
-    (stepserve/server/ray_serve.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
+    (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None)
     engine.on_step.append(state.metrics.on_step)

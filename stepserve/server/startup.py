@@ -1,12 +1,23 @@
-"""Starting the server's engine from an EngineConfig: the same in one process (`stepserve serve`) and in every
-Ray Serve replica (ray_serve.py)."""
+"""Starting the server's engine: the same in one process (`stepserve serve`) and in every Ray Serve replica
+(ray/deployment.py). ServeSettings is what the serve flags ask for, as plain data that can travel to a replica."""
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 
-from ..engine_config import EngineConfig, EngineOptions, build_engine
+from ..engine_config import EngineConfig, build_engine
+from .schemas import ServerLimits
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    engine: EngineConfig  # what to load and how it batches (max_batch_size before the memory cap)
+    limits: ServerLimits  # per-request limits of the HTTP API
+    api_key: str | None = None  # required as a bearer token on every route but /health
+    shutdown_grace_s: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
+    host: str = "127.0.0.1"
+    port: int = 8000
 
 
 class StartupError(Exception):
@@ -32,24 +43,3 @@ def start_engine(config: EngineConfig):
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {config.model!r}: {exc}") from None
     return AsyncEngine(built.executor, options=built.options)
-
-
-def serve_options(args: argparse.Namespace) -> EngineOptions:
-    """The engine options of the serve flags (slo measures its latency model at start-up unless given one)."""
-    return EngineOptions(strategy=args.strategy, max_batch_size=args.max_batch_size,
-                         max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue,
-                         latency_model=args.latency_model or ("measure" if args.strategy == "slo" else None),
-                         answer_margin_s=args.answer_margin_ms / 1000.0, slo_order=args.slo_order)
-
-
-def build_engine_from_args(args: argparse.Namespace):
-    """(AsyncEngine not yet started, ServerLimits, model name) from the serve flags."""
-    from ..commands.flags import engine_config
-    from .schemas import ServerLimits
-
-    try:
-        config = engine_config(args, serve_options(args), memory_cap=not args.no_memory_cap)
-    except (OSError, ValueError) as exc:
-        raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
-    engine = start_engine(config)
-    return engine, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), engine.model.name

@@ -19,11 +19,7 @@ from starlette.responses import Response
 from ..api import GenerationResult
 from ..async_engine import ProgressEvent, RequestHandle
 from .errors import APIError, deadline_passed
-from .outcomes import check, image_info, outcome_of, size_of
-from .png import encode
-from .state import ServerState
-from .submission import abort_all
-from .waiting import wait_disconnect
+from .images import ServerState, abort_all, check, encode, image_info, outcome_of, size_of, wait_disconnect
 
 _OPENAI_FIXED = {"background": "opaque", "output_format": "png", "quality": "auto"}
 _NO_USAGE = {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": 0,

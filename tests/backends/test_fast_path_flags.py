@@ -10,11 +10,12 @@ from stepserve.backends.fast_path import FastPathOptions, apply_fast_path
 
 
 def test_serve_builds_a_deterministic_engine(capsys):
-    from stepserve.commands.serve import build_parser
-    from stepserve.server.startup import build_engine_from_args
+    from stepserve.commands.serve import build_parser, serve_settings
+    from stepserve.server.startup import start_engine
 
     args = build_parser().parse_args(["--deterministic", "--no-memory-cap", "--max-batch-size", "3", "--threads", "1"])
-    engine, _, name = build_engine_from_args(args)
+    engine = start_engine(serve_settings(args).engine)
+    name = engine.model.name
     networks = engine.executor.pipeline.networks
     assert name == "embedded" and isinstance(networks, BucketedNetworks)
     assert networks.fixed_rows == 6 and networks.buckets == (6,)

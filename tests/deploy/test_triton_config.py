@@ -1,22 +1,16 @@
 """`stepserve export triton` without a server: every config.pbtxt both layouts write (and both network backends of
 the classic one) is a valid Triton ModelConfig that round-trips, states the contract clients rely on, and the CLI
-refuses what it cannot do with one clear line. The entry model's request parsing is checked here too."""
+refuses what it cannot do with one clear line."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from extras import require
 
 from stepserve.commands.export_triton import main as export_main
 from stepserve.deploy.triton.config import NETWORK_MODELS, PIPELINE_INPUTS
-from stepserve.deploy.triton.models.requests import (
-    BadRequest,
-    parse_request,
-    stack_images,
-)
 from stepserve.deploy.triton.repository import RepositoryOptions, write_repository
 
 OPTIONAL = {"negative_prompt", "sampler", "height", "width"}
@@ -85,7 +79,7 @@ def test_the_stepserve_entry_model_is_decoupled_and_carries_the_engine_settings(
                       "max_queue": "5", "threads": "1"}
     folder = repos["stepserve"] / "pipeline" / "1"
     assert (folder / "export" / "unet.onnx").is_file() and (folder / "export" / "manifest.json").is_file()
-    assert "stepserve.deploy.triton.models.stepserve_pipeline" in (folder / "model.py").read_text()
+    assert "stepserve.server.triton.stepserve_pipeline" in (folder / "model.py").read_text()
 
 
 def test_the_classic_layout_batches_whole_requests_in_the_entry_model_and_each_network(repos):
@@ -149,49 +143,3 @@ def test_rewriting_a_repository_replaces_its_layout(onnx_dir, tmp_path):
     write_repository(onnx_dir, repo, RepositoryOptions(mode="stepserve"), quiet=True)
     assert sorted(p.name for p in repo.iterdir()) == ["pipeline", "stepserve-triton.json"]
     assert json.loads((repo / "stepserve-triton.json").read_text())["mode"] == "stepserve"
-
-
-# --- the entry model's request parsing (no Triton needed) -------------------------------------------------------
-def model_info():
-    from stepserve.types import ModelInfo
-
-    return ModelInfo(name="m", default_sampler="dpmpp_2m", default_steps=15, default_guidance_scale=3.0,
-                     default_height=32, default_width=32, size_multiple=8, min_size=32, max_size=32)
-
-
-def row(value, dtype=None):
-    return np.array([[value]], dtype=dtype or (object if isinstance(value, bytes) else None))
-
-
-def test_a_request_becomes_sampling_params_with_defaults_for_missing_optional_inputs():
-    inputs = {"prompt": row(b"a 7"), "seed": row(5, np.int64), "steps": row(4, np.int32),
-              "guidance_scale": row(2.5, np.float32), "negative_prompt": None, "sampler": row(b"euler")}
-    (p,) = parse_request(inputs, model_info()).params
-    assert (p.prompt, p.seed, p.num_inference_steps, p.guidance_scale, p.sampler) == ("a 7", 5, 4, 2.5, "euler")
-    assert (p.height, p.width, p.negative_prompt) == (32, 32, "")
-
-
-@pytest.mark.parametrize(("change", "says"), [
-    ({"steps": row(0, np.int32)}, "steps: must be an integer in [1, 200]"),
-    ({"sampler": row(b"plms")}, "sampler: 'plms' is not supported; allowed: ddim, euler"),
-    ({"height": row(64, np.int32)}, "height: 64 is not supported; allowed: 32x32 only"),
-    ({"seed": None}, "seed: required input(s) missing"),
-    ({"prompt": row(b"\xff")}, "prompt: must be UTF-8 text"),
-    ({"seed": np.array([[1], [2]], dtype=np.int64)}, "one element per batch row (shape [1, 1])"),
-])
-def test_bad_input_names_the_triton_input_and_what_is_allowed(change, says):
-    inputs = {"prompt": row(b"a 7"), "seed": row(5, np.int64), "steps": row(4, np.int32),
-              "guidance_scale": row(2.5, np.float32), **change}
-    with pytest.raises(BadRequest) as e:
-        parse_request(inputs, model_info())
-    assert says in str(e.value)
-
-
-def test_images_are_height_width_channels_and_rows_of_one_request_share_a_size():
-    from PIL import Image
-
-    grey = stack_images([Image.new("L", (4, 3), 7)])
-    assert grey.shape == (1, 3, 4, 1) and grey.dtype == np.uint8 and grey.max() == 7
-    assert stack_images([Image.new("RGB", (4, 3))] * 2).shape == (2, 3, 4, 3)
-    with pytest.raises(BadRequest, match="one image size"):
-        stack_images([Image.new("RGB", (4, 3)), Image.new("RGB", (3, 4))])

@@ -290,7 +290,7 @@ def test_http_serves_flux(flux_dev):
     from PIL import Image
 
     from stepserve.async_engine import AsyncEngine
-    from stepserve.server import create_app
+    from stepserve.server.app import create_app
 
     _engine(flux_dev, "continuous")  # loads the shared executor
     app = create_app(AsyncEngine(_EXECUTORS[str(flux_dev)], strategy="continuous", max_batch_size=2))

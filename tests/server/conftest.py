@@ -77,7 +77,7 @@ def tiny_executor(tiny_sd_path):
 @pytest.fixture(scope="session")
 def serve(tiny_executor):
     """serve(strategy=..., max_batch_size=..., max_queue=..., api_key=..., limits=...) -> context manager."""
-    from stepserve.server import create_app
+    from stepserve.server.app import create_app
 
     @contextlib.contextmanager
     def start(api_key=None, limits=None, shutdown_grace_s=5.0, executor=None, **engine_options):

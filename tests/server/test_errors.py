@@ -8,8 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_helpers import GENERATIONS, assert_error_shape, decode_png
 
-from stepserve.server import ServerLimits
-from stepserve.server.schemas import FIELDS
+from stepserve.server.schemas import FIELDS, ServerLimits
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ CONFIGS = [dict(prompt=f"digit {i % 10}", seed=300 + i, num_inference_steps=2 + 
 
 CLUSTER = """
 import sys, ray
-from stepserve.server.ray_serve import _adopt_orphans, _end_leftovers
+from stepserve.server.ray.deployment import _adopt_orphans, _end_leftovers
 _adopt_orphans()
 ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
 print(ray.get_runtime_context().gcs_address, flush=True)
@@ -50,7 +50,7 @@ _end_leftovers()
 
 
 def _env(mark: str) -> dict:
-    from stepserve.server.ray_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+    from stepserve.server.ray.proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
     return {**os.environ, "PYTHONPATH": str(ROOT), MARK: mark, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", PROXY_CALLBACK_ENV: PROXY_CALLBACK, "OMP_NUM_THREADS": "1",
@@ -182,7 +182,7 @@ def single_process_server_images() -> list:
 
     from stepserve.loading import load_executor
     from stepserve.async_engine import AsyncEngine
-    from stepserve.server import create_app
+    from stepserve.server.app import create_app
 
     app = create_app(AsyncEngine(load_executor("embedded"), max_batch_size=4))
     with ServerThread(app) as server:
@@ -328,7 +328,7 @@ def test_autoscale_flag_is_checked(text, capsys):
 
 def test_flags_map_to_ray_serve_options():
     from stepserve.commands.serve import build_parser
-    from stepserve.server.replica_options import deployment_options, plan_replicas
+    from stepserve.server.ray.options import deployment_options, plan_replicas
 
     args = build_parser().parse_args(["--replicas", "2", "--autoscale", "1:4", "--replica-cpus", "0.5",
                                       "--max-batch-size", "6", "--max-queued-requests", "10"])

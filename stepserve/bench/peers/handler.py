@@ -96,7 +96,7 @@ class BatchHandler:
     def run(self, batch: list[list[SamplingParams]]) -> list[dict[str, Any]]:
         """Every request of the batch through the engine at once; answers in batch order. A request whose image
         failed gets {"error": ...} (HTTP 500 from the peer)."""
-        from ...server.png import png_b64
+        from ...server.images import png_b64
 
         flat = [p for params in batch for p in params]
         results = self.engine.generate(flat) if flat else []

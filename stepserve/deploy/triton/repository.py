@@ -38,9 +38,9 @@ MODEL_PY = '''"""Written by `stepserve export triton`: the model's code is {modu
 from {module} import TritonPythonModel  # noqa: F401
 '''
 MODULES = {
-    "stepserve": "stepserve.deploy.triton.models.stepserve_pipeline",
-    "classic": "stepserve.deploy.triton.models.classic_pipeline",
-    "network": "stepserve.deploy.triton.models.network",
+    "stepserve": "stepserve.server.triton.stepserve_pipeline",
+    "classic": "stepserve.server.triton.classic_pipeline",
+    "network": "stepserve.server.triton.network",
 }
 
 

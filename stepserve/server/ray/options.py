@@ -1,7 +1,8 @@
-"""`stepserve serve --replicas N`: the replica flags and how they map onto Ray Serve's deployment options.
+"""`stepserve serve --replicas N`: how the replica flags (defined in commands/serve.py) map onto Ray Serve's
+deployment options.
 
-Nothing here imports Ray: the parser, the checks and the mapping are plain functions over the parsed flags, so a
-bad flag gets its one-line error before a cluster starts (docs/SCALING.md lists the mapping).
+Nothing here imports Ray: the checks and the mapping are plain functions over the parsed flags, so a bad flag gets
+its one-line error before a cluster starts (docs/SCALING.md lists the mapping).
 """
 
 from __future__ import annotations
@@ -9,50 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, field
-
-from ..commands.flags import float_from, int_from
-
-_count = int_from
-_amount = float_from
-
-
-def parse_autoscale(text: str) -> tuple[int, int]:
-    low, sep, high = text.partition(":")
-    try:
-        bounds = (int(low), int(high)) if sep else None
-    except ValueError:
-        bounds = None
-    if bounds is None or not 1 <= bounds[0] <= bounds[1]:
-        raise argparse.ArgumentTypeError(f"expected MIN:MAX, two integers with 1 <= MIN <= MAX (e.g. 1:4), got "
-                                         f"{text!r}")
-    return bounds
-
-
-def add_replica_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("replicas (Ray Serve; see docs/SCALING.md)")
-    g.add_argument("--replicas", type=_count(1), default=None, metavar="N",
-                   help="serve N engines as a Ray Serve deployment behind Ray's HTTP proxy on --host:--port (with "
-                        "--autoscale: the replicas to start with)")
-    g.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="join this Ray cluster (e.g. 127.0.0.1:6379 or 'auto'); default: start a local one on "
-                        "loopback and stop it on exit")
-    g.add_argument("--autoscale", type=parse_autoscale, default=None, metavar="MIN:MAX",
-                   help="let Ray Serve's autoscaler keep between MIN and MAX replicas")
-    g.add_argument("--target-ongoing-requests", type=_amount(0.0, False, "a positive number"), default=None,
-                   help="autoscaling: the requests in flight per replica Ray Serve aims for (default: "
-                        "--max-batch-size)")
-    g.add_argument("--replica-cpus", type=_amount(0.0, False, "a positive number of CPUs (fractions allowed)"),
-                   default=None, help="CPUs Ray reserves for each replica (default 1); torch then runs on at most "
-                                      "that many threads (at least 1)")
-    g.add_argument("--replica-gpus", type=_amount(0.0, True, "a number of GPUs >= 0 (fractions allowed)"),
-                   default=None, help="GPUs Ray reserves for each replica (default 0; > 0 needs --device cuda)")
-    g.add_argument("--max-ongoing-requests", type=_count(1), default=None,
-                   help="requests Ray sends one replica at once (default: 2 x --max-batch-size: a batch running "
-                        "and one waiting); more wait in Ray's queue")
-    g.add_argument("--max-queued-requests", type=_count(0), default=None,
-                   help="requests Ray's router holds while every replica is at --max-ongoing-requests; beyond it "
-                        "429 + Retry-After (default: unbounded)")
-
 
 @dataclass
 class ReplicaPlan:
@@ -77,7 +34,7 @@ class ReplicaPlan:
 
 def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
     """Check the replica flags against each other (and, for a local cluster, against this machine's cores)."""
-    from .startup import StartupError
+    from ..startup import StartupError
 
     autoscale = args.autoscale
     replicas = args.replicas if args.replicas is not None else (autoscale[0] if autoscale else 1)

@@ -1,6 +1,6 @@
 """`stepserve serve --replicas N`: the engine as a Ray Serve deployment, one continuous-batching engine per replica.
 
-Each replica hosts the very app `stepserve serve` runs alone (create_app in app.py, through Serve's late-bound
+Each replica hosts the very app `stepserve serve` runs alone (create_app in server/app.py, through Serve's late-bound
 `@serve.ingress()`), so routes, streaming, errors and per-replica admission (our 429s) are the same code. Ray's
 HTTP proxy and router sit in front: a request goes to a replica with fewer than max_ongoing_requests in flight,
 else waits in Ray's queue, and past max_queued_requests Ray answers 429 + Retry-After. Every answer from a replica
@@ -10,7 +10,6 @@ names it in X-Stepserve-Replica. /metrics, on whichever replica serves it, shows
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -18,17 +17,17 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import ray
 from ray import serve
 
-from .app import create_app
-from .ray_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
-from .replica_metrics import merge, snapshot
-from .replica_options import ReplicaPlan, deployment_options
-from ..loading import available_cores
-from .startup import StartupError
-from .startup import build_engine_from_args as build_engine
+from ...loading import available_cores
+from ..app import create_app
+from ..startup import ServeSettings, StartupError, start_engine
+from .metrics import merge, snapshot
+from .options import ReplicaPlan, deployment_options
+from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
 APP_NAME = "stepserve"
 PUSH_EVERY_S = 1.0
@@ -60,18 +59,19 @@ class MetricsHub:
 class StepserveReplica:
     """One replica: an engine and the shared app over it, built when Ray starts the replica."""
 
-    def __init__(self, args: argparse.Namespace, threads: int, hub) -> None:
-        self.args = argparse.Namespace(**{**vars(args), "threads": threads})
+    def __init__(self, settings: ServeSettings, threads: int, hub) -> None:
+        self.settings = replace(settings, engine=replace(settings.engine, threads=threads))
         self.hub = hub
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.engine = None
         self.pusher: asyncio.Task | None = None
 
     async def __serve_build_asgi_app__(self):
-        engine, limits, _ = build_engine(self.args)  # StartupError fails the replica with its message
+        engine = start_engine(self.settings.engine)  # StartupError fails the replica with its message
         self.engine = engine
-        app = create_app(engine, api_key=self.args.api_key, limits=limits, shutdown_grace_s=self.args.shutdown_grace_s,
-                         replica=self.replica, metrics_view=self.all_metrics)
+        app = create_app(engine, api_key=self.settings.api_key, limits=self.settings.limits,
+                         shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
+                         metrics_view=self.all_metrics)
         self.metrics = app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         return app
@@ -108,7 +108,7 @@ class StepserveReplica:
         self.hub.drop.remote(self.replica)
 
 
-def serve_replicas(args: argparse.Namespace, plan: ReplicaPlan) -> int:
+def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
     """Start (or join) a Ray cluster, deploy the replicas, serve until SIGTERM/SIGINT, then take it all down."""
     for note in plan.notes:
         print(f"stepserve serve: {note}", file=sys.stderr, flush=True)
@@ -118,17 +118,18 @@ def serve_replicas(args: argparse.Namespace, plan: ReplicaPlan) -> int:
     started_serve = False
     try:
         started_serve = not _serve_running()
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": settings.host, "port": settings.port})
         hub = MetricsHub.remote()
         deployment = serve.deployment(StepserveReplica, name="Engine", **deployment_options(plan))
-        print(f"stepserve serve: deploying {_replica_text(plan)} of {args.model} ({plan.cpus:g} CPU, {plan.gpus:g} "
+        engine = settings.engine
+        print(f"stepserve serve: deploying {_replica_text(plan)} of {engine.model} ({plan.cpus:g} CPU, {plan.gpus:g} "
               f"GPU, {plan.threads} thread(s) each) ...", file=sys.stderr, flush=True)
         try:
-            serve.run(deployment.bind(args, plan.threads, hub), name=APP_NAME, route_prefix="/", blocking=False)
+            serve.run(deployment.bind(settings, plan.threads, hub), name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as exc:
             raise StartupError(f"the replicas did not start: {exc}") from None
-        print(f"stepserve serve: {args.model} on http://{args.host}:{args.port}/v1 ({_replica_text(plan)}, Ray "
-              f"Serve, strategy {args.strategy}, max batch {args.max_batch_size} per replica)",
+        print(f"stepserve serve: {engine.model} on http://{settings.host}:{settings.port}/v1 ({_replica_text(plan)}, "
+              f"Ray Serve, strategy {engine.options.strategy}, max batch {engine.options.max_batch_size} per replica)",
               file=sys.stderr, flush=True)
         while not stop.wait(1.0):
             if local:
@@ -165,7 +166,7 @@ def _stop_on_signal() -> threading.Event:
 def _connect(plan: ReplicaPlan, local: bool) -> None:
     if local:
         # Loopback only: the cluster's own traffic never leaves this machine. Ray's own proxy errors (its queue
-        # limit, a replica that died) get the OpenAI error shape (ray_errors.py).
+        # limit, a replica that died) get the OpenAI error shape (proxy_errors.py).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 
-from .app import REPLICA_HEADER
-from .errors import APIError
+from ..app import REPLICA_HEADER
+from ..errors import APIError
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-PROXY_CALLBACK = "stepserve.server.ray_errors.proxy_middlewares"
+PROXY_CALLBACK = "stepserve.server.ray.proxy_errors.proxy_middlewares"
 
 _REPLICA = REPLICA_HEADER.lower().encode()
 _KINDS = {  # status -> (type, code, what it means for the client)

@@ -1,0 +1,207 @@
+"""The images endpoint's per-request work (POST /v1/images/generations), in the order a request meets it: the state
+the app holds, admission of all n images in one decision, waiting for the results while watching the client, what
+each result means in HTTP terms, and the PNG of each image.
+
+app.py routes a request through these; streaming.py sends the same results as server-sent events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..api import GenerationResult
+from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
+from ..engine import AdmissionError, DeadlineRefusedError
+from ..types import FinishReason, RequestStatus, SamplingParams
+from ..validation import ValidationError, resolve_params
+from . import errors
+from .errors import APIError
+from .metrics import ServerMetrics
+from .schemas import ServerLimits
+
+
+@dataclass
+class ServerState:
+    """The state one app holds (plain data on app.state, no module globals) and its Retry-After estimate."""
+
+    engine: AsyncEngine
+    limits: ServerLimits
+    metrics: ServerMetrics
+    api_key: str | None = None
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    inflight: int = 0  # HTTP image requests being served (streams included)
+    draining: bool = False
+    recent_request_s: float = 1.0  # smoothed engine time per request, for Retry-After
+
+    def note_latency(self, seconds: float) -> None:
+        self.recent_request_s = 0.8 * self.recent_request_s + 0.2 * seconds
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until a place is likely to free up: the batches queued ahead times a recent request's
+        time, between 1 and 60."""
+        batches_ahead = self.engine.queue_depth / max(1, self.engine.options.max_batch_size) + 1
+        return int(min(60, max(1, math.ceil(batches_ahead * self.recent_request_s))))
+
+
+# Admission: from parsed request parameters to engine handles, all n images in one decision or none.
+
+_PARAM_FOR_FIELD = {"height": "size", "width": "size", "params": None}
+
+
+def preview_steps(num_steps: int, partial_images: int) -> frozenset[int]:
+    """`partial_images` evenly spaced steps strictly inside (0, num_steps)."""
+    if partial_images <= 0 or num_steps < 2:
+        return frozenset()
+    steps = {round(num_steps * (i + 1) / (partial_images + 1)) for i in range(partial_images)}
+    return frozenset(s for s in steps if 1 <= s < num_steps)
+
+
+def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_images: int = 0,
+               stream: bool = False) -> list[RequestHandle]:
+    """Validate every image, then admit the group atomically: a 429 leaves nothing of it in the engine."""
+    engine = state.engine
+    try:
+        resolved = [resolve_params(p, engine.model) for p in params]
+    except ValidationError as exc:
+        param = _PARAM_FOR_FIELD.get(exc.field, exc.field)
+        raise errors.invalid(_size_message(exc, engine) if param == "size" else str(exc), param) from None
+    max_queue = engine.options.max_queue
+    if max_queue is not None and len(resolved) > max_queue:
+        raise errors.invalid(f"n: {len(resolved)} images are more than this server queues at once ({max_queue}); "
+                             f"ask for at most {max_queue} per request", "n")
+    previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
+    try:
+        return engine.submit_many(resolved, previews, stream=stream)
+    except AdmissionError as exc:
+        reason = "deadline" if isinstance(exc, DeadlineRefusedError) else "queue_full"
+        state.metrics.refused_at_admission.labels(reason).inc()
+        retry = state.retry_after_s() if exc.retry_after_s is None else max(1, math.ceil(exc.retry_after_s))
+        if reason == "deadline":
+            raise errors.deadline_refused(str(exc), retry) from None
+        raise errors.queue_full(str(exc), retry) from None
+    except ShuttingDownError:
+        raise errors.shutting_down() from None
+    except EngineDeadError as exc:
+        raise errors.engine_failed(str(exc)) from None
+
+
+def _size_message(exc: ValidationError, engine: AsyncEngine) -> str:
+    m = engine.model
+    return f"size: {exc}; 'auto' gives the model's default {m.default_width}x{m.default_height}"
+
+
+def abort_all(engine: AsyncEngine, handles: Sequence[RequestHandle]) -> None:
+    for h in handles:
+        engine.abort(h.request_id)
+
+
+# Waiting for the results while watching the client: a client that goes away aborts its requests in the engine.
+
+Receive = Callable[[], Awaitable[dict]]
+
+
+async def wait_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone away (the request body must have been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def backstop_s(params: Sequence[SamplingParams]) -> float | None:
+    """How long the HTTP side waits at most. The engine enforces timeout_s itself (it wakes at deadlines); this
+    only covers a step that overruns the deadline by far."""
+    timeout = params[0].timeout_s if params else None
+    return None if timeout is None else timeout + max(1.0, 0.25 * timeout)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def wait_all(state: ServerState, handles: list[RequestHandle], receive: Receive,
+                   timeout_s: float | None) -> list[GenerationResult] | None:
+    """All results in order, or None when the client disconnected first (its requests are then aborted)."""
+    results = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
+    results.add_done_callback(_retrieve)  # once cancelled, its CancelledError is nobody's to read: no log noise
+    watcher = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({results, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if results in done:
+        return results.result()
+    results.cancel()
+    abort_all(state.engine, handles)
+    if watcher in done:
+        return None
+    raise errors.deadline_passed(handles[0].params.timeout_s or 0.0, "the engine did not answer in time")
+
+
+# From engine results to HTTP: the error each failed result stands for, the metrics outcome of each error, and the
+# per-image details that ride along in responses.
+
+
+def check(result: GenerationResult) -> None:
+    """Raise the APIError a failed result stands for."""
+    if result.status is RequestStatus.COMPLETED:
+        return
+    reason = result.finish_reason
+    if reason is FinishReason.TIMEOUT:
+        raise errors.deadline_passed(result.params.timeout_s or 0.0, result.error)
+    if reason is FinishReason.QUEUE_FULL:
+        raise errors.queue_full(result.error or "queue is full", 1)
+    if reason is FinishReason.DEADLINE_INFEASIBLE:
+        raise errors.deadline_refused(result.error or "deadline cannot be met", 1)
+    if reason is FinishReason.ABORTED:  # the client's own aborts are never answered; these are shutdown aborts
+        raise errors.shutting_down("the server shut down before this request finished; retry")
+    raise errors.model_failure(result.error)
+
+
+def outcome_of(exc: APIError) -> str:
+    return {400: "invalid", 401: "unauthorized", 413: "invalid", 429: "rejected", 503: "shutting_down",
+            504: "timeout"}.get(exc.status, "failed")
+
+
+def image_info(result: GenerationResult) -> dict:
+    t = result.timing
+    return {
+        "request_id": result.request_id,
+        "seed": result.params.seed,
+        "steps": len(t.batch_sizes),
+        "num_inference_steps": result.params.num_inference_steps,
+        "sampler": result.params.sampler,
+        "guidance_scale": result.params.guidance_scale,
+        "queue_s": t.queue_s,
+        "denoise_s": t.denoise_s,
+        "decode_s": t.decode_s,
+        "total_s": t.total_s,
+        "batch_sizes": list(t.batch_sizes),  # one entry per denoising step: the size of that forward pass
+    }
+
+
+def size_of(params: SamplingParams) -> str:
+    return f"{params.width}x{params.height}"
+
+
+# PNG + base64 encoding of response images.
+
+
+def png_b64(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+async def encode(image) -> str:
+    """Large images are encoded off the event loop so other requests keep flowing."""
+    if image.width * image.height <= 128 * 128:
+        return png_b64(image)
+    return await asyncio.to_thread(png_b64, image)
