@@ -156,7 +156,7 @@ def run_phases(args, device: str, dtype: str) -> dict:
                     recorder.fn(*bargs, **bkwargs)
 
             bare_s = timed(bare, device, repeats=5)
-            steps = requests[0].num_steps
+            steps = requests[0].num_inference_steps
             report["forward"].append({"rows": rows, "bare_s": bare_s, "engine_s": engine_s,
                                       "engine_over_bare": engine_s / bare_s, "flops_per_row": per_row,
                                       "images_per_s_step": rows / (engine_s * steps),

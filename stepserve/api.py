@@ -56,9 +56,8 @@ class Engine:
         from .validation import resolve_params
 
         core = self.core
-        for p in params:  # validate everything first: a bad request must not leave others half-submitted
-            resolve_params(p, self.model)
-        to_feed = list(params)
+        # resolve everything first: a bad request must not leave others half-submitted
+        to_feed = [resolve_params(p, self.model) for p in params]
         requests: list[Request] = []
         bar = None
         if progress:

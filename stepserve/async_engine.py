@@ -50,7 +50,7 @@ class EngineDeadError(RuntimeError):
 class ProgressEvent:
     request_id: str
     step: int  # denoising steps done
-    num_steps: int
+    num_inference_steps: int
     preview: Any = None  # a PIL image of the current latents, at the steps the caller asked previews for
 
 
@@ -270,7 +270,7 @@ class AsyncEngine:
                     preview = self.executor.preview(r)
                 except Exception as exc:  # noqa: BLE001 - a preview is optional; never fail the request for it
                     self._log_once("preview", "preview failed; the stream goes on without it", exc_info=exc)
-            self._call(_post_event, handle._events, ProgressEvent(r.request_id, r.step, r.num_steps, preview))
+            self._call(_post_event, handle._events, ProgressEvent(r.request_id, r.step, r.num_inference_steps, preview))
 
     def _notify(self, report: StepReport) -> None:
         for callback in self.on_step:

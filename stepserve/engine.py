@@ -81,13 +81,13 @@ class EngineCore:
     def new_request(self, params: SamplingParams, now: float, request_id: str | None = None,
                     preview_steps: frozenset[int] = frozenset()) -> Request:
         """Validate `params` and build the request that arrived at `now` (not queued yet)."""
-        resolved = resolve_params(params, self.model)
+        resolved = resolve_params(params, self.model)  # as it is when the edge resolved it (ResolvedParams)
         return Request(
             request_id=request_id or next_request_id(),
             params=resolved,
             arrival_time=now,
             bucket=(resolved.height, resolved.width),
-            num_steps=resolved.num_inference_steps,
+            num_inference_steps=resolved.num_inference_steps,
             deadline=None if resolved.timeout_s is None else now + resolved.timeout_s - self.answer_margin_s,
             priority=resolved.priority,
             preview_steps=frozenset(preview_steps),
@@ -182,10 +182,10 @@ class EngineCore:
                     if r.timing.first_step_done is None:
                         r.timing.first_step_done = t
                 for r in to_run:
-                    if r.step >= r.num_steps:
+                    if r.step >= r.num_inference_steps:
                         r.timing.denoise_done = t
                         self.to_decode.append(r)
-        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING and r.step < r.num_steps]
+        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING and r.step < r.num_inference_steps]
 
         if self.to_decode:
             n = len(self.to_decode) if self.max_decode_per_step is None else self.max_decode_per_step
@@ -209,7 +209,7 @@ class EngineCore:
         """An image that is ready after its deadline is not an answer: the caller gave up at the deadline."""
         if r.deadline is not None and t > r.deadline:
             self._finish(r, RequestStatus.FAILED, FinishReason.TIMEOUT, t,
-                         f"deadline passed (timeout_s={r.params.timeout_s:g}): finished all {r.num_steps} steps "
+                         f"deadline passed (timeout_s={r.params.timeout_s:g}): finished all {r.num_inference_steps} steps "
                          f"{(t - r.deadline) * 1000:.0f} ms too late")
         else:
             self._finish(r, RequestStatus.COMPLETED, FinishReason.COMPLETED, t)
@@ -281,4 +281,4 @@ def progress_note(r: Request, now: float) -> str:
     """What happened to a request so far, for error messages: queued for how long, or how far it ran."""
     if r.timing.admitted is None:
         return f"still queued after {now - r.arrival_time:.2f} s"
-    return f"ran {r.step} of {r.num_steps} steps"
+    return f"ran {r.step} of {r.num_inference_steps} steps"

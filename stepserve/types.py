@@ -39,6 +39,13 @@ class SamplingParams:
     priority: int = 0  # higher is served first by priority-aware policies (slo); range in validation.py
 
 
+@dataclass
+class ResolvedParams(SamplingParams):
+    """SamplingParams checked against a model with every field set: model defaults filled in, seed drawn. Only
+    stepserve.validation.resolve_params makes one, at the edge that received the request (HTTP, the Python API,
+    Triton); everything after it (the engine core, the executor) takes it as it is, so a request is resolved once."""
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # validated and queued, not yet admitted into a batch
     RUNNING = "running"  # admitted: prompt encoded, latents live, taking denoising steps
@@ -108,7 +115,7 @@ class Request:
     params: SamplingParams  # resolved: every field set (model defaults filled in, seed drawn)
     arrival_time: float
     bucket: tuple[int, int]  # (height, width): only requests of one bucket share a forward pass
-    num_steps: int
+    num_inference_steps: int
     deadline: float | None = None
     priority: int = 0  # from SamplingParams.priority: higher is served first by priority-aware policies
     status: RequestStatus = RequestStatus.WAITING

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from dataclasses import replace
 from typing import NamedTuple
 
-from .types import ModelInfo, SamplingParams
+from .types import ModelInfo, ResolvedParams, SamplingParams
 
 MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
 DRAWN_SEED_LIMIT = 2**31  # a seed drawn for a request that has none lies in [0, DRAWN_SEED_LIMIT)
@@ -51,8 +50,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
-    """Validate `params` and fill unset fields with the model's defaults (and a random seed if none)."""
+def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
+    """Validate `params` and fill unset fields with the model's defaults (and a random seed if none). Params that
+    are already resolved come back as they are: a request is resolved once, where it enters."""
+    if isinstance(params, ResolvedParams):
+        return params
     if not isinstance(params, SamplingParams):
         raise ValidationError("params", f"expected SamplingParams, got {type(params).__name__}")
     p = params
@@ -110,14 +112,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> SamplingParams:
         raise ValidationError("priority", f"must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}] "
                                           f"(higher is served first), got {p.priority!r}")
 
-    return replace(
-        p,
-        negative_prompt=negative,
-        seed=seed,
-        num_inference_steps=steps,
-        guidance_scale=float(guidance),
-        sampler=sampler,
-        height=height,
-        width=width,
-        priority=priority,
-    )
+    resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
+                "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
+                "priority": priority}
+    return ResolvedParams(**{**vars(p), **resolved})

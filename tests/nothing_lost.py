@@ -41,8 +41,8 @@ def assert_nothing_lost(core: EngineCore, trace: list[Arrival],
         assert seen[r.request_id] is r.status  # reported exactly once, with its final status
         assert r.finish_reason is not None
         if r.status is RequestStatus.COMPLETED:
-            assert r.step == r.num_steps and r.image is not None
-            assert r.timing.batch_sizes and len(r.timing.batch_sizes) == r.num_steps
+            assert r.step == r.num_inference_steps and r.image is not None
+            assert r.timing.batch_sizes and len(r.timing.batch_sizes) == r.num_inference_steps
         else:
             assert r.error, "a request that did not complete must say why"
         assert r.latents is None and r.sampler_state is None  # its tensors were freed

@@ -17,7 +17,7 @@ COST = CostModel(step_fixed_s=0.0123, step_per_item_s=0.0041, encode_fixed_s=0.0
 
 class EngineLikeChecks(FakeExecutor):
     """A fake executor that also checks the requests are driven as the engine drives them: each denoise() at a
-    step below num_steps, one step further than the last denoise() of the same requests unless prepared again."""
+    step below num_inference_steps, one step further than the last denoise() of the same requests unless prepared again."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -33,7 +33,7 @@ class EngineLikeChecks(FakeExecutor):
 
     def denoise(self, requests):
         for r in requests:
-            assert 0 <= r.step < r.num_steps
+            assert 0 <= r.step < r.num_inference_steps
             assert r.step == self.last_step.get(r.request_id, -1) + 1
             self.last_step[r.request_id] = r.step
         return super().denoise(requests)

@@ -51,3 +51,21 @@ def test_priority_defaults_to_zero_and_keeps_a_valid_value():
     assert resolve_params(SamplingParams(prompt="seven"), FAKE_MODEL).priority == 0
     assert resolve_params(SamplingParams(prompt="seven", priority=None), FAKE_MODEL).priority == 0
     assert resolve_params(SamplingParams(prompt="seven", priority=-100), FAKE_MODEL).priority == -100
+
+
+def test_a_request_is_resolved_once_where_it_enters():
+    """The edge resolves (defaults filled, a seed drawn); the engine core and the offline API keep that object, so
+    a drawn seed is the one that runs and nothing is checked twice."""
+    from stepserve.api import Engine
+    from stepserve.engine import EngineCore
+    from stepserve.executor.fake import FakeExecutor
+    from stepserve.scheduling import make_policy
+    from stepserve.types import ResolvedParams
+
+    resolved = resolve_params(SamplingParams(prompt="a digit"), FAKE_MODEL)
+    assert isinstance(resolved, ResolvedParams) and resolved.seed is not None
+    assert resolve_params(resolved, FAKE_MODEL) is resolved
+    core = EngineCore(FakeExecutor(), make_policy("continuous"))
+    assert core.add_request(resolved, 0.0).params is resolved
+    [result] = Engine(FakeExecutor()).generate([SamplingParams(prompt="a digit")])
+    assert isinstance(result.params, ResolvedParams) and result.params.seed is not None

@@ -33,13 +33,14 @@ def _guidance(text: str) -> float:
 
 
 def _sizes(text: str) -> list[tuple[int, int]]:
-    """'32x32,64x48' -> [(32, 32), (64, 48)] as (height, width)."""
+    """'32x32,64x48' -> [(32, 32), (48, 64)]: WIDTHxHEIGHT as everywhere in stepserve (the HTTP API's "size"), as
+    (height, width) shape buckets."""
     out = []
     for part in text.split(","):
-        h, sep, w = part.strip().lower().partition("x")
+        w, sep, h = part.strip().lower().partition("x")
         if not sep or not h.isdigit() or not w.isdigit() or int(h) < 1 or int(w) < 1:
-            raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH[,HEIGHTxWIDTH...] in positive integers, "
-                                             f"e.g. 32x32,64x64; got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT[,WIDTHxHEIGHT...] in positive integers, "
+                                             f"e.g. 32x32,64x48; got {text!r}")
         out.append((int(h), int(w)))
     if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"each size once, got {text!r}")
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(p)
     p.add_argument("--max-batch-size", type=int_from(1), default=8,
                    help="largest batch measured (every size up to 16, then a geometric series; default %(default)s)")
-    p.add_argument("--sizes", type=_sizes, default=None, metavar="HxW[,HxW...]",
+    p.add_argument("--sizes", type=_sizes, default=None, metavar="WxH[,WxH...]",
                    help="shape buckets to measure (default: the model's default size)")
     p.add_argument("--guidance-scale", type=_guidance, default=None,
                    help="scale of the measurement with guidance rows (default: the model's default if > 1, else 2)")
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ref = latency.reference_bucket
     n = args.max_batch_size
-    print(f"{PROG}: wrote {out} ({latency.metadata.get('model')}, bucket {ref[0]}x{ref[1]}: step "
+    print(f"{PROG}: wrote {out} ({latency.metadata.get('model')}, size {ref[1]}x{ref[0]}: step "
           f"{latency.step_s(1) * 1000:.2f} ms at batch 1, {latency.step_s(n) * 1000:.2f} ms at batch {n}; "
           f"measured in {latency.metadata.get('wall_s')} s)", file=sys.stderr)
     return 0

@@ -51,7 +51,9 @@ class TorchExecutor:
         for r, conditioning in zip(requests, p.encode([r.params for r in requests])):
             r.conditioning = conditioning
             schedule = p.schedule(r.params)
-            r.num_steps = schedule.num_steps  # the table's own length (equal to the request for our samplers)
+            if schedule.num_steps != r.num_inference_steps:  # every sampler's table has one entry per step asked
+                raise RuntimeError(f"the {r.params.sampler} schedule has {schedule.num_steps} steps for "
+                                   f"num_inference_steps={r.num_inference_steps}")
             # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
             generator = torch.Generator("cpu").manual_seed(r.params.seed)
             r.latents = p.initial_latents(r.params, generator) * sampling.init_noise_sigma(schedule)

@@ -28,7 +28,7 @@ def _dummy_requests(executor: Executor, n: int, bucket: Bucket, guidance_scale: 
             params=params,
             arrival_time=0.0,
             bucket=(params.height, params.width),
-            num_steps=params.num_inference_steps,
+            num_inference_steps=params.num_inference_steps,
             deadline=None,
             priority=params.priority,
             status=RequestStatus.RUNNING,
@@ -67,7 +67,7 @@ def _advance(requests: list[Request], executor: Executor) -> None:
     its steps is prepared again (untimed), so the next denoise() stays within its schedule."""
     for r in requests:
         r.step += 1
-    if any(r.step >= r.num_steps for r in requests):
+    if any(r.step >= r.num_inference_steps for r in requests):
         for r in requests:
             r.step = 0
         executor.prepare(requests)

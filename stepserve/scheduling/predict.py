@@ -8,7 +8,7 @@ Rules of the replay (they mirror EngineCore.step under a continuous policy):
   the same step are encoded together, before that step (`encode_s(k)`).
 - A request that takes its last step is decoded right after it, together with the others finishing at that step
   (`decode_s(d)`); its finish time is the end of that decode.
-- A request needs num_steps - step more steps (at least one).
+- A request needs num_inference_steps - step more steps (at least one).
 
 The replay jumps from one finish to the next (the batch does not change in between), so it costs O(n log B) for
 n requests and batch cap B, whatever their step counts. Measured once (timeit, best of 5, CPython 3.11 on a
@@ -70,7 +70,7 @@ def predict_finish_times(
         joined = 0
         while len(slots) < max_batch and nxt < n:
             r = queue[nxt]
-            heapq.heappush(slots, (done_steps + max(r.num_steps - r.step, 1), nxt))
+            heapq.heappush(slots, (done_steps + max(r.num_inference_steps - r.step, 1), nxt))
             if r.status is RequestStatus.WAITING:
                 joined += 1
             nxt += 1
@@ -97,7 +97,7 @@ def predict_finish_times(
 
 def earliest_finish(request: Request, model: LatencyModel, now: float) -> float:
     """The soonest `request` could finish: alone, at batch size 1, starting now (encode first if still waiting)."""
-    steps = request.num_steps - request.step
+    steps = request.num_inference_steps - request.step
     t = now + steps * model.step_s(1, request.bucket) + model.decode_s(1, request.bucket)
     if request.status is RequestStatus.WAITING:
         t += model.encode_s(1)

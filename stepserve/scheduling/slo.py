@@ -192,7 +192,7 @@ class SLOPolicy:
             if now - r.arrival_time > self.starvation_s:
                 return (0, r.arrival_time)
             deadline = math.inf if r.deadline is None else r.deadline
-            first = r.num_steps - r.step if srs else deadline
+            first = r.num_inference_steps - r.step if srs else deadline
             return (1, -r.priority, first, deadline, r.arrival_time)
 
         return key

@@ -54,12 +54,12 @@ class ServerState:
 _PARAM_FOR_FIELD = {"height": "size", "width": "size", "params": None}
 
 
-def preview_steps(num_steps: int, partial_images: int) -> frozenset[int]:
-    """`partial_images` evenly spaced steps strictly inside (0, num_steps)."""
-    if partial_images <= 0 or num_steps < 2:
+def preview_steps(num_inference_steps: int, partial_images: int) -> frozenset[int]:
+    """`partial_images` evenly spaced steps strictly inside (0, num_inference_steps)."""
+    if partial_images <= 0 or num_inference_steps < 2:
         return frozenset()
-    steps = {round(num_steps * (i + 1) / (partial_images + 1)) for i in range(partial_images)}
-    return frozenset(s for s in steps if 1 <= s < num_steps)
+    steps = {round(num_inference_steps * (i + 1) / (partial_images + 1)) for i in range(partial_images)}
+    return frozenset(s for s in steps if 1 <= s < num_inference_steps)
 
 
 def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_images: int = 0,

@@ -131,7 +131,7 @@ async def image_events(job: StreamJob, deadline_s: float | None) -> AsyncIterato
                     "type": "image_generation.partial_image", "b64_json": await encode(item.preview),
                     "partial_image_index": partial_index[index], "created_at": int(time.time()),
                     "size": size_of(handle.params), **_OPENAI_FIXED,
-                    "stepserve": {"image_index": index, "step": item.step, "num_steps": item.num_steps},
+                    "stepserve": {"image_index": index, "step": item.step, "num_inference_steps": item.num_inference_steps},
                 })
                 partial_index[index] += 1
                 continue

@@ -58,7 +58,7 @@ def test_profile_of_the_tiny_pipeline_writes_a_loadable_model_with_metadata(tiny
     (["--max-batch-size", "0"], "expected an integer >= 1, got '0'"),
     (["--repeats", "x"], "expected an integer >= 1, got 'x'"),
     (["--threads", "-2"], "expected an integer >= 1"),
-    (["--sizes", "32by32"], "expected HEIGHTxWIDTH"),
+    (["--sizes", "32by32"], "expected WIDTHxHEIGHT"),
     (["--sizes", "32x32,32x32"], "each size once"),
     (["--guidance-scale", "1"], "expected a number > 1"),
     ([], "the following arguments are required: --out"),
@@ -104,3 +104,8 @@ def test_choices_are_the_loaders_and_the_command_is_registered():
     assert tuple(actions["backend"].choices) == BACKENDS
     assert tuple(actions["device"].choices) == DEVICES and tuple(actions["dtype"].choices) == DTYPES
     assert COMMANDS["profile"][0] == "stepserve.commands.profile"
+
+
+def test_sizes_are_width_by_height_as_everywhere_else():
+    args = cli.build_parser().parse_args(["--sizes", "64x48,32x32", "--out", "x.json"])
+    assert args.sizes == [(48, 64), (32, 32)]  # (height, width) shape buckets from WIDTHxHEIGHT

@@ -275,7 +275,7 @@ def test_never_gives_up_on_a_request_that_could_still_make_it():
             if r.finish_reason is FinishReason.TIMEOUT and r.error.startswith("deadline cannot be met"):
                 given_up.append(r)
                 t = report.now
-                alone = (t + (r.num_steps - r.step) * MODEL.step_s(1, r.bucket) + MODEL.decode_s(1, r.bucket)
+                alone = (t + (r.num_inference_steps - r.step) * MODEL.step_s(1, r.bucket) + MODEL.decode_s(1, r.bucket)
                          + (MODEL.encode_s(1) if r.timing.admitted is None else 0.0))
                 assert alone > r.deadline, "gave up on a request that could still make it alone"
 

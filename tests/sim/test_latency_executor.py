@@ -53,7 +53,7 @@ _ids = iter(range(10**9))
 def req(bucket=A, guidance=3.0, steps=3) -> Request:
     params = SamplingParams(prompt="p", seed=1, num_inference_steps=steps, guidance_scale=guidance, sampler="euler",
                             height=bucket[0], width=bucket[1])
-    return Request(request_id=f"r{next(_ids)}", params=params, arrival_time=0.0, bucket=bucket, num_steps=steps,
+    return Request(request_id=f"r{next(_ids)}", params=params, arrival_time=0.0, bucket=bucket, num_inference_steps=steps,
                    status=RequestStatus.RUNNING)
 
 
@@ -159,7 +159,7 @@ def test_the_real_engine_finishes_every_request_of_a_trace(strategy):
     result = simulate(core, arrivals)
     assert len(result.requests) == 400
     assert all(r.status is RequestStatus.COMPLETED and r.image == SIMULATED_IMAGE for r in result.requests)
-    assert all(r.step == r.num_steps for r in result.requests)
+    assert all(r.step == r.num_inference_steps for r in result.requests)
     busy = sum(s.duration_s for s in result.steps)
     assert 0 < busy <= result.end_time
     # the same seed gives the same run

@@ -85,8 +85,8 @@ class BatchHandler:
             if request.stream:
                 raise PeerRequestError("stream: peers answer whole images only (send \"stream\": false)")
             params = engine_params(request, ServerLimits())
-            for p in params:
-                resolve_params(p, self.engine.model)  # a bad field fails this request alone, never its batch
+            # resolved here, once: a bad field fails this request alone, never its batch
+            params = [resolve_params(p, self.engine.model) for p in params]
         except APIError as exc:
             raise PeerRequestError(str(getattr(exc, "message", exc))) from None
         except ValidationError as exc:
