@@ -1,17 +1,51 @@
-"""The phases of benchmarks/gpu_check.py (see its docstring). Each returns plain data for the report."""
+"""The phases of benchmarks/gpu_check.py (see its docstring) and the timing they share. Each phase returns plain
+data for the report."""
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from gpu_check import FLUX_DEV, STRATEGIES, build_sd15, build_tiny, peak_flops, rel_err, sync, timed
+from gpu_models import FLUX_DEV, build_sd15, build_tiny
 
 from stepserve import Engine
 from stepserve.backends.fast_path import FastPathOptions
+
+STRATEGIES = ("continuous", "dynamic", "static", "none")  # what the strategies phase compares
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, repeats: int, warmup: int = 1) -> float:
+    """Median seconds of fn() over `repeats` runs, the device synchronised around each."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def peak_flops(device: str, dtype: torch.dtype, smoke: bool) -> float:
+    """FLOP/s of a large square matmul in `dtype` on the device: the peak utilisation is quoted against."""
+    n = 512 if smoke else 8192
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    return 2 * n**3 / timed(lambda: a @ b, device, repeats=3 if smoke else 10, warmup=2)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
 
 
 class Recorder:

@@ -19,16 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, add_run_args, bench, free_port, stop_server, summaries, wait_until_healthy
 
 
 @dataclass
@@ -48,12 +44,6 @@ class ServerSpec:
         return cls(label, strategy, float(delay) if delay else None, Path(checkout) if checkout else None)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(spec: ServerSpec, args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "stepserve.cli", "serve", "--model", args.model, "--strategy", spec.strategy,
@@ -71,56 +61,21 @@ def start_server(spec: ServerSpec, args) -> tuple[subprocess.Popen, str]:
     env["PYTHONPATH"] = str(src)
     proc = subprocess.Popen(cmd, cwd=src, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server {spec.label} exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server {spec.label} did not become ready within 120 s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def bench(argv: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "stepserve.cli", "bench", *argv], check=True, cwd=ROOT)
-
-
-def summaries(path: Path) -> dict[str, dict]:
-    data = json.loads((path / "results.json").read_text())
-    return {s["contender"]: s for s in data["summaries"]}
+    wait_until_healthy(proc, url, spec.label, timeout_s=120)
+    return proc, url
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench-out/http-servers"))
-    p.add_argument("--model", default="embedded")
+    add_run_args(p, "bench-out/http-servers")
     p.add_argument("--inprocess", default="continuous", help="in-process contenders (bench --strategies)")
     p.add_argument("--inprocess-delays-ms", default="50", help="bench --dynamic-delays-ms for in-process dynamic")
     p.add_argument("--server", action="append", default=[], type=ServerSpec.parse,
                    help="LABEL=STRATEGY[:DELAY_MS][@CHECKOUT], repeatable")
     p.add_argument("--server-arg", action="append", default=[], help="extra `stepserve serve` argument, repeatable")
-    p.add_argument("--steps", default="8,20,40")
     p.add_argument("--rate-frac", type=float, default=0.7)
     p.add_argument("--rate", type=float, help="absolute rate instead of --rate-frac")
-    p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
-    p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--max-queue", type=int)
     p.add_argument("--timeout-s", type=float, help="server default deadline (--timeout-s of stepserve serve)")
     p.add_argument("--timeout-slo", action="store_true",

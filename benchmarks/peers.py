@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
-from pathlib import Path
 
-from common import stepserve
+from common import add_run_args, stepserve
 
 from stepserve.bench.peers import PeerSetting, parse_peers
 from stepserve.bench.peers.handler import HandlerOptions
@@ -112,17 +110,10 @@ def _spec(name: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench-out/peers"))
-    p.add_argument("--model", default="embedded")
+    add_run_args(p, "bench-out/peers")
     p.add_argument("--peers", default="triton,ray,litserve")
-    p.add_argument("--steps", default="8,20,40")
     p.add_argument("--rate-frac", type=float, default=0.7)
-    p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--warmup", type=float, default=5.0)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="replays of the trace comparison (order rotated)")
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
-    p.add_argument("--max-batch-size", type=int, default=8, help="stepserve serve's batch bound")
     p.add_argument("--idle-setting", default="8x10", help="BATCHxWAIT_MS of each peer in the idle measurement")
     p.add_argument("--idle-steps", type=int, default=20)
     p.add_argument("--idle-rounds", type=int, default=15)

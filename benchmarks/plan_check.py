@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from common import stepserve
+from common import add_run_args, stepserve
 
 
 def one_replica_rate(latency_path: Path, args) -> tuple[float, list[tuple[float, float]]]:
@@ -56,18 +55,11 @@ def live_p95(rate: float, out: Path, args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench-out/plan-check"))
-    p.add_argument("--model", default="embedded")
+    add_run_args(p, "bench-out/plan-check", duration_s=40.0)  # --duration: live measured seconds per rate
     p.add_argument("--latency-model", type=Path)
     p.add_argument("--strategy", default="continuous")
     p.add_argument("--slo-p95-ms", type=float, default=400.0)
-    p.add_argument("--steps", default="8,20,40")
-    p.add_argument("--duration", type=float, default=40.0, help="live measured seconds per rate")
-    p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--sim-duration", type=float, default=300.0, help="simulated seconds per probed rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
-    p.add_argument("--max-batch-size", type=int, default=8)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     latency = args.latency_model or args.out / "latency.json"

@@ -18,24 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, add_run_args, bench, free_port, stop_server, wait_until_healthy
+
 CONTENDERS = {"single": [], "ray-1": ["--replicas", "1", "--replica-cpus", "1"],
               "ray-2": ["--replicas", "2", "--replica-cpus", "1"]}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(label: str, args) -> tuple[subprocess.Popen, str]:
@@ -48,31 +37,8 @@ def start(label: str, args) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{label} exited with {proc.returncode}; see {log.name}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.5)
-    stop(proc)
-    raise SystemExit(f"{label} did not become ready within 180 s; see {log.name}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def bench(argv: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "stepserve.cli", "bench", *argv], check=True, cwd=ROOT)
+    wait_until_healthy(proc, url, label, timeout_s=180, poll_s=0.5, log=log.name)
+    return proc, url
 
 
 def median(values: list[float]) -> float | None:
@@ -85,16 +51,10 @@ def median(values: list[float]) -> float | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench-out/ray-replicas"))
-    p.add_argument("--model", default="embedded")
+    add_run_args(p, "bench-out/ray-replicas", threads=False)  # every replica runs on one thread
     p.add_argument("--contenders", default="single,ray-1,ray-2")
-    p.add_argument("--steps", default="8,20,40")
     p.add_argument("--rate-frac", type=float, default=1.5, help="of one engine's in-process capacity (1 thread)")
-    p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -131,7 +91,7 @@ def main() -> None:
                 run = json.loads((out / "results.json").read_text())["runs"][0]
                 rows[label].append(run)
             finally:
-                stop(proc)
+                stop_server(proc, grace_s=120)  # Ray's replicas take a while to shut down
     table(rows, args.duration)
 
 

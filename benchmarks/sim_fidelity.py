@@ -14,31 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from common import stepserve
-
-
-def summaries(path: Path) -> dict[str, dict]:
-    data = json.loads((path / "results.json").read_text())
-    return {s["contender"]: s for s in data["summaries"]}
+from common import add_run_args, stepserve, summaries
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench-out/fidelity"))
-    p.add_argument("--model", default="embedded")
+    add_run_args(p, "bench-out/fidelity")
     p.add_argument("--latency-model", type=Path, help="skip profiling and use this file")
     p.add_argument("--strategies", default="continuous,dynamic,static,none")
     p.add_argument("--dynamic-delays-ms", default="50")
     p.add_argument("--fracs", default="0.5,0.8")
-    p.add_argument("--steps", default="8,20,40")
-    p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--warmup", type=float, default=5.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
-    p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--profile-rounds", type=int, default=10, help="`stepserve profile --rounds` (default 10)")
     p.add_argument("--profile-statistic", choices=("mean", "median"), default="mean")
     args = p.parse_args()

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from http_servers import ServerSpec, bench, print_table, start_server, stop_server, summaries
+from common import ROOT, add_run_args, bench, stop_server, summaries
+from http_servers import ServerSpec, print_table, start_server
 
-ROOT = Path(__file__).resolve().parent.parent
 CONTENDERS = ("stepserve-http", "triton-stepserve", "triton-classic")
 
 
@@ -73,17 +72,10 @@ class Contender:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench-out/triton"))
-    p.add_argument("--model", default="embedded")
+    add_run_args(p, "bench-out/triton")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated: {', '.join(CONTENDERS)}")
-    p.add_argument("--steps", default="8,20,40")
     p.add_argument("--rate-frac", type=float, default=0.7)
-    p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
-    p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--classic-delays-ms", default="10,50",
                    help="one classic repository per dynamic-batcher delay; the best is the base of the ratios")
     p.add_argument("--slo-p95-ms", type=float, help="SLO (default: the in-process run's, 2x idle of the longest)")

@@ -2,23 +2,31 @@
 
 How to add a family (SD 1/2 in diffusers_sd.py and SDXL in sdxl.py are worked examples):
 
-1. Write `stepserve/pipelines/<family>.py` with a class that subclasses `FamilyAdapter` and sets:
-   - `family`: a short name ("sdxl");
+1. Write `stepserve/pipelines/<family>.py` with a class that subclasses `FamilyAdapter`, sets `family` (a short
+   name: "sdxl") and calls `FamilyAdapter.__init__` from its constructor with what every family keeps:
+   - `networks` (the torch modules behind the batched calls below), `scheduler_config` (the folder's
+     scheduler_config.json as a dict), `device` and `dtype` (set the class's `prompt_cache_size` lower when
+     encoded prompts are large);
    - `info`: a `ModelInfo` (sizes, defaults, allowed samplers, and the family's request rules: `family`,
      `negative_prompt` (may a request set one), `guidance` ("cfg" or "embedded"); validation.py enforces them and
-     names what is allowed). diffusers_sd.model_info_for builds one from UNet/VAE configs and the folder's
-     stepserve.json; a transformer family builds its own the same way (list only samplers its scheduler fits);
-   - `device`, `dtype`, `scheduler_config` (the folder's scheduler_config.json as a dict), `networks`.
+     names what is allowed). folder.serving_info builds one from the family's own defaults (size, sampler,
+     steps, guidance; list only samplers its scheduler fits) and the folder's stepserve.json;
+     diffusers_sd.model_info_for is the UNet/VAE families' use of it;
+   - `latent_channels` and `vae_scale_factor` (see vae_scale_factor_of): the starting noise's layout.
+   The constructor keeps only what is the family's own beside that (tokenizers, VAE scaling, checks).
 2. Implement:
-   - `from_pretrained(model, device, dtype)`: `model` is "embedded" or a local diffusers folder
-     (diffusers_sd.resolve_model_path turns it into a Path); load from local disk only.
+   - `from_pretrained(model, device, dtype)`: `model` is "embedded" or a local diffusers folder; load from local
+     disk only. `folder.PipelineFolder.open(model, "<diffusers pipeline class>")` reads it (its name, model_index.json,
+     scheduler config, stepserve.json) and its `load(dtype, name=Class, ...)` loads the sub-folders' components.
    - `encode(params_list) -> list[Conditioning]`: one per request (resolved SamplingParams: every field set),
      batched over the requests. A `Conditioning` holds the denoiser keyword arguments of the request's
      conditional row (`cond`) and, when the request uses classifier-free guidance, of its unconditional row
      (`uncond`; None otherwise: the family decides, e.g. SD/SDXL/SD3 when guidance_scale > 1). Every tensor has
      a leading row dimension of 1, so the executor builds a step's batch with one `torch.cat` per key. Put
      per-request extras here (SDXL's pooled embeds and add_time_ids; Flux's guidance value as a (1,) tensor).
-   - `noise_shape(height, width)`: the shape diffusers draws the starting noise in, `(1, ...)`; `initial_latents`
+     `encode_prompts(prompts)` runs the text encoders through the prompt cache: implement `_encode_missing`.
+   - `noise_shape(height, width)`: the shape diffusers draws the starting noise in, `(1, ...)` (the base class's:
+     `(1, latent_channels, height / vae_scale_factor, width / vae_scale_factor)`); `initial_latents`
      draws it from the request's CPU generator in `dtype` and calls `pack_latents`. Override `pack_latents` /
      `unpack_latents` when the denoiser sees another layout (Flux's 2x2 packing): samplers and `denoise` then
      see packed (1, ...) rows, and `decode` receives packed latents.
@@ -132,9 +140,35 @@ class FamilyAdapter:
     scheduler_config: dict
     networks: Any
     backend: str = "torch"
+    prompt_cache_size: ClassVar[int] = 1024  # encoded prompts kept; a family with large embeddings keeps fewer
+
+    def __init__(self, networks: Any, *, scheduler_config: dict, info: ModelInfo, latent_channels: int,
+                 vae_scale_factor: int, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+                 ) -> None:
+        """What every family keeps: its networks, the folder's scheduler config, its ModelInfo, the latent layout
+        the denoiser starts from (channels, and the VAE's downscale of height and width), where and in what dtype
+        it runs, and a cache of encoded prompts."""
+        self.networks = networks
+        self.scheduler_config = dict(scheduler_config)
+        self.info = info
+        self.latent_channels = latent_channels
+        self.vae_scale_factor = vae_scale_factor
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.prompt_cache = PromptCache(self.prompt_cache_size)
 
     # --- per request -------------------------------------------------------------------------------------------
     def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> list[Any]:
+        """The text encoders' output per prompt (what the family's `_encode_missing` returns for one prompt),
+        batched over the distinct prompts not in the prompt cache."""
+        return self.prompt_cache.encode(prompts, self._encode_missing)
+
+    def _encode_missing(self, prompts: list[str]) -> list[Any]:
+        """Encode distinct prompts in one batch: one value per prompt, in order."""
         raise NotImplementedError
 
     def schedule_options(self, params: SamplingParams) -> dict:
@@ -146,7 +180,9 @@ class FamilyAdapter:
                                        **self.schedule_options(params))
 
     def noise_shape(self, height: int, width: int) -> tuple[int, ...]:
-        raise NotImplementedError
+        """(1, latent_channels, height / vae_scale_factor, width / vae_scale_factor): the latents of a UNet or DiT
+        family. Override for another layout (Flux's even latent grid)."""
+        return (1, self.latent_channels, int(height) // self.vae_scale_factor, int(width) // self.vae_scale_factor)
 
     def initial_latents(self, params: SamplingParams, generator: torch.Generator) -> Tensor:
         """The starting noise as diffusers draws it (one CPU generator per request, the pipeline's dtype), packed
@@ -177,6 +213,11 @@ class FamilyAdapter:
 
     def decode(self, latents: Tensor, size: tuple[int, int]) -> list[Image.Image]:
         raise NotImplementedError
+
+
+def vae_scale_factor_of(vae_config) -> int:
+    """How much the VAE downscales height and width: 2 per down block after the first."""
+    return 2 ** (len(vae_config.block_out_channels) - 1)
 
 
 def vae_dtype(vae_config, dtype: torch.dtype) -> torch.dtype:

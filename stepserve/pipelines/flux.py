@@ -20,7 +20,6 @@ Every rule below is diffusers 0.42's `FluxPipeline`, so that a served image equa
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -28,8 +27,8 @@ from PIL import Image
 
 from .. import sampling
 from ..types import ModelInfo, SamplingParams
-from .diffusers_sd import _loading_bars_only_on_a_terminal, model_name, resolve_model_path, serving_defaults
-from .family import Conditioning, FamilyAdapter, PromptCache, to_pil
+from .family import Conditioning, FamilyAdapter, to_pil, vae_scale_factor_of
+from .folder import PipelineFolder, serving_info
 
 PIPELINE_CLASS = "FluxPipeline"
 T5_MAX_LENGTH = 512  # FluxPipeline's max_sequence_length default (and its upper bound)
@@ -100,30 +99,23 @@ class FluxAdapter(FamilyAdapter):
     """A loaded Flux.1 pipeline: tokenizers, the networks (torch), configs."""
 
     family = "flux"
+    prompt_cache_size = 64  # a real Flux prompt is 512 x 4096 values
 
-    def __init__(self, tokenizer, tokenizer_2, networks: FluxTorchNetworks, *, scheduler_config: dict,
-                 info: ModelInfo, latent_channels: int, vae_scale_factor: int, vae_scaling_factor: float,
+    def __init__(self, tokenizer, tokenizer_2, networks: FluxTorchNetworks, *, vae_scaling_factor: float,
                  vae_shift_factor: float, guidance_embeds: bool, max_sequence_length: int = T5_MAX_LENGTH,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 prompt_cache_size: int = 64) -> None:
+                 **common) -> None:
+        """`common`: FamilyAdapter's keywords (scheduler_config, info, latent_channels, vae_scale_factor, device,
+        dtype)."""
         if not 1 <= max_sequence_length <= T5_MAX_LENGTH:
             raise ValueError(f"max_sequence_length must be in 1..{T5_MAX_LENGTH} (FluxPipeline's bound); "
                              f"got {max_sequence_length!r}")
+        super().__init__(networks, **common)
         self.tokenizer = tokenizer
         self.tokenizer_2 = tokenizer_2
-        self.networks = networks
-        self.scheduler_config = dict(scheduler_config)
-        self.info = info
-        self.latent_channels = latent_channels
-        self.vae_scale_factor = vae_scale_factor
         self.vae_scaling_factor = vae_scaling_factor
         self.vae_shift_factor = vae_shift_factor
         self.guidance_embeds = guidance_embeds
         self.max_sequence_length = max_sequence_length
-        self.device = torch.device(device)
-        self.dtype = dtype
-        # A real Flux prompt is 512 x 4096 values: keep the cache small.
-        self.prompt_cache = PromptCache(prompt_cache_size)
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
@@ -131,23 +123,16 @@ class FluxAdapter(FamilyAdapter):
         from diffusers import AutoencoderKL, FluxTransformer2DModel
         from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, T5EncoderModel
 
-        path = resolve_model_path(model)
-        index = json.loads((path / "model_index.json").read_text())
-        if index.get("_class_name") != PIPELINE_CLASS:
-            raise ValueError(f"model: {path} holds a {index.get('_class_name')!r}, not a {PIPELINE_CLASS}")
+        folder = PipelineFolder.open(model, PIPELINE_CLASS)
         device = torch.device(device)
-        with _loading_bars_only_on_a_terminal():
-            tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
-            tokenizer_2 = AutoTokenizer.from_pretrained(path / "tokenizer_2")
-            text_encoder = CLIPTextModel.from_pretrained(path / "text_encoder", torch_dtype=dtype)
-            text_encoder_2 = T5EncoderModel.from_pretrained(path / "text_encoder_2", torch_dtype=dtype)
-            transformer = FluxTransformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype)
-            vae = AutoencoderKL.from_pretrained(path / "vae", torch_dtype=dtype)
+        tokenizer, tokenizer_2, text_encoder, text_encoder_2, transformer, vae = folder.load(
+            dtype, tokenizer=CLIPTokenizer, tokenizer_2=AutoTokenizer, text_encoder=CLIPTextModel,
+            text_encoder_2=T5EncoderModel, transformer=FluxTransformer2DModel, vae=AutoencoderKL)
         modules = [m.to(device).eval() for m in (text_encoder, text_encoder_2, transformer, vae)]
-        scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
-        defaults = serving_defaults(path)
-        vae_scale = 2 ** (len(vae.config.block_out_channels) - 1)
-        info = flux_model_info(model_name(model, path), vae_scale, scheduler_config, defaults,
+        scheduler_config = folder.scheduler_config()
+        defaults = folder.serving_defaults()
+        vae_scale = vae_scale_factor_of(vae.config)
+        info = flux_model_info(folder.name, vae_scale, scheduler_config, defaults,
                                guidance_embeds=transformer.config.guidance_embeds)
         return cls(tokenizer, tokenizer_2, FluxTorchNetworks(*modules), scheduler_config=scheduler_config,
                    info=info, latent_channels=transformer.config.in_channels // 4, vae_scale_factor=vae_scale,
@@ -157,12 +142,8 @@ class FluxAdapter(FamilyAdapter):
                    device=device, dtype=dtype)
 
     # --- text --------------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(T5 embeddings (T, D), CLIP pooled (P,)) per prompt, batched over the distinct uncached prompts."""
-        return self.prompt_cache.encode(prompts, self._encode_missing)
-
     def _encode_missing(self, prompts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(T5 embeddings (T, D), CLIP pooled (P,)) per prompt."""
         clip_ids = self.tokenizer(prompts, padding="max_length", max_length=self.tokenizer.model_max_length,
                                   truncation=True, return_tensors="pt").input_ids
         pooled = self.networks.encode_pooled(clip_ids.to(self.device)).to(self.dtype)
@@ -235,27 +216,9 @@ def flux_model_info(name: str, vae_scale: int, scheduler_config: dict, defaults:
     hands such a scheduler `mu`, which DPMSolverMultistepScheduler accepts only with use_dynamic_shifting)."""
     multiple = 2 * vae_scale
     default_size = DEFAULT_SAMPLE_SIZE * vae_scale
-    height = int(defaults.get("height", default_size))
-    width = int(defaults.get("width", default_size))
-    min_size = int(defaults.get("min_size", max(multiple, default_size // 4)))
-    max_size = int(defaults.get("max_size", default_size * 2))
-    if min_size % multiple or max_size % multiple or not min_size <= min(height, width) <= max(height, width) \
-            <= max_size:
-        raise ValueError(f"stepserve.json: min_size {min_size} and max_size {max_size} must be multiples of "
-                         f"{multiple} around the default size {width}x{height}")
     samplers = ("flow_euler", "dpmpp_2m") if sampling.uses_dynamic_shifting(scheduler_config) else ("flow_euler",)
-    return ModelInfo(
-        name=name,
-        default_sampler=defaults.get("default_sampler", "flow_euler"),
-        default_steps=int(defaults.get("default_steps", DEFAULT_STEPS)),
-        default_guidance_scale=float(defaults.get("default_guidance_scale", DEFAULT_GUIDANCE)),
-        default_height=height,
-        default_width=width,
-        size_multiple=multiple,
-        min_size=min_size,
-        max_size=max_size,
-        samplers=samplers,
-        family="flux",
-        negative_prompt=False,
-        guidance="embedded",
-    )
+    return serving_info(name, defaults, size_multiple=multiple, default_size=default_size,
+                        min_size=max(multiple, default_size // 4), max_size=default_size * 2,
+                        default_sampler="flow_euler", default_steps=DEFAULT_STEPS,
+                        default_guidance_scale=DEFAULT_GUIDANCE, samplers=samplers, family="flux",
+                        negative_prompt=False, guidance="embedded")

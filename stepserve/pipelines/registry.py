@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from .diffusers_sd import resolve_model_path
+from .folder import resolve_model_path
 
 FAMILIES: dict[str, str] = {
     "StableDiffusionPipeline": "stepserve.pipelines.diffusers_sd:StableDiffusionAdapter",

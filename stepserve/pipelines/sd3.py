@@ -18,7 +18,6 @@ Every rule below is diffusers 0.42's `StableDiffusion3Pipeline`, so that a serve
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -27,8 +26,8 @@ from PIL import Image
 
 from .. import sampling
 from ..types import ModelInfo, SamplingParams
-from .diffusers_sd import _loading_bars_only_on_a_terminal, model_name, resolve_model_path, serving_defaults
-from .family import Conditioning, FamilyAdapter, PromptCache, to_pil
+from .family import Conditioning, FamilyAdapter, to_pil, vae_scale_factor_of
+from .folder import PipelineFolder, serving_info
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
 T5_MAX_LENGTH = 256  # the pipeline's max_sequence_length default
@@ -72,28 +71,20 @@ class SD3Adapter(FamilyAdapter):
     networks, configs."""
 
     family = "sd3"
+    prompt_cache_size = 64  # a real SD3 prompt is 333 x 4096 values (2.7 MB in float16)
 
-    def __init__(self, tokenizers: list, networks: SD3TorchNetworks, *, scheduler_config: dict,
-                 info: ModelInfo, latent_channels: int, vae_scale_factor: int, patch_size: int,
-                 vae_scaling_factor: float, vae_shift_factor: float, joint_attention_dim: int,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 prompt_cache_size: int = 64) -> None:
+    def __init__(self, tokenizers: list, networks: SD3TorchNetworks, *, patch_size: int, vae_scaling_factor: float,
+                 vae_shift_factor: float, joint_attention_dim: int, **common) -> None:
+        """`common`: FamilyAdapter's keywords (scheduler_config, info, latent_channels, vae_scale_factor, device,
+        dtype)."""
         if len(tokenizers) != 3 or len(networks.text_encoders) != 3:
             raise ValueError("tokenizers and text encoders must be (CLIP-L, CLIP-G, T5 or None)")
+        super().__init__(networks, **common)
         self.tokenizers = tokenizers
-        self.networks = networks
-        self.scheduler_config = dict(scheduler_config)
-        self.info = info
-        self.latent_channels = latent_channels
-        self.vae_scale_factor = vae_scale_factor
         self.patch_size = patch_size
         self.vae_scaling_factor = vae_scaling_factor
         self.vae_shift_factor = vae_shift_factor
         self.joint_attention_dim = joint_attention_dim
-        self.device = torch.device(device)
-        self.dtype = dtype
-        # A real SD3 prompt is 333 x 4096 values (2.7 MB in float16): the cache is kept small.
-        self.prompt_cache = PromptCache(prompt_cache_size)
 
     @property
     def has_t5(self) -> bool:
@@ -107,31 +98,24 @@ class SD3Adapter(FamilyAdapter):
         from diffusers import AutoencoderKL, SD3Transformer2DModel
         from transformers import AutoTokenizer, CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel
 
-        path = resolve_model_path(model)
-        index = json.loads((path / "model_index.json").read_text())
-        if index.get("_class_name") != PIPELINE_CLASS:
-            raise ValueError(f"model: {path} holds a {index.get('_class_name')!r}, not a {PIPELINE_CLASS}")
+        folder = PipelineFolder.open(model, PIPELINE_CLASS)
         device = torch.device(device)
-        with _loading_bars_only_on_a_terminal():
-            tokenizers = [CLIPTokenizer.from_pretrained(path / "tokenizer"),
-                          CLIPTokenizer.from_pretrained(path / "tokenizer_2"), None]
-            encoders = [CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", torch_dtype=dtype),
-                        CLIPTextModelWithProjection.from_pretrained(path / "text_encoder_2", torch_dtype=dtype), None]
-            if _t5_declared(index, path):
-                tokenizers[2] = AutoTokenizer.from_pretrained(path / "tokenizer_3")
-                encoders[2] = T5EncoderModel.from_pretrained(path / "text_encoder_3", torch_dtype=dtype)
-            transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype)
-            vae = AutoencoderKL.from_pretrained(path / "vae", torch_dtype=dtype)
+        clip_l, clip_g, text_encoder, text_encoder_2 = folder.load(
+            dtype, tokenizer=CLIPTokenizer, tokenizer_2=CLIPTokenizer, text_encoder=CLIPTextModelWithProjection,
+            text_encoder_2=CLIPTextModelWithProjection)
+        tokenizers, encoders = [clip_l, clip_g, None], [text_encoder, text_encoder_2, None]
+        if _t5_declared(folder.index, folder.path):
+            tokenizers[2], encoders[2] = folder.load(dtype, tokenizer_3=AutoTokenizer, text_encoder_3=T5EncoderModel)
+        transformer, vae = folder.load(dtype, transformer=SD3Transformer2DModel, vae=AutoencoderKL)
         encoders = [e.to(device).eval() if e is not None else None for e in encoders]
         transformer, vae = transformer.to(device).eval(), vae.to(device).eval()
-        scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
-        info = sd3_model_info(model_name(model, path), transformer.config, vae.config, serving_defaults(path),
+        scheduler_config = folder.scheduler_config()
+        info = sd3_model_info(folder.name, transformer.config, vae.config, folder.serving_defaults(),
                               scheduler_config)
         return cls(tokenizers, SD3TorchNetworks(encoders, transformer, vae), scheduler_config=scheduler_config,
                    info=info, latent_channels=transformer.config.in_channels,
-                   vae_scale_factor=2 ** (len(vae.config.block_out_channels) - 1),
-                   patch_size=transformer.config.patch_size, vae_scaling_factor=vae.config.scaling_factor,
-                   vae_shift_factor=vae.config.shift_factor,
+                   vae_scale_factor=vae_scale_factor_of(vae.config), patch_size=transformer.config.patch_size,
+                   vae_scaling_factor=vae.config.scaling_factor, vae_shift_factor=vae.config.shift_factor,
                    joint_attention_dim=transformer.config.joint_attention_dim, device=device, dtype=dtype)
 
     # --- text --------------------------------------------------------------------------------------------------
@@ -143,14 +127,9 @@ class SD3Adapter(FamilyAdapter):
         conds = [next(rows) for _ in params]
         return [Conditioning(c, next(rows) if g else None) for c, g in zip(conds, guided)]
 
-    @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> list[dict[str, torch.Tensor]]:
-        """Per prompt {"encoder_hidden_states": (1, 77 + 256, D), "pooled_projections": (1, P)}, batched over the
-        distinct prompts not in the cache."""
-        return self.prompt_cache.encode(prompts, self._encode_missing)
-
     def _encode_missing(self, prompts: list[str]) -> list[dict[str, torch.Tensor]]:
-        # StableDiffusion3Pipeline.encode_prompt with prompt_2 = prompt_3 = prompt and clip_skip None.
+        """Per prompt {"encoder_hidden_states": (1, 77 + 256, D), "pooled_projections": (1, P)}:
+        StableDiffusion3Pipeline.encode_prompt with prompt_2 = prompt_3 = prompt and clip_skip None."""
         clip_embeds, clip_pooled = zip(*(self._clip(i, prompts) for i in (0, 1)))
         clip = torch.cat(clip_embeds, dim=-1)
         t5 = self._t5(prompts)
@@ -186,9 +165,6 @@ class SD3Adapter(FamilyAdapter):
         _, _, h, w = self.noise_shape(params.height, params.width)
         seq_len = (h // self.patch_size) * (w // self.patch_size)
         return {"mu": sampling.flow_shift_mu(seq_len, self.scheduler_config)}
-
-    def noise_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
-        return (1, self.latent_channels, int(height) // self.vae_scale_factor, int(width) // self.vae_scale_factor)
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -232,36 +208,18 @@ def _servable_samplers(scheduler_config: dict, default_tokens: int) -> tuple[str
 def sd3_model_info(name: str, transformer_config, vae_config, defaults: dict, scheduler_config: dict) -> ModelInfo:
     """Sizes: multiples of vae_scale * patch_size (the pipeline's check); default sample_size * vae_scale (its
     default); at most what the transformer's position embedding covers (pos_embed_max_size patches)."""
-    vae_scale = 2 ** (len(vae_config.block_out_channels) - 1)
+    vae_scale = vae_scale_factor_of(vae_config)
     patch = transformer_config.patch_size
     multiple = vae_scale * patch
     default_size = transformer_config.sample_size * vae_scale
     pos_max = transformer_config.pos_embed_max_size
     limit = pos_max * multiple if pos_max else default_size * 2
-    height = int(defaults.get("height", default_size))
-    width = int(defaults.get("width", default_size))
-    min_size = int(defaults.get("min_size", max(multiple, default_size // 2 // multiple * multiple)))
-    max_size = int(defaults.get("max_size", min(default_size * 2, limit)))
-    if min_size % multiple or max_size % multiple or max_size > limit or \
-            not min_size <= min(height, width) <= max(height, width) <= max_size:
-        raise ValueError(f"stepserve.json: min_size {min_size} and max_size {max_size} must be multiples of "
-                         f"{multiple}, at most {limit}, around the default size {width}x{height}")
     samplers = _servable_samplers(scheduler_config, (transformer_config.sample_size // patch) ** 2)
-    default_sampler = defaults.get("default_sampler", samplers[0])
-    if default_sampler not in samplers:
-        raise ValueError(f"stepserve.json: default_sampler {default_sampler!r} is not one of {samplers}")
-    return ModelInfo(
-        name=name,
-        default_sampler=default_sampler,
-        default_steps=int(defaults.get("default_steps", DEFAULT_STEPS)),
-        default_guidance_scale=float(defaults.get("default_guidance_scale", DEFAULT_GUIDANCE)),
-        default_height=height,
-        default_width=width,
-        size_multiple=multiple,
-        min_size=min_size,
-        max_size=max_size,
-        samplers=samplers,
-        family="sd3",
-        negative_prompt=True,
-        guidance="cfg",
-    )
+    info = serving_info(name, defaults, size_multiple=multiple, default_size=default_size,
+                        min_size=max(multiple, default_size // 2 // multiple * multiple),
+                        max_size=min(default_size * 2, limit), size_limit=limit, default_sampler=samplers[0],
+                        default_steps=DEFAULT_STEPS, default_guidance_scale=DEFAULT_GUIDANCE, samplers=samplers,
+                        family="sd3", negative_prompt=True, guidance="cfg")
+    if info.default_sampler not in samplers:
+        raise ValueError(f"stepserve.json: default_sampler {info.default_sampler!r} is not one of {samplers}")
+    return info

@@ -19,21 +19,15 @@ What it reproduces of StableDiffusionXLPipeline (diffusers 0.3x), per request:
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 from PIL import Image
 
 from ..types import SamplingParams
-from .diffusers_sd import (
-    _loading_bars_only_on_a_terminal,
-    model_info_for,
-    model_name,
-    resolve_model_path,
-    serving_defaults,
-)
-from .family import Conditioning, FamilyAdapter, PromptCache, to_pil, vae_decode, vae_dtype
+from .diffusers_sd import model_info_for
+from .family import Conditioning, FamilyAdapter, to_pil, vae_decode, vae_dtype, vae_scale_factor_of
+from .folder import PipelineFolder
 
 SDXL_GUIDANCE = 5.0  # StableDiffusionXLPipeline.__call__'s default guidance_scale
 
@@ -81,14 +75,11 @@ class StableDiffusionXLAdapter(FamilyAdapter):
         if unet.add_embedding.linear_1.in_features != expected:
             raise ValueError(f"{info.name}: the UNet's add embedding takes {unet.add_embedding.linear_1.in_features} "
                              f"features; SDXL's 6 time ids and text_encoder_2's projection give {expected}")
-        self.tokenizer, self.tokenizer_2, self.networks = tokenizer, tokenizer_2, networks
-        self.scheduler_config = dict(scheduler_config)
-        self.info = info
+        super().__init__(networks, scheduler_config=scheduler_config, info=info,
+                         latent_channels=unet.config.in_channels, vae_scale_factor=vae_scale_factor_of(vae.config),
+                         device=device, dtype=dtype)
+        self.tokenizer, self.tokenizer_2 = tokenizer, tokenizer_2
         self.force_zeros_for_empty_prompt = force_zeros_for_empty_prompt
-        self.device, self.dtype = torch.device(device), dtype
-        self.latent_channels = unet.config.in_channels
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
-        self.prompt_cache = PromptCache()
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
@@ -96,37 +87,29 @@ class StableDiffusionXLAdapter(FamilyAdapter):
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-        path = resolve_model_path(model)
-        index = json.loads((path / "model_index.json").read_text())
+        folder = PipelineFolder.open(model)
         missing = [name for name in ("tokenizer", "tokenizer_2", "text_encoder", "text_encoder_2", "unet", "vae",
-                                     "scheduler") if not (path / name).is_dir()]
+                                     "scheduler") if not (folder.path / name).is_dir()]
         if missing:
-            raise FileNotFoundError(f"{path}: an SDXL folder needs the sub-folders {', '.join(missing)}")
-        with _loading_bars_only_on_a_terminal():
-            tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
-            tokenizer_2 = CLIPTokenizer.from_pretrained(path / "tokenizer_2")
-            text_encoder = CLIPTextModel.from_pretrained(path / "text_encoder", torch_dtype=dtype)
-            text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder_2", torch_dtype=dtype)
-            unet = UNet2DConditionModel.from_pretrained(path / "unet", torch_dtype=dtype)
-            vae = AutoencoderKL.from_pretrained(path / "vae")
+            raise FileNotFoundError(f"{folder.path}: an SDXL folder needs the sub-folders {', '.join(missing)}")
+        tokenizer, tokenizer_2, text_encoder, text_encoder_2, unet = folder.load(
+            dtype, tokenizer=CLIPTokenizer, tokenizer_2=CLIPTokenizer, text_encoder=CLIPTextModel,
+            text_encoder_2=CLIPTextModelWithProjection, unet=UNet2DConditionModel)
+        [vae] = folder.load(vae=AutoencoderKL)  # then kept in the pipeline's dtype or upcast (vae_dtype)
         if vae.dtype != vae_dtype(vae.config, dtype):
             vae = vae.to(dtype=vae_dtype(vae.config, dtype))
         device = torch.device(device)
         networks = SDXLNetworks(*(m.to(device).eval() for m in (text_encoder, text_encoder_2, unet, vae)))
-        scheduler_config = json.loads((path / "scheduler" / "scheduler_config.json").read_text())
-        defaults = {"default_guidance_scale": SDXL_GUIDANCE, **serving_defaults(path)}
-        info = model_info_for(model_name(model, path), unet.config, vae.config, scheduler_config, defaults,
-                              family="sdxl")
+        scheduler_config = folder.scheduler_config()
+        defaults = {"default_guidance_scale": SDXL_GUIDANCE, **folder.serving_defaults()}
+        info = model_info_for(folder.name, unet.config, vae.config, scheduler_config, defaults, family="sdxl")
         return cls(tokenizer, tokenizer_2, networks, scheduler_config, info,
-                   force_zeros_for_empty_prompt=bool(index.get("force_zeros_for_empty_prompt", True)),
+                   force_zeros_for_empty_prompt=bool(folder.index.get("force_zeros_for_empty_prompt", True)),
                    device=device, dtype=dtype)
 
     # --- text --------------------------------------------------------------------------------------------------
-    def encode_prompts(self, prompts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(embeddings (T, D1 + D2), pooled (P,)) per prompt, batched over the prompts not in the cache."""
-        return self.prompt_cache.encode(prompts, self._encode_missing)
-
     def _encode_missing(self, prompts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(embeddings (T, D1 + D2), pooled (P,)) per prompt."""
         ids = [tok(prompts, padding="max_length", max_length=tok.model_max_length, truncation=True,
                    return_tensors="pt").input_ids.to(self.device) for tok in (self.tokenizer, self.tokenizer_2)]
         embeds, pooled = self.networks.encode_text(*ids)
@@ -157,8 +140,5 @@ class StableDiffusionXLAdapter(FamilyAdapter):
         return torch.tensor([[height, width, 0, 0, height, width]], dtype=self.dtype, device=self.device)
 
     # --- latents -----------------------------------------------------------------------------------------------
-    def noise_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
-        return (1, self.latent_channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
-
     def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         return to_pil(self.networks.decode(latents))
