@@ -17,8 +17,7 @@ import time
 from stepserve.bench.runner import LoadPlan
 from stepserve.bench.targets import Contender
 from stepserve.bench.workload import Mix, poisson_trace
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling import LatencyModel
+from stepserve.costs import CostModel, LatencyModel
 from stepserve.sim.bench import (
     SimSetup,
     model_for,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from stepserve.executor.fake import FAKE_MODEL
+from stepserve.costs import FAKE_MODEL
 from stepserve.types import SamplingParams
 from stepserve.validation import ValidationError, resolve_params
 

@@ -111,7 +111,7 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
 def _latency_model(cfg: BenchConfig, executor, startup: Startup):
     """The one LatencyModel every slo contender predicts with, and where it came from; (None, None) when no
     contender is slo. Measuring it is start-up, timed into startup.latency_model_s, never inside a run."""
-    from ..scheduling import LatencyModel
+    from ..costs import LatencyModel
 
     slo = [c for c in cfg.contenders if c.strategy == "slo"]
     if not slo:
@@ -136,9 +136,9 @@ def measure_latency_model(executor, max_batch_size: int, progress: bool = True):
 
 def load_model(model: str, device: str, dtype: str, backend: str = "torch"):
     if model == "fake":
-        from .targets import SleepingFakeExecutor
+        from ..costs import FakeExecutor
 
-        return SleepingFakeExecutor()
+        return FakeExecutor(sleep=True)  # the fake model on the wall clock: it sleeps what it charges
     from ..api import load_executor
     from ..pipelines.diffusers_sd import resolve_model_path
 

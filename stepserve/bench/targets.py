@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..executor.fake import CostModel, FakeExecutor
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
-from ..types import FinishReason, Request, RequestStatus
+from ..types import FinishReason, RequestStatus
 from .logs import warn_once
 from .workload import RequestSpec
 
@@ -265,25 +263,3 @@ def reply_from_body(body: dict[str, Any]) -> Reply:
     sizes = info.get("batch_sizes") or []
     return Reply(OK, queue_s=_seconds(info, "queue"), first_step_s=first, denoise_s=_seconds(info, "denoise"),
                  decode_s=_seconds(info, "decode"), batch_sizes=[int(s) for s in sizes])
-
-
-class SleepingFakeExecutor(FakeExecutor):
-    """The fake executor on a real clock: it sleeps the time its cost model reports (`--model fake`)."""
-
-    def __init__(self, cost: CostModel | None = None) -> None:
-        super().__init__(cost=cost)
-
-    def prepare(self, requests: list[Request]) -> float:
-        return _sleep(super().prepare(requests))
-
-    def denoise(self, requests: list[Request]) -> float:
-        return _sleep(super().denoise(requests))
-
-    def decode(self, requests: list[Request]) -> float:
-        return _sleep(super().decode(requests))
-
-
-def _sleep(seconds: float) -> float:
-    start = time.perf_counter()
-    time.sleep(seconds)
-    return time.perf_counter() - start

@@ -1,8 +1,8 @@
 """`stepserve profile`: measure a model's stage latencies on this device and write them as a latency model file.
 
 The file is what `stepserve serve --latency-model PATH` plans with (strategy slo) and what the simulator's
-LatencyModelExecutor charges (stepserve.sim.latency_executor). The step and encode costs are measured with and
-without guidance rows (stepserve.profiling.guidance); the model's main curves are those of a request at the
+fake executor charges (stepserve.costs). The step and encode costs are measured with and
+without guidance rows (stepserve.profiling.measure); the model's main curves are those of a request at the
 model's default guidance. The metadata records the device, dtype, backend, threads, library versions, the machine
 and the spread (fastest and slowest repeat) of every point.
 """
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from ..api import load_executor
-    from .guidance import measure_with_and_without_guidance
+    from .measure import measure_with_and_without_guidance
 
     print(f"{PROG}: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}, "
           f"{args.threads} threads) ...", file=sys.stderr, flush=True)

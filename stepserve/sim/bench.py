@@ -39,9 +39,8 @@ from ..bench.runner import NO_DEADLINE_S, ContenderRun, LoadPlan, rotate
 from ..bench.sweep import SweepResult, SweepSpec, _Sweeper, find_knee, point_from_run
 from ..bench.targets import OK, Contender
 from ..bench.workload import Mix, Trace, TraceItem, poisson_trace, user_requests
+from ..costs import FakeExecutor, LatencyModel, model_for
 from ..engine import EngineCore
-from ..executor.fake import FAKE_MODEL
-from ..scheduling import LatencyModel
 from ..types import ModelInfo
 from .drive import Driven, drive_closed, drive_open
 
@@ -54,24 +53,12 @@ class SimSetup:
 
     latency: LatencyModel
     model: ModelInfo
-    noise: float = 0.0  # spread of the charged costs (see LatencyModelExecutor); 0: exactly the model
+    noise: float = 0.0  # spread of the charged costs (see stepserve.costs.LatencyCharges); 0: exactly the model
     source: str = ""  # where the latency model came from, for the report
 
 
-def model_for(latency: LatencyModel) -> ModelInfo:
-    """The model the simulated engine validates requests against: the fake model's limits and defaults, with the
-    latency model's reference bucket as the default size (so a request without a size costs what was profiled)."""
-    h, w = latency.reference_bucket
-    biggest = max(max(b) for b in list(latency.step) + list(latency.decode))
-    return replace(FAKE_MODEL, name=str(latency.metadata.get("model") or "simulated"), default_height=h,
-                   default_width=w, min_size=min(FAKE_MODEL.min_size, h, w),
-                   max_size=max(FAKE_MODEL.max_size, biggest), size_multiple=1)
-
-
 def make_executor(setup: SimSetup, seed: int):
-    from .latency_executor import LatencyModelExecutor
-
-    return LatencyModelExecutor(setup.model, setup.latency, noise=setup.noise, seed=seed)
+    return FakeExecutor.charging(setup.latency, setup.noise, seed)
 
 
 def make_core(setup: SimSetup, contender: Contender, seed: int) -> EngineCore:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..bench.targets import Contender
 from ..bench.workload import Mix, poisson_trace
-from ..scheduling import LatencyModel
+from ..costs import LatencyModel
 from .replicas import FleetResult, allowed_misses, run_replicas, summarize
 from .routers import make_router
 from .run import Arrival

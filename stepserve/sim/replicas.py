@@ -240,8 +240,6 @@ def run_replicas(
 def latency_cores(n: int, latency, options, noise: float = 0.0, seed: int = 0) -> list[EngineCore]:
     """n fresh engines with these EngineOptions, each on its own LatencyModelExecutor charging `latency` (replica
     r's noise seeded by seed * 1000 + r, so replicas do not draw in lockstep)."""
-    from .bench import model_for
-    from .latency_executor import LatencyModelExecutor
+    from ..costs import FakeExecutor
 
-    model = model_for(latency)
-    return [options.make_core(LatencyModelExecutor(model, latency, noise, seed * 1000 + r)) for r in range(n)]
+    return [options.make_core(FakeExecutor.charging(latency, noise, seed * 1000 + r)) for r in range(n)]

@@ -7,7 +7,7 @@ import pytest
 
 from stepserve.api import EngineOptions
 from stepserve.bench.workload import Mix, poisson_trace
-from stepserve.scheduling.latency import Curve, LatencyModel
+from stepserve.costs.latency_model import Curve, LatencyModel
 from stepserve.sim.replicas import (
     COMPLETED,
     FAILED,

@@ -11,15 +11,13 @@ from stepserve.bench.runner import LoadPlan
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, Contender
 from stepserve.bench.workload import Mix, poisson_trace
 from stepserve.cli import main as stepserve_main
+from stepserve.costs import CostModel, FakeExecutor, LatencyCharges, LatencyModel, model_for
 from stepserve.engine import EngineCore
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling import LatencyModel
 from stepserve.scheduling.continuous import ContinuousBatchingPolicy
 from stepserve.scheduling.slo import SLOPolicy
-from stepserve.sim.bench import SimSetup, make_core, model_for, simulate_contender
+from stepserve.sim.bench import SimSetup, make_core, simulate_contender
 from stepserve.sim.cli import main
 from stepserve.sim.drive import drive_open
-from stepserve.sim.latency_executor import LatencyModelExecutor
 
 WORKLOAD = ["--steps", "2,4", "--duration", "0.8", "--warmup", "0.3", "--drain", "0.5", "--capacity-duration", "1.0",
             "--no-progress", "--seed", "3", "--strategies", "continuous,dynamic", "--dynamic-delays-ms", "5"]
@@ -129,7 +127,8 @@ def test_the_simulator_runs_the_servers_engine_and_policies(latency_file):
     setup = SimSetup(latency, model_for(latency))
     core = make_core(setup, Contender("continuous", max_batch_size=4), 0)
     assert type(core) is EngineCore and type(core.policy) is ContinuousBatchingPolicy
-    assert core.policy.max_batch_size == 4 and isinstance(core.executor, LatencyModelExecutor)
+    assert core.policy.max_batch_size == 4 and isinstance(core.executor, FakeExecutor)
+    assert isinstance(core.executor.cost, LatencyCharges) and core.executor.cost.latency is latency
     slo = make_core(setup, Contender("slo"), 0)
     assert type(slo.policy) is SLOPolicy and slo.policy.latency_model is latency
 
