@@ -132,7 +132,7 @@ class EngineTarget:
         except asyncio.CancelledError:
             self.engine.abort(handle.request_id)  # the caller gave up: free the slot
             raise
-        return _reply_from_result(result, self)
+        return reply_of(result, self.keep_images)
 
     async def stop(self) -> None:
         if self.engine is not None:
@@ -145,18 +145,19 @@ class EngineTarget:
         return self._busy
 
 
-def _reply_from_result(result, target: EngineTarget) -> Reply:
-    t = result.timing
-    reason = getattr(result.finish_reason, "value", None)
-    if result.status is RequestStatus.REJECTED:
-        return Reply(REJECTED, error=result.error, reason=reason)
-    if result.status is not RequestStatus.COMPLETED:
-        status = TIMEOUT if result.finish_reason is FinishReason.TIMEOUT else FAILED
-        return Reply(status, error=result.error or result.status.value, reason=reason)
-    image = result.image if target.keep_images else None
+def reply_of(finished, keep_image: bool = False) -> Reply:
+    """A finished request as the load generator sees it: `finished` is the engine's Request or the async engine's
+    result for it (both carry status, finish_reason, error, timing and image)."""
+    t = finished.timing
+    reason = getattr(finished.finish_reason, "value", None)
+    if finished.status is RequestStatus.REJECTED:
+        return Reply(REJECTED, error=finished.error, reason=reason)
+    if finished.status is not RequestStatus.COMPLETED:
+        status = TIMEOUT if finished.finish_reason is FinishReason.TIMEOUT else FAILED
+        return Reply(status, error=finished.error or finished.status.value, reason=reason)
     first = None if t.first_step_done is None else t.first_step_done - t.arrival
     return Reply(OK, queue_s=t.queue_s, first_step_s=first, denoise_s=t.denoise_s, decode_s=t.decode_s,
-                 batch_sizes=list(t.batch_sizes), image=image)
+                 batch_sizes=list(t.batch_sizes), image=finished.image if keep_image else None)
 
 
 class HttpTarget:

@@ -62,14 +62,12 @@ class LatencyCharges:
     def encode_s(self, requests: list[Request]) -> float:
         if not requests:
             return 0.0
-        guided = sum(1 for r in requests if r.params.guidance_scale > 1)
-        return self._charge("encode", None, len(requests), guided)
+        return self._charge("encode", None, len(requests), _guided(requests))
 
     def step_s(self, requests: list[Request]) -> float:
         if not requests:
             return 0.0
-        guided = sum(1 for r in requests if r.params.guidance_scale > 1)
-        return self._charge("step", requests[0].bucket, len(requests), guided)
+        return self._charge("step", requests[0].bucket, len(requests), _guided(requests))
 
     def decode_s(self, requests: list[Request]) -> float:
         counts: dict[Bucket, int] = {}
@@ -120,6 +118,15 @@ class LatencyCharges:
         rows = self._only.rows
         count = n if rows is None else (n + guided) / rows
         return [(self._only, 1.0, count)]
+
+
+def _guided(requests: list[Request]) -> int:
+    """How many of the requests run guidance rows (a plain loop: this runs once per simulated step)."""
+    guided = 0
+    for r in requests:
+        if r.params.guidance_scale > 1:
+            guided += 1
+    return guided
 
 
 def _stage_s(curves: GuidanceCurves, stage: str, bucket: Bucket | None, count: float) -> float:

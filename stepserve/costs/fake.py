@@ -80,9 +80,8 @@ class FakeExecutor:
         if self.fault is not None and self.fault(stage, requests):
             raise RuntimeError(f"injected {stage} fault")
 
-    def _took(self, seconds: float) -> float:
-        if not self.sleep:
-            return seconds
+    @staticmethod
+    def _slept(seconds: float) -> float:
         start = time.perf_counter()
         time.sleep(seconds)
         return time.perf_counter() - start
@@ -92,7 +91,8 @@ class FakeExecutor:
         for r in requests:
             r.latents = float(r.params.seed % 997)
             r.sampler_state = []  # the steps taken, in order
-        return self._took(self.cost.encode_s(requests))
+        seconds = self.cost.encode_s(requests)
+        return self._slept(seconds) if self.sleep else seconds
 
     def denoise(self, requests: list[Request]) -> float:
         if not requests:
@@ -106,13 +106,15 @@ class FakeExecutor:
         for r in requests:
             r.latents = r.latents * 0.5 + r.step  # depends only on the request's own history
             r.sampler_state.append(r.step)
-        return self._took(self.cost.step_s(requests))
+        seconds = self.cost.step_s(requests)
+        return self._slept(seconds) if self.sleep else seconds
 
     def decode(self, requests: list[Request]) -> float:
         self._maybe_fail("decode", requests)
         for r in requests:
             r.image = r.latents
-        return self._took(self.cost.decode_s(requests))
+        seconds = self.cost.decode_s(requests)
+        return self._slept(seconds) if self.sleep else seconds
 
     def preview(self, request: Request) -> float:
         return request.latents

@@ -13,7 +13,7 @@ from stepserve.costs.guidance import by_guidance_rows
 from stepserve.costs.latency_model import Curve, LatencyModel
 from stepserve.engine import EngineCore
 from stepserve.scheduling import make_policy
-from stepserve.sim.run import Arrival, simulate
+from stepserve.sim import Arrival, simulate
 from stepserve.types import Request, RequestStatus, SamplingParams
 
 A, B = (32, 32), (64, 64)
