@@ -105,9 +105,9 @@ def trace_arrivals(spec: PlanSpec) -> list[Arrival]:
 def simulate_fleet(spec: PlanSpec, strategy: str, replicas: int, stop_early: bool = True,
                    on_progress: Callable[[int], None] | None = None) -> tuple[FleetResult, Probe]:
     """Serve the plan's trace on `replicas` engines of `strategy` behind the plan's router."""
-    from .bench import SimSetup, make_core, model_for
+    from .bench import SimSetup, make_core
 
-    setup = SimSetup(spec.latency, model_for(spec.latency))
+    setup = SimSetup(spec.latency)
     contender = Contender(strategy, max_batch_size=spec.max_batch_size)
     cores = [make_core(setup, contender, spec.seed * 1000 + r) for r in range(replicas)]
     arrivals = trace_arrivals(spec)
