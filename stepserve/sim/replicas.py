@@ -155,7 +155,7 @@ _STATUS = {RequestStatus.COMPLETED: COMPLETED, RequestStatus.REJECTED: REJECTED}
 
 
 def latency_cores(n: int, latency, options, noise: float = 0.0, seed: int = 0) -> list[EngineCore]:
-    """n fresh engines with these EngineOptions, each on its own LatencyModelExecutor charging `latency` (replica
+    """n fresh engines with these EngineOptions, each on its own fake executor charging `latency` (replica
     r's noise seeded by seed * 1000 + r, so replicas do not draw in lockstep)."""
     from ..costs import FakeExecutor
 
