@@ -262,9 +262,9 @@ def to_json(spec: PlanSpec, plans: list[StrategyPlan], mix_description: str) -> 
 def plot(spec: PlanSpec, plans: list[StrategyPlan], path) -> None:
     """p95 against replica count per strategy, the SLO as a line; counts whose p95 is infinite or unknown (the
     run stopped early) are drawn as crosses at the top."""
-    from ..bench.plots import _pyplot
+    from ..bench.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     slo_ms = spec.slo_s * 1000
     finite = [p.p95_s * 1000 for pl in plans for p in pl.probes if math.isfinite(p.p95_s) and not p.stopped_early]
