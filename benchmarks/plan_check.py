@@ -20,7 +20,7 @@ from common import add_run_args, stepserve
 def one_replica_rate(latency_path: Path, args) -> tuple[float, list[tuple[float, float]]]:
     """The highest rate (req/s) at which one simulated replica holds the SLO, by bisection."""
     from stepserve.bench.workload import Mix
-    from stepserve.scheduling import LatencyModel
+    from stepserve.costs import LatencyModel
     from stepserve.sim.plan import PlanSpec, simulate_fleet
 
     latency = LatencyModel.load(latency_path)

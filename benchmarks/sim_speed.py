@@ -11,20 +11,15 @@ it, and a JSON line. The target is well under 30 s of wall time on two CPU cores
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 
-from stepserve.bench.runner import LoadPlan
+from stepserve.bench.runner import LoadPlan, measure_capacity, run_contender
 from stepserve.bench.targets import Contender
 from stepserve.bench.workload import Mix, poisson_trace
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling import LatencyModel
-from stepserve.sim.bench import (
-    SimSetup,
-    model_for,
-    simulate_capacity,
-    simulate_contender,
-)
+from stepserve.costs import CostModel, LatencyModel
+from stepserve.sim.bench import SimSetup, SimulatedDriver, contender_maker
 
 
 def main() -> None:
@@ -36,16 +31,18 @@ def main() -> None:
     args = p.parse_args()
 
     latency = LatencyModel.from_cost_model(CostModel())
-    setup = SimSetup(latency, model_for(latency), source="the fake executor's cost model")
+    driver = SimulatedDriver(SimSetup(latency, source="the fake executor's cost model"))
     mix = Mix.from_steps([8, 20, 40])
     contender = Contender("continuous", max_batch_size=args.max_batch_size)
-    capacity = simulate_capacity(setup, contender, mix, 2 * args.max_batch_size, 60.0, 5.0, args.seed)
+    maker = contender_maker(contender)
+    capacity = asyncio.run(measure_capacity(driver, maker, mix, 2 * args.max_batch_size, 60.0, 5.0, args.seed,
+                                            progress=False))
     rate = args.rate_frac * capacity.rps
     trace = poisson_trace(mix, rate, args.requests / rate, args.seed)
     plan = LoadPlan("open", mix, args.seed, 0.0, trace.duration_s, 5.0, trace=trace, rate_rps=rate)
 
     t0 = time.perf_counter()
-    run = simulate_contender(setup, contender, plan, 0, None)
+    run = asyncio.run(run_contender(driver, maker, plan, 0, None, progress=False))
     wall = time.perf_counter() - t0
     m = run.metrics
     print(f"capacity {capacity.rps:.2f} req/s; rate {rate:.2f} req/s; {len(trace.items)} requests over "

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engine import EngineCore
-from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, LatencyModel, make_policy
+from .costs import LatencyModel
+from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, make_policy
 
 log = logging.getLogger(__name__)
 

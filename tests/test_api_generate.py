@@ -4,7 +4,7 @@ import pytest
 
 from stepserve.api import Engine
 from stepserve.clock import SimClock
-from stepserve.executor.fake import FakeExecutor
+from stepserve.costs import FakeExecutor
 from stepserve.types import RequestStatus, SamplingParams
 
 

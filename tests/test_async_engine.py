@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from stepserve.async_engine import AsyncEngine, ShuttingDownError
+from stepserve.costs import FakeExecutor
 from stepserve.engine import QueueFullError
-from stepserve.executor.fake import FakeExecutor
 from stepserve.types import FinishReason, RequestStatus, SamplingParams
 from stepserve.validation import ValidationError
 

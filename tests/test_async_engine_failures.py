@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from stepserve.async_engine import AsyncEngine, EngineDeadError
-from stepserve.executor.fake import FakeExecutor
+from stepserve.costs import FakeExecutor
 from stepserve.types import FinishReason, RequestStatus, SamplingParams
 
 WAIT_S = 10.0  # generous: the engine answers these in milliseconds; this only stops a hang
@@ -156,9 +156,9 @@ def test_failing_preview_is_logged_once_and_the_stream_goes_on(caplog):
 
 
 def test_executor_failure_is_logged_once_per_stage_and_kind(caplog):
-    from stepserve.sim import Arrival, simulate
     from stepserve.engine import EngineCore
     from stepserve.scheduling import make_policy
+    from stepserve.sim import Arrival, simulate
 
     core = EngineCore(FakeExecutor(fault=lambda stage, requests: stage == "decode"), make_policy("continuous"))
     with caplog.at_level(logging.ERROR, logger="stepserve.engine"):

@@ -3,14 +3,13 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nothing_lost import assert_nothing_lost, every_nth_call_fails
 
+from stepserve.costs import FakeExecutor
 from stepserve.engine import EngineCore, QueueFullError
-from stepserve.executor.fake import FakeExecutor
 from stepserve.scheduling import STRATEGIES, make_policy
 from stepserve.sim import Arrival
 from stepserve.types import FinishReason, RequestStatus, SamplingParams
-
-from nothing_lost import assert_nothing_lost, every_nth_call_fails
 
 arrival = st.builds(
     lambda t, steps, g, size, timeout, abort: (t, steps, g, size, timeout, abort),
@@ -103,7 +102,7 @@ def test_a_waiting_deadline_is_a_wake_up_time(strategy):
 
 
 def test_an_image_finished_after_its_deadline_is_a_timeout_not_an_answer():
-    from stepserve.executor.fake import CostModel
+    from stepserve.costs import CostModel
 
     # the deadline falls inside the decode of the last step: the image exists, but too late
     core = EngineCore(FakeExecutor(cost=CostModel(decode_fixed_s=0.5)), make_policy("continuous"))

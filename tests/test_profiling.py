@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from stepserve import profiling
-from stepserve.executor.fake import CostModel, FakeExecutor
-from stepserve.scheduling.latency import LatencyModel
+from stepserve.costs import CostModel, FakeExecutor
+from stepserve.costs.latency_model import LatencyModel
 from stepserve.validation import ValidationError
 
 COST = CostModel(step_fixed_s=0.0123, step_per_item_s=0.0041, encode_fixed_s=0.0031, encode_per_item_s=0.00071,
@@ -345,7 +345,7 @@ def test_format_bytes():
 
 
 def test_curves_are_made_non_decreasing_without_touching_monotone_ones():
-    from stepserve.profiling.latency import non_decreasing
+    from stepserve.profiling.measure import non_decreasing
 
     assert non_decreasing([(1, 1.0), (2, 2.0), (3, 3.0)]) == ((1, 1.0), (2, 2.0), (3, 3.0))
     fitted = non_decreasing([(1, 4.1), (2, 5.9), (3, 7.1), (4, 7.5), (5, 9.9), (6, 8.6), (7, 9.9), (8, 13.0)])

@@ -61,7 +61,7 @@ def test_disabled_writes_nothing_and_a_terminal_gets_tqdm():
 def test_offline_generate_logs_two_lines_to_a_non_terminal_stderr(capsys):
     from stepserve import Engine, SamplingParams
     from stepserve.clock import SimClock
-    from stepserve.executor.fake import FakeExecutor
+    from stepserve.costs import FakeExecutor
 
     engine = Engine(FakeExecutor(), clock=SimClock(), strategy="continuous", max_batch_size=8)
     results = engine.generate([SamplingParams(prompt="p", seed=i, num_inference_steps=3) for i in range(200)],

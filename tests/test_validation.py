@@ -2,7 +2,7 @@
 
 import pytest
 
-from stepserve.executor.fake import FAKE_MODEL
+from stepserve.costs import FAKE_MODEL
 from stepserve.types import SamplingParams
 from stepserve.validation import ValidationError, resolve_params
 
@@ -58,7 +58,7 @@ def test_a_request_is_resolved_once_where_it_enters():
     a drawn seed is the one that runs and nothing is checked twice."""
     from stepserve.api import Engine
     from stepserve.engine import EngineCore
-    from stepserve.executor.fake import FakeExecutor
+    from stepserve.costs import FakeExecutor
     from stepserve.scheduling import make_policy
     from stepserve.types import ResolvedParams
 

@@ -19,8 +19,10 @@ from .plots import (BATCH_SIZE_OVER_TIME, LATENCY_CDF, THROUGHPUT_VS_LATENCY, pl
 from .report import conclusions, write_report
 from .resources import capture_environment
 from .results import BenchResults, BenchSettings, CdfSeries, Startup, write_json
+from .live import LiveDriver
 from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measure_idle, rotate, run_contender
 from .sweep import SweepSpec, run_sweep
+from .testbed import Described, Makers, Testbed
 from .remote import server_target
 from .targets import Contender, EngineTarget
 from ..loading import default_threads
@@ -77,12 +79,16 @@ class BenchConfig:
         return self.timeout_s is not None or self.timeout_slo
 
 
-@dataclass
-class Makers:
-    contenders: list[TargetMaker]  # one per contender
-    reference: TargetMaker  # for idle latency and capacity: continuous in process, else the first server
-    latency_model: Any = None  # the LatencyModel every slo contender got (in process), else None
-    latency_model_source: str | None = None
+def live_testbed(cfg: BenchConfig) -> Testbed:
+    """In-process engines on `cfg.model`, servers (--target) or peers on loopback (--peers), on the wall clock."""
+    if not cfg.targets and not cfg.peers and cfg.model != "fake":
+        import torch
+
+        torch.set_num_threads(cfg.threads or default_threads())
+    startup = Startup(model_load_s=None)
+    makers = _makers(cfg, startup)
+    return Testbed(LiveDriver(), makers, _remote_kind(cfg.targets) if cfg.targets else cfg.device,
+                   _described(cfg), startup)
 
 
 def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
@@ -106,28 +112,20 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
 
 def _latency_model(cfg: BenchConfig, executor, startup: Startup):
     """The one LatencyModel every slo contender predicts with, and where it came from; (None, None) when no
-    contender is slo. Measuring it is start-up, timed into startup.latency_model_s, never inside a run."""
-    from ..scheduling import LatencyModel
+    contender is slo. Given, loaded, or measured on the shared executor (engine_config.resolve_latency_model, as
+    every engine does); measuring it is start-up, timed into startup.latency_model_s, never inside a run."""
+    from ..engine_config import resolve_latency_model
 
     slo = [c for c in cfg.contenders if c.strategy == "slo"]
     if not slo:
         return None, None
-    if isinstance(cfg.latency_model, LatencyModel):
-        return cfg.latency_model, "given"
-    if cfg.latency_model is not None:
-        return LatencyModel.load(cfg.latency_model), f"loaded from {cfg.latency_model}"
     batch = max(c.max_batch_size for c in slo)
     t0 = time.monotonic()
-    model = measure_latency_model(executor, batch, cfg.progress)
-    startup.latency_model_s = time.monotonic() - t0
-    return model, f"measured on the benchmark's executor up to batch size {batch}"
-
-
-def measure_latency_model(executor, max_batch_size: int, progress: bool = True):
-    """Time the executor's stages (stepserve.profiling) for the slo policy's predictions."""
-    from ..profiling import measure_latency_model as measure
-
-    return measure(executor, max_batch_size, progress=progress)
+    model = resolve_latency_model(cfg.latency_model or "measure", executor, batch, progress=cfg.progress)
+    if cfg.latency_model is None:
+        startup.latency_model_s = time.monotonic() - t0
+        return model, f"measured on the benchmark's executor up to batch size {batch}"
+    return model, "given" if model is cfg.latency_model else f"loaded from {cfg.latency_model}"
 
 
 def load_model(cfg: BenchConfig):
@@ -138,9 +136,9 @@ def load_model(cfg: BenchConfig):
 
     fake = None
     if cfg.model == "fake":
-        from .targets import SleepingFakeExecutor
+        from ..costs import FakeExecutor
 
-        fake = SleepingFakeExecutor()
+        fake = FakeExecutor(sleep=True)  # the fake model on the wall clock: it sleeps what it charges
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
     config = EngineConfig(cfg.model, cfg.device, cfg.dtype, cfg.backend, threads=None, memory_cap=False,
                           fast_path=cfg.fast_path if fake is None else None, options=EngineOptions(max_batch_size=batch))
@@ -155,17 +153,14 @@ class BenchRun:
     latency_model: Any = None  # what the slo contenders predicted with (written as latency_model.json)
 
 
-async def run_bench(cfg: BenchConfig) -> BenchRun:
-    if not cfg.targets and not cfg.peers and cfg.model != "fake":
-        import torch
+async def run_bench(cfg: BenchConfig, bed: Testbed | None = None) -> BenchRun:
+    """The whole benchmark on a testbed (default: live_testbed(cfg)); the simulator passes its own."""
+    bed = bed or live_testbed(cfg)
+    env = capture_environment(cfg.argv, bed.environment)
+    driver, startup = bed.driver, bed.startup
+    makers, reference = bed.makers.contenders, bed.makers.reference
 
-        torch.set_num_threads(cfg.threads or default_threads())  # before loading, as the serve command does
-    env = capture_environment(cfg.argv, _remote_kind(cfg.targets) if cfg.targets else cfg.device)
-    startup = Startup(model_load_s=None)
-    both = _makers(cfg, startup)
-    makers, reference = both.contenders, both.reference
-
-    idle = await measure_idle(reference, cfg.mix, progress=cfg.progress)
+    idle = await measure_idle(driver, reference, cfg.mix, progress=cfg.progress, seed=cfg.seed)
     slo_s, slo_rule = slo_from(cfg, idle)
     drain_s = cfg.drain_s if cfg.drain_s is not None else max(5.0, 3.0 * slo_s)
     timeout_s, timeout_rule = _deadline(cfg, slo_s)
@@ -177,8 +172,8 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
         longest_s = max(i.latency_s for i in idle)
         # Long enough for many requests to finish, with a warm-up that fills every batch slot first.
         duration = max(cfg.capacity_duration_s, 5.0 * longest_s)
-        capacity = await measure_capacity(reference, cfg.mix, 2 * batch, duration, max(2.0, 2.0 * longest_s),
-                                          cfg.seed, cfg.progress)
+        capacity = await measure_capacity(driver, reference, cfg.mix, 2 * batch, duration,
+                                          max(2.0, 2.0 * longest_s), cfg.seed, cfg.progress)
         if capacity.completed < 3:
             raise ValueError(f"the capacity measurement completed only {capacity.completed} requests in "
                              f"{duration:g} s; give a longer --capacity-duration, or an absolute --rate")
@@ -188,26 +183,26 @@ async def run_bench(cfg: BenchConfig) -> BenchRun:
     for repeat in range(cfg.repeats):
         for maker in rotate(makers, repeat):
             label = f"{maker.name} (repeat {repeat + 1}/{cfg.repeats})" if cfg.repeats > 1 else maker.name
-            run = await run_contender(maker, plan, repeat, slo_s, cfg.progress, label)
+            run = await run_contender(driver, maker, plan, repeat, slo_s, cfg.progress, label)
             startup.engine_start_s.append(run.engine_start_s)
             runs.append(run)
 
-    settings = _settings(cfg, plan.rate_rps, drain_s, slo_rule)
+    settings = _settings(cfg, plan.rate_rps, drain_s, slo_rule, bed.described)
     settings.timeout_s, settings.timeout_rule = timeout_s, timeout_rule
-    if both.latency_model is not None:
-        settings.latency_model = both.latency_model_source + " (saved as latency_model.json)"
+    if bed.makers.latency_model is not None:
+        settings.latency_model = bed.makers.latency_model_source + " (saved as latency_model.json)"
     results = assemble_results(cfg, env, settings, startup, plan, slo_s, idle, capacity, runs,
                                [m.name for m in makers])
 
     if cfg.sweep:
         spec = _sweep_spec(cfg, capacity.rps if capacity else None, drain_s)
         spec.timeout_s = timeout_s
-        sweep = await run_sweep(makers, cfg.mix, spec, slo_s, cfg.progress)
+        sweep = await run_sweep(driver, makers, cfg.mix, spec, slo_s, cfg.progress)
         settings.sweep_rates_rps = sorted({p.rate_rps for p in sweep.points})
         results.sweep, results.knees = sweep.points, sweep.knees
         startup.engine_start_s += [r.engine_start_s for r in sweep.runs]
     results.conclusions = conclusions(results)
-    return BenchRun(results, runs, plan, both.latency_model)
+    return BenchRun(results, runs, plan, bed.makers.latency_model)
 
 
 def assemble_results(cfg: BenchConfig, env, settings: BenchSettings, startup: Startup, plan: LoadPlan,
@@ -281,16 +276,20 @@ def _remote_kind(targets: list[str]) -> str:
     return "+".join(kinds)
 
 
-def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: str) -> BenchSettings:
+def _described(cfg: BenchConfig) -> Described:
     target = ", ".join(cfg.targets) if cfg.targets else f"in-process engine, model {cfg.model}"
     peers = []
     if cfg.peers:
         from .peers import peer_records
 
         target, peers = f"servers on loopback (stepserve serve and peers), model {cfg.model}", peer_records(cfg)
-    return BenchSettings(peers=peers,
-        target=target, model=None if cfg.targets else cfg.model, device=cfg.device, dtype=cfg.dtype,
-        backend=cfg.backend,
+    return Described(target, None if cfg.targets else cfg.model, cfg.device, cfg.dtype, cfg.backend, peers)
+
+
+def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: str,
+              where: Described) -> BenchSettings:
+    return BenchSettings(peers=where.peers,
+        target=where.target, model=where.model, device=where.device, dtype=where.dtype, backend=where.backend,
         contenders=[] if cfg.targets or cfg.peers else list(cfg.contenders), mix=cfg.mix.to_dict(), load=cfg.load,
         rate_rps=rate, rate_frac=cfg.rate_frac, users=cfg.users if cfg.load == "closed" else None,
         trace_file=cfg.trace_file, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, drain_s=drain_s,

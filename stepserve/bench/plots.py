@@ -11,7 +11,8 @@ THROUGHPUT_VS_LATENCY = "throughput_vs_latency.png"
 BATCH_SIZE_OVER_TIME = "batch_size_over_time.png"
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,7 +22,7 @@ def _pyplot():
 
 
 def plot_latency_cdf(series: list[CdfSeries], slo_s: float | None, path: Path, title: str = "") -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in series:
         n = len(s.latencies_s)
@@ -46,7 +47,7 @@ def plot_latency_cdf(series: list[CdfSeries], slo_s: float | None, path: Path, t
 
 
 def plot_throughput_vs_latency(points: list[SweepPoint], slo_s: float | None, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     names = list(dict.fromkeys(p.contender for p in points))
     for name in names:
@@ -68,7 +69,7 @@ def plot_throughput_vs_latency(points: list[SweepPoint], slo_s: float | None, pa
 
 
 def plot_batch_sizes(timelines: list[BatchTimeline], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     shown = [t for t in timelines if t.t_s]
     if not shown:
         return

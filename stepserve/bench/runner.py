@@ -1,21 +1,21 @@
-"""Running contenders: one load run per contender (a fresh target each time), idle latency, saturated capacity."""
+"""Running contenders: one load run per contender (a fresh target each time), idle latency, saturated capacity.
+
+The same code runs on both clocks: a Driver says how a load runs against a target (live: bench.live; simulated:
+sim.drive), everything else (plans, progress, metrics) is here once."""
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from ..progress import progress as progress_bar
-from .load import LoadResult, Outcome, run_closed_loop, run_open_loop
-from .metrics import RunMetrics, summarize, window_rates
-from .resources import UsageMonitor
+from .load import LoadResult, Outcome
+from .metrics import RunMetrics, Usage, summarize, window_rates
 from .results import BatchTimeline, Capacity, IdleLatency
-from .targets import OK, Target
-from .workload import Mix, RequestSpec, Trace, user_requests
-
+from .targets import OK, Reply, StepSample
+from .workload import Mix, RequestSpec, Trace
 
 # Idle latency and capacity are measured without deadlines: their requests carry this explicit timeout, so a
 # server's own default (`stepserve serve --timeout-s`) does not apply to them.
@@ -62,96 +62,93 @@ class ContenderRun:
 
 @dataclass
 class TargetMaker:
-    """Builds a fresh target for one run of a contender."""
+    """Builds a fresh target for one run of a contender: a live Target (bench.targets), or on the simulated clock
+    the Contender the simulated engine is built from."""
 
     name: str
-    make: Callable[[], Target]
+    make: Callable[[], Any]
 
 
-async def run_contender(maker: TargetMaker, plan: LoadPlan, repeat: int, slo_s: float | None,
+@dataclass
+class LoadRun:
+    """What running one load plan against one target gave, on the driver's clock."""
+
+    result: LoadResult
+    samples: list[StepSample]  # engine steps, when the target reports them (in-process and simulated)
+    busy_s: float | None  # time the engine spent in executor steps during the run, when the target can say
+    wall_s: float
+    usage: Usage
+    engine_start_s: float = 0.0
+
+
+class Driver(Protocol):
+    """Runs loads against targets on one clock: the wall clock (bench.live.LiveDriver: in-process engines and
+    servers) or a simulated one (sim.drive.SimulatedDriver). `seed`: the target's own randomness for this run
+    (a simulated executor's noise); a live target has none."""
+
+    async def run(self, maker: TargetMaker, plan: LoadPlan, seed: int, done: Callable[[Outcome], None]) -> LoadRun:
+        """A fresh target from `maker`, the plan's load on it, the target stopped; done(outcome) per answer."""
+        ...
+
+    async def lone(self, maker: TargetMaker, specs: list[RequestSpec], seed: int,
+                   done: Callable[[], None]) -> list[tuple[Reply, float]]:
+        """A fresh target, each spec sent alone after the previous answer: (reply, seconds) per spec."""
+        ...
+
+
+async def run_contender(driver: Driver, maker: TargetMaker, plan: LoadPlan, repeat: int, slo_s: float | None,
                         progress: bool = True, label: str = "") -> ContenderRun:
-    target = maker.make()
-    t0 = time.monotonic()
-    await target.start()
-    engine_start_s = time.monotonic() - t0
     total = len(plan.trace.items) if plan.mode == "open" else None
     bar = progress_bar(total, label or maker.name, "req", disable=not progress, leave=False, dynamic_ncols=True)
-
-    def done(_: Outcome) -> None:
-        bar.update(1)
-
     try:
-        busy0 = await target.busy_seconds()
-        monitor = UsageMonitor().start()
-        wall0 = time.monotonic()
-        result = await _drive(target, plan, done)
-        wall = time.monotonic() - wall0
-        usage = monitor.stop()
-        busy1 = await target.busy_seconds()
+        ran = await driver.run(maker, plan, plan.seed * 1000 + repeat, lambda _: bar.update(1))
     finally:
         bar.close()
-        await target.stop()
-    busy_delta = None if busy0 is None or busy1 is None else busy1 - busy0
-    samples = target.step_samples()
-    metrics = summarize(result, maker.name, repeat, slo_s, samples, busy_delta, wall, usage)
+    result, samples = ran.result, ran.samples
+    metrics = summarize(result, maker.name, repeat, slo_s, samples, ran.busy_s, ran.wall_s, ran.usage)
     timeline = BatchTimeline(maker.name, [round(s.t - result.start, 4) for s in samples],
                              [s.batch_size for s in samples])
     images = [SampleImage(o.index, o.spec, o.reply.image) for o in result.outcomes if o.reply.image is not None]
-    return ContenderRun(metrics, timeline, engine_start_s, images)
+    return ContenderRun(metrics, timeline, ran.engine_start_s, images)
 
 
-async def _drive(target: Target, plan: LoadPlan, done: Callable[[Outcome], None]) -> LoadResult:
-    if plan.mode == "open":
-        return await run_open_loop(target, plan.trace, plan.warmup_s, plan.drain_s, done)
-    users = [user_requests(plan.mix, plan.seed, u, plan.timeout_s) for u in range(plan.users)]
-    return await run_closed_loop(target, users, plan.warmup_s, plan.duration_s, plan.drain_s, done)
-
-
-async def measure_idle(maker: TargetMaker, mix: Mix, samples: int = 3, progress: bool = True) -> list[IdleLatency]:
+async def measure_idle(driver: Driver, maker: TargetMaker, mix: Mix, samples: int = 3, progress: bool = True,
+                       seed: int = 0) -> list[IdleLatency]:
     """Latency of a lone request at each step count of the mix (costliest other settings), nothing else running.
     One unmeasured request per step count first warms the model up."""
     steps_values = sorted({int(s) for s in mix.steps.values})
-    target = maker.make()
-    await target.start()
-    out: list[IdleLatency] = []
-    bar = progress_bar(len(steps_values) * (samples + 1), "idle latency", "req", disable=not progress, leave=False,
-                       dynamic_ncols=True)
+    specs = []
+    for steps in steps_values:
+        spec = mix.heaviest(steps)
+        spec.timeout_s = NO_DEADLINE_S  # a server's default --timeout-s must not cut the probe short
+        specs += [replace(spec, seed=i) for i in range(samples + 1)]
+    bar = progress_bar(len(specs), "idle latency", "req", disable=not progress, leave=False, dynamic_ncols=True)
     try:
-        for steps in steps_values:
-            spec = mix.heaviest(steps)
-            spec.timeout_s = NO_DEADLINE_S  # a server's default --timeout-s must not cut the probe short
-            times = []
-            for i in range(samples + 1):
-                spec.seed = i
-                t0 = time.monotonic()
-                reply = await target.send(spec)
-                elapsed = time.monotonic() - t0
-                bar.update(1)
-                if reply.status != OK:
-                    raise RuntimeError(f"idle request ({steps} steps) failed: {reply.error}")
-                if i > 0:
-                    times.append(elapsed)
-            out.append(IdleLatency(steps, statistics.median(times), len(times)))
+        answers = await driver.lone(maker, specs, seed, lambda: bar.update(1))
     finally:
         bar.close()
-        await target.stop()
+    out: list[IdleLatency] = []
+    for k, steps in enumerate(steps_values):
+        mine = answers[k * (samples + 1):(k + 1) * (samples + 1)]
+        for reply, _ in mine:
+            if reply.status != OK:
+                raise RuntimeError(f"idle request ({steps} steps) failed: {reply.error}")
+        times = [seconds for _, seconds in mine[1:]]
+        out.append(IdleLatency(steps, statistics.median(times), len(times)))
     return out
 
 
-async def measure_capacity(maker: TargetMaker, mix: Mix, users: int, duration_s: float, warmup_s: float,
-                           seed: int, progress: bool = True) -> Capacity:
+async def measure_capacity(driver: Driver, maker: TargetMaker, mix: Mix, users: int, duration_s: float,
+                           warmup_s: float, seed: int, progress: bool = True) -> Capacity:
     """Saturated throughput: a closed loop with more users than batch slots, so a request always waits."""
     plan = LoadPlan("closed", mix, seed, warmup_s, duration_s, drain_s=0.0, users=users, timeout_s=NO_DEADLINE_S)
-    target = maker.make()
-    await target.start()
     bar = progress_bar(None, f"capacity ({maker.name})", "req", disable=not progress, leave=False, dynamic_ncols=True)
     try:
-        result = await _drive(target, plan, lambda _: bar.update(1))
+        ran = await driver.run(maker, plan, seed, lambda _: bar.update(1))
     finally:
         bar.close()
-        await target.stop()
-    completed = sum(1 for o in result.measured if o.status == OK)
-    return Capacity(maker.name, window_rates(result, None).throughput_rps, users, duration_s, completed)
+    completed = sum(1 for o in ran.result.measured if o.status == OK)
+    return Capacity(maker.name, window_rates(ran.result, None).throughput_rps, users, duration_s, completed)
 
 
 def rotate(items: list, k: int) -> list:

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 from ..progress import progress as progress_bar
 from .results import Knee, SweepPoint
-from .runner import ContenderRun, LoadPlan, TargetMaker, run_contender
+from .runner import ContenderRun, Driver, LoadPlan, TargetMaker, run_contender
 from .workload import Mix, poisson_trace
-
 
 MAX_DESCENTS = 3  # when the start rate already misses, step down by the factor at most this many times
 
@@ -65,15 +64,17 @@ class SweepResult:
 
 
 class _Sweeper:
-    def __init__(self, mix: Mix, spec: SweepSpec, slo_s: float, progress: bool, out: SweepResult) -> None:
-        self.mix, self.spec, self.slo_s, self.progress, self.out = mix, spec, slo_s, progress, out
+    def __init__(self, driver: Driver, mix: Mix, spec: SweepSpec, slo_s: float, progress: bool,
+                 out: SweepResult) -> None:
+        self.driver, self.mix, self.spec, self.slo_s, self.progress, self.out = driver, mix, spec, slo_s, progress, out
 
     async def point(self, maker: TargetMaker, rate: float) -> bool:
         s = self.spec
         duration = max(s.duration_s, s.min_requests / rate)
         trace = poisson_trace(self.mix, rate, s.warmup_s + duration, s.seed).with_timeout(s.timeout_s)
         plan = LoadPlan("open", self.mix, s.seed, s.warmup_s, duration, s.drain_s, trace=trace)
-        run = await run_contender(maker, plan, 0, self.slo_s, self.progress, label=f"{maker.name} @ {rate:.3g} req/s")
+        run = await run_contender(self.driver, maker, plan, 0, self.slo_s, self.progress,
+                                  label=f"{maker.name} @ {rate:.3g} req/s")
         point = point_from_run(run, rate, self.slo_s)
         self.out.points.append(point)
         self.out.runs.append(run)
@@ -113,10 +114,10 @@ class _Sweeper:
                 hi = mid
 
 
-async def run_sweep(makers: list[TargetMaker], mix: Mix, spec: SweepSpec, slo_s: float,
+async def run_sweep(driver: Driver, makers: list[TargetMaker], mix: Mix, spec: SweepSpec, slo_s: float,
                     progress: bool = True) -> SweepResult:
     out = SweepResult()
-    sweeper = _Sweeper(mix, spec, slo_s, progress, out)
+    sweeper = _Sweeper(driver, mix, spec, slo_s, progress, out)
     bar = progress_bar(len(makers), "sweep", "contender", disable=not progress, dynamic_ncols=True)
     for maker in makers:
         await (sweeper.grid(maker) if spec.grid_rps else sweeper.search(maker))

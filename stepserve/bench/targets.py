@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..executor.fake import CostModel, FakeExecutor
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
-from ..types import FinishReason, Request, RequestStatus
+from ..types import FinishReason, RequestStatus
 from .logs import warn_once
 from .workload import RequestSpec
 
@@ -134,7 +132,7 @@ class EngineTarget:
         except asyncio.CancelledError:
             self.engine.abort(handle.request_id)  # the caller gave up: free the slot
             raise
-        return _reply_from_result(result, self)
+        return reply_of(result, self.keep_images)
 
     async def stop(self) -> None:
         if self.engine is not None:
@@ -147,18 +145,19 @@ class EngineTarget:
         return self._busy
 
 
-def _reply_from_result(result, target: EngineTarget) -> Reply:
-    t = result.timing
-    reason = getattr(result.finish_reason, "value", None)
-    if result.status is RequestStatus.REJECTED:
-        return Reply(REJECTED, error=result.error, reason=reason)
-    if result.status is not RequestStatus.COMPLETED:
-        status = TIMEOUT if result.finish_reason is FinishReason.TIMEOUT else FAILED
-        return Reply(status, error=result.error or result.status.value, reason=reason)
-    image = result.image if target.keep_images else None
+def reply_of(finished, keep_image: bool = False) -> Reply:
+    """A finished request as the load generator sees it: `finished` is the engine's Request or the async engine's
+    result for it (both carry status, finish_reason, error, timing and image)."""
+    t = finished.timing
+    reason = getattr(finished.finish_reason, "value", None)
+    if finished.status is RequestStatus.REJECTED:
+        return Reply(REJECTED, error=finished.error, reason=reason)
+    if finished.status is not RequestStatus.COMPLETED:
+        status = TIMEOUT if finished.finish_reason is FinishReason.TIMEOUT else FAILED
+        return Reply(status, error=finished.error or finished.status.value, reason=reason)
     first = None if t.first_step_done is None else t.first_step_done - t.arrival
     return Reply(OK, queue_s=t.queue_s, first_step_s=first, denoise_s=t.denoise_s, decode_s=t.decode_s,
-                 batch_sizes=list(t.batch_sizes), image=image)
+                 batch_sizes=list(t.batch_sizes), image=finished.image if keep_image else None)
 
 
 class HttpTarget:
@@ -265,25 +264,3 @@ def reply_from_body(body: dict[str, Any]) -> Reply:
     sizes = info.get("batch_sizes") or []
     return Reply(OK, queue_s=_seconds(info, "queue"), first_step_s=first, denoise_s=_seconds(info, "denoise"),
                  decode_s=_seconds(info, "decode"), batch_sizes=[int(s) for s in sizes])
-
-
-class SleepingFakeExecutor(FakeExecutor):
-    """The fake executor on a real clock: it sleeps the time its cost model reports (`--model fake`)."""
-
-    def __init__(self, cost: CostModel | None = None) -> None:
-        super().__init__(cost=cost)
-
-    def prepare(self, requests: list[Request]) -> float:
-        return _sleep(super().prepare(requests))
-
-    def denoise(self, requests: list[Request]) -> float:
-        return _sleep(super().denoise(requests))
-
-    def decode(self, requests: list[Request]) -> float:
-        return _sleep(super().decode(requests))
-
-
-def _sleep(seconds: float) -> float:
-    start = time.perf_counter()
-    time.sleep(seconds)
-    return time.perf_counter() - start

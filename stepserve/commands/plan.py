@@ -71,7 +71,7 @@ def _number(text: str, flag: str, kind=float, low: float = 0.0, strict: bool = T
 def parse(argv: list[str]):
     """(PlanSpec, mix description) from a command line; a bad flag raises UsageError with one line."""
     from ..bench.workload import Mix
-    from ..scheduling import LatencyModel
+    from ..costs import LatencyModel
     from ..sim.plan import PlanSpec
 
     a = build_parser().parse_args(argv)

@@ -1,8 +1,8 @@
 """`stepserve profile`: measure a model's stage latencies on this device and write them as a latency model file.
 
 The file is what `stepserve serve --latency-model PATH` plans with (strategy slo) and what the simulator's
-LatencyModelExecutor charges (stepserve.sim.latency_executor). The step and encode costs are measured with and
-without guidance rows (stepserve.profiling.guidance); the model's main curves are those of a request at the
+fake executor charges (stepserve.costs). The step and encode costs are measured with and
+without guidance rows (stepserve.profiling.measure); the model's main curves are those of a request at the
 model's default guidance. The metadata records the device, dtype, backend, threads, library versions, the machine
 and the spread (fastest and slowest repeat) of every point.
 """
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..engine_config import EngineOptions, build_engine
     from ..loading import check_model_argument
-    from ..profiling.guidance import measure_with_and_without_guidance
+    from ..profiling.measure import measure_with_and_without_guidance
 
     try:
         check_model_argument(args.model)  # before the heavy imports

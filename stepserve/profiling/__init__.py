@@ -1,6 +1,6 @@
 """Measuring an executor: a latency model of its stages, and how large a batch fits in memory.
 
-The SLO-aware strategy plans with a LatencyModel (stepserve.scheduling.latency); `stepserve profile` writes one to
+The SLO-aware strategy plans with a LatencyModel (stepserve.costs.latency_model); `stepserve profile` writes one to
 a file. Both come from `measure_latency_model`, which runs the executor's own stages on dummy requests and keeps
 the durations the executor reports (measured inside the executor, with the device synchronised; the fake
 executor reports its cost model's numbers, so a model measured from it is exact).
@@ -21,7 +21,7 @@ This module is a measuring tool and may read clocks (it times its own run for th
 never does.
 """
 
-from .latency import measure_latency_model, profile_batch_sizes
+from .measure import measure_latency_model, measure_with_and_without_guidance, profile_batch_sizes
 from .memory import (
            cap_max_batch_size,
            format_bytes,
@@ -30,5 +30,6 @@ from .memory import (
            memory_cap,
 )
 
-__all__ = ["cap_max_batch_size", "format_bytes", "measure_latency_model", "measure_peak_memory", "memory_budget",
+__all__ = ["cap_max_batch_size", "format_bytes", "measure_latency_model", "measure_peak_memory",
+           "measure_with_and_without_guidance", "memory_budget",
            "memory_cap", "profile_batch_sizes"]

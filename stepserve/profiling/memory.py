@@ -9,8 +9,8 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from ..costs.latency_model import Bucket
 from ..executor.base import Executor
-from ..scheduling.latency import Bucket
 from .requests import _device_of, _dummy_requests, _no_prompt_cache, _release
 
 GIB = 1024**3

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..costs.latency_model import Bucket
 from ..executor.base import Executor
-from ..scheduling.latency import Bucket
 from ..types import Request, RequestStatus, SamplingParams
 from ..validation import resolve_params
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..costs.latency_model import LatencyModel
 from .base import Policy
 from .continuous import ContinuousBatchingPolicy
 from .dynamic import DynamicBatchingPolicy
-from .latency import LatencyModel
 from .none import NoBatchingPolicy
 from .slo import ORDERS as SLO_ORDERS
 from .slo import SLOPolicy
@@ -51,7 +51,6 @@ __all__ = [
     "Policy",
     "ContinuousBatchingPolicy",
     "DynamicBatchingPolicy",
-    "LatencyModel",
     "NoBatchingPolicy",
     "SLOPolicy",
     "StaticBatchingPolicy",

@@ -26,8 +26,8 @@ import heapq
 import math
 from collections.abc import Iterable, Sequence
 
+from ..costs.latency_model import Bucket, LatencyModel
 from ..types import Request, RequestStatus
-from .latency import Bucket, LatencyModel
 
 
 def predict_finish_times(

@@ -53,8 +53,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from ..costs.latency_model import Bucket, LatencyModel
 from ..types import Request, RequestStatus, StepPlan
-from .latency import Bucket, LatencyModel
 from .predict import earliest_finish, interleave, predict_finish_times
 
 ORDERS = ("edf", "srs")

@@ -1,5 +1,6 @@
-"""Discrete-event simulation: the real EngineCore and policies, a simulated clock, a fake executor."""
+"""Discrete-event simulation: the real EngineCore and policies, a simulated clock, the fake executor."""
 
-from .run import Arrival, SimulationResult, simulate
+from .loop import Arrival, SimLoop
+from .run import SimulationResult, simulate
 
-__all__ = ["Arrival", "SimulationResult", "simulate"]
+__all__ = ["Arrival", "SimLoop", "SimulationResult", "simulate"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..bench.targets import Contender
 from ..bench.workload import Mix, poisson_trace
-from ..scheduling import LatencyModel
+from ..costs import LatencyModel
 from .replicas import FleetResult, allowed_misses, run_replicas, summarize
 from .routers import make_router
 from .run import Arrival
@@ -105,9 +105,9 @@ def trace_arrivals(spec: PlanSpec) -> list[Arrival]:
 def simulate_fleet(spec: PlanSpec, strategy: str, replicas: int, stop_early: bool = True,
                    on_progress: Callable[[int], None] | None = None) -> tuple[FleetResult, Probe]:
     """Serve the plan's trace on `replicas` engines of `strategy` behind the plan's router."""
-    from .bench import SimSetup, make_core, model_for
+    from .bench import SimSetup, make_core
 
-    setup = SimSetup(spec.latency, model_for(spec.latency))
+    setup = SimSetup(spec.latency)
     contender = Contender(strategy, max_batch_size=spec.max_batch_size)
     cores = [make_core(setup, contender, spec.seed * 1000 + r) for r in range(replicas)]
     arrivals = trace_arrivals(spec)
@@ -262,9 +262,9 @@ def to_json(spec: PlanSpec, plans: list[StrategyPlan], mix_description: str) -> 
 def plot(spec: PlanSpec, plans: list[StrategyPlan], path) -> None:
     """p95 against replica count per strategy, the SLO as a line; counts whose p95 is infinite or unknown (the
     run stopped early) are drawn as crosses at the top."""
-    from ..bench.plots import _pyplot
+    from ..bench.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     slo_ms = spec.slo_s * 1000
     finite = [p.p95_s * 1000 for pl in plans for p in pl.probes if math.isfinite(p.p95_s) and not p.stopped_early]

@@ -74,8 +74,8 @@ def test_fast_path_switches_classic_attention_to_sdpa():
 
 
 def test_profile_measures_the_deterministic_engine(tmp_path):
+    from stepserve.costs import LatencyModel
     from stepserve.commands.profile import main
-    from stepserve.scheduling import LatencyModel
 
     out = tmp_path / "latency.json"
     assert main(["--model", "embedded", "--deterministic", "--max-batch-size", "2", "--repeats", "1", "--warmup", "0",

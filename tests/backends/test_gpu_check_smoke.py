@@ -26,7 +26,7 @@ def test_gpu_check_smoke_runs_every_phase_and_writes_a_loadable_latency_model(tm
     assert sorted(s["strategy"].split("(")[0] for s in report["strategies"]) == ["continuous", "dynamic", "none",
                                                                                  "static"]
     assert all(s["images_per_s"] > 0 for s in report["strategies"])
-    from stepserve.scheduling import LatencyModel
+    from stepserve.costs import LatencyModel
 
     model = LatencyModel.load(out / "latency_model.json")
     assert model.step_s(1) > 0  # the file `stepserve simulate --latency-model` reads

@@ -7,15 +7,13 @@ import json
 import pytest
 from aiohttp import web
 
-from stepserve.bench import app as bench_app
 from stepserve.commands.bench import UsageError, config_from_args, main
 from stepserve.bench.load import run_open_loop
 from stepserve.bench.metrics import Usage, summarize, summarize_repeats
 from stepserve.bench.runner import NO_DEADLINE_S
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, HttpTarget, Reply
 from stepserve.bench.workload import RequestSpec, Trace, TraceItem, load_trace
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling import LatencyModel
+from stepserve.costs import CostModel, LatencyModel
 
 FAST = ["--model", "fake", "--steps", "2,4", "--duration", "0.8", "--warmup", "0.3", "--drain", "0.5",
         "--capacity-duration", "1.0", "--no-progress", "--seed", "3"]
@@ -155,11 +153,11 @@ def test_slo_latency_model_is_measured_once_and_shared(tmp_path, monkeypatch, en
     calls = []
     model = LatencyModel.from_cost_model(CostModel())
 
-    def measure(executor, max_batch_size, progress=True):
+    def measure(executor, max_batch_size, progress=None):
         calls.append(max_batch_size)
         return model
 
-    monkeypatch.setattr(bench_app, "measure_latency_model", measure)
+    monkeypatch.setattr("stepserve.profiling.measure_latency_model", measure)
     out = tmp_path / "measured"
     rc = main(FAST + ["--strategies", "slo", "--max-batch-size", "3", "--rate", "20", "--timeout-s", "0.5",
                       "--repeats", "2", "--out", str(out)])

@@ -2,6 +2,7 @@
 
 import asyncio
 
+from stepserve.bench.live import LiveDriver
 from stepserve.bench.metrics import StatusCounts
 from stepserve.bench.results import SweepPoint
 from stepserve.bench.runner import TargetMaker
@@ -32,7 +33,7 @@ def _fake_sweep(monkeypatch, capacity_of, spec):
 
     monkeypatch.setattr(_Sweeper, "point", point)
     makers = [TargetMaker(name, lambda: None) for name in capacity_of]
-    return asyncio.run(run_sweep(makers, Mix(), spec, slo_s=1.0, progress=False))
+    return asyncio.run(run_sweep(LiveDriver(), makers, Mix(), spec, slo_s=1.0, progress=False))
 
 
 def test_search_climbs_then_bisects(monkeypatch):

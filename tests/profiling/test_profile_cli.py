@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 
 from stepserve.cli import COMMANDS
-from stepserve.executor.fake import FAKE_MODEL
+from stepserve.costs import FakeExecutor
+from stepserve.costs.guidance import by_guidance_rows
+from stepserve.costs.latency_model import LatencyModel
 from stepserve.commands import profile as cli
-from stepserve.profiling.guidance import by_guidance_rows
-from stepserve.scheduling.latency import LatencyModel
-from stepserve.sim.latency_executor import LatencyModelExecutor
 
 
 def test_profile_of_the_tiny_pipeline_writes_a_loadable_model_with_metadata(tiny_sd_path, tmp_path, capsys):
@@ -44,9 +43,9 @@ def test_profile_of_the_tiny_pipeline_writes_a_loadable_model_with_metadata(tiny
     assert meta["by_guidance_rows"]["1"]["guidance_scale"] == 1.0
     assert meta["by_guidance_rows"]["2"]["guidance_scale"] > 1
     # what the simulator charges for a guided batch is the model's own curve
-    ex = LatencyModelExecutor(FAKE_MODEL, model)
-    assert ex.seconds("step", 2, 2, bucket) == pytest.approx(model.step_s(2, bucket))
-    assert ex.seconds("step", 2, 0, bucket) == pytest.approx(curves[1].step[bucket](2))
+    ex = FakeExecutor.charging(model)
+    assert ex.cost.seconds("step", 2, 2, bucket) == pytest.approx(model.step_s(2, bucket))
+    assert ex.cost.seconds("step", 2, 0, bucket) == pytest.approx(curves[1].step[bucket](2))
 
 
 

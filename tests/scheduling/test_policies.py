@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from stepserve.costs import FakeExecutor
 from stepserve.engine import EngineCore
-from stepserve.executor.fake import FakeExecutor
 from stepserve.scheduling import (
     ContinuousBatchingPolicy,
     DynamicBatchingPolicy,

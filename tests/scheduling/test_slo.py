@@ -8,16 +8,15 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nothing_lost import FINAL, assert_nothing_lost, every_nth_call_fails
 
+from stepserve.costs import CostModel, FakeExecutor, LatencyModel
 from stepserve.engine import EngineCore
-from stepserve.executor.fake import CostModel, FakeExecutor
-from stepserve.scheduling import LatencyModel, SLOPolicy, make_policy
+from stepserve.scheduling import SLOPolicy, make_policy
 from stepserve.scheduling.predict import earliest_finish, predict_finish_times
 from stepserve.sim import Arrival, simulate
 from stepserve.types import FinishReason, Request, RequestStatus, SamplingParams
 from stepserve.validation import resolve_params
-
-from nothing_lost import FINAL, assert_nothing_lost, every_nth_call_fails
 
 COST = CostModel()
 MODEL = LatencyModel.from_cost_model(COST, buckets=[(16, 16), (32, 32), (64, 64)])

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from server_helpers import GENERATIONS, assert_error_shape
 
-from stepserve.scheduling.latency import Curve, LatencyModel
+from stepserve.costs.latency_model import Curve, LatencyModel
 
 
 @pytest.fixture(scope="module")

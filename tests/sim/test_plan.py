@@ -7,7 +7,7 @@ import pytest
 
 from stepserve.bench.workload import Mix
 from stepserve.cli import main as stepserve_main
-from stepserve.scheduling.latency import Curve, LatencyModel
+from stepserve.costs.latency_model import Curve, LatencyModel
 from stepserve.sim.plan import PlanSpec, plan_strategy, simulate_fleet
 from stepserve.commands.plan import main
 

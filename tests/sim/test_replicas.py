@@ -7,7 +7,8 @@ import pytest
 
 from stepserve.engine_config import EngineOptions
 from stepserve.bench.workload import Mix, poisson_trace
-from stepserve.scheduling.latency import Curve, LatencyModel
+from stepserve.costs.latency_model import Curve, LatencyModel
+from stepserve.sim import Arrival, simulate
 from stepserve.sim.replicas import (
     COMPLETED,
     FAILED,
@@ -19,7 +20,6 @@ from stepserve.sim.replicas import (
     summarize,
 )
 from stepserve.sim.routers import make_router
-from stepserve.sim.run import Arrival, simulate
 
 A = (32, 32)
 # about 16 requests/s per replica at batch 8 and 10 steps
@@ -84,6 +84,13 @@ def test_stopping_early_once_the_p95_cannot_hold():
                           make_router("least_outstanding"), stop_at=40.0, slo_s=0.5, miss_limit=limit)
     assert result.stopped_early and summarize(result, 0.5).p95_s > 0.5
     assert allowed_misses(100) == 5 and allowed_misses(19) == 0 and allowed_misses(0) == 0
-    with pytest.raises(ValueError, match="abort_at"):
-        run_replicas(latency_cores(1, MODEL, EngineOptions()), [Arrival(0.0, trace[0].params, abort_at=1.0)],
-                     make_router("round_robin"))
+
+def test_a_caller_that_goes_away_behind_a_router_frees_its_slot():
+    """An abort reaches the replica the request was routed to; one before the arrival itself is ignored."""
+    params = replace(arrivals(40, 1)[0].params, num_inference_steps=14)
+    trace = [Arrival(0.0, params, abort_at=0.1), Arrival(0.0, params), Arrival(0.5, params, abort_at=0.2)]
+    result = run_replicas(latency_cores(2, MODEL, EngineOptions("continuous")), trace, make_router("round_robin"))
+    aborted, kept, late = result.outcomes
+    assert (aborted.replica, kept.replica, late.replica) == (0, 1, 0)
+    assert aborted.status == FAILED and aborted.finish < kept.finish
+    assert kept.status == COMPLETED and late.status == COMPLETED

@@ -1,25 +1,24 @@
 """`stepserve simulate`: a bench command line with the verb swapped and --latency-model for --model writes the
 bench's files with the bench's schema, runs the server's own engine and policies, and loses no request."""
 
+import asyncio
 import json
 
 import pytest
 from PIL import Image
 
 from stepserve.commands.bench import main as bench_main
-from stepserve.bench.runner import LoadPlan
+from stepserve.bench.runner import LoadPlan, run_contender
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, Contender
 from stepserve.bench.workload import Mix, poisson_trace
 from stepserve.cli import main as stepserve_main
+from stepserve.costs import CostModel, FakeExecutor, LatencyCharges, LatencyModel
 from stepserve.engine import EngineCore
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling import LatencyModel
 from stepserve.scheduling.continuous import ContinuousBatchingPolicy
 from stepserve.scheduling.slo import SLOPolicy
-from stepserve.sim.bench import SimSetup, make_core, model_for, simulate_contender
+from stepserve.sim.bench import SimSetup, SimulatedDriver, contender_maker, make_core
 from stepserve.commands.simulate import main
 from stepserve.sim.drive import drive_open
-from stepserve.sim.latency_executor import LatencyModelExecutor
 
 WORKLOAD = ["--steps", "2,4", "--duration", "0.8", "--warmup", "0.3", "--drain", "0.5", "--capacity-duration", "1.0",
             "--no-progress", "--seed", "3", "--strategies", "continuous,dynamic", "--dynamic-delays-ms", "5"]
@@ -126,10 +125,11 @@ def test_missing_or_spreadless_latency_model_fails_cleanly(tmp_path, latency_fil
 
 def test_the_simulator_runs_the_servers_engine_and_policies(latency_file):
     latency = LatencyModel.load(latency_file)
-    setup = SimSetup(latency, model_for(latency))
+    setup = SimSetup(latency)
     core = make_core(setup, Contender("continuous", max_batch_size=4), 0)
     assert type(core) is EngineCore and type(core.policy) is ContinuousBatchingPolicy
-    assert core.policy.max_batch_size == 4 and isinstance(core.executor, LatencyModelExecutor)
+    assert core.policy.max_batch_size == 4 and isinstance(core.executor, FakeExecutor)
+    assert isinstance(core.executor.cost, LatencyCharges) and core.executor.cost.latency is latency
     slo = make_core(setup, Contender("slo"), 0)
     assert type(slo.policy) is SLOPolicy and slo.policy.latency_model is latency
 
@@ -137,12 +137,12 @@ def test_the_simulator_runs_the_servers_engine_and_policies(latency_file):
 def test_nothing_is_lost_under_overload_deadlines_and_a_queue_bound(latency_file):
     """Every request of the trace ends in exactly one bench status, and the counts add up to what was offered."""
     latency = LatencyModel.load(latency_file)
-    setup = SimSetup(latency, model_for(latency))
+    setup = SimSetup(latency)
     mix = Mix.from_steps([4, 40])
     trace = poisson_trace(mix, 60.0, 4.0, seed=1).with_timeout(1.0)  # far over capacity
     plan = LoadPlan("open", mix, 1, 0.5, trace.duration_s, 0.3, trace=trace, rate_rps=60.0, timeout_s=1.0)
     for contender in (Contender("continuous", max_queue=20), Contender("slo", max_queue=20), Contender("none")):
-        run = simulate_contender(setup, contender, plan, 0, 0.5)
+        run = asyncio.run(run_contender(SimulatedDriver(setup), contender_maker(contender), plan, 0, 0.5, False))
         c = run.metrics.counts
         assert c.offered == sum(1 for it in trace.items if it.offset_s >= 0.5)
         assert c.completed + c.rejected + c.failed + c.unfinished + c.deadline_missed == c.offered

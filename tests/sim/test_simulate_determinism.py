@@ -3,8 +3,7 @@ block (timestamps, versions); a different seed, or noise, changes the numbers.""
 
 import json
 
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling import LatencyModel
+from stepserve.costs import CostModel, LatencyModel
 from stepserve.commands.simulate import main
 
 WORKLOAD = ["--steps", "2,4,8", "--duration", "3", "--warmup", "0.5", "--capacity-duration", "2", "--no-progress",

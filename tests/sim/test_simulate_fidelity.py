@@ -9,8 +9,7 @@ import json
 
 from stepserve.commands.bench import main as bench_main
 from stepserve.cli import main as stepserve_main
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling import LatencyModel
+from stepserve.costs import CostModel, LatencyModel
 
 LOAD = ["--steps", "2,4,8", "--no-progress", "--seed", "5", "--strategies", "continuous,static",
         "--max-batch-size", "4"]

@@ -1,4 +1,5 @@
-"""A LatencyModel of an executor's stages, from the durations it reports on dummy requests."""
+"""Measuring an executor's stages into a LatencyModel, from the durations it reports on dummy requests; with and
+without guidance rows (stepserve.costs.guidance keeps both in the model's metadata)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..costs.guidance import METADATA_KEY, guidance_entry
+from ..costs.latency_model import Bucket, Curve, LatencyModel
 from ..executor.base import Executor
-from ..scheduling.latency import Bucket, Curve, LatencyModel
 from ..types import Request, SamplingParams
 from ..validation import resolve_params
 from .requests import (
@@ -208,6 +210,37 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         reference_bucket=reference,
         metadata=metadata,
     )
+
+
+def measure_with_and_without_guidance(executor: Executor, max_batch_size: int,
+                                      buckets: Sequence[Bucket] | None = None,
+                                      guidance_scale: float | None = None, repeats: int = 5, warmup: int = 1,
+                                      progress: bool | None = None, rounds: int = 1,
+                                      statistic: str = "median") -> LatencyModel:
+    """measure_latency_model twice: with guidance (`guidance_scale`, default the model's own when it is > 1, else
+    2.0) and without (scale 1.0). The model's curves are those of the rows a request at the model's default
+    guidance runs; both measurements go to `metadata["by_guidance_rows"]` (see the module docstring)."""
+    model = executor.model
+    if guidance_scale is None:
+        guidance_scale = model.default_guidance_scale if model.default_guidance_scale > 1 else 2.0
+    if not guidance_scale > 1:
+        raise ValueError(f"guidance_scale must be > 1 (the scale of the measurement with guidance rows; the one "
+                         f"without is always made too), got {guidance_scale!r}")
+    measured: dict[int, LatencyModel] = {}
+    for rows, scale in ((2, guidance_scale), (1, 1.0)):
+        if progress is not False:
+            print(f"profile {model.name}: {'with guidance rows' if rows == 2 else 'without guidance'} "
+                  f"(guidance_scale {scale:g})", file=sys.stderr, flush=True)
+        measured[rows] = measure_latency_model(executor, max_batch_size, buckets, scale, repeats, warmup, progress,
+                                               rounds=rounds, statistic=statistic)
+    main_rows = 2 if model.default_guidance_scale > 1 else 1
+    main = measured[main_rows]
+    metadata = dict(main.metadata)
+    metadata["wall_s"] = round(sum(m.metadata.get("wall_s", 0.0) for m in measured.values()), 3)
+    metadata["guidance_scale_default"] = model.default_guidance_scale
+    metadata[METADATA_KEY] = {str(rows): guidance_entry(m) for rows, m in sorted(measured.items())}
+    return LatencyModel(step=main.step, encode=main.encode, decode=main.decode,
+                        reference_bucket=main.reference_bucket, metadata=metadata)
 
 
 _STATISTICS = {"median": statistics.median, "mean": statistics.fmean}

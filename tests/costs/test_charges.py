@@ -1,5 +1,5 @@
-"""LatencyModelExecutor: charges exactly what the latency model says, noise is seeded and bounded, and the real
-engine runs a whole trace on it."""
+"""The fake executor charging a latency model (LatencyCharges): exactly what the latency model says, noise is
+seeded and bounded, and the real engine runs a whole trace on it."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from importlib import resources
 
 import pytest
 
+from stepserve.costs import FAKE_MODEL, CostModel, FakeExecutor, LatencyCharges
+from stepserve.costs.guidance import by_guidance_rows
+from stepserve.costs.latency_model import Curve, LatencyModel
 from stepserve.engine import EngineCore
-from stepserve.executor.fake import FAKE_MODEL, CostModel
-from stepserve.profiling.guidance import by_guidance_rows
 from stepserve.scheduling import make_policy
-from stepserve.scheduling.latency import Curve, LatencyModel
-from stepserve.sim.latency_executor import SIMULATED_IMAGE, LatencyModelExecutor
-from stepserve.sim.run import Arrival, simulate
+from stepserve.sim import Arrival, simulate
 from stepserve.types import Request, RequestStatus, SamplingParams
 
 A, B = (32, 32), (64, 64)
@@ -47,6 +46,10 @@ def two_curve_model() -> LatencyModel:
                         metadata={"guidance_rows": 2, "spread": spread, "by_guidance_rows": entries})
 
 
+def executor(info, latency, noise=0.0, seed=0) -> FakeExecutor:
+    return FakeExecutor(info, LatencyCharges(latency, noise, seed))
+
+
 _ids = iter(range(10**9))
 
 
@@ -54,7 +57,7 @@ def req(bucket=A, guidance=3.0, steps=3) -> Request:
     params = SamplingParams(prompt="p", seed=1, num_inference_steps=steps, guidance_scale=guidance, sampler="euler",
                             height=bucket[0], width=bucket[1])
     return Request(request_id=f"r{next(_ids)}", params=params, arrival_time=0.0, bucket=bucket, num_inference_steps=steps,
-                   status=RequestStatus.RUNNING)
+                   status=RequestStatus.RUNNING, latents=0.0, sampler_state=[])  # as prepare() leaves it
 
 
 def batch(n, guided, bucket=A):
@@ -64,24 +67,24 @@ def batch(n, guided, bucket=A):
 @pytest.mark.parametrize("bucket", [A, B])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
 def test_pure_batches_cost_exactly_their_curve(bucket, n):
-    ex = LatencyModelExecutor(FAKE_MODEL, two_curve_model())
+    ex = executor(FAKE_MODEL, two_curve_model())
     assert ex.denoise(batch(n, n, bucket)) == pytest.approx(Curve(G[bucket])(n), abs=1e-15)
     assert ex.denoise(batch(n, 0, bucket)) == pytest.approx(Curve(U[bucket])(n), abs=1e-15)
     assert ex.prepare(batch(n, n, bucket)) == pytest.approx(Curve(ENC_G)(n), abs=1e-15)
     assert ex.prepare(batch(n, 0, bucket)) == pytest.approx(Curve(ENC_U)(n), abs=1e-15)
     done = batch(n, n, bucket)
     assert ex.decode(done) == pytest.approx(Curve(DEC[bucket])(n), abs=1e-15)
-    assert all(r.image == SIMULATED_IMAGE for r in done)
+    assert all(r.image is not None and r.image == r.latents for r in done)
     # the main curves are the guided ones, as the slo policy plans with them
     assert ex.denoise(batch(n, n, bucket)) == pytest.approx(two_curve_model().step_s(n, bucket), abs=1e-15)
 
 
 def test_mixed_batches_are_linear_in_guidance_rows_and_decode_sums_buckets():
-    ex = LatencyModelExecutor(FAKE_MODEL, two_curve_model())
+    ex = executor(FAKE_MODEL, two_curve_model())
     u, g = Curve(U[B])(4), Curve(G[B])(4)
     assert ex.denoise(batch(4, 1, B)) == pytest.approx(u + (g - u) / 4)
     assert ex.denoise(batch(4, 3, B)) == pytest.approx(u + 3 * (g - u) / 4)
-    assert ex.seconds("step", 4, 1, B) == pytest.approx(u + (g - u) / 4)
+    assert ex.cost.seconds("step", 4, 1, B) == pytest.approx(u + (g - u) / 4)
     assert ex.decode(batch(2, 2, A) + batch(3, 0, B)) == pytest.approx(Curve(DEC[A])(2) + Curve(DEC[B])(3))
     # an unmeasured bucket: the nearest measured one, scaled by pixels (as LatencyModel does)
     assert ex.denoise(batch(2, 2, (32, 48))) == pytest.approx(Curve(G[A])(2) * 1.5)
@@ -94,7 +97,7 @@ def test_mixed_batches_are_linear_in_guidance_rows_and_decode_sums_buckets():
 def test_a_single_curve_is_charged_by_rows_exactly_as_the_fake_cost_model(guided):
     cost = CostModel()
     model = LatencyModel.from_cost_model(cost, buckets=[A, B], guidance=True)
-    ex = LatencyModelExecutor(FAKE_MODEL, model)
+    ex = executor(FAKE_MODEL, model)
     for bucket in (A, B):
         b = batch(5, guided, bucket)
         assert ex.denoise(b) == pytest.approx(cost.step_s(b))
@@ -106,7 +109,7 @@ def test_noise_is_deterministic_per_seed_and_within_the_spread():
     model = two_curve_model()
 
     def run(seed, noise=1.0):
-        ex = LatencyModelExecutor(FAKE_MODEL, model, noise=noise, seed=seed)
+        ex = executor(FAKE_MODEL, model, noise=noise, seed=seed)
         rng = random.Random(99)
         out = []
         for _ in range(300):
@@ -121,21 +124,21 @@ def test_noise_is_deterministic_per_seed_and_within_the_spread():
     assert first == run(7)[1]
     assert [x[-1] for x in first] != [x[-1] for x in run(8)[1]]
     for stage, n, guided, bucket, seconds in first:
-        exact = ex.seconds(stage, n, guided, bucket)
+        exact = ex.cost.seconds(stage, n, guided, bucket)
         assert 0.9 * exact - 1e-12 <= seconds <= 1.2 * exact + 1e-12
     assert len({s for *_, s in first}) > 100  # it does vary
     # half the noise: half the spread around the curve
     ex, half = run(7, noise=0.5)
     for stage, n, guided, bucket, seconds in half:
-        exact = ex.seconds(stage, n, guided, bucket)
+        exact = ex.cost.seconds(stage, n, guided, bucket)
         assert 0.95 * exact - 1e-12 <= seconds <= 1.1 * exact + 1e-12
 
 
 def test_bad_noise_and_noise_without_a_spread_are_refused():
     with pytest.raises(ValueError, match="noise must be"):
-        LatencyModelExecutor(FAKE_MODEL, two_curve_model(), noise=-0.1)
+        executor(FAKE_MODEL, two_curve_model(), noise=-0.1)
     with pytest.raises(ValueError, match="spread"):
-        LatencyModelExecutor(FAKE_MODEL, LatencyModel.from_cost_model(CostModel()), noise=0.5)
+        executor(FAKE_MODEL, LatencyModel.from_cost_model(CostModel()), noise=0.5)
 
 
 def trace(n, seed=0):
@@ -153,17 +156,17 @@ def trace(n, seed=0):
 @pytest.mark.parametrize("strategy", ["continuous", "slo"])
 def test_the_real_engine_finishes_every_request_of_a_trace(strategy):
     model = two_curve_model()
-    ex = LatencyModelExecutor(FAKE_MODEL, model, noise=1.0, seed=3)
+    ex = executor(FAKE_MODEL, model, noise=1.0, seed=3)
     core = EngineCore(ex, make_policy(strategy, 8, latency_model=model))
     arrivals = trace(400)
     result = simulate(core, arrivals)
     assert len(result.requests) == 400
-    assert all(r.status is RequestStatus.COMPLETED and r.image == SIMULATED_IMAGE for r in result.requests)
+    assert all(r.status is RequestStatus.COMPLETED and r.image is not None for r in result.requests)
     assert all(r.step == r.num_inference_steps for r in result.requests)
     busy = sum(s.duration_s for s in result.steps)
     assert 0 < busy <= result.end_time
     # the same seed gives the same run
-    again = simulate(EngineCore(LatencyModelExecutor(FAKE_MODEL, model, noise=1.0, seed=3),
+    again = simulate(EngineCore(executor(FAKE_MODEL, model, noise=1.0, seed=3),
                                 make_policy(strategy, 8, latency_model=model)), trace(400))
     assert again.end_time == result.end_time
 
@@ -178,7 +181,7 @@ def test_the_shipped_example_model_loads_and_drives_the_embedded_model_info():
     assert set(curves) == {1, 2}
     assert model.step_s(16) > model.step_s(1) > 0
     info = FAKE_MODEL  # same default size (32x32) as the embedded model
-    ex = LatencyModelExecutor(info, model, noise=1.0, seed=0)
+    ex = executor(info, model, noise=1.0, seed=0)
     result = simulate(EngineCore(ex, make_policy("continuous", 16)), trace(200, seed=1))
     assert all(r.status is RequestStatus.COMPLETED for r in result.requests)
 
@@ -187,7 +190,7 @@ def test_a_malformed_guidance_entry_is_refused_naming_it():
     good = two_curve_model().to_dict()
     bad = {**good, "metadata": {**good["metadata"], "by_guidance_rows": {"3": {}}}}
     with pytest.raises(ValueError, match=r"metadata.by_guidance_rows: keys are rows per request.*'3'"):
-        LatencyModelExecutor(FAKE_MODEL, LatencyModel.from_dict(bad))
+        executor(FAKE_MODEL, LatencyModel.from_dict(bad))
     entries = dict(good["metadata"]["by_guidance_rows"])
     entries["1"] = {**entries["1"], "encode": [[0, 1.0]]}
     bad = {**good, "metadata": {**good["metadata"], "by_guidance_rows": entries}}

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from stepserve.executor.fake import CostModel
-from stepserve.scheduling.latency import FORMAT_VERSION, Curve, LatencyModel
+from stepserve.costs import CostModel
+from stepserve.costs.latency_model import FORMAT_VERSION, Curve, LatencyModel
 from stepserve.types import Request, SamplingParams
 
 

@@ -1,12 +1,10 @@
-"""An executor for simulation that charges what a measured LatencyModel says, and runs no network.
-
-With it the real EngineCore and policies run on a simulated clock (stepserve.sim.run) at the speed of a profiled
-model and device, so capacity can be planned without the hardware: `stepserve profile` measures once, the
-simulator replays any trace on those numbers.
+"""What a measured LatencyModel charges for a batch: the cost function the fake executor charges in simulation
+(FakeExecutor.charging), so the real EngineCore and policies run on a simulated clock at the speed of a profiled
+model and device: `stepserve profile` measures once, the simulator replays any trace on those numbers.
 
 What each stage charges, for a batch of n requests of which g have guidance (guidance_scale > 1):
 - denoise: the step curve of the batch's bucket. With curves measured both with and without guidance rows
-  (`metadata["by_guidance_rows"]`, stepserve.profiling.guidance) a batch costs U(n) + (G(n) - U(n)) * g / n, U
+  (`metadata["by_guidance_rows"]`, stepserve.costs.guidance) a batch costs U(n) + (G(n) - U(n)) * g / n, U
   and G the curves without and with guidance: exact for batches of one kind, and linear in the number of
   guidance rows in between. With one curve measured at R rows per request, the batch costs the curve at
   (its rows) / R requests (a request with guidance is 2 rows). A curve whose rows are not recorded costs n.
@@ -20,7 +18,7 @@ and slowest recorded repeat of the nearest measured point, relative to the curve
 random.Random(seed), so a seed gives the same run every time.
 
 Per call the work is a few dictionary look-ups (costs are cached per bucket, batch size and guided count), so
-a simulation of 100k requests is bounded by the engine, not by this executor.
+a simulation of 100k requests is bounded by the engine, not by these charges.
 """
 
 from __future__ import annotations
@@ -30,25 +28,17 @@ import math
 import random
 from collections.abc import Mapping
 
-from ..profiling.guidance import (
-    GuidanceCurves,
-    Spread,
-    by_guidance_rows,
-    spread_by_bucket,
-)
-from ..scheduling.latency import Bucket, Curve, LatencyModel
-from ..types import ModelInfo, Request
-
-SIMULATED_IMAGE = "simulated"  # what decode() puts in request.image
+from ..types import Request
+from .guidance import GuidanceCurves, Spread, by_guidance_rows, spread_by_bucket
+from .latency_model import Bucket, Curve, LatencyModel
 
 
-class LatencyModelExecutor:
-    """The Executor protocol on a LatencyModel: stages take no real time, they report the modelled seconds."""
+class LatencyCharges:
+    """A cost function (encode_s, step_s, decode_s of a batch of requests) read from a LatencyModel."""
 
-    def __init__(self, model: ModelInfo, latency: LatencyModel, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, latency: LatencyModel, noise: float = 0.0, seed: int = 0) -> None:
         if not isinstance(noise, (int, float)) or isinstance(noise, bool) or not math.isfinite(noise) or noise < 0:
             raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
-        self.model = model
         self.latency = latency
         self.noise = float(noise)
         self.seed = seed
@@ -68,37 +58,22 @@ class LatencyModelExecutor:
         every = [c for c in (self._unguided, self._guided, self._only) if c is not None]
         return bool(self._decode_spread) or any(c.step_spread or c.encode_spread for c in every)
 
-    # --- the Executor protocol -----------------------------------------------------------------------------------
-    def prepare(self, requests: list[Request]) -> float:
-        for r in requests:
-            r.latents = 0.0
-            r.sampler_state = None
+    # --- the cost function the fake executor charges -----------------------------------------------------------
+    def encode_s(self, requests: list[Request]) -> float:
         if not requests:
             return 0.0
-        guided = sum(1 for r in requests if r.params.guidance_scale > 1)
-        return self._charge("encode", None, len(requests), guided)
+        return self._charge("encode", None, len(requests), _guided(requests))
 
-    def denoise(self, requests: list[Request]) -> float:
+    def step_s(self, requests: list[Request]) -> float:
         if not requests:
             return 0.0
-        bucket = requests[0].bucket
-        guided = 0
-        for r in requests:
-            if r.bucket != bucket:
-                raise ValueError(f"a denoising batch mixes shape buckets {bucket} and {r.bucket}")
-            if r.params.guidance_scale > 1:
-                guided += 1
-        return self._charge("step", bucket, len(requests), guided)
+        return self._charge("step", requests[0].bucket, len(requests), _guided(requests))
 
-    def decode(self, requests: list[Request]) -> float:
+    def decode_s(self, requests: list[Request]) -> float:
         counts: dict[Bucket, int] = {}
         for r in requests:
-            r.image = SIMULATED_IMAGE
             counts[r.bucket] = counts.get(r.bucket, 0) + 1
         return sum(self._charge("decode", b, n, 0) for b, n in counts.items())
-
-    def preview(self, request: Request) -> None:
-        return None
 
     # --- costs ---------------------------------------------------------------------------------------------------
     def seconds(self, stage: str, n: int, guided: int = 0, bucket: Bucket | None = None) -> float:
@@ -143,6 +118,15 @@ class LatencyModelExecutor:
         rows = self._only.rows
         count = n if rows is None else (n + guided) / rows
         return [(self._only, 1.0, count)]
+
+
+def _guided(requests: list[Request]) -> int:
+    """How many of the requests run guidance rows (a plain loop: this runs once per simulated step)."""
+    guided = 0
+    for r in requests:
+        if r.params.guidance_scale > 1:
+            guided += 1
+    return guided
 
 
 def _stage_s(curves: GuidanceCurves, stage: str, bucket: Bucket | None, count: float) -> float:

@@ -4,7 +4,8 @@ A request with guidance_scale > 1 runs two rows of the denoiser's forward (condi
 encodes a negative prompt too; one without runs one row. A LatencyModel's `step` curves hold one of the two (the
 rows a request at the model's default guidance has; `metadata["guidance_rows"]`), which is what the `slo` policy
 plans with. To charge a batch by the rows it actually runs, `stepserve profile` measures both and stores them,
-backward compatibly, under `metadata["by_guidance_rows"]`:
+backward compatibly, under `metadata["by_guidance_rows"]` (stepserve.profiling.measure writes it with
+`guidance_entry`):
 
     "by_guidance_rows": {
       "1": {"guidance_scale": 1.0,                    # the requests of this measurement
@@ -23,13 +24,10 @@ own curves for files without it.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..executor.base import Executor
-from ..scheduling.latency import (
+from .latency_model import (
     FORMAT_NAME,
     FORMAT_VERSION,
     Bucket,
@@ -53,40 +51,7 @@ class GuidanceCurves:
     encode_spread: Spread
 
 
-def measure_with_and_without_guidance(executor: Executor, max_batch_size: int,
-                                      buckets: Sequence[Bucket] | None = None,
-                                      guidance_scale: float | None = None, repeats: int = 5, warmup: int = 1,
-                                      progress: bool | None = None, rounds: int = 1,
-                                      statistic: str = "median") -> LatencyModel:
-    """measure_latency_model twice: with guidance (`guidance_scale`, default the model's own when it is > 1, else
-    2.0) and without (scale 1.0). The model's curves are those of the rows a request at the model's default
-    guidance runs; both measurements go to `metadata["by_guidance_rows"]` (see the module docstring)."""
-    from .latency import measure_latency_model
-
-    model = executor.model
-    if guidance_scale is None:
-        guidance_scale = model.default_guidance_scale if model.default_guidance_scale > 1 else 2.0
-    if not guidance_scale > 1:
-        raise ValueError(f"guidance_scale must be > 1 (the scale of the measurement with guidance rows; the one "
-                         f"without is always made too), got {guidance_scale!r}")
-    measured: dict[int, LatencyModel] = {}
-    for rows, scale in ((2, guidance_scale), (1, 1.0)):
-        if progress is not False:
-            print(f"profile {model.name}: {'with guidance rows' if rows == 2 else 'without guidance'} "
-                  f"(guidance_scale {scale:g})", file=sys.stderr, flush=True)
-        measured[rows] = measure_latency_model(executor, max_batch_size, buckets, scale, repeats, warmup, progress,
-                                               rounds=rounds, statistic=statistic)
-    main_rows = 2 if model.default_guidance_scale > 1 else 1
-    main = measured[main_rows]
-    metadata = dict(main.metadata)
-    metadata["wall_s"] = round(sum(m.metadata.get("wall_s", 0.0) for m in measured.values()), 3)
-    metadata["guidance_scale_default"] = model.default_guidance_scale
-    metadata[METADATA_KEY] = {str(rows): _entry(m) for rows, m in sorted(measured.items())}
-    return LatencyModel(step=main.step, encode=main.encode, decode=main.decode,
-                        reference_bucket=main.reference_bucket, metadata=metadata)
-
-
-def _entry(m: LatencyModel) -> dict[str, Any]:
+def guidance_entry(m: LatencyModel) -> dict[str, Any]:
     spread = m.metadata.get("spread", {})
     return {
         "guidance_scale": m.metadata.get("guidance_scale"),

@@ -1,7 +1,7 @@
 """A latency model: how long the engine's stages take, predicted from measured points.
 
 The `slo` policy plans with it (admission, the adaptive batch cap, giving up on hopeless requests); the simulator's
-fake executor can be built to charge exactly the same costs. Pure data and arithmetic: no torch, no clock.
+fake executor (stepserve.costs.fake) charges the same costs in simulation. Pure data and arithmetic: no torch, no clock.
 
 Rules:
 - A curve maps a count (batch size, or number of prompts / images) to seconds through measured points, linearly
@@ -133,7 +133,7 @@ class LatencyModel:
     @classmethod
     def from_cost_model(cls, cost: Any, buckets: Iterable[Bucket] = ((32, 32),), guidance: bool = True,
                         reference_bucket: Bucket | None = None) -> "LatencyModel":
-        """The costs of the fake executor's CostModel (stepserve.executor.fake), exactly, for `buckets`.
+        """The costs of the fake executor's CostModel (stepserve.costs.cost_model), exactly, for `buckets`.
 
         The cost model is linear in the batch size, so two points per curve reproduce it at every batch size.
         `guidance`: whether each request is counted as two rows of the forward (as requests with guidance_scale > 1
@@ -150,7 +150,7 @@ class LatencyModel:
                                          for n in (1, 2)))
         encode = Curve(tuple((n, cost.encode_fixed_s + cost.encode_per_item_s * n) for n in (1, 2)))
         return cls(step=step, encode=encode, decode=decode, reference_bucket=reference_bucket,
-                   metadata={"source": "stepserve.executor.fake.CostModel", "guidance_rows": rows})
+                   metadata={"source": "stepserve.costs.CostModel", "guidance_rows": rows})
 
     # --- files -------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
