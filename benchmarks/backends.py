@@ -25,7 +25,7 @@ BACKENDS = ("torch", "onnxruntime")
 def forward_s(engine: Engine, batch: int, repeats: int) -> float:
     """Median time of one denoiser call over `batch` rows at mixed timesteps (no guidance rows)."""
     pipe = engine.executor.pipeline
-    shape = pipe.latent_shape(engine.model.default_height, engine.model.default_width)
+    shape = pipe.latent_shape(engine.model_info.default_height, engine.model_info.default_width)
     sample = torch.randn(batch, *shape[1:])
     timestep = torch.linspace(1, 999, batch)
     embeds = torch.stack(pipe.encode_prompts([str(i) for i in range(batch)]))

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.model, strategy="continuous", max_batch_size=1)
-    info = engine.model
+    info = engine.model_info
     one = [SamplingParams(prompt="a handwritten seven", seed=0)]
     engine.generate(one)  # warm-up
     e2e = median_s(lambda: engine.generate(one), max(5, args.repeats // 2))

@@ -57,7 +57,7 @@ def requests_for(n: int, steps: int, info) -> list[SamplingParams]:
 def bare_loop(executor, params: list[SamplingParams], batch: int, timer: ForwardTimer) -> tuple[float, float]:
     """Returns (wall seconds, mean host seconds per denoising step outside the UNet forward)."""
     p = executor.pipeline
-    info = executor.model
+    info = executor.model_info
     h, w = info.default_height, info.default_width
     step_times = []
     start = time.perf_counter()
@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     model = pick_model(args.model)
     executor = load_executor(model)
     timer = ForwardTimer(executor.pipeline)
-    summary = {"model": executor.model.name, "steps": args.steps, "threads": args.threads, "results": []}
+    summary = {"model": executor.model_info.name, "steps": args.steps, "threads": args.threads, "results": []}
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        params = requests_for(batch * args.batches, args.steps, executor.model)
+        params = requests_for(batch * args.batches, args.steps, executor.model_info)
         bare_loop(executor, params[:batch], batch, timer)  # warm-up
         engine_run(executor, params[:batch], batch, timer)
         ratios, bare_ips, eng_ips, overheads, bare_host, step_ms = [], [], [], [], [], []

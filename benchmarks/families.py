@@ -63,7 +63,7 @@ def per_image_s(executor, params: list[SamplingParams], batch: int) -> float:
 
 
 def batch_cost(executor, rounds: int) -> tuple[float, float]:
-    info = executor.model
+    info = executor.model_info
     params = [SamplingParams(prompt=f"a picture number {i}", seed=i, num_inference_steps=8,
                              guidance_scale=info.default_guidance_scale) for i in range(8)]
     per_image_s(executor, params[:2], 2)  # warm-up
@@ -134,7 +134,7 @@ def main() -> None:
             continue
         path, size_note = built
         executor = load_executor(str(path))
-        info = executor.model
+        info = executor.model_info
         b1, b8 = batch_cost(executor, args.rounds)
         n_params = denoiser_params(executor)
         print(f"{family}: {n_params / 1e6:.2f} M denoiser parameters ({size_note}), {info.default_width}x"

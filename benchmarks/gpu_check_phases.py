@@ -66,7 +66,7 @@ def requests_for(executor, n: int, steps: int = 50):
     from stepserve.validation import resolve_params
 
     p = resolve_params(SamplingParams(prompt="a photograph", seed=1, num_inference_steps=steps, guidance_scale=1.0),
-                       executor.model)
+                       executor.model_info)
     requests = [Request(f"check-{n}-{i}", p, 0.0, (p.height, p.width), steps) for i in range(n)]
     executor.prepare(requests)
     return requests

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model = pick_model(args.model)
     executor = load_executor(model)
-    info = executor.model
+    info = executor.model_info
     steps = args.steps or info.default_steps
     body = {"prompt": "a handwritten 7", "seed": 1, "num_inference_steps": steps}
     params = SamplingParams(prompt=body["prompt"], seed=1, num_inference_steps=steps)

@@ -44,8 +44,8 @@ class Engine:
         return cls(built.executor, options=built.options)
 
     @property
-    def model(self):
-        return self.executor.model
+    def model_info(self):
+        return self.executor.model_info
 
     def generate(self, params: list[SamplingParams], progress: bool = False) -> list[GenerationResult]:
         """Generate one image per SamplingParams; results come back in input order. Bad input raises
@@ -57,7 +57,7 @@ class Engine:
 
         core = self.core
         # resolve everything first: a bad request must not leave others half-submitted
-        to_feed = [resolve_params(p, self.model) for p in params]
+        to_feed = [resolve_params(p, self.model_info) for p in params]
         requests: list[Request] = []
         bar = None
         if progress:

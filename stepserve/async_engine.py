@@ -113,8 +113,8 @@ class AsyncEngine:
         self._logged_kinds: set[str] = set()
 
     @property
-    def model(self):
-        return self.executor.model
+    def model_info(self):
+        return self.executor.model_info
 
     @property
     def healthy(self) -> bool:

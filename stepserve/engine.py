@@ -65,8 +65,8 @@ class EngineCore:
         self._logged_failures: set[tuple[str, str]] = set()  # executor failure kinds already logged
 
     @property
-    def model(self):
-        return self.executor.model
+    def model_info(self):
+        return self.executor.model_info
 
     # --- input -------------------------------------------------------------------------------------------------
     def add_request(self, params: SamplingParams, now: float, request_id: str | None = None,
@@ -81,7 +81,7 @@ class EngineCore:
     def new_request(self, params: SamplingParams, now: float, request_id: str | None = None,
                     preview_steps: frozenset[int] = frozenset()) -> Request:
         """Validate `params` and build the request that arrived at `now` (not queued yet)."""
-        resolved = resolve_params(params, self.model)  # as it is when the edge resolved it (ResolvedParams)
+        resolved = resolve_params(params, self.model_info)  # as it is when the edge resolved it (ResolvedParams)
         return Request(
             request_id=request_id or next_request_id(),
             params=resolved,

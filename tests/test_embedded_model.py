@@ -116,7 +116,7 @@ def test_only_the_trained_size_is_served():
     from stepserve import Engine, SamplingParams, ValidationError
 
     engine = Engine.from_pretrained("embedded")
-    info = engine.model
+    info = engine.model_info
     assert (info.min_size, info.max_size, info.default_height, info.default_width) == (32, 32, 32, 32)
     for field, size in (("height", 48), ("width", 16), ("height", 64), ("width", 24)):
         with pytest.raises(ValidationError) as caught:

@@ -195,7 +195,7 @@ def test_tiny_pipeline_gives_a_positive_growing_step_curve_with_metadata(tiny_ex
     cache = tiny_executor.pipeline.prompt_cache
     cache.put("kept", torch.zeros(1))
     measured = profiling.measure_latency_model(tiny_executor, 4, progress=False)
-    bucket = (tiny_executor.model.default_height, tiny_executor.model.default_width)
+    bucket = (tiny_executor.model_info.default_height, tiny_executor.model_info.default_width)
     assert measured.reference_bucket == bucket
     steps = [s for _, s in measured.step[bucket].points]
     assert [n for n, _ in measured.step[bucket].points] == [1, 2, 3, 4]
@@ -206,7 +206,7 @@ def test_tiny_pipeline_gives_a_positive_growing_step_curve_with_metadata(tiny_ex
     assert all(s > 0 for _, s in measured.encode.points) and all(s > 0 for _, s in measured.decode[bucket].points)
     meta = measured.metadata
     assert meta["device"] == "cpu" and meta["dtype"] == "float32" and meta["torch"] == torch.__version__
-    assert meta["model"] == tiny_executor.model.name and meta["executor"] == "TorchExecutor"
+    assert meta["model"] == tiny_executor.model_info.name and meta["executor"] == "TorchExecutor"
     assert meta["threads"] == torch.get_num_threads() and meta["guidance_rows"] == 2
     spread = meta["spread"]["step"][0]["points"]
     lows, highs = [lo for _, lo, _ in spread], [hi for _, _, hi in spread]
@@ -230,7 +230,7 @@ def test_tiny_pipeline_peak_memory_grows_with_the_batch(tiny_executor):
     assert sorted(peaks) == [1, 2, 4]
     assert 0 < peaks[1] < peaks[2] < peaks[4]
     # at least the latents and the decoded images of the batch are live at some point
-    h, w = tiny_executor.model.default_height, tiny_executor.model.default_width
+    h, w = tiny_executor.model_info.default_height, tiny_executor.model_info.default_width
     assert peaks[4] >= 4 * 3 * h * w * 4
     assert profiling.measure_peak_memory(tiny_executor, [2]) == {2: peaks[2]}  # the same run, the same bytes
 

@@ -124,7 +124,7 @@ def warm_up(executor: Any, wrapper: BucketedNetworks, progress: bool = True) -> 
     from ..types import Request, SamplingParams
     from ..validation import resolve_params
 
-    model = executor.model
+    model = executor.model_info
     params = resolve_params(SamplingParams(prompt="warm-up", seed=0, num_inference_steps=2, guidance_scale=1.0),
                             model)
     bucket = (params.height, params.width)

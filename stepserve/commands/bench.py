@@ -261,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"stepserve bench: {exc}", file=sys.stderr)
         return 2
-    files = write_outputs(run, cfg.out)
+    return write_and_conclude(run, cfg.out)
+
+
+def write_and_conclude(run, out: Path) -> int:
+    """Write the results files (bench and simulate), print the conclusions and where the report is; exit 0."""
+    files = write_outputs(run, out)
     print("\n".join(run.results.conclusions))
-    print(f"\nreport: {files[1]}  (all files in {cfg.out}/: {', '.join(f.name for f in files)})")
+    print(f"\nreport: {files[1]}  (all files in {out}/: {', '.join(f.name for f in files)})")
     return 0
 
 

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..server.app import create_app
     from ..server.draining import DrainingServer
 
-    name = engine.model.name
+    name = engine.model_info.name
     app = create_app(engine, api_key=settings.api_key, limits=settings.limits,
                      shutdown_grace_s=settings.shutdown_grace_s)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,

@@ -17,8 +17,7 @@ import argparse
 import math
 import sys
 
-from ..bench.app import write_outputs
-from .bench import UsageError, build_parser, config_from_args
+from .bench import UsageError, build_parser, config_from_args, write_and_conclude
 
 EPILOG = """simulate-only flags:
   --latency-model PATH  (required) the cost model every engine charges: a file from `stepserve profile`,
@@ -74,16 +73,10 @@ def main(argv: list[str] | None = None) -> int:
 
             make_executor(setup, cfg.seed)  # a model without a recorded spread fails here, before any run
         run = run_simulation(cfg, setup)
-    except UsageError as exc:
+    except (UsageError, FileNotFoundError, ValueError) as exc:
         print(f"stepserve simulate: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"stepserve simulate: {exc}", file=sys.stderr)
-        return 2
-    files = write_outputs(run, cfg.out)
-    print("\n".join(run.results.conclusions))
-    print(f"\nreport: {files[1]}  (all files in {cfg.out}/: {', '.join(f.name for f in files)})")
-    return 0
+    return write_and_conclude(run, cfg.out)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ class FakeExecutor:
         fault: Callable[[str, list[Request]], bool] | None = None,
         sleep: bool = False,
     ) -> None:
-        self.model = model
+        self.model_info = model
         self.cost = cost or CostModel()
         self.fault = fault  # fault(stage, requests) -> True makes that stage raise (for tests)
         self.sleep = sleep

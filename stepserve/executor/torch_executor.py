@@ -25,7 +25,7 @@ def _sync(device: torch.device) -> None:
 class TorchExecutor:
     def __init__(self, pipeline: FamilyAdapter) -> None:
         self.pipeline = pipeline
-        self.model = pipeline.info
+        self.model_info = pipeline.info
         self.device = pipeline.device
 
     # The engine core only sees these durations; measuring them is the executor's job.

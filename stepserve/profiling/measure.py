@@ -110,7 +110,7 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
-    model = executor.model
+    model = executor.model_info
     default_bucket = (model.default_height, model.default_width)
     buckets = [default_bucket] if buckets is None else [tuple(b) for b in buckets]
     if not buckets:
@@ -220,7 +220,7 @@ def measure_with_and_without_guidance(executor: Executor, max_batch_size: int,
     """measure_latency_model twice: with guidance (`guidance_scale`, default the model's own when it is > 1, else
     2.0) and without (scale 1.0). The model's curves are those of the rows a request at the model's default
     guidance runs; both measurements go to `metadata["by_guidance_rows"]` (see the module docstring)."""
-    model = executor.model
+    model = executor.model_info
     if guidance_scale is None:
         guidance_scale = model.default_guidance_scale if model.default_guidance_scale > 1 else 2.0
     if not guidance_scale > 1:

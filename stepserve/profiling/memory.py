@@ -100,7 +100,7 @@ def _iter_peaks(executor: Executor, sizes: Sequence[int], bucket: Bucket | None)
     if kind is None:
         raise ValueError(f"peak memory is measured on torch CPU or CUDA executors; {type(executor).__name__} "
                          f"has device {device!r}")
-    model = executor.model
+    model = executor.model_info
     bucket = (model.default_height, model.default_width) if bucket is None else tuple(bucket)
     import torch
 
@@ -251,7 +251,7 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
         raise ValueError(f"max_batch_size must be an integer >= 1, got {requested_max!r}")
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
-    model = executor.model
+    model = executor.model_info
     if bucket is None:
         bucket = (model.max_size, model.max_size)
     where = f"{bucket[1]}x{bucket[0]}"

@@ -17,7 +17,7 @@ def _dummy_requests(executor: Executor, n: int, bucket: Bucket, guidance_scale: 
                     seed_base: int = 0) -> list[Request]:
     """`n` requests as EngineCore.add_request makes them (resolved params, model defaults), admitted. Each has
     its own prompt so the text encoder runs on n prompts, and a fixed seed."""
-    model = executor.model
+    model = executor.model_info
     out = []
     for i in range(n):
         params = resolve_params(SamplingParams(prompt=f"profile {tag} {i}", seed=seed_base + i,

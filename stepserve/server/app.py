@@ -117,7 +117,7 @@ def _open_routes(state: ServerState) -> APIRouter:
     async def health() -> JSONResponse:
         engine = state.engine
         status = "failed" if not engine.healthy else "draining" if state.draining else "ok"
-        body = {"status": status, "model": engine.model.name, "queue_depth": engine.queue_depth,
+        body = {"status": status, "model": engine.model_info.name, "queue_depth": engine.queue_depth,
                 "running": engine.running_count}
         if not engine.healthy:
             body["error"] = engine.failure
@@ -138,7 +138,7 @@ def _metrics_route(state: ServerState, view: MetricsView | None) -> APIRouter:
 
 
 def _model_card(state: ServerState) -> dict:
-    return {"id": state.engine.model.name, "object": "model", "created": state.started_at, "owned_by": "stepserve"}
+    return {"id": state.engine.model_info.name, "object": "model", "created": state.started_at, "owned_by": "stepserve"}
 
 
 def _v1_routes(state: ServerState) -> APIRouter:
@@ -150,8 +150,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
     @router.get("/models/{model_id:path}")
     async def model(model_id: str) -> dict:
-        if model_id != state.engine.model.name:
-            raise APIError(404, f"model {model_id!r} is not served here; available: {state.engine.model.name}",
+        if model_id != state.engine.model_info.name:
+            raise APIError(404, f"model {model_id!r} is not served here; available: {state.engine.model_info.name}",
                            code="model_not_found", param="model")
         return _model_card(state)
 
@@ -179,7 +179,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
                 "data": [{"b64_json": await encode(r.image)} for r in results],
                 "size": size_of(results[0].params),
                 "output_format": "png",
-                "stepserve": {"model": state.engine.model.name, "images": [image_info(r) for r in results]},
+                "stepserve": {"model": state.engine.model_info.name, "images": [image_info(r) for r in results]},
             }
             for r in results:
                 state.note_latency(r.timing.total_s or 0.0)

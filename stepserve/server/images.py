@@ -67,7 +67,7 @@ def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_ima
     """Validate every image, then admit the group atomically: a 429 leaves nothing of it in the engine."""
     engine = state.engine
     try:
-        resolved = [resolve_params(p, engine.model) for p in params]
+        resolved = [resolve_params(p, engine.model_info) for p in params]
     except ValidationError as exc:
         param = _PARAM_FOR_FIELD.get(exc.field, exc.field)
         raise errors.invalid(_size_message(exc, engine) if param == "size" else str(exc), param) from None
@@ -92,7 +92,7 @@ def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_ima
 
 
 def _size_message(exc: ValidationError, engine: AsyncEngine) -> str:
-    m = engine.model
+    m = engine.model_info
     return f"size: {exc}; 'auto' gives the model's default {m.default_width}x{m.default_height}"
 
 

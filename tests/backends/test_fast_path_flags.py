@@ -15,7 +15,7 @@ def test_serve_builds_a_deterministic_engine(capsys):
 
     args = build_parser().parse_args(["--deterministic", "--no-memory-cap", "--max-batch-size", "3", "--threads", "1"])
     engine = start_engine(serve_settings(args).engine)
-    name = engine.model.name
+    name = engine.model_info.name
     networks = engine.executor.pipeline.networks
     assert name == "embedded" and isinstance(networks, BucketedNetworks)
     assert networks.fixed_rows == 6 and networks.buckets == (6,)

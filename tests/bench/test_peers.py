@@ -166,7 +166,7 @@ def test_peer_bench_rows_versions_configs_and_images(peer_bench):
     by_contender = {r.metrics.contender: {im.index: np.asarray(im.image) for im in r.images} for r in run.runs}
     from stepserve.loading import load_executor
 
-    model = load_executor("embedded").model
+    model = load_executor("embedded").model_info
     reference = by_contender["stepserve-continuous"]
     assert len(reference) == len(run.plan.trace.items)
     for name in names:

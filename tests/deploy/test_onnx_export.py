@@ -93,7 +93,7 @@ def test_images_served_on_onnxruntime_equal_torch_under_every_strategy(embedded_
     ort_engine = Engine.from_pretrained(str(embedded_onnx), backend="onnxruntime", strategy=strategy,
                                         max_batch_size=4)
     assert ort_engine.executor.pipeline.backend == "onnxruntime"
-    params = _mixed_requests(torch_engine.model.samplers)
+    params = _mixed_requests(torch_engine.model_info.samplers)
     want, got = _pixels(torch_engine.generate(params)), _pixels(ort_engine.generate(params))
     for a, b in zip(want, got):
         assert a.shape == b.shape and np.abs(a - b).max() <= 1

@@ -22,7 +22,7 @@ def test_bad_device_and_dtype_name_allowed_values(tiny_sd_path):
 
 
 def test_model_info_from_folder(tiny_sd_path):
-    info = load_executor(str(tiny_sd_path)).model
+    info = load_executor(str(tiny_sd_path)).model_info
     assert (info.default_height, info.default_width) == (16, 16)  # unet sample_size 8 x vae factor 2
     assert info.size_multiple == 4 and info.default_sampler == "ddim"  # the folder's own DDIMScheduler
     assert "flow_euler" not in info.samplers  # an epsilon/v model is not a flow-matching model

@@ -146,13 +146,13 @@ def test_model_info_and_loading(flux_dev, flux_schnell):
 
     dev, schnell = (Engine.from_pretrained(str(p), max_batch_size=4) for p in (flux_dev, flux_schnell))
     assert isinstance(dev.executor.pipeline, FluxAdapter)  # chosen from model_index.json's _class_name
-    info = dev.model
+    info = dev.model_info
     assert (info.family, info.guidance, info.negative_prompt) == ("flux", "embedded", False)
     assert info.size_multiple == 4  # vae scale 2 x the 2x2 patches
     assert info.samplers == ("flow_euler", "dpmpp_2m") and info.default_steps == 28
     assert info.default_guidance_scale == 3.5  # FluxPipeline's defaults
     # schnell: a fixed shift (FluxPipeline hands DPM-Solver a mu, which it takes only with dynamic shifting)
-    assert schnell.model.samplers == ("flow_euler",) and schnell.model.default_steps == 4  # its stepserve.json
+    assert schnell.model_info.samplers == ("flow_euler",) and schnell.model_info.default_steps == 4  # its stepserve.json
 
 
 def test_validation_says_what_flux_allows(flux_dev, flux_schnell):

@@ -154,8 +154,8 @@ def test_the_settings_each_change_the_image(sd3_path):
 
 def test_validation_names_what_sd3_allows(sd3_path):
     engine = serve(sd3_path, memory_cap=True)
-    assert engine.model.family == "sd3" and engine.model.default_steps == 28
-    assert engine.model.default_guidance_scale == 7.0 and engine.model.default_sampler == "flow_euler"
+    assert engine.model_info.family == "sd3" and engine.model_info.default_steps == 28
+    assert engine.model_info.default_guidance_scale == 7.0 and engine.model_info.default_sampler == "flow_euler"
     with pytest.raises(ValidationError, match="flow_euler"):
         engine.generate([SamplingParams(prompt="x", sampler="euler_a")])
     with pytest.raises(ValidationError, match="multiples of 4"):

@@ -90,7 +90,7 @@ def served(executor):
 
 def test_folder_loads_as_sdxl_with_its_rules(executor):
     assert isinstance(executor.pipeline, StableDiffusionXLAdapter)
-    info = executor.model
+    info = executor.model_info
     assert (info.family, info.guidance, info.negative_prompt) == ("sdxl", "cfg", True)
     assert info.default_guidance_scale == 5.0  # StableDiffusionXLPipeline's default
     assert (info.default_height, info.min_size, info.max_size, info.size_multiple) == (16, 8, 32, 4)

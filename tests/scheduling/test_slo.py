@@ -39,7 +39,7 @@ def finish_order(requests):
 
 def candidate(core, p, now):
     """The Request a front end would check with admission() before queueing it."""
-    p = resolve_params(p, core.model)
+    p = resolve_params(p, core.model_info)
     return Request("candidate", p, now, (p.height, p.width), p.num_inference_steps,
                    deadline=None if p.timeout_s is None else now + p.timeout_s, priority=p.priority)
 

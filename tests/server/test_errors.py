@@ -89,7 +89,7 @@ class FailOn:
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.model = inner.model
+        self.model_info = inner.model_info
 
     def prepare(self, requests):
         return self.inner.prepare(requests)

@@ -62,7 +62,7 @@ class SlowSteps:
 
     def __init__(self, inner, step_s: float = 0.03) -> None:
         self.inner = inner
-        self.model = inner.model
+        self.model_info = inner.model_info
         self.step_s = step_s
 
     def prepare(self, requests):

@@ -14,7 +14,7 @@ def test_model_value_is_ignored_and_not_echoed(serve):
             named = http.post(GENERATIONS, json={**body, "model": "no-such-model"})
             assert plain.status_code == named.status_code == 200, named.text
             assert "no-such-model" not in named.text
-            assert named.json()["stepserve"]["model"] == server.engine.model.name
+            assert named.json()["stepserve"]["model"] == server.engine.model_info.name
             assert decode_png(named.json()["data"][0]["b64_json"]).tobytes() == \
                 decode_png(plain.json()["data"][0]["b64_json"]).tobytes()
             assert assert_error_shape(http.post(GENERATIONS, json={**body, "model": 5}), 400)["param"] == "model"

@@ -86,7 +86,7 @@ class BatchHandler:
                 raise PeerRequestError("stream: peers answer whole images only (send \"stream\": false)")
             params = engine_params(request, ServerLimits())
             # resolved here, once: a bad field fails this request alone, never its batch
-            params = [resolve_params(p, self.engine.model) for p in params]
+            params = [resolve_params(p, self.engine.model_info) for p in params]
         except APIError as exc:
             raise PeerRequestError(str(getattr(exc, "message", exc))) from None
         except ValidationError as exc:

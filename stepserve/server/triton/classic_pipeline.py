@@ -40,7 +40,7 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             inputs = request_inputs(request, pb_utils.get_input_tensor_by_name)
             try:
-                parsed = parse_request(inputs, self.engine.model)
+                parsed = parse_request(inputs, self.engine.model_info)
             except BadRequest as e:
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
                 continue

@@ -73,7 +73,7 @@ class TritonPythonModel:
             rid = request.request_id()
             inputs = request_inputs(request, pb_utils.get_input_tensor_by_name)
             try:
-                parsed = parse_request(inputs, self.engine.model)
+                parsed = parse_request(inputs, self.engine.model_info)
                 asyncio.run_coroutine_threadsafe(self._submit(parsed.params, sender, rid), self.loop).result()
             except BadRequest as e:
                 _final(sender, _error(str(e), rid))
