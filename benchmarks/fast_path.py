@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     buckets = tuple(int(b) for b in args.buckets.split(","))
     options = {
         "eager": None,
-        "compiled": FastPathOptions(compile=True, buckets=buckets),
+        "compiled": FastPathOptions(compile=True, batch_buckets=buckets),
         "deterministic": FastPathOptions(deterministic=True),
     }
     if args.with_compiled_deterministic:

@@ -133,7 +133,7 @@ def run_phases(args, device: str, dtype: str) -> dict:
     build_s = time.monotonic() - t0
     # 1-3. engines: the compiled one serves; an eager one of the same dtype and a float32 one check numerics
     t0 = time.monotonic()
-    fast = FastPathOptions(compile=True, buckets=buckets, compile_backend=args.compile_backend, progress=True)
+    fast = FastPathOptions(compile=True, batch_buckets=buckets, compile_backend=args.compile_backend, progress=True)
     engine = Engine.from_pretrained(str(folder), device=device, dtype=dtype, memory_cap=False,
                                     max_batch_size=max_batch, fast_path=fast)
     compile_s = time.monotonic() - t0

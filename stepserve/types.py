@@ -114,7 +114,7 @@ class Request:
     request_id: str
     params: SamplingParams  # resolved: every field set (model defaults filled in, seed drawn)
     arrival_time: float
-    bucket: tuple[int, int]  # (height, width): only requests of one bucket share a forward pass
+    bucket: tuple[int, int]  # the shape bucket (height, width): only requests of one shape bucket share a forward
     num_inference_steps: int
     deadline: float | None = None
     priority: int = 0  # from SamplingParams.priority: higher is served first by priority-aware policies

@@ -1,7 +1,7 @@
 """The fast path of the torch backend: a compiled denoiser per batch-size bucket (CUDA graphs on a GPU), channels_last,
 and the deterministic mode (every forward at one fixed shape, so images are byte-identical whatever the load).
 
-`apply_fast_path(executor, options, max_batch_size)` wraps the pipeline's networks in a BucketedNetworks and warms
+`apply_fast_path(executor, options, max_batch_size)` wraps the pipeline's networks in a BatchBucketedNetworks and warms
 every bucket up with a real engine step (prepare, one denoising step, decode) of throwaway requests, so compiling
 happens at start-up and never inside a served request.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .bucketed import BucketedNetworks, buckets_up_to, check_buckets
+from .batch_buckets import BatchBucketedNetworks, batch_buckets_up_to, check_batch_buckets
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 class FastPathOptions:
     compile: bool = False  # torch.compile the denoiser for each bucket
     deterministic: bool = False  # every forward at one fixed padded shape (byte-identical images under any load)
-    buckets: tuple[int, ...] | None = None  # denoiser batch sizes; None: powers of two up to 2 x max_batch_size
+    batch_buckets: tuple[int, ...] | None = None  # denoiser batch sizes; None: powers of two up to 2 x max_batch_size
     compile_mode: str | None = None  # None: "reduce-overhead" (CUDA graphs per bucket) on CUDA, "default" on CPU
     compile_backend: str = "inductor"  # "aot_eager" traces without generating code (fast; for tests)
     channels_last: bool | None = None  # None: on CUDA only (convolutions there prefer NHWC)
@@ -43,7 +43,7 @@ def rows_for(max_batch_size: int) -> int:
     return 2 * max_batch_size
 
 
-def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int) -> BucketedNetworks | None:
+def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int) -> BatchBucketedNetworks | None:
     """Wrap the executor's networks as `options` say (nothing when neither compile nor deterministic is set).
     Returns the wrapper."""
     if not options.enabled:
@@ -53,13 +53,13 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
         raise ValueError(f"--compile and --deterministic need --backend torch; got --backend {pipeline.backend}")
     if options.compile_mode is not None and options.compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode: {options.compile_mode!r} is not supported; allowed: {', '.join(COMPILE_MODES)}")
-    if isinstance(pipeline.networks, BucketedNetworks):
+    if isinstance(pipeline.networks, BatchBucketedNetworks):
         raise ValueError("the fast path is already applied to this executor's networks")
     device = torch.device(pipeline.device)
     on_cuda = device.type == "cuda"
     inner = pipeline.networks
     rows = rows_for(max_batch_size)
-    buckets = check_buckets(options.buckets) if options.buckets else buckets_up_to(rows)
+    buckets = check_batch_buckets(options.batch_buckets) if options.batch_buckets else batch_buckets_up_to(rows)
     channels_last = on_cuda if options.channels_last is None else options.channels_last
     if channels_last and getattr(inner, "unet", None) is not None:
         inner.unet.to(memory_format=torch.channels_last)
@@ -77,11 +77,11 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     if options.deterministic:
         _deterministic_kernels(on_cuda)
     fixed = rows if options.deterministic else None
-    wrapper = BucketedNetworks(inner, buckets, fixed_rows=fixed, fixed_other_rows=max_batch_size,
+    wrapper = BatchBucketedNetworks(inner, buckets, fixed_rows=fixed, fixed_other_rows=max_batch_size,
                                denoise_fn=denoise_fn, cuda_graphs=cuda_graphs, channels_last=channels_last)
     pipeline.networks = wrapper
     log.info("fast path: %s denoiser at batch sizes %s%s%s", f"compiled ({options.compile_backend}, {mode})"
-             if options.compile else "eager", ", ".join(map(str, wrapper.buckets)),
+             if options.compile else "eager", ", ".join(map(str, wrapper.batch_buckets)),
              ", CUDA graphs" if cuda_graphs else "", ", deterministic" if options.deterministic else "")
     if options.warm_up:
         warm_up(executor, wrapper, options.progress)
@@ -115,7 +115,7 @@ def _deterministic_kernels(on_cuda: bool) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def warm_up(executor: Any, wrapper: BucketedNetworks, progress: bool = True) -> None:
+def warm_up(executor: Any, wrapper: BatchBucketedNetworks, progress: bool = True) -> None:
     """Run one real step at every bucket (the model's default size): throwaway requests without guidance, one row
     each, then a decode, so every compiled shape is built before the first request arrives. With CUDA graphs each
     bucket runs three times: torch.compile's cudagraph trees run a new shape eagerly once, then record, then
@@ -128,14 +128,14 @@ def warm_up(executor: Any, wrapper: BucketedNetworks, progress: bool = True) -> 
     params = resolve_params(SamplingParams(prompt="warm-up", seed=0, num_inference_steps=2, guidance_scale=1.0),
                             model)
     bucket = (params.height, params.width)
-    with progress_bar(len(wrapper.buckets), "warm-up (denoiser batch sizes)", "bucket", disable=not progress) as bar:
-        for size in wrapper.buckets:
+    with progress_bar(len(wrapper.batch_buckets), "warm-up (denoiser batch sizes)", "bucket", disable=not progress) as bar:
+        for size in wrapper.batch_buckets:
             requests = [Request(f"warm-up-{size}-{i}", params, 0.0, bucket, params.num_inference_steps)
                         for i in range(size)]
             executor.prepare(requests)
             for _ in range(3 if wrapper.cuda_graphs else 1):
                 executor.denoise(requests)
-            if size == wrapper.buckets[0]:
+            if size == wrapper.batch_buckets[0]:
                 executor.decode(requests[:1])
             bar.update(1)
             bar.set_postfix(batch=size)

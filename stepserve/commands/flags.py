@@ -107,7 +107,7 @@ def add_fast_path_flags(p: argparse.ArgumentParser) -> None:
 def fast_path_from_args(args: argparse.Namespace):
     from ..backends.fast_path import FastPathOptions
 
-    return FastPathOptions(compile=args.compile, deterministic=args.deterministic, buckets=args.compile_buckets)
+    return FastPathOptions(compile=args.compile, deterministic=args.deterministic, batch_buckets=args.compile_buckets)
 
 
 def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):

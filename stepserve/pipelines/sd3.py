@@ -38,7 +38,7 @@ SAMPLERS = ("flow_euler", "dpmpp_2m")  # the flow model's own Euler, and DPM-Sol
 
 class SD3TorchNetworks:
     """The text encoders (CLIP-L, CLIP-G, T5 or None), transformer and VAE as torch modules; every tensor argument is
-    batched on dim 0, so backend wrappers (stepserve.backends.bucketed) can pad rows generically."""
+    batched on dim 0, so backend wrappers (stepserve.backends.batch_buckets) can pad rows generically."""
 
     def __init__(self, text_encoders: list, transformer: torch.nn.Module, vae: torch.nn.Module) -> None:
         self.text_encoders = text_encoders

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepserve.backends.bucketed import BucketedNetworks
+from stepserve.backends.batch_buckets import BatchBucketedNetworks
 from stepserve.backends.fast_path import FastPathOptions, apply_fast_path
 
 
@@ -17,8 +17,8 @@ def test_serve_builds_a_deterministic_engine(capsys):
     engine = start_engine(serve_settings(args).engine)
     name = engine.model_info.name
     networks = engine.executor.pipeline.networks
-    assert name == "embedded" and isinstance(networks, BucketedNetworks)
-    assert networks.fixed_rows == 6 and networks.buckets == (6,)
+    assert name == "embedded" and isinstance(networks, BatchBucketedNetworks)
+    assert networks.fixed_rows == 6 and networks.batch_buckets == (6,)
     assert networks.calls == {6: 1}  # the warm-up step ran at start-up
     assert "warm-up" in capsys.readouterr().err
     with pytest.raises(ValueError, match="already applied"):

@@ -1,4 +1,4 @@
-"""Batch-size buckets around a networks object (see stepserve.backends): every forward runs at one of a few fixed
+"""Batch buckets around a networks object (see stepserve.backends): every forward runs at one of a few fixed
 batch sizes, so a compiled network (torch.compile, CUDA graphs) sees only shapes it was built for.
 
 A call with n rows runs at the smallest bucket >= n: every tensor argument batched on dim 0 (the first argument's
@@ -21,28 +21,28 @@ from typing import Any
 import torch
 from torch import Tensor
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16)
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16)
 # Keyword arguments that are never batched even when their first dimension happens to equal the row count
 # (diffusers' Flux transformer takes position ids of shape (sequence, 3)).
 UNBATCHED_KWARGS = frozenset({"img_ids", "txt_ids"})
 
 
-def check_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
+def check_batch_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
     """Sorted, distinct positive batch sizes, or a ValueError that says what is allowed."""
     values = tuple(buckets)
     if not values or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in values):
-        raise ValueError(f"buckets: expected one or more integers >= 1, got {values!r}")
+        raise ValueError(f"batch buckets: expected one or more integers >= 1, got {values!r}")
     return tuple(sorted(set(values)))
 
 
-def buckets_up_to(rows: int) -> tuple[int, ...]:
+def batch_buckets_up_to(rows: int) -> tuple[int, ...]:
     """Powers of two from 1 to the first one >= rows (e.g. rows 16 -> 1, 2, 4, 8, 16; rows 12 -> ..., 8, 16)."""
     if rows < 1:
         raise ValueError(f"rows: expected an integer >= 1, got {rows!r}")
     return tuple(2**k for k in range(math.ceil(math.log2(rows)) + 1))
 
 
-def bucket_for(n: int, buckets: Sequence[int]) -> int:
+def batch_bucket_for(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket that holds n rows, or the largest bucket when none does (the call is then chunked)."""
     for b in buckets:
         if b >= n:
@@ -79,7 +79,7 @@ def _cat(parts: list[Any]) -> Any:
     return torch.cat(parts) if isinstance(first, Tensor) else first
 
 
-def run_bucketed(fn: Callable[..., Any], buckets: Sequence[int], args: tuple, kwargs: dict[str, Any], *,
+def run_batch_bucketed(fn: Callable[..., Any], buckets: Sequence[int], args: tuple, kwargs: dict[str, Any], *,
                  before: Callable[[], None] | None = None, copy_out: bool = False) -> Any:
     """fn(*args, **kwargs) with every batched tensor argument padded to a bucket; the real rows come back.
 
@@ -91,7 +91,7 @@ def run_bucketed(fn: Callable[..., Any], buckets: Sequence[int], args: tuple, kw
     parts = []
     for start in range(0, n, largest):
         stop = min(start + largest, n)
-        size = bucket_for(stop - start, buckets)
+        size = batch_bucket_for(stop - start, buckets)
         chunk_args = tuple(_pad(a[start:stop], size) if _batched(a, n) else a for a in args)
         chunk_kwargs = {k: _pad(v[start:stop], size) if _batched(v, n, k) else v for k, v in kwargs.items()}
         if before is not None:
@@ -100,7 +100,7 @@ def run_bucketed(fn: Callable[..., Any], buckets: Sequence[int], args: tuple, kw
     return parts[0] if len(parts) == 1 else _cat(parts)
 
 
-class BucketedNetworks:
+class BatchBucketedNetworks:
     """Wraps a networks object: denoise (and, in the deterministic mode, encode_text and decode) run at bucketed
     batch sizes, the denoiser optionally compiled.
 
@@ -114,14 +114,14 @@ class BucketedNetworks:
     - `channels_last`: 4-d denoiser inputs are given in channels_last memory format (for convolutions on GPUs).
     """
 
-    def __init__(self, inner: Any, buckets: Sequence[int] = DEFAULT_BUCKETS, *, fixed_rows: int | None = None,
+    def __init__(self, inner: Any, buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, *, fixed_rows: int | None = None,
                  fixed_other_rows: int | None = None, denoise_fn: Callable[..., Any] | None = None,
                  cuda_graphs: bool = False, channels_last: bool = False) -> None:
         if fixed_rows is not None:
             buckets = (fixed_rows,)
-        self.buckets = check_buckets(buckets)
+        self.batch_buckets = check_batch_buckets(buckets)
         self.fixed_rows = fixed_rows
-        self.other_buckets = None if fixed_rows is None else check_buckets((fixed_other_rows or fixed_rows,))
+        self.other_batch_buckets = None if fixed_rows is None else check_batch_buckets((fixed_other_rows or fixed_rows,))
         self.inner = inner
         self._denoise = denoise_fn or inner.denoise
         self.cuda_graphs = cuda_graphs
@@ -135,11 +135,11 @@ class BucketedNetworks:
     def denoise(self, sample: Tensor, timestep: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         before = _mark_cuda_graph_step if self.cuda_graphs else None
         n = sample.shape[0]
-        for start in range(0, n, self.buckets[-1]):
-            size = bucket_for(min(n - start, self.buckets[-1]), self.buckets)
+        for start in range(0, n, self.batch_buckets[-1]):
+            size = batch_bucket_for(min(n - start, self.batch_buckets[-1]), self.batch_buckets)
             self.calls[size] = self.calls.get(size, 0) + 1
-        return run_bucketed(self._padded_denoise, self.buckets, (sample, timestep, *args), kwargs, before=before,
-                            copy_out=self.cuda_graphs)
+        return run_batch_bucketed(self._padded_denoise, self.batch_buckets, (sample, timestep, *args), kwargs,
+                                  before=before, copy_out=self.cuda_graphs)
 
     def _padded_denoise(self, sample: Tensor, *args: Any, **kwargs: Any) -> Any:
         if self.channels_last and sample.dim() == 4:  # after padding: the network sees the layout it was built for
@@ -152,14 +152,14 @@ class BucketedNetworks:
         if name == "inner":
             raise AttributeError(name)
         value = getattr(self.inner, name)
-        if self.other_buckets is None or name.startswith("_") or isinstance(value, torch.nn.Module) \
+        if self.other_batch_buckets is None or name.startswith("_") or isinstance(value, torch.nn.Module) \
                 or not callable(value):
             return value
-        buckets = self.other_buckets
+        buckets = self.other_batch_buckets
 
         def fixed_shape(*args: Any, **kwargs: Any) -> Any:
             if args and isinstance(args[0], Tensor) and args[0].dim() >= 1:
-                return run_bucketed(value, buckets, args, kwargs)
+                return run_batch_bucketed(value, buckets, args, kwargs)
             return value(*args, **kwargs)
 
         return fixed_shape

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stepserve.backends.bucketed import BucketedNetworks, bucket_for, buckets_up_to, check_buckets, run_bucketed
+from stepserve.backends.batch_buckets import BatchBucketedNetworks, batch_bucket_for, batch_buckets_up_to, check_batch_buckets, run_batch_bucketed
 
 BATCHES = (1, 2, 3, 4, 5, 8, 9)  # inside, on and across the boundaries of buckets (1, 2, 4, 8); 9 is chunked
 
@@ -38,20 +38,20 @@ def _inputs(n: int, seed: int = 0):
 
 
 def test_bucket_rules():
-    assert buckets_up_to(16) == (1, 2, 4, 8, 16)
-    assert buckets_up_to(12) == (1, 2, 4, 8, 16)
-    assert buckets_up_to(1) == (1,)
-    assert [bucket_for(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 8]
-    assert check_buckets([8, 2, 2, 1]) == (1, 2, 8)
+    assert batch_buckets_up_to(16) == (1, 2, 4, 8, 16)
+    assert batch_buckets_up_to(12) == (1, 2, 4, 8, 16)
+    assert batch_buckets_up_to(1) == (1,)
+    assert [batch_bucket_for(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 8]
+    assert check_batch_buckets([8, 2, 2, 1]) == (1, 2, 8)
     for bad in ([], [0, 2], [1.5], [True]):
         with pytest.raises(ValueError, match="buckets: expected one or more integers >= 1"):
-            check_buckets(bad)
+            check_batch_buckets(bad)
 
 
 @pytest.mark.parametrize("n", BATCHES)
 def test_padding_pads_every_batched_kwarg_and_returns_only_real_rows(n):
     inner = RowWise()
-    wrapped = BucketedNetworks(inner, (1, 2, 4, 8))
+    wrapped = BatchBucketedNetworks(inner, (1, 2, 4, 8))
     sample, t, embeds, pooled = _inputs(n)
     ids = torch.ones(n, 3)  # shaped like a batch, but named as unbatched: passed through as is
     out = wrapped.denoise(sample, t, encoder_hidden_states=embeds, text_embeds=pooled, img_ids=ids)
@@ -59,13 +59,13 @@ def test_padding_pads_every_batched_kwarg_and_returns_only_real_rows(n):
     assert out.shape == expected.shape
     assert torch.equal(out, expected)
     chunks = [min(8, n - s) for s in range(0, n, 8)]
-    assert inner.seen == [(bucket_for(c, (1, 2, 4, 8)),) * 4 for c in chunks]
+    assert inner.seen == [(batch_bucket_for(c, (1, 2, 4, 8)),) * 4 for c in chunks]
     assert sum(wrapped.calls.values()) == len(chunks)
 
 
 def test_deterministic_mode_runs_every_network_at_the_fixed_size():
     inner = RowWise()
-    wrapped = BucketedNetworks(inner, fixed_rows=6, fixed_other_rows=3)
+    wrapped = BatchBucketedNetworks(inner, fixed_rows=6, fixed_other_rows=3)
     for n in (1, 4, 7):
         sample, t, embeds, _ = _inputs(n, seed=n)
         assert torch.equal(wrapped.denoise(sample, t, encoder_hidden_states=embeds), RowWise().denoise(sample, t, embeds))
@@ -82,7 +82,7 @@ def test_channels_last_reaches_the_network_after_padding():
         formats.append(sample.is_contiguous(memory_format=torch.channels_last) and not sample.is_contiguous())
         return inner.denoise(sample, timestep, **kwargs)
 
-    wrapped = BucketedNetworks(inner, (4,), denoise_fn=denoise, channels_last=True)
+    wrapped = BatchBucketedNetworks(inner, (4,), denoise_fn=denoise, channels_last=True)
     sample, t, embeds, _ = _inputs(3)
     out = wrapped.denoise(sample, t, encoder_hidden_states=embeds)
     assert formats == [True] and out.is_contiguous()
@@ -91,7 +91,7 @@ def test_channels_last_reaches_the_network_after_padding():
 
 def test_empty_batch_is_refused_clearly():
     with pytest.raises(ValueError, match="at least one row"):
-        run_bucketed(lambda x: x, (1, 2), (torch.zeros(0, 3),), {})
+        run_batch_bucketed(lambda x: x, (1, 2), (torch.zeros(0, 3),), {})
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def compiled_tiny(tiny_networks):
     """The tiny UNet's denoise traced by torch.compile (aot_eager: the real dynamo/AOT graph per bucket, without
     inductor's code generation, which takes minutes here)."""
     fn = torch.compile(tiny_networks.denoise, backend="aot_eager", dynamic=False)
-    return BucketedNetworks(tiny_networks, (1, 4), denoise_fn=fn)  # two graphs keep the compile time low
+    return BatchBucketedNetworks(tiny_networks, (1, 4), denoise_fn=fn)  # two graphs keep the compile time low
 
 
 def test_compiled_buckets_equal_eager_across_boundaries(tiny_networks, compiled_tiny):
@@ -142,7 +142,7 @@ class SmallConvNet(torch.nn.Module):
 
 def test_inductor_compiled_buckets_equal_eager():
     net = SmallConvNet().eval()
-    wrapped = BucketedNetworks(net, (4,), denoise_fn=torch.compile(net.denoise, dynamic=False))
+    wrapped = BatchBucketedNetworks(net, (4,), denoise_fn=torch.compile(net.denoise, dynamic=False))
     g = torch.Generator().manual_seed(5)
     for n in (1, 3, 4, 6):  # one compiled shape: padded to 4, 6 runs as 4 + 2 (padded to 4)
         sample, t, embeds = torch.randn(n, 4, 5, 5, generator=g), torch.rand(n, generator=g) * 999, \
