@@ -45,9 +45,9 @@ class EngineOptions:
     answer_margin_s: float = 0.0  # kept before each deadline to hand the answer back (see EngineCore)
 
     def make_core(self, executor: Any) -> EngineCore:
-        model = resolve_latency_model(self.latency_model, executor, self.max_batch_size)
+        latency = resolve_latency_model(self.latency_model, executor, self.max_batch_size)
         policy = make_policy(self.strategy, self.max_batch_size, self.max_queue_delay_ms, self.static_batch_size,
-                             latency_model=model, slo_order=self.slo_order)
+                             latency_model=latency, slo_order=self.slo_order)
         return EngineCore(executor, policy, self.max_queue, self.max_decode_per_step, self.answer_margin_s)
 
 
@@ -122,7 +122,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:
-        model = resolve_latency_model(options.latency_model, executor, options.max_batch_size)
+        latency = resolve_latency_model(options.latency_model, executor, options.max_batch_size)
     except OSError as exc:
         raise ValueError(f"latency_model {options.latency_model!r}: {exc}") from None
-    return BuiltEngine(executor, replace(options, latency_model=model))
+    return BuiltEngine(executor, replace(options, latency_model=latency))

@@ -102,12 +102,12 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
     t0 = time.monotonic()
     executor = load_model(cfg)
     startup.model_load_s = time.monotonic() - t0
-    model, source = _latency_model(cfg, executor, startup)
-    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images, model))
+    latency, source = _latency_model(cfg, executor, startup)
+    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images, latency))
               for c in cfg.contenders]
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
     reference = Contender("continuous", max_batch_size=batch)
-    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)), model, source)
+    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)), latency, source)
 
 
 def _latency_model(cfg: BenchConfig, executor, startup: Startup):
@@ -121,11 +121,11 @@ def _latency_model(cfg: BenchConfig, executor, startup: Startup):
         return None, None
     batch = max(c.max_batch_size for c in slo)
     t0 = time.monotonic()
-    model = resolve_latency_model(cfg.latency_model or "measure", executor, batch, progress=cfg.progress)
+    latency = resolve_latency_model(cfg.latency_model or "measure", executor, batch, progress=cfg.progress)
     if cfg.latency_model is None:
         startup.latency_model_s = time.monotonic() - t0
-        return model, f"measured on the benchmark's executor up to batch size {batch}"
-    return model, "given" if model is cfg.latency_model else f"loaded from {cfg.latency_model}"
+        return latency, f"measured on the benchmark's executor up to batch size {batch}"
+    return latency, "given" if latency is cfg.latency_model else f"loaded from {cfg.latency_model}"
 
 
 def load_model(cfg: BenchConfig):
