@@ -14,7 +14,7 @@ COMMANDS = {
     "export": ("stepserve.commands.export", "export to ONNX, TensorRT plans or a Triton model repository"),
     "profile": ("stepserve.commands.profile", "measure a model's stage latencies on this device; write a latency model"),
     "grid": ("stepserve.commands.grid", "write a sample grid (every digit x several seeds) of the embedded model"),
-    "train-embedded": ("stepserve.training.embedded", "retrain the embedded default model from scikit-learn digits"),
+    "train-embedded": ("stepserve.commands.train_embedded", "retrain the embedded default model from scikit-learn digits"),
 }
 
 

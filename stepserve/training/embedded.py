@@ -4,12 +4,11 @@ Stage 1 trains a small AutoencoderKL on upscaled scikit-learn digits (32x32 -> 4
 UNet2DConditionModel jointly with a from-scratch CLIPTextModel on digit prompts, with prompt dropout for
 classifier-free guidance. The result is a diffusers StableDiffusionPipeline folder plus ``stepserve.json``.
 
-    python -m stepserve.training.embedded --out stepserve/models/embedded
+    python -m stepserve.commands.train_embedded --out stepserve/models/embedded
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -182,20 +181,8 @@ def write_folder(out: Path, vae, text_encoder, unet, tok) -> None:
     DDIMScheduler.from_config(SCHEDULER_CONFIG).save_pretrained(out / "scheduler")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="stepserve train-embedded", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model folder")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (fixed for determinism; 1 is also fastest on a busy machine)")
-    ap.add_argument("--vae-steps", type=int, default=800, help="VAE steps (batch 32)")
-    ap.add_argument("--unet-steps", type=int, default=1800)
-    ap.add_argument("--batch", type=int, default=64, help="UNet batch size")
-    ap.add_argument("--lr", type=float, default=2e-3, help="UNet/text-encoder peak learning rate")
-    ap.add_argument("--aug-copies", type=int, default=8, help="augmented copies of the data encoded to latents")
-    ap.add_argument("--reuse-vae", action="store_true", help="keep the VAE already in --out (skip stage 1)")
-    ap.add_argument("--no-eval", action="store_true", help="skip the classifier-agreement measurement")
-    args = ap.parse_args(argv)
+def train(args) -> int:
+    """Train and write the embedded model as the `stepserve train-embedded` flags say (commands/train_embedded.py)."""
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -250,7 +237,3 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "stepserve.json").write_text(json.dumps(dict(serving, train=record), indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

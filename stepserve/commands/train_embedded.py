@@ -1,0 +1,38 @@
+"""`stepserve train-embedded`: retrain the embedded default model from scikit-learn's digits
+(stepserve/training/embedded.py; docs/EMBEDDED_MODEL.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..training.embedded import DEFAULT_OUT
+
+    ap = argparse.ArgumentParser(prog="stepserve train-embedded",
+                                 description="Retrain the embedded default model from scikit-learn's digits.")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model folder")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (fixed for determinism; 1 is also fastest on a busy machine)")
+    ap.add_argument("--vae-steps", type=int, default=800, help="VAE steps (batch 32)")
+    ap.add_argument("--unet-steps", type=int, default=1800)
+    ap.add_argument("--batch", type=int, default=64, help="UNet batch size")
+    ap.add_argument("--lr", type=float, default=2e-3, help="UNet/text-encoder peak learning rate")
+    ap.add_argument("--aug-copies", type=int, default=8, help="augmented copies of the data encoded to latents")
+    ap.add_argument("--reuse-vae", action="store_true", help="keep the VAE already in --out (skip stage 1)")
+    ap.add_argument("--no-eval", action="store_true", help="skip the classifier-agreement measurement")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..training.embedded import train
+
+    return train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
