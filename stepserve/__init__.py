@@ -1,8 +1,8 @@
 """stepserve: a serving engine for diffusion models built around step-level (continuous) batching."""
 
-from .api import Engine, GenerationResult
+from .api import Engine
 from .engine import AdmissionError, DeadlineRefusedError, EngineCore, QueueFullError
-from .types import FinishReason, RequestStatus, SamplingParams
+from .types import FinishReason, GenerationResult, RequestStatus, SamplingParams
 from .validation import ValidationError
 from .version import __version__
 

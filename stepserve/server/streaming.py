@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from starlette.responses import Response
 
-from ..api import GenerationResult
 from ..async_engine import ProgressEvent, RequestHandle
+from ..types import GenerationResult
 from .errors import APIError, deadline_passed
 from .images import ServerState, abort_all, check, encode, image_info, outcome_of, size_of, wait_disconnect
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..api import EngineOptions
 from ..async_engine import DEFAULT_ANSWER_MARGIN_S
 from ..bench.app import BenchConfig, BenchRun, run_bench
 from ..bench.load import LoadResult, Outcome
@@ -26,6 +25,7 @@ from ..bench.testbed import Described, Makers, Testbed
 from ..bench.workload import RequestSpec, Trace, TraceItem, user_requests
 from ..costs import FakeExecutor, LatencyModel, model_for
 from ..engine import EngineCore
+from ..engine_config import EngineOptions
 from .drive import Driven, drive_closed, drive_open
 
 
