@@ -128,12 +128,18 @@ def _retrieve(future: asyncio.Future) -> None:
 
 async def wait_all(state: ServerState, handles: list[RequestHandle], receive: Receive,
                    timeout_s: float | None) -> list[GenerationResult] | None:
-    """All results in order, or None when the client disconnected first (its requests are then aborted)."""
+    """All results in order, or None when the client disconnected first (its requests are then aborted). When
+    the waiting task itself is cancelled (Ray Serve cancels it when the client goes away, uvicorn at shutdown) or
+    anything else interrupts the wait, the requests are aborted too: cancelled means aborted."""
     results = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
     results.add_done_callback(_retrieve)  # once cancelled, its CancelledError is nobody's to read: no log noise
     watcher = asyncio.ensure_future(wait_disconnect(receive))
     try:
         done, _ = await asyncio.wait({results, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # asyncio.CancelledError included
+        results.cancel()
+        abort_all(state.engine, handles)
+        raise
     finally:
         watcher.cancel()
     if results in done:
