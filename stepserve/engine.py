@@ -36,6 +36,10 @@ class DeadlineRefusedError(AdmissionError):
     """The policy predicts the request cannot meet its deadline (timeout_s) under the current load."""
 
 
+class DeadlineInfeasibleError(DeadlineRefusedError):
+    """The request cannot meet its deadline even alone on an idle engine: a retry can never succeed (HTTP 400)."""
+
+
 class EngineCore:
     def __init__(self, executor: Executor, policy: Policy, max_queue: int | None = None,
                  max_decode_per_step: int | None = None, answer_margin_s: float = 0.0) -> None:
@@ -103,6 +107,10 @@ class EngineCore:
         admission = getattr(self.policy, "admission", None)
         if admission is None:
             return
+        infeasible = getattr(self.policy, "infeasible", None)
+        reason = infeasible(request, now) if infeasible is not None else None
+        if reason is not None:
+            self._refuse(request, FinishReason.DEADLINE_INFEASIBLE, now, reason, DeadlineInfeasibleError)
         waiting = list(self.waiting) + list(ahead)
         reason = admission(request, waiting, list(self.running), now)
         if reason is not None:

@@ -132,13 +132,12 @@ class SLOPolicy:
         """Why `request` should be refused now (None: admit). Requests without a deadline are always admitted."""
         if request.deadline is None:
             return None
+        never = self.infeasible(request, now)
+        if never is not None:
+            return never
         waiting = [r for r in waiting if r is not request]
         running = [r for r in running if r is not request]
         left = request.deadline - now
-        alone = earliest_finish(request, self.latency_model, now)
-        if alone > request.deadline + EPS_S:
-            return (f"deadline cannot be met: it needs at least {alone - now:.3f} s even alone, and its deadline is "
-                    f"in {left:.3f} s")
         # steady state: the bucket's batch does not shrink below its present size (freed slots are refilled)
         floor = len([r for r in list(running) + waiting if r.bucket == request.bucket]) + 1
         before = self.predict(waiting, running, now, floor_batch=floor)
@@ -152,6 +151,17 @@ class SLOPolicy:
         if hurt:
             return f"admitting it would make {len(hurt)} admitted request(s) miss their deadline"
         return None
+
+    def infeasible(self, request: Request, now: float) -> str | None:
+        """Why `request` can never meet its deadline, even alone on an idle engine (None: it could). Unlike a
+        refusal under load, retrying cannot help."""
+        if request.deadline is None:
+            return None
+        alone = earliest_finish(request, self.latency_model, now)
+        if alone <= request.deadline + EPS_S:
+            return None
+        return (f"deadline cannot be met: it needs at least {alone - now:.3f} s even alone, and its deadline is "
+                f"in {request.deadline - now:.3f} s")
 
     def retry_after_s(self, waiting: Sequence[Request], running: Sequence[Request], now: float,
                       bucket: Bucket | None = None) -> float:

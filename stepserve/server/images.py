@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..api import GenerationResult
 from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
-from ..engine import AdmissionError, DeadlineRefusedError
+from ..engine import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
 from ..types import FinishReason, RequestStatus, SamplingParams
 from ..validation import ValidationError, resolve_params
 from . import errors
@@ -78,6 +78,9 @@ def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_ima
     previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
     try:
         return engine.submit_many(resolved, previews, stream=stream)
+    except DeadlineInfeasibleError as exc:  # even alone it would be late: a retry can never succeed
+        raise errors.invalid(f"timeout_s: {exc}; raise timeout_s (or ask for fewer steps)", "timeout_s",
+                             "deadline_infeasible") from None
     except AdmissionError as exc:
         reason = "deadline" if isinstance(exc, DeadlineRefusedError) else "queue_full"
         state.metrics.refused_at_admission.labels(reason).inc()
