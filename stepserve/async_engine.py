@@ -156,7 +156,9 @@ class AsyncEngine:
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.join_timeout_s)
         if self._thread.is_alive():
             log.warning("the engine thread did not stop within %.1f s of shutdown (a step is still running); "
-                        "%d request(s) still pending", self.join_timeout_s, self._pending())
+                        "answering its %d pending request(s) as shut down", self.join_timeout_s, self._pending())
+            self._end_pending(RequestStatus.CANCELLED, FinishReason.ABORTED,
+                              "the server shut down before this request finished")
             return False
         return True
 
@@ -296,11 +298,16 @@ class AsyncEngine:
         self.accepting = False
         log.critical("the engine thread stopped after an internal error; failing every pending request",
                      exc_info=exc)
+        self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, f"internal engine error: {self.failure}")
+
+    def _end_pending(self, status: RequestStatus, reason: FinishReason, message: str) -> None:
+        """Answer every pending handle now (the engine thread died, or shutdown gave up waiting for a step): none
+        is left waiting, and whatever the engine thread reports later for them finds no handle."""
         with self._lock:
             handles, self._handles = list(self._handles.values()), {}
             self._inbox = []
         for h in handles:
-            self._deliver(h, _failed(h, f"internal engine error: {self.failure}"))
+            self._deliver(h, _ended(h, status, reason, message))
 
     def _call(self, fn, *args) -> None:
         loop = self._loop
@@ -319,10 +326,13 @@ class AsyncEngine:
         log.log(level, message + " (logged once)", *args, exc_info=exc_info)
 
 
+def _ended(handle: RequestHandle, status: RequestStatus, reason: FinishReason, message: str) -> GenerationResult:
+    return GenerationResult(handle.request_id, status, None, handle.params, RequestTiming(arrival=handle.arrival),
+                            reason, message)
+
+
 def _failed(handle: RequestHandle, message: str) -> GenerationResult:
-    timing = RequestTiming(arrival=handle.arrival)
-    return GenerationResult(handle.request_id, RequestStatus.FAILED, None, handle.params, timing,
-                            FinishReason.ERROR, message)
+    return _ended(handle, RequestStatus.FAILED, FinishReason.ERROR, message)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

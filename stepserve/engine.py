@@ -36,6 +36,10 @@ class DeadlineRefusedError(AdmissionError):
     """The policy predicts the request cannot meet its deadline (timeout_s) under the current load."""
 
 
+class DeadlineInfeasibleError(DeadlineRefusedError):
+    """The request cannot meet its deadline even alone on an idle engine: a retry can never succeed (HTTP 400)."""
+
+
 class EngineCore:
     def __init__(self, executor: Executor, policy: Policy, max_queue: int | None = None,
                  max_decode_per_step: int | None = None, answer_margin_s: float = 0.0) -> None:
@@ -103,6 +107,10 @@ class EngineCore:
         admission = getattr(self.policy, "admission", None)
         if admission is None:
             return
+        infeasible = getattr(self.policy, "infeasible", None)
+        reason = infeasible(request, now) if infeasible is not None else None
+        if reason is not None:
+            self._refuse(request, FinishReason.DEADLINE_INFEASIBLE, now, reason, DeadlineInfeasibleError)
         waiting = list(self.waiting) + list(ahead)
         reason = admission(request, waiting, list(self.running), now)
         if reason is not None:
@@ -164,39 +172,40 @@ class EngineCore:
                 r.status = RequestStatus.RUNNING
                 r.timing.admitted = now
             self.running.extend(plan.admit)
-            ok, dt = self._run_stage("prepare", plan.admit, t, finished)
+            _, dt = self._run_stage("prepare", plan.admit, t, finished)
             report.encode_s = dt
             t += dt
 
         to_run = [r for r in plan.run if r.status is RequestStatus.RUNNING]
         if to_run:
-            ok, dt = self._run_stage("denoise", to_run, t, finished)
+            groups, dt = self._run_stage("denoise", to_run, t, finished)
             report.denoise_s = dt
             t += dt
-            if ok:
-                report.batch_size = len(to_run)
-                report.progressed = to_run
-                for r in to_run:
+            advanced = [r for g in groups for r in g]
+            report.batch_size = max((len(g) for g in groups), default=0)
+            report.progressed = advanced
+            for g in groups:
+                for r in g:
                     r.step += 1
-                    r.timing.batch_sizes.append(len(to_run))
+                    r.timing.batch_sizes.append(len(g))
                     if r.timing.first_step_done is None:
                         r.timing.first_step_done = t
-                for r in to_run:
-                    if r.step >= r.num_inference_steps:
-                        r.timing.denoise_done = t
-                        self.to_decode.append(r)
+            for r in advanced:
+                if r.step >= r.num_inference_steps:
+                    r.timing.denoise_done = t
+                    self.to_decode.append(r)
         self.running = [r for r in self.running if r.status is RequestStatus.RUNNING and r.step < r.num_inference_steps]
 
         if self.to_decode:
             n = len(self.to_decode) if self.max_decode_per_step is None else self.max_decode_per_step
             done = [self.to_decode.popleft() for _ in range(min(n, len(self.to_decode)))]
-            ok, dt = self._run_stage("decode", done, t, finished)
+            groups, dt = self._run_stage("decode", done, t, finished)
             report.decode_s = dt
             t += dt
-            if ok:
-                for r in done:
+            for g in groups:
+                for r in g:
                     self._complete(r, t)
-                finished += done
+                finished += g
 
         report.duration_s = t - now
         report.finished = finished
@@ -220,22 +229,30 @@ class EngineCore:
         times = deadlines + ([] if policy_wake is None else [policy_wake])
         return min(times) if times else None
 
-    def _run_stage(self, stage: str, requests: list[Request], t: float, finished: list[Request]) -> tuple[bool, float]:
-        """Run one executor stage; an exception fails only these requests, and the engine keeps serving."""
+    def _run_stage(self, stage: str, requests: list[Request], t: float,
+                   finished: list[Request]) -> tuple[list[list[Request]], float]:
+        """Run one executor stage over `requests`. When it raises for a batch, the batch is split in halves and each
+        half is run again (bisection), so only the request(s) that fail alone are failed and the engine keeps
+        serving. Returns the groups that ran (in order; each advanced together) and the seconds they took."""
         try:
-            return True, float(getattr(self.executor, stage)(requests))
+            return [requests], float(getattr(self.executor, stage)(requests))
         except Exception as exc:  # noqa: BLE001 - any model failure is reported to the affected requests
+            if len(requests) > 1:
+                half = len(requests) // 2
+                first, dt1 = self._run_stage(stage, requests[:half], t, finished)
+                second, dt2 = self._run_stage(stage, requests[half:], t + dt1, finished)
+                return first + second, dt1 + dt2
             message = f"{stage} failed: {type(exc).__name__}: {exc}"
             kind = (stage, type(exc).__name__)
             if kind not in self._logged_failures:  # once per stage and kind: a broken model fails every step
                 self._logged_failures.add(kind)
-                log.error("executor %s failed; failing the %d request(s) of this stage", stage, len(requests),
-                          exc_info=exc)
+                log.error("executor %s failed for request %s (alone); failing it", stage,
+                          requests[0].request_id, exc_info=exc)
             for r in requests:
                 if r.status is RequestStatus.RUNNING:
                     self._finish(r, RequestStatus.FAILED, FinishReason.ERROR, t, message)
                     finished.append(r)
-            return False, 0.0
+            return [], 0.0
 
     def _take_aborts(self, now: float) -> list[Request]:
         if not self._aborts:

@@ -50,6 +50,16 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_text(field: str, value: str) -> None:
+    """Text must encode as UTF-8 (a lone UTF-16 surrogate, e.g. JSON "\\ud800", does not): the tokenizer would
+    otherwise fail for every request of the batch."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValidationError(field, f"must be valid Unicode text (UTF-8 encodable); character {exc.start} is "
+                                     f"{value[exc.start:exc.end]!r}, a lone surrogate") from None
+
+
 def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     """Validate `params` and fill unset fields with the model's defaults (and a random seed if none). Params that
     are already resolved come back as they are: a request is resolved once, where it enters."""
@@ -62,9 +72,11 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         raise ValidationError("prompt", "must be a non-empty string")
     if len(p.prompt) > model.max_prompt_chars:
         raise ValidationError("prompt", f"is {len(p.prompt)} characters; at most {model.max_prompt_chars} allowed")
+    _check_text("prompt", p.prompt)
     negative = "" if p.negative_prompt is None else p.negative_prompt
     if not isinstance(negative, str) or len(negative) > model.max_prompt_chars:
         raise ValidationError("negative_prompt", f"must be a string of at most {model.max_prompt_chars} characters")
+    _check_text("negative_prompt", negative)
     if negative and not model.negative_prompt:
         raise ValidationError("negative_prompt", f"{model.name} ({model.family}) takes no negative prompt; "
                                                  "allowed: empty")
@@ -104,8 +116,9 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
                            f"(default {model.default_width}x{model.default_height})")
             raise ValidationError(name, f"{value!r} is not supported; allowed: {allowed}")
 
-    if p.timeout_s is not None and (not _is_number(p.timeout_s) or not p.timeout_s > 0):
-        raise ValidationError("timeout_s", f"must be a positive number of seconds, got {p.timeout_s!r}")
+    if p.timeout_s is not None and (not _is_number(p.timeout_s) or not math.isfinite(p.timeout_s)
+                                    or not p.timeout_s > 0):
+        raise ValidationError("timeout_s", f"must be a positive, finite number of seconds, got {p.timeout_s!r}")
 
     priority = 0 if p.priority is None else p.priority
     if not _is_int(priority) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:

@@ -132,6 +132,36 @@ def test_shutdown_says_when_the_engine_thread_did_not_stop(caplog):
     assert any("did not stop" in rec.getMessage() for rec in caplog.records)
 
 
+def test_shutdown_during_a_step_longer_than_the_join_timeout_answers_every_pending_request():
+    """Running, queued and streaming requests all get their result (shut down: CANCELLED, which the server sends
+    as its documented 503), although the stuck step never ends within the shutdown."""
+    release = threading.Event()
+
+    class Stuck(FakeExecutor):
+        def denoise(self, requests):
+            release.wait(30)
+            return super().denoise(requests)
+
+    async def main():
+        engine = AsyncEngine(Stuck(), strategy="continuous", max_batch_size=2, join_timeout_s=0.2)
+        await engine.start()
+        handles = [engine.submit(params(i, steps=3)) for i in range(4)]  # two in the stuck step, two queued
+        stream = engine.submit(params(9, steps=3), stream=True)
+        await asyncio.sleep(0.05)
+        stopped = await asyncio.wait_for(engine.shutdown(0.0), WAIT_S)
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles + [stream])), WAIT_S)
+        events = [e async for e in stream.events()]
+        release.set()
+        await asyncio.sleep(0.05)  # the step ends late: its report finds no handle to answer twice
+        return stopped, results, events
+
+    stopped, results, events = run(main())
+    assert stopped is False
+    assert [(r.status, r.finish_reason) for r in results] == [(RequestStatus.CANCELLED, FinishReason.ABORTED)] * 5
+    assert all("shut down" in r.error for r in results)
+    assert events[-1].status is RequestStatus.CANCELLED
+
+
 def test_failing_preview_is_logged_once_and_the_stream_goes_on(caplog):
     class NoPreview(FakeExecutor):
         def preview(self, request):

@@ -1,11 +1,16 @@
 """Continuous (iteration-level) batching.
 
-At every denoising step: pick a shape bucket, admit waiting requests of that bucket into its free slots (up to
-max_batch_size, first come first served), and run one step for every running request of the bucket. A request
-that finishes leaves at once (the engine retires it), so its slot is free for the next step.
+At every denoising step: pick a shape bucket, admit waiting requests of that bucket into the free slots (first
+come first served), and run one step for every running request of the bucket. A request that finishes leaves at
+once (the engine retires it), so its slot is free for the next step.
 
-With several buckets, the bucket to run is chosen round-robin among buckets that have work, least recently run
-first, so that no bucket starves.
+Slots are counted over all buckets: at most max_batch_size requests are running (encoded, latents in memory) at
+once, those of the buckets that are not run in this step included. So the memory a running request holds is
+bounded by max_batch_size whatever the mix of sizes (the memory cap measures max_batch_size requests).
+
+With several buckets, the bucket to run is chosen round-robin among the buckets that can run something (running
+requests, or waiting ones while a slot is free), least recently run first, so that no bucket starves: a bucket
+that only waits takes the next slot that frees.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ class ContinuousBatchingPolicy:
     def schedule(
         self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
     ) -> StepPlan:
+        free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
         active: dict[tuple[int, int], None] = {}
-        for r in list(running) + list(waiting):
+        for r in list(running) + (list(waiting) if free else []):
             active.setdefault(r.bucket, None)
         if not active:
             return StepPlan()
@@ -39,6 +45,5 @@ class ContinuousBatchingPolicy:
         self._steps += 1
         self._last_run[bucket] = self._steps
         run = in_bucket(running, bucket)
-        free = self.max_batch_size - len(run)
-        admit = in_bucket(waiting, bucket)[: max(free, 0)]
+        admit = in_bucket(waiting, bucket)[:free]
         return StepPlan(admit=admit, run=run + admit)

@@ -7,8 +7,12 @@ LatencyModel alone:
   never starved). Then higher `priority` first. Within a priority, earliest deadline first (requests without a
   deadline after those with one), or with order="srs" fewest remaining steps first (deadline, then arrival,
   break ties). Last, arrival order.
-- Slots. At most `max_batch_size` requests hold a slot (are running: encoded, latents in memory). Free slots go
-  to waiting requests in service order. A running request is never evicted: it may pause (adaptive cap), and it
+- Slots. At most `max_batch_size` requests hold a slot (are running: encoded, latents in memory), counted over
+  all buckets (the paused ones of the buckets not run in a step included), so the memory cap's measurement at
+  max_batch_size holds whatever the mix of sizes. The slots are shared by the buckets with work, max-min
+  fairly by their demand (running + waiting; older work first on ties), so that buckets can still take turns.
+  Free slots within its share go to waiting requests of the bucket run, in service order; a bucket that only
+  waits is not picked while it has no room. A running request is never evicted: it may pause (adaptive cap), and it
   ends early only when it can no longer make its deadline (give up).
 - Adaptive cap. The forward batch takes the first `cap` slot holders in service order; the others pause for this
   step. `cap` is the largest batch size <= max_batch_size at which every request of the bucket (slot holders
@@ -109,9 +113,11 @@ class SLOPolicy:
         if not groups:
             self._deficit.clear()
             return StepPlan(give_up=give_up)
-        bucket = self._pick_bucket(list(groups))
+        free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
+        room = {b: min(free, max(q - len(groups[b][0]), 0)) for b, q in self._quotas(groups).items()}
+        bucket = self._pick_bucket([b for b, (run_b, _) in groups.items() if run_b or room[b]])
         key = self._key(now)
-        pool, rest = self._service_order(*groups[bucket], key)
+        pool, rest = self._service_order(*groups[bucket], key, room[bucket])
         others = [self._backlog_s(b, *groups[b], key, now) for b in groups if b != bucket]
         cap = self._choose_cap(pool, rest, bucket, others, now)
         batch = pool[:cap]
@@ -126,13 +132,12 @@ class SLOPolicy:
         """Why `request` should be refused now (None: admit). Requests without a deadline are always admitted."""
         if request.deadline is None:
             return None
+        never = self.infeasible(request, now)
+        if never is not None:
+            return never
         waiting = [r for r in waiting if r is not request]
         running = [r for r in running if r is not request]
         left = request.deadline - now
-        alone = earliest_finish(request, self.latency_model, now)
-        if alone > request.deadline + EPS_S:
-            return (f"deadline cannot be met: it needs at least {alone - now:.3f} s even alone, and its deadline is "
-                    f"in {left:.3f} s")
         # steady state: the bucket's batch does not shrink below its present size (freed slots are refilled)
         floor = len([r for r in list(running) + waiting if r.bucket == request.bucket]) + 1
         before = self.predict(waiting, running, now, floor_batch=floor)
@@ -146,6 +151,17 @@ class SLOPolicy:
         if hurt:
             return f"admitting it would make {len(hurt)} admitted request(s) miss their deadline"
         return None
+
+    def infeasible(self, request: Request, now: float) -> str | None:
+        """Why `request` can never meet its deadline, even alone on an idle engine (None: it could). Unlike a
+        refusal under load, retrying cannot help."""
+        if request.deadline is None:
+            return None
+        alone = earliest_finish(request, self.latency_model, now)
+        if alone <= request.deadline + EPS_S:
+            return None
+        return (f"deadline cannot be met: it needs at least {alone - now:.3f} s even alone, and its deadline is "
+                f"in {request.deadline - now:.3f} s")
 
     def retry_after_s(self, waiting: Sequence[Request], running: Sequence[Request], now: float,
                       bucket: Bucket | None = None) -> float:
@@ -197,11 +213,13 @@ class SLOPolicy:
 
         return key
 
-    def _service_order(self, running: list[Request], waiting: list[Request],
-                       key: Callable[[Request], tuple]) -> tuple[list[Request], list[Request]]:
-        """(slot holders after this step's admissions, in service order; the requests that stay queued)."""
+    def _service_order(self, running: list[Request], waiting: list[Request], key: Callable[[Request], tuple],
+                       free: int | None = None) -> tuple[list[Request], list[Request]]:
+        """(slot holders after this step's admissions, in service order; the requests that stay queued). `free`:
+        the slots free for these waiting requests (default: the bucket's own, as the per-bucket replays count)."""
         queue = sorted(waiting, key=key)
-        free = max(self.max_batch_size - len(running), 0)
+        if free is None:
+            free = max(self.max_batch_size - len(running), 0)
         return sorted(running + queue[:free], key=key), queue[free:]
 
     def _meets(self, finish: float, r: Request) -> bool:
@@ -230,6 +248,16 @@ class SLOPolicy:
         pool, rest = self._service_order(running, waiting, key)
         fins = predict_finish_times(pool + rest, self.max_batch_size, self.latency_model, now, bucket)
         return max(fins) - now
+
+    def _quotas(self, groups: dict[Bucket, Group]) -> dict[Bucket, int]:
+        """Slots per bucket: max_batch_size shared max-min fairly by the buckets' demands (running + waiting; the
+        older work first on ties), so that buckets can take turns in engine time (rule: slots)."""
+        quotas, left = {}, self.max_batch_size
+        ranked = sorted(groups, key=lambda b: len(groups[b][0]) + len(groups[b][1]))  # stable: oldest first
+        for i, b in enumerate(ranked):
+            quotas[b] = min(len(groups[b][0]) + len(groups[b][1]), -(-left // (len(ranked) - i)))
+            left -= quotas[b]
+        return quotas
 
     def _pick_bucket(self, buckets: list[Bucket]) -> Bucket:
         """Deficit round-robin (rule: buckets); `buckets` lists the buckets with work, oldest work first."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..api import GenerationResult
 from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
-from ..engine import AdmissionError, DeadlineRefusedError
+from ..engine import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
 from ..types import FinishReason, RequestStatus, SamplingParams
 from ..validation import ValidationError, resolve_params
 from . import errors
@@ -78,6 +78,9 @@ def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_ima
     previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
     try:
         return engine.submit_many(resolved, previews, stream=stream)
+    except DeadlineInfeasibleError as exc:  # even alone it would be late: a retry can never succeed
+        raise errors.invalid(f"timeout_s: {exc}; raise timeout_s (or ask for fewer steps)", "timeout_s",
+                             "deadline_infeasible") from None
     except AdmissionError as exc:
         reason = "deadline" if isinstance(exc, DeadlineRefusedError) else "queue_full"
         state.metrics.refused_at_admission.labels(reason).inc()
@@ -128,12 +131,18 @@ def _retrieve(future: asyncio.Future) -> None:
 
 async def wait_all(state: ServerState, handles: list[RequestHandle], receive: Receive,
                    timeout_s: float | None) -> list[GenerationResult] | None:
-    """All results in order, or None when the client disconnected first (its requests are then aborted)."""
+    """All results in order, or None when the client disconnected first (its requests are then aborted). When
+    the waiting task itself is cancelled (Ray Serve cancels it when the client goes away, uvicorn at shutdown) or
+    anything else interrupts the wait, the requests are aborted too: cancelled means aborted."""
     results = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
     results.add_done_callback(_retrieve)  # once cancelled, its CancelledError is nobody's to read: no log noise
     watcher = asyncio.ensure_future(wait_disconnect(receive))
     try:
         done, _ = await asyncio.wait({results, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # asyncio.CancelledError included
+        results.cancel()
+        abort_all(state.engine, handles)
+        raise
     finally:
         watcher.cancel()
     if results in done:

@@ -32,7 +32,8 @@ class ServerLimits:
 
 
 class ImageGenerationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # allow_inf_nan=False: a number too large for a float (1e309) parses to inf; every field refuses it
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     # OpenAI fields
     prompt: str

@@ -81,6 +81,20 @@ def test_prompt_cache_encodes_each_distinct_missing_prompt_once():
     assert calls == [["a", "b"], ["c"]]
 
 
+def test_prompt_cache_entries_do_not_pin_the_encoder_batch():
+    batch = torch.arange(4 * 3 * 2, dtype=torch.float32).reshape(4, 3, 2)  # an encoder's batched output
+    pooled = torch.ones(4, 5)
+    cache = PromptCache()
+    rows = cache.encode(["a", "b", "c", "d"], lambda ps: [(batch[i], {"pooled": pooled[i]}) for i in range(len(ps))])
+    for i, (row, extra) in enumerate(rows):
+        assert torch.equal(row, batch[i])
+        # its own storage, the size of the row: the batch can be freed while the entry lives
+        assert row.untyped_storage().data_ptr() != batch.untyped_storage().data_ptr()
+        assert row.untyped_storage().nbytes() == row.numel() * row.element_size()
+        assert extra["pooled"].untyped_storage().nbytes() == 5 * 4
+    assert cache.get("b")[0] is rows[1][0]
+
+
 def test_family_rules_in_validation(tiny_sd_path):
     info = load_family_adapter(tiny_sd_path).info
     no_negative = replace(info, family="flux", negative_prompt=False, guidance="embedded")

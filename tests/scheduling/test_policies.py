@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from stepserve.costs import FakeExecutor
+from stepserve.costs import CostModel, FakeExecutor, LatencyModel
 from stepserve.engine import EngineCore
 from stepserve.scheduling import (
     ContinuousBatchingPolicy,
@@ -100,7 +100,10 @@ def test_continuous_never_leaves_a_slot_idle_while_a_compatible_request_waits(se
         assert s.batch_size <= max_batch
         bucket = s.progressed[0].bucket
         assert all(r.bucket == bucket for r in s.progressed)
-        if s.batch_size < max_batch:
+        # slots are counted over all buckets: the requests holding one (admitted, not done denoising)
+        resident = [r for r in res.requests if r.timing.admitted <= s.now < r.timing.denoise_done]
+        assert len(resident) <= max_batch
+        if len(resident) < max_batch:
             left_waiting = [r for r in res.requests if r.bucket == bucket and r.arrival_time <= s.now
                             and r.timing.admitted > s.now]
             assert not left_waiting, "a free slot stayed idle while a request of that bucket waited"
@@ -128,6 +131,27 @@ def test_continuous_buckets_take_turns():
     buckets = [core.step(float(t)).progressed[0].bucket for t in range(6)]
     assert buckets[:4] == [(32, 32), (16, 16), (32, 32), (16, 16)]
     assert a[0].step == 3 and b.step == 3
+
+
+@pytest.mark.parametrize("strategy", ["continuous", "slo"])
+def test_at_most_max_batch_size_requests_hold_latents_whatever_the_mix_of_sizes(strategy):
+    """Seven sizes, 28 requests at once, max_batch_size 4: at most 4 are running (latents in memory) at any step,
+    the paused ones of the buckets not run in that step included; every request still completes."""
+    sizes = range(16, 65, 8)
+    trace = [Arrival(0.0, SamplingParams(prompt=f"p{i}", seed=i, num_inference_steps=3 + i % 3, height=h, width=h))
+             for i in range(4) for h in sizes]
+    latency = LatencyModel.from_cost_model(CostModel(), [(h, h) for h in sizes])  # slo's buckets take turns
+    core = EngineCore(FakeExecutor(), make_policy(strategy, max_batch_size=4, latency_model=latency))
+    resident, buckets_run = [], set()
+
+    def observe(report):
+        resident.append(len(core.running))
+        buckets_run.update(r.bucket for r in report.progressed[:1])
+
+    res = simulate(core, trace, on_step=observe)
+    assert all(r.status is RequestStatus.COMPLETED for r in res.requests)
+    assert max(resident) == 4
+    assert len(buckets_run) == len(sizes)
 
 
 def test_make_policy_names_allowed_values():

@@ -45,6 +45,12 @@ BAD = [
     (b'{"prompt": "a", "sampler": "plms"}', "sampler"), (b'{"prompt": "a", "negative_prompt": 7}', "negative_prompt"),
     (b'{"prompt": "a", "timeout_s": 0}', "timeout_s"), (b'{"prompt": "a", "timeout_s": "soon"}', "timeout_s"),
     (b'{"prompt": "a", "seeds": 1}', "seeds"), (b'{"prompt": "a", "model": 3}', "model"),
+    # text that does not encode as UTF-8 (a lone surrogate) and numbers too large for a float (they parse to inf)
+    (b'{"prompt": "\\ud800"}', "prompt"), (b'{"prompt": "a \\udfff b"}', "prompt"),
+    (b'{"prompt": "a", "negative_prompt": "\\ud800"}', "negative_prompt"),
+    (b'{"prompt": "a", "timeout_s": 1e309}', "timeout_s"), (b'{"prompt": "a", "timeout_s": -1e309}', "timeout_s"),
+    (b'{"prompt": "a", "guidance_scale": 1e309}', "guidance_scale"),
+    (b'{"prompt": "a", "output_compression": 1e309}', "output_compression"),
 ]
 
 

@@ -3,9 +3,11 @@ and refusals counted in /metrics; the priority field accepted and validated."""
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
-from server_helpers import GENERATIONS, assert_error_shape
+from server_helpers import GENERATIONS, assert_error_shape, wait_until
 
 from stepserve.costs.latency_model import Curve, LatencyModel
 
@@ -27,12 +29,25 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in metrics")
 
 
-def test_infeasible_deadline_is_refused_at_once_with_retry_after(server):
+def test_a_deadline_missed_even_alone_is_a_400_and_one_missed_under_load_a_429_with_retry_after(server):
     with httpx.Client(base_url=server.url, timeout=30) as http:
+        # 40 steps of 50 ms can never finish within 0.5 s, whatever the load: a retry cannot help
         r = http.post(GENERATIONS, json={"prompt": "a", "seed": 1, "num_inference_steps": 40, "timeout_s": 0.5})
-        error = assert_error_shape(r, 429)
-        assert error["code"] == "deadline_infeasible" and "deadline" in error["message"]
-        assert int(r.headers["retry-after"]) >= 1
+        error = assert_error_shape(r, 400)
+        assert error["code"] == "deadline_infeasible" and error["param"] == "timeout_s"
+        assert "even alone" in error["message"] and "retry-after" not in r.headers
+        # four long requests hold every slot for ~2 s: 2 steps within 0.5 s fit alone, not behind them
+        load = threading.Thread(target=lambda: http.post(GENERATIONS, json={"prompt": "b", "seed": 2, "n": 4,
+                                                                            "num_inference_steps": 40}))
+        load.start()
+        try:
+            assert wait_until(lambda: server.engine.running_count == 4, 10)
+            r = http.post(GENERATIONS, json={"prompt": "a", "seed": 1, "num_inference_steps": 2, "timeout_s": 0.5})
+            error = assert_error_shape(r, 429)
+            assert error["code"] == "deadline_infeasible" and "deadline" in error["message"]
+            assert int(r.headers["retry-after"]) >= 1
+        finally:
+            load.join()
         ok = http.post(GENERATIONS, json={"prompt": "a", "seed": 1, "num_inference_steps": 2, "timeout_s": 20,
                                           "priority": 5})
         assert ok.status_code == 200, ok.text

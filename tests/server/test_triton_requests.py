@@ -25,7 +25,14 @@ def test_a_request_becomes_sampling_params_with_defaults_for_missing_optional_in
               "guidance_scale": row(2.5, np.float32), "negative_prompt": None, "sampler": row(b"euler")}
     (p,) = parse_request(inputs, model_info()).params
     assert (p.prompt, p.seed, p.num_inference_steps, p.guidance_scale, p.sampler) == ("a 7", 5, 4, 2.5, "euler")
-    assert (p.height, p.width, p.negative_prompt) == (32, 32, "")
+    assert (p.height, p.width, p.negative_prompt, p.timeout_s) == (32, 32, "", None)
+
+
+def test_an_optional_timeout_s_input_is_the_request_deadline():
+    inputs = {"prompt": row(b"a 7"), "seed": row(5, np.int64), "steps": row(4, np.int32),
+              "guidance_scale": row(2.5, np.float32), "timeout_s": row(1.5, np.float32)}
+    (p,) = parse_request(inputs, model_info()).params
+    assert p.timeout_s == 1.5
 
 
 @pytest.mark.parametrize(("change", "says"), [
@@ -34,6 +41,8 @@ def test_a_request_becomes_sampling_params_with_defaults_for_missing_optional_in
     ({"height": row(64, np.int32)}, "height: 64 is not supported; allowed: 32x32 only"),
     ({"seed": None}, "seed: required input(s) missing"),
     ({"prompt": row(b"\xff")}, "prompt: must be UTF-8 text"),
+    ({"timeout_s": row(0.0, np.float32)}, "timeout_s: must be a positive, finite number"),
+    ({"timeout_s": row(np.inf, np.float32)}, "timeout_s: must be a positive, finite number"),
     ({"seed": np.array([[1], [2]], dtype=np.int64)}, "one element per batch row (shape [1, 1])"),
 ])
 def test_bad_input_names_the_triton_input_and_what_is_allowed(change, says):

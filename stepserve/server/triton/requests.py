@@ -23,6 +23,7 @@ _FIELDS = {
     "sampler": ("sampler", "text"),
     "height": ("height", "int"),
     "width": ("width", "int"),
+    "timeout_s": ("timeout_s", "float"),  # optional deadline in seconds from arrival; past it the request fails
 }
 INPUT_NAMES = tuple(_FIELDS)  # the entry model's inputs, in config order
 _TRITON_NAME = {field: name for name, (field, _) in _FIELDS.items()}
@@ -71,7 +72,7 @@ def parse_request(inputs: dict[str, np.ndarray | None], model: ModelInfo) -> Par
     missing = [n for n in REQUIRED if inputs.get(n) is None]
     if missing:
         raise BadRequest(f"{', '.join(missing)}: required input(s) missing; the model takes prompt, seed, steps, "
-                         f"guidance_scale and optionally negative_prompt, sampler, height, width")
+                         f"guidance_scale and optionally negative_prompt, sampler, height, width, timeout_s")
     rows = {name: np.asarray(a).reshape(len(a) if np.ndim(a) else 1, -1) for name, a in inputs.items()
             if a is not None and name in _FIELDS}
     counts = {name: a.shape for name, a in rows.items()}

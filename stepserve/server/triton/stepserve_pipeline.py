@@ -5,6 +5,9 @@ batching by default) lets it join the running batch at the next denoising step. 
 engine's completion, on the model's own event-loop thread, with the FINAL flag; execute() returns before any
 image exists. A full queue is answered at once with an error that starts with "queue full".
 
+A request that Triton reports cancelled (the client cancelled it or went away) is aborted in the engine, which
+frees its slot at the next step. An optional `timeout_s` input is the request's deadline, as in the HTTP API.
+
 Settings come from the config's `parameters`: strategy, max_batch_size, max_queue, max_queue_delay_ms, backend
 (onnxruntime or torch), threads (onnxruntime intra-op threads), torch_threads.
 """
@@ -34,6 +37,7 @@ from .settings import limit_torch_threads, model_parameters, optional_int, versi
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5.0
+CANCEL_POLL_S = 0.05  # how often a waiting request checks whether Triton cancelled it
 
 
 def _final(sender, response) -> None:
@@ -45,6 +49,22 @@ def _error(message: str, request_id: str):
     (a client sharing one stream among requests needs it); it must not start with it: "queue full" leads."""
     suffix = f" [request id: {request_id}]" if request_id else ""
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message + suffix))
+
+
+def _is_cancelled(sender) -> bool:
+    check = getattr(sender, "is_cancelled", None)  # the Python backend's request cancellation (Triton >= 23.10)
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:  # noqa: BLE001 - a backend without the check: never cancelled
+        return False
+
+
+def _cancelled_error(request_id: str):
+    code = getattr(pb_utils.TritonError, "CANCELLED", None)
+    suffix = f" [request id: {request_id}]" if request_id else ""
+    message = "cancelled: the request was aborted in the engine" + suffix
+    error = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+    return pb_utils.InferenceResponse(error=error)
 
 
 class TritonPythonModel:
@@ -91,9 +111,11 @@ class TritonPythonModel:
 
     async def _answer(self, handles, sender, request_id: str) -> None:
         try:
-            results = [await h.result() for h in handles]
-            failed = [r for r in results if not r.ok]
-            if failed:
+            results = await self._results_unless_cancelled(handles, sender)
+            failed = [r for r in results or [] if not r.ok]
+            if results is None:  # the client cancelled: its requests were aborted in the engine
+                response = _cancelled_error(request_id)
+            elif failed:
                 response = _error(f"generation failed: {failed[0].error or failed[0].status.value}", request_id)
             else:
                 response = pb_utils.InferenceResponse(
@@ -104,6 +126,21 @@ class TritonPythonModel:
             _final(sender, response)
         except Exception:
             log.warning("could not send a response (the client may have gone)", exc_info=True)
+
+    async def _results_unless_cancelled(self, handles, sender):
+        """The results in order, or None when Triton reports the request cancelled (the client went away or
+        cancelled it; polled every CANCEL_POLL_S): its engine requests are then aborted, freeing their slots."""
+        gathered = asyncio.gather(*(h.result() for h in handles))
+        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
+        while True:
+            done, _ = await asyncio.wait({gathered}, timeout=CANCEL_POLL_S)
+            if done:
+                return gathered.result()
+            if _is_cancelled(sender):
+                gathered.cancel()
+                for h in handles:
+                    self.engine.abort(h.request_id)
+                return None
 
     def finalize(self) -> None:
         try:
