@@ -80,6 +80,9 @@ class EngineConfig:
     backend: str = "torch"  # torch | onnxruntime | tensorrt
     threads: int | None = None  # torch's intra-op threads (onnxruntime's too); None: leave torch's setting
     memory_cap: bool = True  # lower max_batch_size to what fits in memory (torch backend only)
+    # the fraction of the device's (or host's) free memory this engine may take: engines that share one (Ray Serve
+    # replicas with --replica-gpus 0.5, or several on one host) each take their share, not the whole
+    memory_share: float = 1.0
     fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
     options: EngineOptions = field(default_factory=EngineOptions)
 
@@ -112,7 +115,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     elif config.memory_cap:
         from .profiling import cap_max_batch_size
 
-        capped, why = cap_max_batch_size(executor, options.max_batch_size)
+        capped, why = cap_max_batch_size(executor, options.max_batch_size, share=config.memory_share)
         options = replace(options, max_batch_size=capped)
         say(why)
     if config.fast_path is not None and config.fast_path.enabled:

@@ -22,3 +22,13 @@ def tiny_sd_vpred_path(tmp_path_factory):
 
     return build_tiny_sd(tmp_path_factory.mktemp("tiny_sd_v") / "pipe", prediction_type="v_prediction",
                          scheduler="EulerDiscreteScheduler", seed=1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow run only with STEPSERVE_SLOW=1 or when -m names them."""
+    if os.environ.get("STEPSERVE_SLOW") == "1" or "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: set STEPSERVE_SLOW=1 (or -m slow) to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -7,10 +7,14 @@ On SIGTERM (or Ctrl-C) the server stops accepting image requests (503), lets the
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import socket
 import sys
 
 import uvicorn
 
+from ..api_key import API_KEY_ENV, resolve_api_key
 from ..loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, SLO_ORDERS, STRATEGIES
 from ..engine_config import EngineOptions
@@ -19,6 +23,32 @@ from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_c
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
+AUTO = "auto"
+DEFAULT_TIMEOUT_S = 600.0  # generous: a request nobody waits for any more does not hold its slot forever
+QUEUE_PER_BATCH = 8  # the default --max-queue: this many full batches waiting
+
+
+def queue_bound(text: str) -> int | str:
+    """--max-queue: an integer >= 1; 0 or 'none' for unbounded (0 here); 'auto' for the default."""
+    if text.strip().lower() in ("none", "0", AUTO):
+        return 0 if text.strip().lower() != AUTO else AUTO
+    try:
+        return int_from(1)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, or 0 or 'none' for unbounded, got "
+                                         f"{text!r}") from None
+
+
+def optional_seconds(text: str) -> float | None:
+    """--timeout-s: a positive number of seconds; 0 or 'none' for no default deadline."""
+    if text.strip().lower() in ("none", "0", "0.0"):
+        return None
+    return _positive_float(text)
+
+
+def default_max_queue(max_batch_size: int, max_n: int) -> int:
+    """The queue bound a fresh install gets: QUEUE_PER_BATCH full batches, and room for the largest request."""
+    return max(QUEUE_PER_BATCH * max_batch_size, max_n)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,13 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int_from(1), default=8, help="most requests in one denoising step")
     p.add_argument("--max-queue-delay-ms", type=_non_negative_float, default=DEFAULT_MAX_QUEUE_DELAY_MS,
                    help="dynamic batching: longest wait for a fuller batch")
-    p.add_argument("--max-queue", type=int_from(1), default=None,
-                   help="waiting requests beyond this get 429 at once (default: unbounded)")
+    p.add_argument("--max-queue", type=queue_bound, default=AUTO,
+                   help="waiting requests beyond this get 429 at once (default: 8 x --max-batch-size, at least "
+                        "--max-n; 0 or 'none': unbounded)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int_from(1, 65535), default=8000, help="port to listen on")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
-    p.add_argument("--timeout-s", type=_positive_float, default=None,
-                   help="default deadline of a request without its own timeout_s (504 when passed)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health (visible in `ps`: prefer "
+                        f"--api-key-file or the {API_KEY_ENV} environment variable)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH", help="read the API key from this file")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="let web pages from this origin (e.g. https://app.example.com) call the API; repeatable; "
+                        "default: none (browsers then refuse cross-origin calls)")
+    p.add_argument("--timeout-s", type=optional_seconds, default=DEFAULT_TIMEOUT_S,
+                   help=f"default deadline of a request without its own timeout_s (504 when passed; default "
+                        f"{DEFAULT_TIMEOUT_S:g}; 0 or 'none': no deadline)")
     p.add_argument("--shutdown-grace-s", type=_non_negative_float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     p.add_argument("--max-n", type=int_from(1, 64), default=8, help="largest n (images per request)")
@@ -102,20 +140,58 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     """What the serve flags ask for, as plain data: the same for one process and for every Ray Serve replica."""
     from ..server.schemas import ServerLimits
 
+    max_queue = (default_max_queue(args.max_batch_size, args.max_n) if args.max_queue == AUTO
+                 else args.max_queue or None)
     options = EngineOptions(strategy=args.strategy, max_batch_size=args.max_batch_size,
-                            max_queue_delay_ms=args.max_queue_delay_ms, max_queue=args.max_queue,
+                            max_queue_delay_ms=args.max_queue_delay_ms, max_queue=max_queue,
                             latency_model=args.latency_model or ("measure" if args.strategy == "slo" else None),
                             answer_margin_s=args.answer_margin_ms / 1000.0, slo_order=args.slo_order)
     try:
         config = engine_config(args, options, memory_cap=not args.no_memory_cap)
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
-    return ServeSettings(config, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), args.api_key,
-                         args.shutdown_grace_s, args.host, args.port)
+    try:
+        api_key = resolve_api_key(args.api_key, args.api_key_file)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    return ServeSettings(config, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), api_key,
+                         args.shutdown_grace_s, args.host, args.port,
+                         api_key_file=os.path.abspath(args.api_key_file) if args.api_key_file else None,
+                         cors_origins=tuple(args.cors_origin or ()))
+
+
+def check_model(model: str) -> None:
+    from ..loading import check_model_argument
+
+    try:
+        check_model_argument(model)
+    except FileNotFoundError as exc:
+        raise StartupError(f"--{exc}") from None
+
+
+def claim_port(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, opened before anything loads: a busy port fails at once, not after the
+    model has loaded. One process serves on it; Ray Serve's proxy binds its own (close this one first)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on --host {host!r} --port {port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: no wait after a restart
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        busy = "address already in use: another server listens there; stop it or choose another --port" \
+            if exc.errno == errno.EADDRINUSE else str(exc)
+        raise StartupError(f"cannot listen on {host}:{port}: {busy}") from None
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    sock = None
     try:
         if replica_mode(args):
             from ..server.ray.options import plan_replicas
@@ -125,10 +201,16 @@ def main(argv: list[str] | None = None) -> int:
                 from ..server.ray.deployment import serve_replicas
             except ImportError as exc:
                 raise StartupError(f"--replicas needs Ray Serve: install stepserve[ray] ({exc})") from None
+            if args.ray_address is None:  # a local cluster: Ray's proxy will bind the port; is it free now?
+                claim_port(args.host, args.port).close()
             return serve_replicas(serve_settings(args), plan)
+        check_model(args.model)
+        sock = claim_port(args.host, args.port)  # before anything loads (or exports)
         settings = serve_settings(args)
         engine = start_engine(settings.engine)
     except StartupError as exc:
+        if sock is not None:
+            sock.close()
         print(f"stepserve serve: error: {exc}", file=sys.stderr)
         return 2
     from ..server.app import create_app
@@ -136,12 +218,15 @@ def main(argv: list[str] | None = None) -> int:
 
     name = engine.model_info.name
     app = create_app(engine, api_key=settings.api_key, limits=settings.limits,
-                     shutdown_grace_s=settings.shutdown_grace_s)
+                     shutdown_grace_s=settings.shutdown_grace_s, cors_origins=settings.cors_origins)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
     print(f"stepserve serve: {name} on http://{args.host}:{args.port}/v1 "
           f"(strategy {args.strategy}, max batch {args.max_batch_size})", file=sys.stderr, flush=True)
-    DrainingServer(config, app, args.shutdown_grace_s).run()
+    try:
+        DrainingServer(config, app, args.shutdown_grace_s).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
 
 

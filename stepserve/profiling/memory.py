@@ -11,15 +11,25 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
+from .budget import memory_budget
 from .requests import _device_of, _dummy_requests, _no_prompt_cache, _release
 
 GIB = 1024**3
 
 
 # --- memory -------------------------------------------------------------------------------------------------------
+def measured_guidance(model) -> float | None:
+    """The guidance scale memory is measured at (None: the model's default). Under classifier-free guidance a
+    scale > 1 runs two denoiser rows per request: a model whose default is <= 1 still serves requests that ask for
+    more, so it is measured at 2 (or its largest scale); otherwise the default already takes both rows."""
+    if model.guidance != "cfg" or model.default_guidance_scale > 1 or model.max_guidance_scale <= 1:
+        return None
+    return min(2.0, float(model.max_guidance_scale))
+
+
 def _run_once(executor: Executor, n: int, bucket: Bucket, tag: str) -> None:
-    """One prepare + denoise + decode of `n` requests, then drop their tensors."""
-    requests = _dummy_requests(executor, n, bucket, None, tag)
+    """One prepare + denoise + decode of `n` requests (at measured_guidance), then drop their tensors."""
+    requests = _dummy_requests(executor, n, bucket, measured_guidance(executor.model_info), tag)
     try:
         executor.prepare(requests)
         executor.denoise(requests)
@@ -71,7 +81,8 @@ def _cpu_peak_bytes(executor: Executor, n: int, bucket: Bucket, tag: str) -> int
 def measure_peak_memory(executor: Executor, batch_sizes: Iterable[int], bucket: Bucket | None = None
                         ) -> dict[int, int]:
     """Peak bytes needed by one prepare + denoise + decode of each batch size (requests of `bucket`, default the
-    model's default size, with the model's default settings), on top of what was allocated before (the weights).
+    model's default size, with the model's default settings but a guidance scale that runs the most rows:
+    measured_guidance), on top of what was allocated before (the weights).
 
     CUDA: torch.cuda.max_memory_allocated over the run, less what was allocated before it. CPU: the bytes the
     torch CPU allocator handed out at their highest point (torch.profiler memory events); libraries' own scratch
@@ -176,56 +187,6 @@ def memory_cap(peaks: Mapping[int, float], budget_bytes: float, headroom: float 
     return max(n, 1)
 
 
-def memory_budget(executor: Executor) -> tuple[int, str]:
-    """Bytes the executor's device has free for batches, and what they are.
-
-    CUDA: free device memory (torch.cuda.mem_get_info) plus what torch's caching allocator holds reserved but
-    unused. CPU: available host memory (MemAvailable in /proc/meminfo, else free pages from sysconf), and no more
-    than the room left under this process's cgroup memory limit when one is set."""
-    device = _device_of(executor)
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        free, _total = torch.cuda.mem_get_info(device)
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(free + max(cached, 0)), f"free on {device}"
-    available = _host_available_bytes()
-    limit = _cgroup_room_bytes()
-    if limit is not None and limit < available:
-        return limit, "left under the cgroup memory limit"
-    return available, "of available host memory"
-
-
-def _host_available_bytes() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-
-
-def _cgroup_room_bytes() -> int | None:
-    """Bytes left under a cgroup v2 memory limit of this process, or None when there is none we can read."""
-    try:
-        with open("/proc/self/cgroup", encoding="ascii") as f:
-            path = next((line.strip().split(":", 2)[2] for line in f if line.startswith("0::")), None)
-        if path is None:
-            return None
-        base = os.path.join("/sys/fs/cgroup", path.lstrip("/"))
-        with open(os.path.join(base, "memory.max"), encoding="ascii") as f:
-            limit = f.read().strip()
-        if limit == "max":
-            return None
-        with open(os.path.join(base, "memory.current"), encoding="ascii") as f:
-            current = int(f.read().strip())
-        return max(int(limit) - current, 0)
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 def format_bytes(nbytes: float) -> str:
     """1536 -> '1.5 KiB', in the largest binary unit that keeps the number >= 1."""
     for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
@@ -238,19 +199,22 @@ CAP_BATCH_SIZES = (1, 2, 4)  # measured by cap_max_batch_size (those <= the requ
 
 
 def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float = 0.2,
-                       bucket: Bucket | None = None) -> tuple[int, str]:
+                       bucket: Bucket | None = None, share: float = 1.0) -> tuple[int, str]:
     """The configured max_batch_size, lowered if a batch that large would not fit in memory, with a one-line
     explanation. Never raises for a too-large request; when memory cannot be measured (the fake executor, an
     unsupported device) the request is kept and the explanation says why.
 
     The peak is measured (measure_peak_memory) at batch sizes 1, 2 and 4 (those up to `requested_max`) for
     `bucket` — default the largest size the model serves, since any batch may be of it — and extrapolated
-    linearly; the budget is memory_budget(), of which `headroom` is kept free.
+    linearly; the budget is memory_budget(), of which `headroom` is kept free. `share`: the fraction of that
+    budget this engine may use, when engines share the device or host (Ray Serve replicas: EngineConfig.memory_share).
     """
     if not isinstance(requested_max, int) or isinstance(requested_max, bool) or requested_max < 1:
         raise ValueError(f"max_batch_size must be an integer >= 1, got {requested_max!r}")
     if not 0 <= headroom < 1:
         raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
     model = executor.model_info
     if bucket is None:
         bucket = (model.max_size, model.max_size)
@@ -282,6 +246,8 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
 
             torch.cuda.empty_cache()
     budget, what = memory_budget(executor)
+    if share < 1:
+        budget, what = int(budget * share), f"({share:.0%} share of {format_bytes(budget)} {what})"
     if ran_out_at is not None:
         cap = max(ran_out_at - 1, 1)
         if peaks:

@@ -7,6 +7,7 @@ down (letting in-flight work finish within the grace period) when the server sto
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,14 +18,16 @@ from starlette.requests import ClientDisconnect
 
 from ..async_engine import AsyncEngine
 from . import errors
-from .errors import APIError, install_error_handlers
+from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .schemas import ServerLimits, engine_params, parse_body
+from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
 from .streaming import EventStreamResponse, StreamJob, image_events
 
 REPLICA_HEADER = "X-Stepserve-Replica"
 CLIENT_GONE = 499  # never read by anyone: the client has disconnected
+JSON = "application/json"
+log = logging.getLogger("stepserve.server")
 
 
 MetricsView = Callable[[ServerMetrics], Awaitable[bytes]]
@@ -32,10 +35,11 @@ MetricsView = Callable[[ServerMetrics], Awaitable[bytes]]
 
 def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLimits | None = None,
                shutdown_grace_s: float = 30.0, replica: str | None = None,
-               metrics_view: MetricsView | None = None) -> FastAPI:
+               metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = ()) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
-    a metrics_view that renders all replicas' metrics instead of this app's alone."""
+    a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
+    whose pages may call the API from a browser (none by default)."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None)
     engine.on_step.append(state.metrics.on_step)
 
@@ -54,6 +58,13 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     app.include_router(_open_routes(state))
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
+    app.include_router(_schema_route(app), dependencies=protected)
+    app.add_middleware(UnexpectedErrors)  # innermost: its 500 passes the middleware below on the way out
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=[REPLICA_HEADER])
     if replica is not None:
         app.add_middleware(ReplicaHeader, replica=replica)
     return app
@@ -100,18 +111,28 @@ def _auth(state: ServerState):
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if not header:
-            state.metrics.request_done("unauthorized", 0.0)
+            _count_refusal(state, request.url.path)
             raise errors.unauthorized("missing API key; send the header 'Authorization: Bearer <key>'")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            state.metrics.request_done("unauthorized", 0.0)
+            _count_refusal(state, request.url.path)
             raise errors.unauthorized("invalid API key; send the header 'Authorization: Bearer <key>' with the "
                                       "key the server was started with")
 
     return require_key
 
 
+def _count_refusal(state: ServerState, path: str) -> None:
+    """An image request refused for its key counts as an image request; a scrape or a look-up has its own counter."""
+    if path.endswith("/images/generations"):
+        state.metrics.request_done("unauthorized", 0.0)
+    else:
+        state.metrics.unauthorized.labels("metrics" if path == "/metrics" else "openapi" if path == "/openapi.json"
+                                          else "models").inc()
+
+
 def _open_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
+    logged: list[bool] = []  # the engine's failure is logged once
 
     @router.get("/health")
     async def health() -> JSONResponse:
@@ -119,8 +140,11 @@ def _open_routes(state: ServerState) -> APIRouter:
         status = "failed" if not engine.healthy else "draining" if state.draining else "ok"
         body = {"status": status, "model": engine.model_info.name, "queue_depth": engine.queue_depth,
                 "running": engine.running_count}
-        if not engine.healthy:
-            body["error"] = engine.failure
+        if not engine.healthy:  # the details are in the log, not in an answer anyone may read
+            body["reason"] = "engine_failed"
+            if not logged:
+                logged.append(True)
+                log.error("health: the engine failed: %s", engine.failure)
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     return router
@@ -135,6 +159,20 @@ def _metrics_route(state: ServerState, view: MetricsView | None) -> APIRouter:
         return Response(body, media_type=CONTENT_TYPE)
 
     return router
+
+
+def _schema_route(app: FastAPI) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    return router
+
+
+_BODY_SCHEMA = {"requestBody": {"required": True, "content": {JSON: {"schema": {
+    **ImageGenerationRequest.model_json_schema(), "additionalProperties": False}}}}}
 
 
 def _model_card(state: ServerState) -> dict:
@@ -155,12 +193,13 @@ def _v1_routes(state: ServerState) -> APIRouter:
                            code="model_not_found", param="model")
         return _model_card(state)
 
-    @router.post("/images/generations")
+    @router.post("/images/generations", openapi_extra=_BODY_SCHEMA)
     async def generate(request: Request) -> Response:
         started = time.monotonic()
         state.inflight += 1
         streaming = False
         try:
+            _check_json(request)
             req = parse_body(await _read_body(request, state.limits.max_body_bytes), state.limits)
             params = engine_params(req, state.limits)
             handles = submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
@@ -186,7 +225,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
             state.metrics.request_done("completed", time.monotonic() - started, len(results))
             return JSONResponse(body)
         except APIError as exc:
-            state.metrics.request_done(outcome_of(exc), time.monotonic() - started)
+            outcome = "invalid" if exc.status == 415 else outcome_of(exc)
+            state.metrics.request_done(outcome, time.monotonic() - started)
             return exc.response()
         except ClientDisconnect:
             state.metrics.request_done("cancelled", time.monotonic() - started)
@@ -196,6 +236,14 @@ def _v1_routes(state: ServerState) -> APIRouter:
                 state.inflight -= 1
 
     return router
+
+
+def _check_json(request: Request) -> None:
+    """A POST body must be declared JSON: a web page cannot send that cross-origin without a CORS preflight, which
+    only --cors-origin lets pass."""
+    declared = request.headers.get("content-type", "")
+    if declared.split(";", 1)[0].strip().lower() != JSON:
+        raise errors.unsupported_media_type(declared)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -78,6 +78,44 @@ def model_failure(detail: str | None) -> APIError:
                     code="model_failure")
 
 
+def unsupported_media_type(got: str) -> APIError:
+    shown = got[:60] or "none"
+    return APIError(415, f"the body must be JSON sent with 'Content-Type: application/json', got content type "
+                         f"{shown!r}", code="unsupported_media_type")
+
+
+def internal_error(exc: BaseException) -> APIError:
+    return APIError(500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error")
+
+
+class UnexpectedErrors:
+    """Pure ASGI middleware, inside the app's own middleware: an exception no handler took becomes the
+    OpenAI-shaped 500 here (details in the log), so the middleware around it (ReplicaHeader, CORS) still sees the
+    answer. Starlette's last-resort handler answers outside all middleware, which would drop their headers."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:  # noqa: BLE001 - the answer is a 500 and the log has the traceback
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # too late for an answer of our own
+                raise
+            await internal_error(exc).response()(scope, receive, send)
+
+
 _STATUS_TEXT = {404: "not found", 405: "method not allowed"}
 
 
@@ -108,5 +146,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return APIError(500, f"internal error: {type(exc).__name__}", type="server_error",
-                        code="internal_error").response()
+        return internal_error(exc).response()

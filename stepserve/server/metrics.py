@@ -14,6 +14,7 @@ from ..types import FinishReason, StepReport
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 OUTCOMES = ("completed", "invalid", "unauthorized", "rejected", "shutting_down", "timeout", "failed", "cancelled")
+UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi")
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -51,6 +52,11 @@ class ServerMetrics:
         self.deadline_missed = Counter(
             "stepserve_deadline_missed", "Admitted requests that ended past or hopeless for their deadline (504), by "
             "whether they were still queued or had started running", ["stage"], registry=r)
+        self.unauthorized = Counter(
+            "stepserve_unauthorized_calls", "Calls refused for a missing or wrong API key (401) on routes other than "
+            "image generation (those count in stepserve_requests{outcome=\"unauthorized\"})", ["route"], registry=r)
+        for route in UNAUTHORIZED_ROUTES:
+            self.unauthorized.labels(route)
         self.images = Counter("stepserve_images_completed", "Images generated and returned", registry=r)
         for reason in ("queue_full", "deadline"):
             self.refused_at_admission.labels(reason)

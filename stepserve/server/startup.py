@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from ..api_key import API_KEY_ENV, resolve_api_key
 
 from ..engine_config import EngineConfig, build_engine
 from .schemas import ServerLimits
@@ -18,6 +21,33 @@ class ServeSettings:
     shutdown_grace_s: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
     host: str = "127.0.0.1"
     port: int = 8000
+    api_key_file: str | None = None  # where the key came from, when from a file (replicas read it there)
+    cors_origins: tuple[str, ...] = ()  # web origins allowed to call the API from a browser
+    api_key_required: bool = False  # a replica: a key must be found where it starts (never travels in here)
+
+
+def for_replicas(settings: ServeSettings) -> ServeSettings:
+    """The settings that travel to Ray Serve replicas: without the key itself (deployment arguments are pickled
+    and stored by Ray). Each replica finds the key where it starts: replica_api_key()."""
+    if settings.api_key is None:
+        return settings
+    return replace(settings, api_key=None, api_key_required=True)
+
+
+def replica_api_key(settings: ServeSettings) -> str | None:
+    """In a replica: the key from --api-key-file (a path the replica's node can read), else from its own
+    STEPSERVE_API_KEY environment variable (a local cluster inherits `serve`'s). A key was set but none is found
+    here: StartupError, so that no replica ever serves without it."""
+    if not settings.api_key_required:
+        return settings.api_key
+    try:
+        key = resolve_api_key(None, settings.api_key_file, os.environ)
+    except ValueError as exc:
+        raise StartupError(f"the replica cannot read the API key: {exc}") from None
+    if key is None:
+        raise StartupError(f"the server requires an API key but this replica finds none: set {API_KEY_ENV} where "
+                           f"the Ray cluster starts, or give --api-key-file on a path every node can read")
+    return key
 
 
 class StartupError(Exception):

@@ -67,3 +67,11 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> bool:
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+def free_port() -> str:
+    """A free loopback port, as a flag value: `serve` binds its port before it loads anything, so a test that runs
+    its main() never uses the default 8000 (another server on the machine may hold it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])

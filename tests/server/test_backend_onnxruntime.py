@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from extras import require
-from server_helpers import GENERATIONS, assert_close, decode_png
+from server_helpers import GENERATIONS, assert_close, decode_png, free_port
 
 from stepserve.commands import serve as cli
 
@@ -52,7 +52,8 @@ def test_serve_backend_flag_loads_onnxruntime_and_skips_the_torch_memory_cap(mon
 
     monkeypatch.setattr("stepserve.async_engine.AsyncEngine", fake_engine)
     with pytest.raises(Stop):
-        cli.main(["--model", str(onnx_dir), "--backend", "onnxruntime", "--max-batch-size", "16", "--threads", "1"])
+        cli.main(["--model", str(onnx_dir), "--backend", "onnxruntime", "--max-batch-size", "16", "--threads", "1",
+                  "--port", free_port()])
     assert seen == {"backend": "onnxruntime", "max_batch_size": 16}
     assert "no memory cap on backend onnxruntime" in capsys.readouterr().err
 

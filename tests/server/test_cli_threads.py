@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from server_helpers import free_port
+
 from stepserve.commands import serve as cli
 
 
@@ -38,6 +40,6 @@ def test_serve_applies_the_default_before_loading_the_model(monkeypatch, capsys)
         raise OSError("not loaded in this test")
 
     monkeypatch.setattr(stepserve.loading, "load_executor", no_model)
-    assert cli.main([]) == 2
+    assert cli.main(["--port", free_port()]) == 2
     assert calls == [4]
     assert "not loaded in this test" in capsys.readouterr().err

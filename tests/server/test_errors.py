@@ -19,7 +19,9 @@ def server(serve):
 
 @pytest.fixture(scope="module")
 def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    # Every body here is sent as JSON (a raw body gets no content type from httpx; the server answers 415 to that,
+    # see test_a_body_not_declared_json_is_415), so that the body itself is what is checked.
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Content-Type": "application/json"}) as client:
         yield client
 
 

@@ -33,6 +33,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...api_key import resolve_api_key
+
 STOP_TIMEOUT_S = 20.0
 
 
@@ -96,7 +98,7 @@ class TritonServer:
     or start() / stop()."""
 
     def __init__(self, repository: str | os.PathLike, ports: Ports | None = None, log_file: str | None = None,
-                 host: str = "127.0.0.1", quiet: bool = False) -> None:
+                 host: str = "127.0.0.1", quiet: bool = False, api_key: str | None = None) -> None:
         self.repository = Path(repository).resolve()
         self.ports = ports or Ports(free_port(), free_port(), free_port())
         self.host = host
@@ -106,6 +108,7 @@ class TritonServer:
         self.shm_prefix = f"stepserve-triton-{os.getpid()}-{secrets.token_hex(3)}-"
         self.process: subprocess.Popen | None = None
         self.keep_log = log_file is not None  # a temporary log is kept only when start() failed (its error cites it)
+        self.api_key = api_key  # required as 'authorization: Bearer KEY' on every API but health (restricted_flags)
 
     @property
     def http_url(self) -> str:
@@ -126,7 +129,7 @@ class TritonServer:
                 f"--backend-directory={backends}", f"--http-address={self.host}", f"--grpc-address={self.host}",
                 f"--metrics-address={self.host}", f"--http-port={self.ports.http}", f"--grpc-port={self.ports.grpc}",
                 f"--metrics-port={self.ports.metrics}", "--exit-timeout-secs=10",
-                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}"]
+                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}", *restricted_flags(self.api_key)]
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         command = self.command()
@@ -196,6 +199,18 @@ class TritonServer:
         self.stop()
 
 
+RESTRICTED_APIS = "metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
+
+
+def restricted_flags(api_key: str | None) -> list[str]:
+    """tritonserver's own key check, on HTTP and gRPC: every API but health needs 'authorization: Bearer KEY'.
+    (tritonserver takes the key on its command line; the launcher's own does not show it.)"""
+    if api_key is None:
+        return []
+    rule = f"{RESTRICTED_APIS}:authorization=Bearer {api_key}"
+    return [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m stepserve.deploy.triton.server",
                                 description="Serve a repository written by `stepserve export triton` with the "
@@ -206,12 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--log-file", default=None, help="tritonserver's log (default: a file in a temporary folder)")
+    p.add_argument("--api-key", default=None, help="require 'authorization: Bearer KEY' (visible in `ps`; prefer "
+                                                   "--api-key-file or STEPSERVE_API_KEY)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH", help="read the API key from this file")
     args = p.parse_args(argv)
+    try:
+        api_key = resolve_api_key(args.api_key, args.api_key_file)
+    except ValueError as exc:
+        print(f"triton: error: {exc}", file=sys.stderr)
+        return 2
     if not Path(args.repository).is_dir():
         print(f"triton: error: repository {args.repository!r} is not a folder", file=sys.stderr)
         return 2
     server = TritonServer(args.repository, Ports(args.http_port, args.grpc_port, args.metrics_port), args.log_file,
-                          args.host)
+                          args.host, api_key=api_key)
     try:
         server.start()
         print(f"triton: serving; Ctrl-C stops (log {server.log_path})", flush=True)

@@ -24,9 +24,10 @@ from ray import serve
 
 from ...loading import available_cores
 from ..app import create_app
-from ..startup import ServeSettings, StartupError, start_engine
+from ...api_key import API_KEY_ENV
+from ..startup import ServeSettings, StartupError, for_replicas, replica_api_key, start_engine
 from .metrics import merge, snapshot
-from .options import ReplicaPlan, deployment_options
+from .options import ReplicaPlan, deployment_options, replica_settings
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
 APP_NAME = "stepserve"
@@ -67,11 +68,12 @@ class StepserveReplica:
         self.pusher: asyncio.Task | None = None
 
     async def __serve_build_asgi_app__(self):
-        engine = start_engine(self.settings.engine)  # StartupError fails the replica with its message
+        api_key = replica_api_key(self.settings)  # StartupError fails the replica with its message
+        engine = start_engine(self.settings.engine)
         self.engine = engine
-        app = create_app(engine, api_key=self.settings.api_key, limits=self.settings.limits,
+        app = create_app(engine, api_key=api_key, limits=self.settings.limits,
                          shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
-                         metrics_view=self.all_metrics)
+                         metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins)
         self.metrics = app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         return app
@@ -113,6 +115,8 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
     for note in plan.notes:
         print(f"stepserve serve: {note}", file=sys.stderr, flush=True)
     local = plan.ray_address is None
+    if local and settings.api_key is not None and settings.api_key_file is None:
+        os.environ[API_KEY_ENV] = settings.api_key  # the local cluster's processes inherit it; no argument carries it
     _connect(plan, local)
     stop = _stop_on_signal()  # after ray.init, whose own SIGTERM handler would abort the process
     started_serve = False
@@ -125,7 +129,8 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         print(f"stepserve serve: deploying {_replica_text(plan)} of {engine.model} ({plan.cpus:g} CPU, {plan.gpus:g} "
               f"GPU, {plan.threads} thread(s) each) ...", file=sys.stderr, flush=True)
         try:
-            serve.run(deployment.bind(settings, plan.threads, hub), name=APP_NAME, route_prefix="/", blocking=False)
+            serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub), name=APP_NAME, route_prefix="/",
+                      blocking=False)
         except RuntimeError as exc:
             raise StartupError(f"the replicas did not start: {exc}") from None
         print(f"stepserve serve: {engine.model} on http://{settings.host}:{settings.port}/v1 ({_replica_text(plan)}, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 @dataclass
 class ReplicaPlan:
@@ -26,6 +26,7 @@ class ReplicaPlan:
     grace_s: float
     ray_address: str | None = None
     notes: list[str] = field(default_factory=list)
+    memory_share: float = 1.0  # of its device's (or host's) free memory, each replica's budget for the memory cap
 
     @property
     def most_replicas(self) -> int:
@@ -58,6 +59,10 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
         max_queued_requests=-1 if args.max_queued_requests is None else args.max_queued_requests,
         target_ongoing_requests=args.target_ongoing_requests or float(args.max_batch_size),
         grace_s=args.shutdown_grace_s, ray_address=args.ray_address)
+    plan.memory_share = memory_share(plan, args.device)
+    if plan.memory_share < 1 and not getattr(args, "no_memory_cap", False):
+        plan.notes.append(f"each replica's memory cap counts on {plan.memory_share:.0%} of the free "
+                          f"{'GPU' if args.device.startswith('cuda') else 'host'} memory: replicas share it")
     if plan.threads < args.threads:
         plan.notes.append(f"--threads {args.threads} lowered to {plan.threads}: a replica runs on at most its "
                           f"--replica-cpus {cpus:g}")
@@ -66,6 +71,22 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
                            f"but this machine has {local_cores}; lower --replica-cpus (fractions allowed) or the "
                            f"replica count, or join a larger cluster with --ray-address")
     return plan
+
+
+def memory_share(plan: ReplicaPlan, device: str) -> float:
+    """How much of the free memory one replica's memory cap may count on: replicas that can land on one GPU
+    (--replica-gpus below 1) or one host (the CPU device) split it, so that together they stay within it. On CPU
+    all replicas (the most the autoscaler may start) are taken to share one host, the worst case."""
+    if device.startswith("cuda"):
+        if plan.gpus >= 1:
+            return 1.0
+        return 1.0 / max(1, min(plan.most_replicas, math.floor(1.0 / plan.gpus + 1e-9)))
+    return 1.0 / plan.most_replicas
+
+
+def replica_settings(settings, plan: ReplicaPlan):
+    """ServeSettings for the replicas: each engine's memory cap takes its share of the memory."""
+    return replace(settings, engine=replace(settings.engine, memory_share=plan.memory_share))
 
 
 def deployment_options(plan: ReplicaPlan) -> dict:
