@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test demo clean
+.PHONY: setup test test-slow demo clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ setup: $(VENV)/.installed
 
 test: $(VENV)/.extras
 	$(PY) -m pytest
+
+# The long end-to-end runs the default suite skips (tests marked slow, e.g. the 2,500-request HTTP fuzz); CI runs them.
+test-slow: $(VENV)/.extras
+	$(PY) -m pytest -m slow
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/stepserve demo

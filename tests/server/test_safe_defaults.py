@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from server_helpers import free_port
 
 from stepserve.api_key import API_KEY_ENV
 from stepserve.commands.serve import build_parser, serve_settings
