@@ -181,23 +181,47 @@ class AsyncEngine:
                     stream: bool = False, request_ids: Sequence[str] | None = None) -> list[RequestHandle]:
         """Queue a group of requests all or none: every one is validated, then admitted in one decision (the queue
         bound and the policy's admission rule, each member counting the ones before it), so a refusal leaves
-        nothing of the group behind. Raises the AdmissionError of the first member refused."""
+        nothing of the group behind. Raises the AdmissionError of the first member refused. Call it on the event
+        loop's thread; `submit_many_off_loop` does the same with the admission decision on a worker thread."""
+        assert self._loop is not None, "call start() first"
+        return self._admit(self._new_group(params, preview_steps, request_ids), self._outlets(len(params), stream),
+                           stream)
+
+    async def submit_many_off_loop(self, params: Sequence[SamplingParams],
+                                   preview_steps: Sequence[frozenset[int]] | None = None, stream: bool = False,
+                                   request_ids: Sequence[str] | None = None) -> list[RequestHandle]:
+        """submit_many, but when the policy has an admission rule of its own (slo replays the queue: its cost
+        grows with the queue) the decision runs on a worker thread, so the event loop keeps serving meanwhile."""
+        assert self._loop is not None, "call start() first"
+        group = self._new_group(params, preview_steps, request_ids)
+        outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
+        if getattr(self.core.policy, "admission", None) is None:
+            return self._admit(group, outlets, stream)
+        return await asyncio.to_thread(self._admit, group, outlets, stream)
+
+    def _new_group(self, params: Sequence[SamplingParams], preview_steps: Sequence[frozenset[int]] | None,
+                   request_ids: Sequence[str] | None) -> list[Request]:
         self._check_open()
         previews = list(preview_steps) if preview_steps is not None else [frozenset()] * len(params)
         ids = list(request_ids) if request_ids is not None else [next_request_id() for _ in params]
-        assert self._loop is not None, "call start() first"
         now = self.clock.now()
         # bad input fails here, before anything is decided
-        group = [self.core.new_request(p, now, rid, frozenset(pv)) for p, rid, pv in zip(params, ids, previews)]
+        return [self.core.new_request(p, now, rid, frozenset(pv)) for p, rid, pv in zip(params, ids, previews)]
+
+    def _outlets(self, n: int, stream: bool) -> list[tuple[asyncio.Future, asyncio.Queue | None]]:
+        assert self._loop is not None
+        return [(self._loop.create_future(), asyncio.Queue() if stream else None) for _ in range(n)]
+
+    def _admit(self, group: list[Request], outlets: list, stream: bool) -> list[RequestHandle]:
         with self._lock:
             self._check_open()
             ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
             for i, request in enumerate(group):
-                self.core.check_admission(request, now, ahead + group[:i])  # raises for the whole group
+                self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
             handles = []
-            for request in group:
-                h = RequestHandle(request.request_id, request.params, now, request.preview_steps, stream,
-                                  self._loop.create_future(), asyncio.Queue() if stream else None)
+            for request, (future, events) in zip(group, outlets):
+                h = RequestHandle(request.request_id, request.params, request.arrival_time, request.preview_steps,
+                                  stream, future, events)
                 self._handles[h.request_id] = h
                 self._inbox.append(_Add(h, request))
                 handles.append(h)

@@ -267,3 +267,33 @@ def test_expired_request_fails_at_its_deadline_not_at_the_next_batch():
 
     result = run(main())
     assert result.finish_reason is FinishReason.TIMEOUT and "queued" in result.error
+
+
+def test_a_costly_admission_decision_runs_off_the_event_loop():
+    """slo's admission replays the queue (its cost grows with the queue): the server submits through
+    submit_many_off_loop, so the event loop keeps serving while a decision is being made."""
+    import threading
+
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="slo", max_batch_size=2)
+        await engine.start()
+        release, deciding = threading.Event(), threading.Event()
+
+        def slow_admission(request, waiting, running, now):  # stands for the replay of a long queue
+            deciding.set()
+            release.wait(10)
+            return None
+
+        engine.core.policy.admission = slow_admission
+        submit = asyncio.ensure_future(engine.submit_many_off_loop([SamplingParams(prompt="a", timeout_s=60)]))
+        ticks = 0
+        while not deciding.is_set() or ticks < 5:  # the loop runs other coroutines while the decision is pending
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not submit.done()
+        release.set()
+        [handle] = await submit
+        assert (await handle.result()).ok
+        await engine.shutdown(1.0)
+
+    run(main())

@@ -202,7 +202,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
             _check_json(request)
             req = parse_body(await _read_body(request, state.limits.max_body_bytes), state.limits)
             params = engine_params(req, state.limits)
-            handles = submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
+            handles = await submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
             if req.stream:
                 job = StreamJob(state, handles, started)
                 streaming = True  # from here the stream owns the bookkeeping

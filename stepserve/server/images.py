@@ -62,9 +62,10 @@ def preview_steps(num_inference_steps: int, partial_images: int) -> frozenset[in
     return frozenset(s for s in steps if 1 <= s < num_inference_steps)
 
 
-def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_images: int = 0,
-               stream: bool = False) -> list[RequestHandle]:
-    """Validate every image, then admit the group atomically: a 429 leaves nothing of it in the engine."""
+async def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_images: int = 0,
+                     stream: bool = False) -> list[RequestHandle]:
+    """Validate every image, then admit the group atomically: a 429 leaves nothing of it in the engine. An
+    admission rule that replays the queue (slo) runs off the event loop."""
     engine = state.engine
     try:
         resolved = [resolve_params(p, engine.model_info) for p in params]
@@ -77,7 +78,7 @@ def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_ima
                              f"ask for at most {max_queue} per request", "n")
     previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
     try:
-        return engine.submit_many(resolved, previews, stream=stream)
+        return await engine.submit_many_off_loop(resolved, previews, stream=stream)
     except DeadlineInfeasibleError as exc:  # even alone it would be late: a retry can never succeed
         raise errors.invalid(f"timeout_s: {exc}; raise timeout_s (or ask for fewer steps)", "timeout_s",
                              "deadline_infeasible") from None
