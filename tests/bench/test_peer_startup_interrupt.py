@@ -11,7 +11,12 @@ import time
 
 import stepserve.bench.peers.target as peer_target
 from stepserve.bench.live import LiveDriver
-from stepserve.bench.peers.process import PeerError, PeerProcess, file_ready, tagged_pids
+from stepserve.bench.peers.process import (
+    PeerError,
+    PeerProcess,
+    file_ready,
+    tagged_pids,
+)
 from stepserve.bench.peers.registry import Launch, PeerSetting
 from stepserve.bench.runner import TargetMaker
 

@@ -4,13 +4,15 @@ starting), no temporary folder."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from leftovers import Command, gone_within
 
 from stepserve.bench.peers.process import TAG_ENV as PEER_TAG_ENV
 
 
 def _check_terminated(command: Command, exit_within_s: float) -> None:
-    code, took = command.terminate_and_wait(exit_within_s)
+    code, _ = command.terminate_and_wait(exit_within_s)
     assert code == 130, (code, command.output[-3000:])
     assert "interrupted" in command.output
     assert gone_within(command.processes, 5) == []
@@ -47,7 +49,7 @@ def test_sigterm_during_a_peer_start_stops_the_peer(tmp_path):
     def peer_started() -> bool:
         for pid in command.processes():
             try:
-                if f"{PEER_TAG_ENV}=".encode() in open(f"/proc/{pid}/environ", "rb").read():
+                if f"{PEER_TAG_ENV}=".encode() in Path(f"/proc/{pid}/environ").read_bytes():
                     return True
             except OSError:
                 pass

@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-import stepserve.deploy.onnx_cache as onnx_cache
-import stepserve.deploy.onnx_export as onnx_export
+from stepserve.deploy import onnx_cache, onnx_export
 from stepserve.deploy.onnx_export import ExportError, export_onnx
 
 

@@ -35,7 +35,7 @@ def test_sigterm_stops_tritonserver_and_its_stubs(embedded_onnx, tmp_path):
     try:
         assert command.wait_for(lambda: "triton: serving" in command.output, 240), command.output[-3000:]
         assert len(command.processes()) >= 3  # the launcher, tritonserver, the pipeline's stub
-        code, took = command.terminate_and_wait(60)
+        code, _ = command.terminate_and_wait(60)
         assert code == 0, (code, command.output[-3000:])
         assert gone_within(command.processes, 10) == []
         assert all(_free(port) for port in ports)
