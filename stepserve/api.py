@@ -39,7 +39,8 @@ class Engine:
             from .backends.fast_path import FastPathOptions
 
             fast_path = FastPathOptions(compile=compile, deterministic=deterministic)
-        config = EngineConfig(model, device, dtype, backend, threads, memory_cap, fast_path, EngineOptions(**options))
+        config = EngineConfig(model=model, device=device, dtype=dtype, backend=backend, threads=threads,
+                              memory_cap=memory_cap, fast_path=fast_path, options=EngineOptions(**options))
         built = build_engine(config)
         return cls(built.executor, options=built.options)
 

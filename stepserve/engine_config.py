@@ -70,7 +70,7 @@ def resolve_latency_model(spec: LatencyModel | str | None, executor: Any, max_ba
     return LatencyModel.load(spec)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """What to serve and how: the model and where it runs, the start-up checks, and the batching options."""
 

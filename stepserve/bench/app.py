@@ -140,7 +140,7 @@ def load_model(cfg: BenchConfig):
 
         fake = FakeExecutor(sleep=True)  # the fake model on the wall clock: it sleeps what it charges
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
-    config = EngineConfig(cfg.model, cfg.device, cfg.dtype, cfg.backend, threads=None, memory_cap=False,
+    config = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend, memory_cap=False,
                           fast_path=cfg.fast_path if fake is None else None, options=EngineOptions(max_batch_size=batch))
     return build_engine(config, executor=fake).executor
 

@@ -19,9 +19,9 @@ class LiveDriver:
     async def run(self, maker: TargetMaker, plan: LoadPlan, seed: int, done: Callable[[Outcome], None]) -> LoadRun:
         target: Target = maker.make()
         t0 = time.monotonic()
-        await target.start()
-        engine_start_s = time.monotonic() - t0
-        try:
+        try:  # a start interrupted half-way (Ctrl-C, SIGTERM) is stopped too: no peer server left running
+            await target.start()
+            engine_start_s = time.monotonic() - t0
             busy0 = await target.busy_seconds()
             monitor = UsageMonitor().start()
             wall0 = time.monotonic()
@@ -37,9 +37,9 @@ class LiveDriver:
     async def lone(self, maker: TargetMaker, specs: list[RequestSpec], seed: int,
                    done: Callable[[], None]) -> list[tuple[Reply, float]]:
         target: Target = maker.make()
-        await target.start()
         out = []
         try:
+            await target.start()
             for spec in specs:
                 t0 = time.monotonic()
                 reply = await target.send(spec)

@@ -72,14 +72,17 @@ async def _send(target: Target, outcome: Outcome, start: float, on_done: Callabl
 
 
 async def _drain(tasks: list[asyncio.Task], deadline: float) -> None:
-    """Wait for outstanding requests until `deadline` (monotonic); cancel the rest (they stay 'unfinished')."""
+    """Wait for outstanding requests until `deadline` (monotonic); cancel the rest (they stay 'unfinished'). When
+    the bench itself is cancelled (Ctrl-C, SIGTERM), every request goes with it."""
     pending = [t for t in tasks if not t.done()]
-    if pending:
-        _, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - _now()))
-    for t in pending:
-        t.cancel()
-    if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
+    try:
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - _now()))
+    finally:
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def run_open_loop(target: Target, trace: Trace, warmup_s: float, drain_s: float,
@@ -90,11 +93,15 @@ async def run_open_loop(target: Target, trace: Trace, warmup_s: float, drain_s: 
                 for i, item in enumerate(trace.items)]
     start = _now() + START_LEAD_S
     tasks: list[asyncio.Task] = []
-    for outcome in outcomes:
-        delay = start + outcome.scheduled_s - _now()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_send(target, outcome, start, on_done)))
+    try:
+        for outcome in outcomes:
+            delay = start + outcome.scheduled_s - _now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_send(target, outcome, start, on_done)))
+    except BaseException:  # cancelled while sending: the requests sent go with it
+        await _drain(tasks, _now())
+        raise
     end_s = max(trace.duration_s, warmup_s)
     await _drain(tasks, start + end_s + drain_s)
     return LoadResult(outcomes, start, warmup_s, end_s, "open-loop", trace.description)

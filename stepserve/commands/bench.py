@@ -23,6 +23,7 @@ from ..bench.app import BenchConfig, run_bench, write_outputs
 from ..bench.targets import Contender
 from ..bench.triton_target import is_triton_target, parse_triton_target
 from ..bench.workload import Mix
+from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c
 from ..scheduling import STRATEGIES
 from .flags import add_fast_path_flags, add_model_flags, fast_path_from_args
 
@@ -257,10 +258,14 @@ def main(argv: list[str] | None = None) -> int:
               "nothing and gives up on nothing: it is continuous batching, fewest remaining steps first",
               file=sys.stderr)
     try:
-        run = asyncio.run(run_bench(cfg))
+        with sigterm_as_ctrl_c():  # peer servers and engines are stopped on either
+            run = asyncio.run(run_bench(cfg))
     except (FileNotFoundError, ValueError) as exc:
         print(f"stepserve bench: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("stepserve bench: interrupted; the engines and servers it started are stopped", file=sys.stderr)
+        return INTERRUPTED
     return write_and_conclude(run, cfg.out)
 
 

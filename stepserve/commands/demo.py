@@ -18,6 +18,7 @@ from ..bench.metrics import ContenderSummary
 from ..bench.report import fmt
 from ..bench.targets import Contender
 from ..bench.workload import Mix
+from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c
 
 DEFAULT_OUT = Path("bench-out") / "demo"
 
@@ -122,10 +123,14 @@ def main(argv: list[str] | None = None) -> int:
           f"open-loop Poisson at {cfg.rate_frac:.0%} of continuous capacity; "
           f"{cfg.duration_s:g} s measured per strategy after {cfg.warmup_s:g} s warm-up", file=sys.stderr)
     try:
-        run = asyncio.run(run_bench(cfg))
+        with sigterm_as_ctrl_c():
+            run = asyncio.run(run_bench(cfg))
     except FileNotFoundError as exc:
         print(f"stepserve demo: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("stepserve demo: interrupted", file=sys.stderr)
+        return INTERRUPTED
     files = write_outputs(run, cfg.out)
     if write_samples(run, cfg.out / "samples.png"):
         files.append(cfg.out / "samples.png")

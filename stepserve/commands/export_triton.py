@@ -49,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "text_encoder, unet and vae_decoder models (whole requests batched, the baseline).")
     p.add_argument("--model", default="embedded",
                    help="'embedded', a local diffusers folder (model_index.json) or a `stepserve export onnx` folder")
-    p.add_argument("--out", required=True, help="the repository folder to write (new, empty, or an earlier one)")
+    p.add_argument("--out", required=True, help="the repository folder to write (new, empty, or an earlier one: its "
+                                                "stepserve models are replaced, anything else in it is kept)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty folder that is not a stepserve repository (e.g. one holding other "
+                        "Triton models): the models are added, entries of the same names replaced, the rest kept")
     p.add_argument("--mode", default="stepserve", choices=MODES)
     p.add_argument("--max-batch-size", type=_int_at_least(1), default=8,
                    help="images per batch (the entry model's max_batch_size; the engine's batch bound)")
@@ -92,7 +96,7 @@ def options_from(args: argparse.Namespace) -> RepositoryOptions:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        out = write_repository(args.model, args.out, options_from(args))
+        out = write_repository(args.model, args.out, options_from(args), force=args.force)
     except (OSError, ValueError, ExportError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

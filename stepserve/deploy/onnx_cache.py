@@ -4,9 +4,13 @@ a command is given a diffusers folder instead of an export folder. Commands reso
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..loading import is_export_dir
@@ -37,18 +41,47 @@ def onnx_cache_dir(source: Path) -> Path:
 
 def onnx_folder(model: str | os.PathLike) -> Path:
     """An ONNX export folder for `model`: itself if it is one, else the cached export of the diffusers folder
-    (exported and checked against torch on first use)."""
+    (exported and checked against torch on first use). Processes that ask at once (replicas) take turns on a lock
+    file of the entry: one exports, the others reuse its export. A failed export leaves nothing behind."""
     if is_export_dir(model):
         return Path(model)
     source = resolve_model_path(model)
     require_export_family(model, "onnxruntime")
     cached = onnx_cache_dir(source)
-    if not is_export_dir(cached):
+    if is_export_dir(cached):
+        return cached
+    locks = cached.parent.parent / ".locks" / "onnx"  # outside the entries, as the Hugging Face cache keeps them
+    locks.mkdir(parents=True, exist_ok=True)
+    with _locked(locks / f"{cached.name}.lock"):
+        if is_export_dir(cached):  # another process exported it while this one waited
+            return cached
+        for stale in cached.parent.glob(f"{cached.name}.partial-*"):  # of a killed export: the lock was free
+            shutil.rmtree(stale, ignore_errors=True)
         log.warning("exporting %s to ONNX in %s (once; reused while the model is unchanged)", model, cached)
         partial = cached.with_name(cached.name + f".partial-{os.getpid()}")
-        export_onnx(model, partial)
-        partial.rename(cached)
+        try:
+            export_onnx(model, partial)
+            if cached.exists():  # an empty or broken entry (not an export): replaced
+                shutil.rmtree(cached)
+            partial.rename(cached)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return cached
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path) -> Iterator[None]:
+    """An exclusive lock on `lock_file` (flock: released when the process ends, however it ends)."""
+    with open(lock_file, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("waiting for another process exporting to ONNX (%s)", lock_file)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def serving_model(model: str, backend: str) -> str:

@@ -1,6 +1,7 @@
 """`stepserve export onnx`: the text encoder, denoiser and VAE decoder of a pipeline as ONNX graphs with a dynamic
 batch axis (and per-row timesteps), plus everything else a server needs to run them without the torch weights:
-tokenizer, scheduler and network configs, serving defaults, and a manifest.
+tokenizer, scheduler and network configs, serving defaults, and a manifest. An export is written beside the
+folder's contents and swapped in when it is complete: a failed (re-)export leaves the folder as it was.
 
 Every export is checked before it is declared done: onnxruntime against torch at batch 1, 3 and 8, with a
 different timestep on every row; the largest difference of each network is written to the manifest.
@@ -13,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +32,7 @@ from .onnx_networks import GraphSpec, example_inputs, graph_module, graph_specs
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "stepserve-onnx"
+STAGING_PREFIX = ".staging-"
 DEFAULT_OPSET = 17
 OPSETS = range(14, 21)  # what the TorchScript-based exporter writes for these networks
 VALIDATION_BATCHES = (1, 3, 8)
@@ -52,11 +55,24 @@ def export_onnx(model: str | os.PathLike = "embedded", out: str | os.PathLike = 
     source = resolve_model_path(model)
     require_export_family(model, "onnx export")
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+    # empty, or holding only the staging folder of a killed export
+    empty = out.is_dir() and all(p.name.startswith(STAGING_PREFIX) for p in out.iterdir())
+    if out.exists() and not empty and not (out / MANIFEST_FILE).is_file():
         raise ExportError(f"--out {out}: the folder exists, is not empty and is not an ONNX export; "
                           f"choose a new or empty folder")
     adapter = StableDiffusionAdapter.from_pretrained(source)
     out.mkdir(parents=True, exist_ok=True)
+    # written into a staging folder and swapped in at the end: a failed (re-)export leaves the folder as it was
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    try:
+        _export_into(adapter, model, source, staging, opset, validate, show_progress)
+        _swap_in(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _export_into(adapter, model, source: Path, out: Path, opset: int, validate: bool, show_progress: bool) -> None:
     specs = graph_specs(adapter.use_attention_mask)
     bar = progress(len(specs) * (2 if validate else 1), "export onnx", "graph", disable=not show_progress)
     generator = torch.Generator().manual_seed(0)
@@ -84,7 +100,17 @@ def export_onnx(model: str | os.PathLike = "embedded", out: str | os.PathLike = 
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-    return out
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Replace the contents of `out` by those of `staging` (inside it). The old manifest goes first and the new
+    one comes last, so at no moment does a manifest describe graphs it did not check."""
+    (out / MANIFEST_FILE).unlink(missing_ok=True)
+    for old in list(out.iterdir()):
+        if old != staging:
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    for item in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST_FILE):
+        item.rename(out / item.name)
 
 
 def read_manifest(path: str | os.PathLike) -> dict:

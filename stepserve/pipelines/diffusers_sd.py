@@ -24,6 +24,7 @@ from .folder import (  # noqa: F401  (EMBEDDED_PATH, resolve_model_path: importe
     EMBEDDED_PATH,
     SERVING_DEFAULTS_FILE,
     PipelineFolder,
+    load_local,
     read_scheduler_config,
     resolve_model_path,
     serving_defaults,
@@ -96,7 +97,7 @@ class StableDiffusionAdapter(FamilyAdapter):
         path = Path(path)
         configs = {name: _Config(json.loads((path / name / "config.json").read_text()))
                    for name in ("unet", "vae", "text_encoder")}
-        tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
+        tokenizer = load_local(CLIPTokenizer, path / "tokenizer")
         scheduler_config = read_scheduler_config(path)
         manifest = json.loads((path / "manifest.json").read_text())
         info = model_info_for(manifest["source"]["name"], configs["unet"], configs["vae"], scheduler_config,

@@ -1,6 +1,8 @@
 """A local diffusers pipeline folder as the family adapters load it: where it is ('embedded' or a path), its
 model_index.json, scheduler config and stepserve.json serving defaults, and its sub-folders' components loaded
-with their classes' `from_pretrained`. Nothing is downloaded. Also the ModelInfo that a family's own defaults and
+with their classes' `from_pretrained(local_files_only=True)`. Nothing is downloaded: paths are made absolute (a
+relative `sd15/tokenizer` would otherwise be tried as a Hub repo id) and a missing component is an error naming
+it. Also the ModelInfo that a family's own defaults and
 the folder's stepserve.json make together (serving_info).
 """
 
@@ -24,8 +26,9 @@ EMBEDDED_PATH = Path(__file__).resolve().parent.parent / "models" / "embedded"
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
-    """'embedded' -> the model that ships with stepserve; otherwise a local diffusers folder."""
-    path = EMBEDDED_PATH if str(model) == "embedded" else Path(model).expanduser()
+    """'embedded' -> the model that ships with stepserve; otherwise a local diffusers folder, as an absolute path
+    (symbolic links kept, so the folder's name stays the name given)."""
+    path = EMBEDDED_PATH if str(model) == "embedded" else Path(os.path.abspath(Path(model).expanduser()))
     if not (path / "model_index.json").is_file():
         if str(model) == "embedded":
             raise FileNotFoundError(f"the embedded model is missing from the installation ({path})")
@@ -85,8 +88,20 @@ class PipelineFolder:
                 options = {}
                 if dtype is not None and issubclass(part_class, torch.nn.Module):
                     options["torch_dtype"] = dtype
-                loaded.append(part_class.from_pretrained(self.path / name, **options))
+                loaded.append(load_local(part_class, self.path / name, **options))
         return loaded
+
+
+def load_local(part_class: type, folder: Path, **options) -> Any:
+    """`part_class.from_pretrained(folder)` from the local `folder` only (absolute, local_files_only): never a
+    Hub look-up. A missing folder, or a file missing in it, is a FileNotFoundError naming it."""
+    folder = Path(os.path.abspath(folder))
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model: {folder} is missing (a component of the diffusers folder {folder.parent})")
+    try:
+        return part_class.from_pretrained(folder, local_files_only=True, **options)
+    except OSError as e:  # transformers and diffusers: "does not appear to have a file named ..."
+        raise FileNotFoundError(f"model: {folder}: {part_class.__name__} cannot load it: {e}") from e
 
 
 def serving_info(name: str, defaults: dict, *, size_multiple: int, default_size: int, min_size: int, max_size: int,

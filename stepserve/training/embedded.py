@@ -198,7 +198,7 @@ def train(args) -> int:
     if args.reuse_vae:
         from diffusers import AutoencoderKL
 
-        vae = AutoencoderKL.from_pretrained(args.out / "vae").eval()
+        vae = AutoencoderKL.from_pretrained((args.out / "vae").resolve(), local_files_only=True).eval()
         old = args.out / "stepserve.json"
         prev = json.loads(old.read_text())["train"] if old.exists() else {}
         record.update({k: prev[k] for k in ("vae_steps", "vae_recon_loss", "vae_kl", "vae_wall_s") if k in prev})

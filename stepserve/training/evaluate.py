@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ def load_pipeline(folder: str | Path, sampler: str = "ddim"):
     import diffusers
     from diffusers import StableDiffusionPipeline
 
-    pipe = StableDiffusionPipeline.from_pretrained(str(folder))
+    pipe = StableDiffusionPipeline.from_pretrained(os.path.abspath(folder), local_files_only=True)
     pipe.scheduler = getattr(diffusers, SCHEDULER_CLASSES[sampler]).from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     return pipe

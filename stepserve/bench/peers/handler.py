@@ -69,8 +69,9 @@ class BatchHandler:
         from ...engine_config import EngineConfig, EngineOptions, build_engine
 
         batching = EngineOptions(strategy="static", max_batch_size=options.max_batch_size)
-        built = build_engine(EngineConfig(options.model, options.device, options.dtype, options.backend,
-                                          options.threads, memory_cap=False, options=batching))
+        built = build_engine(EngineConfig(model=options.model, device=options.device, dtype=options.dtype,
+                                          backend=options.backend, threads=options.threads, memory_cap=False,
+                                          options=batching))
         self.engine = Engine(built.executor, options=built.options)
 
     def parse(self, body: bytes | str | dict) -> list[SamplingParams]:

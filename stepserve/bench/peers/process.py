@@ -15,6 +15,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -85,27 +86,42 @@ class PeerProcess:
         self.start_timeout_s = start_timeout_s
         self.tag = f"{os.getpid()}-{secrets.token_hex(6)}"
         self.process: subprocess.Popen | None = None
+        self._cancelled = threading.Event()
+        self._launching = threading.Lock()
 
     def start(self) -> PeerProcess:
         env = {**os.environ, **self.env, TAG_ENV: self.tag}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, start_new_session=True)
+        with self._launching, open(self.log_path, "ab") as log:
+            self._check_cancelled()
+            self.process = process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         deadline = time.monotonic() + self.start_timeout_s
         try:
             while not self.ready():
-                if self.process.poll() is not None:
-                    raise PeerError(f"{self.name} exited with code {self.process.returncode} while starting; the "
+                self._check_cancelled()
+                if process.poll() is not None:
+                    raise PeerError(f"{self.name} exited with code {process.returncode} while starting; the "
                                     f"end of its log ({self.log_path}):\n{self.log_tail()}")
                 if time.monotonic() > deadline:
                     raise PeerError(f"{self.name} was not ready within {self.start_timeout_s:g} s; the end of its "
                                     f"log ({self.log_path}):\n{self.log_tail()}")
-                time.sleep(0.2)
+                self._cancelled.wait(0.2)
+            self._check_cancelled()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def cancel(self) -> None:
+        """From another thread, while start() runs there (Ctrl-C or SIGTERM during start-up): start() gives up
+        within one readiness probe, stops what it started and raises PeerError; a start() not begun never launches."""
+        with self._launching:
+            self._cancelled.set()
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled.is_set():
+            raise PeerError(f"{self.name}: start-up interrupted")
 
     def log_tail(self, lines: int = 30) -> str:
         try:

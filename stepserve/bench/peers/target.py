@@ -39,6 +39,18 @@ class _HttpImagesTarget(HttpTarget):
         return reply
 
 
+async def _start_process(process) -> None:
+    """process.start() in a thread. Cancelled (Ctrl-C or SIGTERM during start-up), it tells the start to give up
+    and waits until the start has stopped everything it launched, then lets the cancellation go on."""
+    starting = asyncio.ensure_future(asyncio.to_thread(process.start))
+    try:
+        await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        process.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        raise
+
+
 class PeerTarget:
     """One run of one contender: start() launches the server (in a thread: it takes seconds) and connects."""
 
@@ -53,8 +65,8 @@ class PeerTarget:
     async def start(self) -> None:
         PeerTarget._runs += 1
         self.launch = launch(self.setting, self.ctx, PeerTarget._runs)
-        await asyncio.to_thread(self.launch.process.start)
         try:
+            await _start_process(self.launch.process)
             if self.launch.protocol == "triton":
                 from ..triton_target import TritonTarget, parse_triton_target
 

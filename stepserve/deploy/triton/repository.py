@@ -32,6 +32,10 @@ from .config import (
 )
 
 LAYOUT_FILE = "stepserve-triton.json"  # at the repository root: what wrote it and how (Triton ignores files there)
+STAGING_PREFIX = ".staging-"
+# What a rewrite of an earlier stepserve repository replaces; anything else in the folder (a .git, other models)
+# is kept.
+WRITTEN = (ENTRY_MODEL, *NETWORK_MODELS, LAYOUT_FILE)
 ENGINE_BACKENDS = ("onnxruntime", "torch")
 MODEL_PY = '''"""Written by `stepserve export triton`: the model's code is {module} in the installed stepserve."""
 
@@ -89,10 +93,30 @@ def _write_model_py(folder: Path, module: str) -> None:
     (folder / "model.py").write_text(MODEL_PY.format(module=module))
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / LAYOUT_FILE).is_file())):
+def _check_out(out: Path, force: bool) -> None:
+    """`out` must be new, empty, or an earlier stepserve repository; with `force`, any folder."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out}: exists and is not a folder")
+    foreign = out.is_dir() and not (out / LAYOUT_FILE).is_file() \
+        and any(not p.name.startswith(STAGING_PREFIX) for p in out.iterdir())
+    if foreign and not force:
         raise FileExistsError(f"--out {out}: exists and is not an empty folder or an earlier Triton repository; "
-                              f"choose a new or empty folder")
+                              f"choose a new or empty folder, or --force to add the models to it (nothing else in "
+                              f"it is touched)")
+
+
+def _swap_in(staging: Path, out: Path) -> list[str]:
+    """Move the staged models into `out`, replacing the entries of the same names and, in an earlier stepserve
+    repository, the models it wrote; everything else in `out` stays. The layout file goes first and comes last."""
+    new = sorted(p.name for p in staging.iterdir())
+    replaced = set(new) | (set(WRITTEN) if (out / LAYOUT_FILE).is_file() else set())
+    (out / LAYOUT_FILE).unlink(missing_ok=True)
+    for old in list(out.iterdir()):
+        if old != staging and (old.name in replaced or old.name.startswith(STAGING_PREFIX)):
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    for name in sorted(new, key=lambda n: n == LAYOUT_FILE):
+        (staging / name).rename(out / name)
+    return [name for name in new if name != LAYOUT_FILE]
 
 
 def _onnx_into(model: str | os.PathLike, dest: Path, options: RepositoryOptions, quiet: bool) -> None:
@@ -107,16 +131,18 @@ def _onnx_into(model: str | os.PathLike, dest: Path, options: RepositoryOptions,
 
 
 def write_repository(model: str | os.PathLike, out: str | os.PathLike, options: RepositoryOptions = RepositoryOptions(),
-                     quiet: bool = False) -> Path:
-    """Write the repository for `model` ('embedded', a diffusers folder, or an ONNX export folder) into `out`."""
+                     quiet: bool = False, force: bool = False) -> Path:
+    """Write the repository for `model` ('embedded', a diffusers folder, or an ONNX export folder) into `out`:
+    a new or empty folder, an earlier stepserve repository (its models are replaced, anything else kept) or, with
+    `force`, any folder (the models are added; entries of the same names are replaced)."""
     options.check()
     out = Path(out)
-    _check_out(out)
+    _check_out(out, force)
     if options.mode == "stepserve" and options.engine_backend == "torch" and is_export_dir(model):
         raise ValueError("--backend torch needs the diffusers folder (or 'embedded'), not an ONNX export")
     out.mkdir(parents=True, exist_ok=True)
     # build next to `out` and swap in at the end, so a failed export leaves no half-written repository behind
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
     try:
         version = staging / ENTRY_MODEL / "1"
         version.mkdir(parents=True)
@@ -126,15 +152,10 @@ def write_repository(model: str | os.PathLike, out: str | os.PathLike, options: 
         else:
             _classic_layout(staging, options, quiet)
         (staging / LAYOUT_FILE).write_text(json.dumps({"model": str(model), **asdict(options)}, indent=2) + "\n")
-        for old in list(out.iterdir()):
-            if old != staging:
-                shutil.rmtree(old) if old.is_dir() else old.unlink()
-        for item in staging.iterdir():
-            item.rename(out / item.name)
+        models = _swap_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    models = ", ".join(sorted(p.name for p in out.iterdir() if p.is_dir()))
-    _say(f"wrote the {options.mode} repository {out} (models: {models})", quiet)
+    _say(f"wrote the {options.mode} repository {out} (models: {', '.join(models)})", quiet)
     return out
 
 
@@ -160,10 +181,10 @@ def _classic_layout(repo: Path, options: RepositoryOptions, quiet: bool) -> None
     # classifier-free guidance doubles the UNet's rows: the networks take twice the pipeline's batch
     network_batch = 2 * options.max_batch_size
     for name in NETWORK_MODELS:
-        described = manifest["networks"][name]
+        described = manifest.get("networks", {}).get(name)
         version = repo / name / "1"
         version.mkdir(parents=True)
-        (export / described["file"]).rename(version / "model.onnx")  # the pipeline calls it; it needs no copy
+        _graph_file(export, name, described).rename(version / "model.onnx")  # the pipeline calls it, not this
         parameters = {} if options.threads is None else {"threads": str(options.threads)}
         if options.network_backend == "python":
             _write_model_py(version, MODULES["network"])
@@ -177,3 +198,14 @@ def _classic_layout(repo: Path, options: RepositoryOptions, quiet: bool) -> None
         pipeline_config("classic", options.max_batch_size, _us(options.max_queue_delay_ms), options.max_queue,
                         parameters))
     _write_model_py(repo / ENTRY_MODEL / "1", MODULES["classic"])
+
+
+def _graph_file(export: Path, name: str, described) -> Path:
+    """The graph file the manifest names for network `name`: a plain file name inside the export folder, never a
+    path that leads out of it (a manifest is read from a folder the user gave)."""
+    file = described.get("file") if isinstance(described, dict) else None
+    path = export / file if isinstance(file, str) and file and Path(file).name == file else None
+    if path is None or not path.resolve().is_relative_to(export.resolve()) or not path.is_file():
+        raise ValueError(f"the ONNX export's manifest.json: networks.{name}.file {file!r} is not a file inside the "
+                         f"export folder")
+    return path

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...api_key import resolve_api_key
+from ...interrupts import handle_sigterm_as_ctrl_c
 
 STOP_TIMEOUT_S = 20.0
 
@@ -141,8 +142,8 @@ class TritonServer:
                                             env=server_env(Path(command[0]).parent.parent), start_new_session=True)
         try:
             self._wait_ready(timeout_s)
-        except BaseException:
-            self.keep_log = True
+        except BaseException as e:
+            self.keep_log = not isinstance(e, KeyboardInterrupt)  # an error cites the log; Ctrl-C/SIGTERM: no trace
             self.stop()
             raise
         self._say(f"ready in {time.monotonic() - started:.1f} s")
@@ -236,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer(args.repository, Ports(args.http_port, args.grpc_port, args.metrics_port), args.log_file,
                           args.host, api_key=api_key)
     try:
+        handle_sigterm_as_ctrl_c()  # `kill`, `docker stop`: tritonserver, its stubs and folder go as on Ctrl-C
         server.start()
-        print(f"triton: serving; Ctrl-C stops (log {server.log_path})", flush=True)
+        print(f"triton: serving; Ctrl-C or SIGTERM stops (log {server.log_path})", flush=True)
         while server.process is not None and server.process.poll() is None:
             time.sleep(0.5)
         return 0 if server.process is None else server.process.returncode or 1

@@ -79,7 +79,7 @@ class TritonPythonModel:
                                 max_queue=optional_int(params.get("max_queue")),
                                 max_queue_delay_ms=float(params.get("max_queue_delay_ms", DEFAULT_MAX_QUEUE_DELAY_MS)),
                                 answer_margin_s=DEFAULT_ANSWER_MARGIN_S)
-        built = build_engine(EngineConfig(str(folder), backend=backend, memory_cap=False, options=options),
+        built = build_engine(EngineConfig(model=str(folder), backend=backend, memory_cap=False, options=options),
                              executor=executor)  # torch's threads are set above: it runs only the samplers here
         self.engine = AsyncEngine(built.executor, options=built.options)
         self.loop = asyncio.new_event_loop()
