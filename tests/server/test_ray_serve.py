@@ -242,6 +242,35 @@ def _sample(text: str, name: str) -> float | None:
     return None
 
 
+def test_a_client_that_hangs_up_frees_its_slots_in_the_replica(replicas):
+    """Ray Serve cancels the replica's handler when its client goes away; the handler aborts the requests, so the
+    engine stops stepping them instead of running them to the end (as in one process: test_load.py)."""
+    from server_helpers import raw_post
+
+    def steps() -> float:  # engine steps so far, summed over the replicas (each replica's view is <= 1 s old)
+        text = httpx.get(replicas.url + "/metrics", timeout=30).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("stepserve_step_batch_size_count"))
+
+    def settled() -> float:
+        seen = [steps()]
+        while len(seen) < 3 or seen[-1] != seen[-3]:  # unchanged over two pushes of every replica
+            time.sleep(1.0)
+            seen.append(steps())
+        return seen[-1]
+
+    before = settled()
+    # 8 images of 200 steps, 4 at a time: 400 steps had they run to the end
+    body = json.dumps({"prompt": "long", "n": 8, "num_inference_steps": 200, "guidance_scale": 1.0}).encode()
+    sock = raw_post(replicas.port, body)
+    deadline = time.monotonic() + 30
+    while steps() == before and time.monotonic() < deadline:  # they started
+        time.sleep(0.05)
+    sock.close()
+    ran = settled() - before
+    assert 0 < ran < 300, f"{ran:g} engine steps for 8 requests of 200 steps whose client hung up"
+
+
 def test_ray_queue_limit_is_a_429_with_retry_after_and_replica_429s_pass_through(replicas):
     slow = {"prompt": "burst", "num_inference_steps": 20, "guidance_scale": 1.0}
     # 100 at once: 2 replicas x 8 in flight + 40 in Ray's queue fit; the rest Ray refuses at once. The burst's
