@@ -184,6 +184,8 @@ class EngineCore:
             advanced = [r for g in groups for r in g]
             report.batch_size = max((len(g) for g in groups), default=0)
             report.progressed = advanced
+            if len(groups) == 1 and hasattr(self.policy, "observe"):  # a cost-aware policy learns the step curve
+                self.policy.observe(to_run[0].bucket, len(groups[0]), dt)
             for g in groups:
                 for r in g:
                     r.step += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..costs.latency_model import LatencyModel
+from .adaptive import AdaptiveBatchingPolicy
 from .base import Policy
 from .continuous import ContinuousBatchingPolicy
 from .dynamic import DynamicBatchingPolicy
@@ -11,7 +12,7 @@ from .slo import ORDERS as SLO_ORDERS
 from .slo import SLOPolicy
 from .static import DEFAULT_FLUSH_TIMEOUT_S, StaticBatchingPolicy
 
-STRATEGIES = ("continuous", "dynamic", "static", "none", "slo")
+STRATEGIES = ("continuous", "dynamic", "static", "none", "slo", "adaptive")
 DEFAULT_MAX_QUEUE_DELAY_MS = 50.0
 
 
@@ -26,7 +27,8 @@ def make_policy(
 ) -> Policy:
     """Build a policy by name; a bad name or setting raises ValueError naming what is allowed.
 
-    `latency_model` is what "slo" predicts with (the other strategies ignore it). Without one, "slo" uses
+    `latency_model` is what "slo" predicts with, and the prior of "adaptive"'s step curve (the other strategies
+    ignore it). Without one, "slo" uses
     LatencyModel.zero(): it keeps its ordering rules (priority, deadlines, fair buckets) but predicts no misses,
     so it refuses nothing and gives up on nothing before the deadline itself passes. `slo_order` is its order
     within a priority class: "edf" (earliest deadline first) or "srs" (shortest remaining steps first).
@@ -42,10 +44,13 @@ def make_policy(
     if strategy == "slo":
         return SLOPolicy(max_batch_size, latency_model if latency_model is not None else LatencyModel.zero(),
                          order=slo_order)
+    if strategy == "adaptive":
+        return AdaptiveBatchingPolicy(max_batch_size, latency_model)
     raise ValueError(f"strategy: {strategy!r} is not supported; allowed: {', '.join(STRATEGIES)}")
 
 
 __all__ = [
+    "AdaptiveBatchingPolicy",
     "SLO_ORDERS",
     "STRATEGIES",
     "Policy",

@@ -1,0 +1,96 @@
+"""Cost-aware continuous batching: requests join and leave at any step, and each step runs as many of them as the
+cost curve says is worth it.
+
+Continuous batching assumes that one more request in a step is nearly free. That holds for a small model or small
+images on a GPU, and fails for a DiT at 1024x1024, where a batch of n costs about n steps of one: there, sharing
+every step among all the requests slows each of them down as much as it serves the others, and serving one
+request at a time finishes each sooner (processor sharing loses to first come first served on equal throughput).
+So each step, for the bucket it runs:
+
+- Candidates. The bucket's slot holders and the waiting requests that free slots admit (slots: at most
+  max_batch_size requests are resident over all buckets, as in continuous batching), oldest first.
+- Cap (costs/online.py: OnlineStepCurve.efficient_batch). When a batch of all the candidates gets less than
+  `min_gain` more throughput (requests stepped per second) than a batch of one, 1: batching buys almost nothing
+  there and only slows every batch-mate down. Otherwise the smallest batch within `tolerance` of the best
+  throughput up to the number of candidates. It comes out at max_batch_size when batching is cheap and at 1
+  when a batch of n costs about n steps of one; in between, where it pays.
+- Preemption at step boundaries. The first `cap` candidates (oldest first) run; a slot holder beyond the cap
+  pauses for this step: its latents and sampler state stay on the request, nothing is recomputed, and its image
+  does not change. Oldest first means no request starves.
+- The curve. A prior (the latency model the engine was given, e.g. measured at start-up) corrected online by the
+  step times the executor reports (`observe`, called by the engine after every step), so a curve that drifts is
+  followed within a few dozen steps. Every `probe_every` steps the cap is raised by one when there is a request
+  to spare, so that a regime that became cheaper is seen too. While the curve is unknown (no prior, and
+  every step seen was of one size) the policy runs every candidate, as continuous batching does (which shows what
+  a batch costs).
+- Buckets are taken in turn, least recently run first, as in continuous batching.
+
+The policy is pure: no torch, no clock; the simulator runs it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..costs.latency_model import Bucket, LatencyModel
+from ..costs.online import DEFAULT_HALF_LIFE_STEPS, OnlineStepCurve
+from ..types import Request, RequestStatus, StepPlan
+from .base import in_bucket
+
+DEFAULT_TOLERANCE = 0.01  # a batch within 1% of the best throughput is as good as the best
+DEFAULT_MIN_GAIN = 0.10  # batching that gains less than 10% throughput is not worth slowing batch-mates down
+DEFAULT_PROBE_EVERY = 50
+
+
+class AdaptiveBatchingPolicy:
+    name = "adaptive"
+
+    def __init__(self, max_batch_size: int, latency_model: LatencyModel | None = None,
+                 tolerance: float = DEFAULT_TOLERANCE, min_gain: float = DEFAULT_MIN_GAIN,
+                 probe_every: int = DEFAULT_PROBE_EVERY,
+                 half_life_steps: float = DEFAULT_HALF_LIFE_STEPS) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1 step, got {probe_every}")
+        prior = latency_model if latency_model is not None and latency_model.metadata.get("source") != "zero" \
+            else None
+        self.max_batch_size = max_batch_size
+        self.tolerance = tolerance
+        self.min_gain = min_gain
+        self.probe_every = probe_every
+        self.curve = OnlineStepCurve(prior, max_batch_size, half_life_steps)
+        self.cap: dict[Bucket, int] = {}  # the cap in force per bucket (for logs and /metrics)
+        self._last_run: dict[Bucket, int] = {}
+        self._steps = 0
+
+    def observe(self, bucket: Bucket, batch_size: int, seconds: float) -> None:
+        """A denoising step of `batch_size` requests of `bucket` took `seconds` (the executor's own measure)."""
+        self.curve.observe(bucket, batch_size, seconds)
+
+    def schedule(
+        self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
+    ) -> StepPlan:
+        free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
+        active: dict[Bucket, None] = {}
+        for r in list(running) + (list(waiting) if free else []):
+            active.setdefault(r.bucket, None)
+        if not active:
+            return StepPlan()
+        bucket = min(active, key=lambda b: self._last_run.get(b, -1))  # least recently run first
+        self._steps += 1
+        self._last_run[bucket] = self._steps
+        candidates = sorted(in_bucket(running, bucket) + in_bucket(waiting, bucket)[:free],
+                            key=lambda r: r.arrival_time)
+        cap = self._cap(bucket, len(candidates))
+        self.cap[bucket] = cap
+        batch = candidates[:cap]
+        return StepPlan(admit=[r for r in batch if r.status is RequestStatus.WAITING], run=batch)
+
+    def _cap(self, bucket: Bucket, available: int) -> int:
+        cap = self.curve.efficient_batch(bucket, available, self.tolerance, self.min_gain)
+        if cap < available and self._steps % self.probe_every == 0:
+            cap += 1  # now and then one more, so that a curve that became cheaper is seen
+        return cap
