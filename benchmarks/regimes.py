@@ -122,6 +122,8 @@ def run_regime(name: str, specs: list[str], args) -> list[dict]:
     setup = load_setup(MODELS / file)
     mix = Mix.from_steps(list(args.steps or steps))
     labels = {s: contender(s, args.max_batch_size) for s in specs}
+    if "default" in labels:  # the contender the default resolves to is reported once, as the default
+        labels = {s: c for s, c in labels.items() if s == "default" or c != labels["default"]}
     distinct = list({c.name: c for c in labels.values()}.values())
     standalone, capacity = asyncio.run(calibrate(setup, mix, distinct, args.max_batch_size, args.seed))
     best = max(capacity, key=capacity.get)
