@@ -37,3 +37,18 @@ def test_a_contender_is_a_name_and_default_follows_the_engine():
     r = regimes()
     assert r.contender("default", 8).strategy == r.EngineOptions().strategy
     assert r.contender("dynamic:50", 4).name == "dynamic(50ms)" and r.contender("slo", 4).max_batch_size == 4
+
+
+def test_simulate_runs_on_every_shipped_gpu_model(tmp_path):
+    """The compute-bound model's full batch outlasts a capacity window sized on a lone request; the bench then
+    measures again over a window scaled by the batch size instead of failing."""
+    from stepserve.cli import main as stepserve_main
+
+    for name in ("gpu-512-sublinear", "gpu-1024-compute-bound", "gpu-sd15-512"):
+        out = tmp_path / name
+        model = ROOT / "stepserve" / "models" / "latency" / f"{name}.json"
+        assert stepserve_main(["simulate", "--latency-model", str(model), "--steps", "20,28,50", "--rate-frac", "0.7",
+                               "--duration", "60", "--no-progress", "--strategies", "continuous,none",
+                               "--out", str(out)]) == 0
+        results = json.loads((out / "results.json").read_text())
+        assert results["capacity"]["completed"] >= 3 and all(s["completed"] > 0 for s in results["summaries"])
