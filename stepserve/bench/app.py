@@ -175,6 +175,13 @@ async def run_bench(cfg: BenchConfig, bed: Testbed | None = None) -> BenchRun:
         capacity = await measure_capacity(driver, reference, cfg.mix, 2 * batch, duration,
                                           max(2.0, 2.0 * longest_s), cfg.seed, cfg.progress)
         if capacity.completed < 3:
+            # Where batching gains nothing (a compute-bound model) a full batch takes about `batch` times a lone
+            # request, so a window sized on the lone request can end before the first batch does: measure
+            # once more with the window and warm-up scaled by the batch size.
+            duration *= batch
+            capacity = await measure_capacity(driver, reference, cfg.mix, 2 * batch, duration,
+                                              max(2.0, 2.0 * longest_s) * batch, cfg.seed, cfg.progress)
+        if capacity.completed < 3:
             raise ValueError(f"the capacity measurement completed only {capacity.completed} requests in "
                              f"{duration:g} s; give a longer --capacity-duration, or an absolute --rate")
 
