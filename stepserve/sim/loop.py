@@ -176,10 +176,9 @@ class SimLoop:
                         on_route(event[3], r)
                 rep = reps[r]
                 item = event[4] if kind == _ABORT else admit(rep, event[3], event[4], t)
-                if kind == _ARRIVE and item is None:
-                    continue  # refused or invalid: already told, at its arrival
-                rep.inbox.append((kind, event[3], item))
-                if not rep.busy and t < rep.next_t:
+                if kind == _ABORT or item is not None:  # a refused or invalid arrival was told already
+                    rep.inbox.append((kind, event[3], item))
+                if not rep.busy and t < rep.next_t:  # a refusal too: the engine reports it in a step
                     self._schedule(r, t, False)
             if after_event is not None and after_event():
                 self.stopped_early = True

@@ -88,3 +88,14 @@ def test_an_infeasible_request_arriving_mid_step_is_refused_at_its_arrival():
     first, second = driven.outcomes
     assert first.status == OK
     assert second.status == REJECTED and second.done_s == 0.023
+
+
+def test_a_refusal_on_an_idle_engine_is_told_at_its_arrival_and_the_run_ends():
+    from stepserve.sim import Arrival, simulate
+    from stepserve.types import RequestStatus, SamplingParams
+
+    hopeless = SamplingParams(prompt="a seven", seed=0, num_inference_steps=40, timeout_s=0.01)
+    core = _core("slo")
+    result = simulate(core, [Arrival(0.5, hopeless)])
+    assert [(r.status, r.timing.finished) for r in result.requests] == [(RequestStatus.REJECTED, 0.5)]
+    assert not core.has_work()
