@@ -54,7 +54,8 @@ def test_slo_ms_must_be_a_positive_number(tmp_path, bad):
 
 
 def test_a_row_with_both_a_timeout_and_an_slo_keeps_both(tmp_path):
-    spec = load_trace(_write(tmp_path, [{"offset_s": 0.0, "prompt": "p", "slo_ms": 800, "timeout_s": 1.5}])).items[0].spec
+    row = {"offset_s": 0.0, "prompt": "p", "slo_ms": 800, "timeout_s": 1.5}
+    spec = load_trace(_write(tmp_path, [row])).items[0].spec
     assert (spec.slo_ms, spec.timeout_s) == (800.0, 1.5)
 
 
