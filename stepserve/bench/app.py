@@ -196,6 +196,7 @@ async def run_bench(cfg: BenchConfig, bed: Testbed | None = None) -> BenchRun:
 
     settings = _settings(cfg, plan.rate_rps, drain_s, slo_rule, bed.described)
     settings.timeout_s, settings.timeout_rule = timeout_s, timeout_rule
+    settings.own_slo_requests = plan.trace.own_slos if plan.trace is not None else 0
     if bed.makers.latency_model is not None:
         settings.latency_model = bed.makers.latency_model_source + " (saved as latency_model.json)"
     results = assemble_results(cfg, env, settings, startup, plan, slo_s, idle, capacity, runs,

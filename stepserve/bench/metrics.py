@@ -9,6 +9,10 @@ counted apart from other failures; an OK answer that came back more than timeout
 `late_ok` (an engine that honours deadlines has none); and how quickly refusals were told is the time from each
 rejected request's actual send to its rejection reply (the sender's own lag behind the schedule is reported
 separately, as send_lag, and not blamed on the target).
+
+Per-request SLOs: a request that carries its own SLO (RequestSpec.slo_ms, from a trace) is judged against it for
+SLO attainment and goodput; the others against the run's SLO. Without a run SLO, only requests with their own
+count.
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ class RunMetrics:
     throughput_rps: float  # completions inside the measured window / window
     goodput_rps: float | None  # completions inside the window that met the SLO / window
     slo_s: float | None
-    slo_attainment: float | None  # measured requests that completed within the SLO / all measured requests
+    slo_attainment: float | None  # measured requests that completed within their SLO / all measured requests
     busy_fraction: float | None  # time inside executor steps / wall time
     batch_sizes: list[BatchCount] = field(default_factory=list)
     batch_size_source: str = ""
@@ -145,6 +149,7 @@ class RunMetrics:
     rejected_reasons: dict[str, int] = field(default_factory=dict)  # e.g. queue_full, deadline_infeasible
     late_ok: int = 0  # OK answers that came back after their deadline (must be 0 for an engine honouring them)
     late_ok_max_over_ms: float | None = None
+    own_slo: int = 0  # measured requests judged against their own SLO (slo_ms) rather than the run's
 
 
 def rejection_reasons(outcomes: list[Outcome]) -> dict[str, int]:
@@ -157,12 +162,23 @@ def count_statuses(outcomes: list[Outcome]) -> StatusCounts:
     return StatusCounts(len(outcomes), c[OK], c[REJECTED], c[FAILED], c[UNFINISHED], c[TIMEOUT])
 
 
-def slo_attainment(outcomes: list[Outcome], slo_s: float) -> float | None:
-    """Share of requests answered within the SLO; every non-completed request counts as a miss."""
-    if not outcomes:
+def slo_of(o: Outcome, slo_s: float | None) -> float | None:
+    """The SLO `o` is judged against, in seconds: its own (slo_ms) when it has one, else the run's."""
+    return slo_s if o.spec.slo_ms is None else o.spec.slo_ms / 1000.0
+
+
+def within_slo(o: Outcome, slo_s: float | None) -> bool:
+    slo = slo_of(o, slo_s)
+    return slo is not None and o.latency_s is not None and o.latency_s <= slo
+
+
+def slo_attainment(outcomes: list[Outcome], slo_s: float | None) -> float | None:
+    """Share of requests answered within their SLO (their own, else the run's `slo_s`); every non-completed
+    request counts as a miss. Requests with no SLO at all are left out; None when none has one."""
+    judged = [o for o in outcomes if slo_of(o, slo_s) is not None]
+    if not judged:
         return None
-    good = sum(1 for o in outcomes if o.latency_s is not None and o.latency_s <= slo_s)
-    return good / len(outcomes)
+    return sum(1 for o in judged if within_slo(o, slo_s)) / len(judged)
 
 
 def p95_all(outcomes: list[Outcome]) -> float | None:
@@ -186,7 +202,8 @@ def window_rates(result: LoadResult, slo_s: float | None) -> WindowRates:
     if span <= 0:
         return WindowRates(0.0, None)
     done = [o for o in result.outcomes if o.status == OK and o.done_s is not None and lo <= o.done_s <= hi]
-    good = None if slo_s is None else sum(1 for o in done if o.latency_s <= slo_s) / span
+    judged = slo_s is not None or any(o.spec.slo_ms is not None for o in result.outcomes)
+    good = sum(1 for o in done if within_slo(o, slo_s)) / span if judged else None
     return WindowRates(len(done) / span, good)
 
 
@@ -230,11 +247,12 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
         send_lag=latency_stats([o.sent_s - o.scheduled_s for o in measured if o.sent_s is not None]),
         offered_rps=len(measured) / (w1 - w0) if w1 > w0 else 0.0, throughput_rps=rates.throughput_rps,
         goodput_rps=rates.goodput_rps, slo_s=slo_s,
-        slo_attainment=None if slo_s is None else slo_attainment(measured, slo_s),
+        slo_attainment=slo_attainment(measured, slo_s),
         busy_fraction=busy, batch_sizes=hist, batch_size_source=source,
         mean_batch_size=sum(b.size * b.count for b in hist) / total if total else None,
         usage=usage, latencies_s=latencies, refusal=refusal_timing(measured),
         rejected_reasons=rejection_reasons(measured), late_ok=late.count, late_ok_max_over_ms=late.max_over_ms,
+        own_slo=sum(1 for o in measured if o.spec.slo_ms is not None),
     )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .metrics import ContenderSummary, Spread
+from .report_slo import deadlines_line, own_slo_note
 from .results import BenchResults, Knee
 
 # (label, ContenderSummary field, lower is better, kind)
@@ -169,7 +170,7 @@ def caveats(summaries: list[ContenderSummary]) -> list[str]:
 
 def deadline_text(results: BenchResults) -> list[str]:
     """With deadlines: who missed how many, how fast refusals were told, and any answer that came back late."""
-    if results.settings.timeout_s is None:
+    if results.settings.timeout_s is None and not results.settings.own_slo_requests:
         return []
     lines = []
     for s in results.summaries:
@@ -229,10 +230,8 @@ def render(results: BenchResults) -> str:
               + (f"measuring the slo latency model {fmt(r.startup.latency_model_s, 'time')}; "
                  if r.startup.latency_model_s is not None else "")
               + f"engine start per run up to {fmt(max(r.startup.engine_start_s, default=None), 'time')}",
-              f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else ""),
-              "- Deadlines: " + (f"every request carries timeout_s = {st.timeout_s * 1000:.0f} ms "
-                                 f"({st.timeout_rule}); a request not done by then fails as a deadline miss"
-                                 if st.timeout_s is not None else "none (requests carry no timeout_s)")]
+              f"- SLO: {st.slo_rule}" + (f" = {fmt(r.slo_s, 'time')}" if r.slo_s else "") + own_slo_note(st),
+              "- Deadlines: " + deadlines_line(st)]
     if st.latency_model:
         lines.append(f"- slo latency model: {st.latency_model}")
     if st.peers:
@@ -255,7 +254,8 @@ def render(results: BenchResults) -> str:
         over = " (median over repeats [min-max])" if reps > 1 else ""
         lines += ["## Latency, from scheduled send to answer" + over,
                   ""]
-        deadlines = st.timeout_s is not None or any(s.deadline_missed or s.late_ok for s in r.summaries)
+        deadlines = (st.timeout_s is not None or st.own_slo_requests > 0
+                     or any(s.deadline_missed or s.late_ok for s in r.summaries))
         extra = ["deadline missed", "late OK"] if deadlines else []
         lines += _table(["contender", "completed/offered", "p50", "p95", "p99", "max", "rejected", "failed",
                          "unfinished"] + extra,
@@ -271,7 +271,8 @@ def render(results: BenchResults) -> str:
         lines += _refusals(results)
         lines += ["## Throughput, goodput, utilisation", ""]
         frac = ["goodput / capacity"] if r.capacity else []
-        lines += _table(["contender", "throughput", "goodput"] + frac + ["SLO attainment", "engine busy",
+        attainment = "SLO attainment (per-request SLOs)" if st.own_slo_requests else "SLO attainment"
+        lines += _table(["contender", "throughput", "goodput"] + frac + [attainment, "engine busy",
                                                                          "mean batch", "process CPU"],
                         [[s.contender, fmt_spread(s.throughput_rps, "rate", reps),
                           fmt_spread(s.goodput_rps, "rate", reps)]

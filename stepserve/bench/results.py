@@ -41,6 +41,7 @@ class BenchSettings:
     sweep_rates_rps: list[float] = field(default_factory=list)
     timeout_s: float | None = None  # every request's deadline (SamplingParams / body "timeout_s"); None: none
     timeout_rule: str | None = None  # how it was set: "--timeout-s", or "--timeout-slo: the run's SLO"
+    own_slo_requests: int = 0  # trace requests with their own slo_ms: their SLO and deadline (the run's don't apply)
     latency_model: str | None = None  # slo contenders: where their latency model came from
     backend: str = "torch"  # in-process: how the networks ran (torch | onnxruntime | tensorrt)
     # --peers: per contender {"name", "peer", "versions", "config"} (bench/peers/registry.py record)

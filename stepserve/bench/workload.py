@@ -13,6 +13,13 @@ identical arrivals and requests. Traces are saved and loaded as CSV or JSONL (on
 
 A request may carry a deadline (timeout_s, seconds from its arrival at the engine); a benchmark with deadlines
 puts the same one on every request (Trace.with_timeout, user_requests(timeout_s=...)).
+
+A trace row may carry its own SLO (slo_ms, milliseconds from its send; the layout of public text-to-image serving
+traces: per-request width, height, num_inference_steps or steps, seed, optional slo_ms). That SLO is the request's
+deadline too: a row with slo_ms and no timeout_s gets timeout_s = slo_ms / 1000, and a run-wide deadline
+(--timeout-s, --timeout-slo: Trace.with_timeout) applies only to the requests without their own slo_ms; a row
+that gives both keeps both as given. The metrics judge SLO attainment and goodput of such a request against its
+own SLO, and of the others against the run's.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class RequestSpec:
     width: int | None = None
     negative_prompt: str = ""
     timeout_s: float | None = None  # deadline, seconds after the request reaches the engine; None: no deadline
+    slo_ms: float | None = None  # this request's own latency SLO (a trace's), judged by the metrics; None: the run's
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
@@ -176,11 +184,20 @@ class Trace:
         return self.items[-1].offset_s if self.items else 0.0
 
     def with_timeout(self, timeout_s: float | None) -> "Trace":
-        """The same arrivals and requests, every request with this deadline (None: leave them as they are)."""
+        """The same arrivals and requests, every request with this deadline (None: leave them as they are), except
+        those with their own slo_ms: their deadline stays the one they carry (a per-request SLO wins)."""
         if timeout_s is None:
             return self
-        items = [TraceItem(it.offset_s, replace(it.spec, timeout_s=timeout_s)) for it in self.items]
-        return Trace(items, f"{self.description}, every request with timeout_s {timeout_s:.3g} s")
+        items = [it if it.spec.slo_ms is not None else TraceItem(it.offset_s, replace(it.spec, timeout_s=timeout_s))
+                 for it in self.items]
+        own = self.own_slos
+        who = f"every request without its own slo_ms ({own} have one)" if own else "every request"
+        return Trace(items, f"{self.description}, {who} with timeout_s {timeout_s:.3g} s")
+
+    @property
+    def own_slos(self) -> int:
+        """How many requests carry their own SLO (slo_ms)."""
+        return sum(1 for it in self.items if it.spec.slo_ms is not None)
 
 
 def poisson_trace(mix: Mix, rate: float, duration_s: float, seed: int) -> Trace:
@@ -209,6 +226,7 @@ def user_requests(mix: Mix, seed: int, user: int, timeout_s: float | None = None
 
 
 SPEC_FIELDS = [f.name for f in fields(RequestSpec)]
+ALIASES = {"steps": "num_inference_steps"}  # trace columns accepted under another name
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
@@ -224,7 +242,8 @@ def save_trace(trace: Trace, path: str | Path) -> None:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """CSV (header row) or JSONL; each row: offset_s plus request fields (prompt required, the rest optional)."""
+    """CSV (header row) or JSONL; each row: offset_s plus request fields (prompt required, the rest optional;
+    `steps` is accepted for num_inference_steps, slo_ms is the request's own SLO and deadline)."""
     path = Path(path)
     if path.suffix.lower() == ".csv":
         with path.open(newline="") as f:
@@ -241,20 +260,31 @@ def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
         value = row.get(name)
         return None if value in (None, "") else kind(value)
 
+    def positive(name: str, unit: str) -> float | None:
+        value = get(name, float)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{where}: {name} must be a positive number of {unit} (or empty: none), "
+                             f"got {row[name]!r}")
+        return value
+
     where = f"{path}: row {index + 1}"
-    unknown = set(row) - {"offset_s", *SPEC_FIELDS}
+    unknown = set(row) - {"offset_s", *SPEC_FIELDS, *ALIASES}
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
-                         f"allowed: offset_s, {', '.join(SPEC_FIELDS)}")
+                         f"allowed: offset_s, {', '.join(SPEC_FIELDS)}, {', '.join(ALIASES)}")
+    for alias, name in ALIASES.items():
+        if get(alias, str) is not None:
+            if get(name, str) is not None and get(alias, float) != get(name, float):
+                raise ValueError(f"{where}: {alias} {row[alias]!r} and {name} {row[name]!r} disagree")
+            row = {**row, name: row[alias]}
     if get("offset_s", float) is None or not get("prompt", str):
         raise ValueError(f"{where}: offset_s and prompt are required")
     seed = get("seed", int)
-    timeout = get("timeout_s", float)
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"{where}: timeout_s must be a positive number of seconds (or empty: no deadline), "
-                         f"got {row['timeout_s']!r}")
+    timeout, slo_ms = positive("timeout_s", "seconds"), positive("slo_ms", "milliseconds")
+    if timeout is None and slo_ms is not None:
+        timeout = slo_ms / 1000.0  # a per-request SLO is the request's deadline
     spec = RequestSpec(prompt=get("prompt", str), seed=index if seed is None else seed,
                        num_inference_steps=get("num_inference_steps", int), guidance_scale=get("guidance_scale", float),
                        sampler=get("sampler", str), height=get("height", int), width=get("width", int),
-                       negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout)
+                       negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout, slo_ms=slo_ms)
     return TraceItem(get("offset_s", float), spec)

@@ -4,10 +4,13 @@ time. The single-engine simulator (`simulate`), the simulated bench (sim.drive) 
 
 Events are handled in time order: an arrival (routed to a replica at once, from the replicas' outstanding counts
 at that moment; without a router everything goes to replica 0), an abort, and a replica's turn (the end of its
-current step, or the wake-up its policy asked for when idle). Arrivals and aborts wait in the replica's inbox; at
-its turn the replica hands the inbox to its engine and runs one step at that time, and its next turn is when that
-step ends (the duration the executor reported). A request routed to an idle replica wakes it at once. At equal
-times arrivals and aborts come before turns, so a request that arrives as a step ends joins the next step.
+current step, or the wake-up its policy asked for when idle). As the live front end does (async_engine), an
+arrival is made into a request and judged for admission at its arrival time, even while its replica is in a
+step: the request's arrival time, and so its deadline, is when it arrived, and a refusal (or invalid input) is
+told at that time. Admitted requests and aborts wait in the replica's inbox; at its turn the replica hands the
+inbox to its engine and runs one step at that time, and its next turn is when that step ends (the duration the
+executor reported). A request routed to an idle replica wakes it at once. At equal times arrivals and aborts come
+before turns, so a request that arrives as a step ends joins the next step.
 
 Time never passes by itself: nothing here reads the wall clock or sleeps, and ties are broken by the order in
 which events were given, so the same inputs give the same run. Cost: a heap of events, a few dictionary operations
@@ -48,7 +51,7 @@ class _Replica:
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
-        self.inbox: list[tuple[int, int, SamplingParams | None]] = []  # (kind, key, params) not yet handed over
+        self.inbox: list[tuple[int, int, Request | None]] = []  # (kind, key, admitted request) not yet handed over
         self.next_t = INF  # its next turn
         self.busy = False  # next_t is the end of a step (True) or a wake-up / nothing (False)
         self.stamp = 0  # bumped whenever next_t changes; stale turns in the heap are skipped
@@ -100,24 +103,36 @@ class SimLoop:
             self.outstanding[where.pop(key)] -= 1
             on_end(key, t, request, error)
 
+        def admit(rep: _Replica, key: int, params: SamplingParams, t: float) -> Request | None:
+            """The request that arrived at `t` (its arrival time and deadline count from `t`), judged for
+            admission at once, as the live front end does, with the admitted requests of the inbox ahead of it.
+            None when it was refused or invalid; that is told at `t`. A replica in a step is judged from the end
+            of that step (its next turn), when its engine can next act: the core already holds the step's result,
+            so predicting from `t` would count the rest of the step as free."""
+            try:
+                request = rep.core.new_request(params, t)
+                ahead = [item for kind, _, item in rep.inbox if kind == _ARRIVE]
+                rep.core.check_admission(request, max(t, rep.next_t) if rep.busy else t, ahead)
+            except AdmissionError as exc:  # the engine's own report of it (next step) is skipped: not live
+                exc.request.timing.finished = t  # told now, not at the end of the step it was judged from
+                end(key, t, exc.request, exc)
+                return None
+            except ValidationError as exc:
+                end(key, t, None, exc)
+                return None
+            live[request.request_id] = key
+            ids[key] = request.request_id
+            return request
+
         def turn(r: int, t: float) -> None:
             rep = reps[r]
             core = rep.core
-            for kind, key, params in rep.inbox:
+            for kind, key, request in rep.inbox:
                 if kind == _ABORT:
                     if key in ids:
                         core.abort(ids[key])
                     continue
-                try:
-                    request = core.add_request(params, t)
-                except AdmissionError as exc:  # told at once; the engine's own report of it is skipped below
-                    end(key, t, exc.request, exc)
-                    continue
-                except ValidationError as exc:
-                    end(key, t, None, exc)
-                    continue
-                live[request.request_id] = key
-                ids[key] = request.request_id
+                core.enqueue(request)
             rep.inbox.clear()
             if t >= horizon or not core.has_work():
                 self._schedule(r, INF, False)
@@ -160,8 +175,10 @@ class SimLoop:
                     if on_route is not None:
                         on_route(event[3], r)
                 rep = reps[r]
-                rep.inbox.append((kind, event[3], event[4]))
-                if not rep.busy and t < rep.next_t:
+                item = event[4] if kind == _ABORT else admit(rep, event[3], event[4], t)
+                if kind == _ABORT or item is not None:  # a refused or invalid arrival was told already
+                    rep.inbox.append((kind, event[3], item))
+                if not rep.busy and t < rep.next_t:  # a refusal too: the engine reports it in a step
                     self._schedule(r, t, False)
             if after_event is not None and after_event():
                 self.stopped_early = True
