@@ -12,16 +12,14 @@ set and the requests waiting for decode (both bounded by the batch) are scanned.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from .executor.base import Executor
 from .scheduling import Policy
-from .scheduling.queue import WaitingQueue
+from .scheduling.queue import Deadlines, WaitingQueue
 from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from .validation import resolve_params
 
@@ -76,10 +74,7 @@ class EngineCore:
         self._aborts: set[str] = set()
         self._rejected: list[Request] = []  # reported by the next step
         self._logged_failures: set[tuple[str, str]] = set()  # executor failure kinds already logged
-        # (deadline, number, weak reference) of every queued request with a deadline; entries of requests that
-        # ended are dropped lazily (when they come up, or when the heap is rebuilt), and hold no request alive
-        self._deadlines: list[tuple[float, int, weakref.ref]] = []
-        self._numbers = itertools.count()
+        self._deadlines = Deadlines()  # of every queued request that has one
         self._by_id: dict[str, list[Request]] = {}  # live requests (waiting, running, to decode) by request_id
 
     @property
@@ -136,11 +131,7 @@ class EngineCore:
         self.waiting.append(request)
         self._by_id.setdefault(request.request_id, []).append(request)
         if request.deadline is not None:
-            live = len(self.waiting) + len(self.running) + len(self.to_decode)
-            if len(self._deadlines) > 2 * live + 64:  # mostly ended requests: rebuild (amortised O(1))
-                self._deadlines = [e for e in self._deadlines if _live(e[2]) is not None]
-                heapq.heapify(self._deadlines)
-            heapq.heappush(self._deadlines, (request.deadline, next(self._numbers), weakref.ref(request)))
+            self._deadlines.push(request, len(self.waiting) + len(self.running) + len(self.to_decode))
 
     def _refuse(self, request: Request, reason: FinishReason, now: float, message: str,
                 error: type[AdmissionError], retry_after_s: float | None = None) -> None:
@@ -244,10 +235,7 @@ class EngineCore:
 
     def _wake_time(self, policy_wake: float | None) -> float | None:
         """When an idle engine must look again: the policy's own wake-up or the earliest deadline, if sooner."""
-        heap = self._deadlines
-        while heap and _live(heap[0][2]) is None:  # the earliest entries of requests that ended
-            heapq.heappop(heap)
-        times = ([heap[0][0]] if heap else []) + ([] if policy_wake is None else [policy_wake])
+        times = [t for t in (self._deadlines.earliest(), policy_wake) if t is not None]
         return min(times) if times else None
 
     def _run_stage(self, stage: str, requests: list[Request], t: float,
@@ -283,11 +271,7 @@ class EngineCore:
                             "aborted by the caller")
 
     def _take_expired(self, now: float) -> list[Request]:
-        heap, gone = self._deadlines, []
-        while heap and heap[0][0] <= now:
-            r = _live(heapq.heappop(heap)[2])
-            if r is not None and r.deadline is not None and now >= r.deadline:
-                gone.append(r)
+        gone = self._deadlines.due(now)
         if not gone:
             return []
         return self._remove(gone, RequestStatus.FAILED, FinishReason.TIMEOUT, now,
@@ -339,12 +323,6 @@ class EngineCore:
         if status is not RequestStatus.COMPLETED:
             r.image = None
         r.release_tensors()
-
-
-def _live(ref: weakref.ref) -> Request | None:
-    """The request of a deadline entry while it is still in the core (not ended, not collected)."""
-    r = ref()
-    return None if r is None or r.is_finished else r
 
 
 def progress_note(r: Request, now: float) -> str:

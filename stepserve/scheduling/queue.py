@@ -1,9 +1,12 @@
-"""The waiting queue: requests in arrival order, indexed by shape bucket.
+"""The engine core's indexes of its requests: the waiting queue, in arrival order and by shape bucket, and the
+deadlines in a heap.
 
 Plain data (no clock, no I/O). The engine core keeps one and hands it to the policy at every step; a policy reads
 the head of each bucket's queue (`buckets`, `head`, `count`) instead of scanning every waiting request, so a step
 costs the same with ten requests queued as with ten thousand. Adding and removing a request cost O(1); listing the
 buckets costs O(B log B) for B buckets with waiting requests.
+
+The deadline heap lets a step find the requests whose deadline has passed without looking at the others.
 
 Iterating the queue yields every waiting request in arrival order (the order they were appended), as the plain
 list it replaces did; policies that are given a plain sequence (tests, a front end's snapshot) wrap it with
@@ -12,7 +15,9 @@ list it replaces did; policies that are given a plain sequence (tests, a front e
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
@@ -98,3 +103,47 @@ class WaitingQueue:
 def as_queue(waiting: Iterable[Request]) -> WaitingQueue:
     """`waiting` itself when it is a WaitingQueue, else a WaitingQueue of it (in its order; O(n))."""
     return waiting if isinstance(waiting, WaitingQueue) else WaitingQueue(waiting)
+
+
+class Deadlines:
+    """Deadlines of queued requests, earliest first (a heap). Lazy deletion: the entry of a request that ended is
+    skipped when it comes up, and the heap is rebuilt when such entries are the majority. Entries hold weak
+    references, so an ended request (and its image) is never kept alive by them. A request's deadline must not
+    change once it is pushed."""
+
+    __slots__ = ("_heap", "_numbers")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, weakref.ref]] = []
+        self._numbers = itertools.count()  # ties: first pushed first
+
+    def push(self, r: Request, live: int) -> None:
+        """Track `r` (it has a deadline); `live`: how many requests are not ended, to bound the stale entries."""
+        if len(self._heap) > 2 * live + 64:  # mostly entries of ended requests: rebuild (amortised O(1))
+            self._heap = [e for e in self._heap if _live(e[2]) is not None]
+            heapq.heapify(self._heap)
+        heapq.heappush(self._heap, (r.deadline, next(self._numbers), weakref.ref(r)))
+
+    def due(self, now: float) -> list[Request]:
+        """Take out the requests not ended whose deadline is at or before `now`, earliest first."""
+        heap, out = self._heap, []
+        while heap and heap[0][0] <= now:
+            r = _live(heapq.heappop(heap)[2])
+            if r is not None:
+                out.append(r)
+        return out
+
+    def earliest(self) -> float | None:
+        """The earliest deadline of a request not ended (None: none)."""
+        heap = self._heap
+        while heap and _live(heap[0][2]) is None:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+def _live(ref: weakref.ref) -> Request | None:
+    r = ref()
+    return None if r is None or r.is_finished else r
