@@ -3,16 +3,23 @@
 step(now): take aborts and deadlines -> schedule -> execute (encode admitted, denoise, decode finished) ->
 collect finished. Time is given, never read: the executor reports how long each stage took, and the core stamps
 request timings as `now` plus those durations.
+
+A step's host work does not grow with the queue: waiting requests are kept indexed by bucket and arrival order
+(scheduling.queue.WaitingQueue, handed to the policy as it is), deadlines in a heap (lazy deletion: an entry of a
+request that already ended is dropped when it comes up), and live requests by id for aborts. Only the running
+set and the requests waiting for decode (both bounded by the batch) are scanned.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from .executor.base import Executor
 from .scheduling import Policy
+from .scheduling.queue import Deadlines, WaitingQueue
 from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from .validation import resolve_params
 
@@ -52,7 +59,7 @@ class EngineCore:
         self.executor = executor
         self.policy = policy
         self.max_queue = max_queue
-        self.waiting: deque[Request] = deque()  # arrival order
+        self.waiting = WaitingQueue()  # arrival order, indexed by bucket
         self.running: list[Request] = []  # admitted, still denoising: what the policy schedules
         # Denoised, waiting for the VAE. Out of the policy's sight, so their slots are free at once; at most
         # max_decode_per_step of them are decoded per step, which bounds the decode stall every running request
@@ -67,6 +74,8 @@ class EngineCore:
         self._aborts: set[str] = set()
         self._rejected: list[Request] = []  # reported by the next step
         self._logged_failures: set[tuple[str, str]] = set()  # executor failure kinds already logged
+        self._deadlines = Deadlines()  # of every queued request that has one
+        self._by_id: dict[str, list[Request]] = {}  # live requests (waiting, running, to decode) by request_id
 
     @property
     def model_info(self):
@@ -118,8 +127,11 @@ class EngineCore:
             self._refuse(request, FinishReason.DEADLINE_INFEASIBLE, now, reason, DeadlineRefusedError, retry)
 
     def enqueue(self, request: Request) -> None:
-        """Queue a request that passed check_admission."""
+        """Queue a request that passed check_admission. Its deadline is read here; it must not change later."""
         self.waiting.append(request)
+        self._by_id.setdefault(request.request_id, []).append(request)
+        if request.deadline is not None:
+            self._deadlines.push(request, len(self.waiting) + len(self.running) + len(self.to_decode))
 
     def _refuse(self, request: Request, reason: FinishReason, now: float, message: str,
                 error: type[AdmissionError], retry_after_s: float | None = None) -> None:
@@ -134,10 +146,10 @@ class EngineCore:
     def cancel_now(self, request_ids: Iterable[str], now: float) -> list[Request]:
         """Cancel these requests at once, outside a step (a caller that stops driving the core, e.g. an
         interrupted offline generate()). Returns the requests that were still live."""
-        ids = set(request_ids)
-        if not ids:
+        gone = self._with_ids(request_ids)
+        if not gone:
             return []
-        return self._remove(lambda r: r.request_id in ids, RequestStatus.CANCELLED, FinishReason.ABORTED, now,
+        return self._remove(gone, RequestStatus.CANCELLED, FinishReason.ABORTED, now,
                             "cancelled: the caller stopped before it finished")
 
     def has_work(self) -> bool:
@@ -151,24 +163,22 @@ class EngineCore:
         finished += self._take_expired(now)
 
         try:
-            plan = self.policy.schedule(list(self.waiting), list(self.running), now, draining=self.draining)
+            plan = self.policy.schedule(self.waiting, list(self.running), now, draining=self.draining)
         except Exception as exc:  # noqa: BLE001 - a policy bug fails the requests it was deciding about
             log.exception("the %s batching policy raised; failing the requests it was scheduling", self.policy.name)
             message = f"internal error in the {self.policy.name} batching policy: {type(exc).__name__}: {exc}"
-            finished += self._remove(lambda r: True, RequestStatus.FAILED, FinishReason.ERROR, now, message)
+            finished += self._remove(list(self._all()), RequestStatus.FAILED, FinishReason.ERROR, now, message)
             return StepReport(now=now, duration_s=0.0, batch_size=0, finished=finished)
         if plan.give_up:  # the policy predicts these cannot meet their deadline any more: end them now
-            hopeless = {id(r) for r in plan.give_up}
-            finished += self._remove(lambda r: id(r) in hopeless, RequestStatus.FAILED, FinishReason.TIMEOUT, now,
+            finished += self._remove(plan.give_up, RequestStatus.FAILED, FinishReason.TIMEOUT, now,
                                      lambda r: f"deadline cannot be met: {progress_note(r, now)}")
         report = StepReport(now=now, duration_s=0.0, batch_size=0, wake_at=plan.wake_at)
         t = now
 
         if plan.admit:
             report.admitted = list(plan.admit)
-            admitted_ids = {id(r) for r in plan.admit}
-            self.waiting = deque(r for r in self.waiting if id(r) not in admitted_ids)
             for r in plan.admit:
+                self.waiting.discard(r)
                 r.status = RequestStatus.RUNNING
                 r.timing.admitted = now
             self.running.extend(plan.admit)
@@ -227,8 +237,7 @@ class EngineCore:
 
     def _wake_time(self, policy_wake: float | None) -> float | None:
         """When an idle engine must look again: the policy's own wake-up or the earliest deadline, if sooner."""
-        deadlines = [r.deadline for r in self._all() if r.deadline is not None]
-        times = deadlines + ([] if policy_wake is None else [policy_wake])
+        times = [t for t in (self._deadlines.earliest(), policy_wake) if t is not None]
         return min(times) if times else None
 
     def _run_stage(self, stage: str, requests: list[Request], t: float,
@@ -260,33 +269,55 @@ class EngineCore:
         if not self._aborts:
             return []
         ids, self._aborts = self._aborts, set()
-        return self._remove(lambda r: r.request_id in ids, RequestStatus.CANCELLED, FinishReason.ABORTED, now,
+        return self._remove(self._with_ids(ids), RequestStatus.CANCELLED, FinishReason.ABORTED, now,
                             "aborted by the caller")
 
     def _take_expired(self, now: float) -> list[Request]:
-        return self._remove(lambda r: r.deadline is not None and now >= r.deadline, RequestStatus.FAILED,
-                            FinishReason.TIMEOUT, now,
+        gone = self._deadlines.due(now)
+        if not gone:
+            return []
+        return self._remove(gone, RequestStatus.FAILED, FinishReason.TIMEOUT, now,
                             lambda r: f"deadline passed (timeout_s={r.params.timeout_s:g}): {progress_note(r, now)}")
 
-    def _remove(self, match, status: RequestStatus, reason: FinishReason, now: float,
+    def _with_ids(self, ids: Iterable[str]) -> list[Request]:
+        return [r for i in set(ids) for r in self._by_id.get(i, ())]
+
+    def _remove(self, requests: Iterable[Request], status: RequestStatus, reason: FinishReason, now: float,
                 message: str | Callable[[Request], str]) -> list[Request]:
-        gone = [r for r in self._all() if match(r)]
+        """End these live requests (the others are skipped); returned in the order waiting (by arrival), running,
+        to decode, as a scan of the core would list them."""
+        gone = self._core_order(r for r in dict.fromkeys(requests) if not r.is_finished)
         if not gone:
             return []
         for r in gone:
+            self.waiting.discard(r)
             self._finish(r, status, reason, now, message(r) if callable(message) else message)
-        self.waiting = deque(r for r in self.waiting if not r.is_finished)
         self.running = [r for r in self.running if not r.is_finished]
         self.to_decode = deque(r for r in self.to_decode if not r.is_finished)
         return gone
+
+    def _core_order(self, requests: Iterable[Request]) -> list[Request]:
+        """Live requests ordered as _all() yields them, without scanning the waiting queue."""
+        requests = list(requests)
+        if len(requests) < 2:
+            return requests
+        later = {r: i for i, r in enumerate(itertools.chain(self.running, self.to_decode))}
+        waiting = [r for r in requests if r in self.waiting]
+        waiting.sort(key=self.waiting.position)
+        return waiting + sorted((r for r in requests if r in later), key=later.__getitem__)
 
     def _all(self) -> Iterable[Request]:
         yield from self.waiting
         yield from self.running
         yield from self.to_decode
 
-    @staticmethod
-    def _finish(r: Request, status: RequestStatus, reason: FinishReason, t: float, error: str | None = None) -> None:
+    def _finish(self, r: Request, status: RequestStatus, reason: FinishReason, t: float,
+                error: str | None = None) -> None:
+        same = self._by_id.get(r.request_id)
+        if same is not None and r in same:  # it leaves the core (a refused request never was in it)
+            same.remove(r)
+            if not same:
+                del self._by_id[r.request_id]
         r.status = status
         r.finish_reason = reason
         r.error = error

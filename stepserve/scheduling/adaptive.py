@@ -36,6 +36,7 @@ from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import DEFAULT_HALF_LIFE_STEPS, OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
 from .base import in_bucket
+from .queue import WaitingQueue, as_queue
 
 DEFAULT_TOLERANCE = 0.01  # a batch within 1% of the best throughput is as good as the best
 DEFAULT_MIN_GAIN = 0.10  # batching that gains less than 10% throughput is not worth slowing batch-mates down
@@ -71,19 +72,23 @@ class AdaptiveBatchingPolicy:
         self.curve.observe(bucket, batch_size, seconds)
 
     def schedule(
-        self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
+        self, waiting: Sequence[Request] | WaitingQueue, running: Sequence[Request], now: float,
+        draining: bool = False
     ) -> StepPlan:
         free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
+        queue = as_queue(waiting)
         active: dict[Bucket, None] = {}
-        for r in list(running) + (list(waiting) if free else []):
+        for r in running:
             active.setdefault(r.bucket, None)
+        if free:
+            for b in queue.buckets():  # by their oldest waiting request
+                active.setdefault(b, None)
         if not active:
             return StepPlan()
         bucket = min(active, key=lambda b: self._last_run.get(b, -1))  # least recently run first
         self._steps += 1
         self._last_run[bucket] = self._steps
-        candidates = sorted(in_bucket(running, bucket) + in_bucket(waiting, bucket)[:free],
-                            key=lambda r: r.arrival_time)
+        candidates = sorted(in_bucket(running, bucket) + queue.head(bucket, free), key=lambda r: r.arrival_time)
         cap = self._cap(bucket, len(candidates))
         self.cap[bucket] = cap
         batch = candidates[:cap]

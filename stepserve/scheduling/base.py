@@ -2,6 +2,9 @@
 
 Policies are pure decision makers: no torch, no asyncio, no clock. They are given the waiting queue (in arrival
 order), the running set and `now`, and return a StepPlan. The only state they keep is their own bookkeeping.
+
+The engine core hands them its WaitingQueue (queue.py: indexed by bucket and arrival order), so that a step looks
+only at the head of each bucket's queue; a plain sequence (tests, a snapshot) is wrapped with `as_queue`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..types import Request, StepPlan
+from .queue import WaitingQueue, as_queue
 
 
 class Policy(Protocol):
@@ -17,7 +21,7 @@ class Policy(Protocol):
     max_batch_size: int
 
     def schedule(
-        self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
+        self, waiting: Sequence[Request] | WaitingQueue, running: Sequence[Request], now: float, draining: bool = False
     ) -> StepPlan:
         """Decide one engine step. `draining` means no more requests will arrive (offline generate())."""
         ...
@@ -27,8 +31,10 @@ def in_bucket(requests: Sequence[Request], bucket: tuple[int, int]) -> list[Requ
     return [r for r in requests if r.bucket == bucket]
 
 
-def buckets_by_age(waiting: Sequence[Request]) -> list[tuple[int, int]]:
+def buckets_by_age(waiting: Sequence[Request] | WaitingQueue) -> list[tuple[int, int]]:
     """Buckets that have waiting requests, ordered by their oldest waiting request."""
+    if isinstance(waiting, WaitingQueue):
+        return waiting.buckets()
     seen: dict[tuple[int, int], None] = {}
     for r in waiting:
         seen.setdefault(r.bucket, None)
@@ -39,23 +45,26 @@ class RequestLevelPolicy:
     """Shared shape of none/static/dynamic: a batch is formed, then run to the end before the next one forms.
 
     Items of a batch that need fewer steps finish (and are answered) earlier; nobody joins a batch in flight.
-    Subclasses say when a batch of a bucket may start (`ready`) and when to look again (`wake_time`).
+    Subclasses say when a batch of a bucket may start (`ready`) and when to look again (`wake_time`); both are
+    given the bucket's oldest waiting requests, at most max_batch_size of them (a batch never takes more), so a
+    step costs the same however deep the queue is.
     """
 
     name = "request-level"
     max_batch_size = 1
 
     def schedule(
-        self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
+        self, waiting: Sequence[Request] | WaitingQueue, running: Sequence[Request], now: float,
+        draining: bool = False
     ) -> StepPlan:
         if running:  # a batch is in flight: it runs to the end, alone
             return StepPlan(run=list(running))
         wake: float | None = None
-        for bucket in buckets_by_age(waiting):
-            candidates = in_bucket(waiting, bucket)
+        queue = as_queue(waiting)
+        for bucket in queue.buckets():
+            candidates = queue.head(bucket, self.max_batch_size)
             if self.ready(candidates, now, draining):
-                batch = candidates[: self.max_batch_size]
-                return StepPlan(admit=batch, run=list(batch))
+                return StepPlan(admit=candidates, run=list(candidates))
             t = self.wake_time(candidates)
             if t is not None:
                 wake = t if wake is None else min(wake, t)

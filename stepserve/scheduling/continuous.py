@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .base import in_bucket
+from .queue import WaitingQueue, as_queue
 from ..types import Request, StepPlan
 
 
@@ -32,12 +33,17 @@ class ContinuousBatchingPolicy:
         self._steps = 0
 
     def schedule(
-        self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
+        self, waiting: Sequence[Request] | WaitingQueue, running: Sequence[Request], now: float,
+        draining: bool = False
     ) -> StepPlan:
         free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
+        queue = as_queue(waiting)
         active: dict[tuple[int, int], None] = {}
-        for r in list(running) + (list(waiting) if free else []):
+        for r in running:
             active.setdefault(r.bucket, None)
+        if free:
+            for b in queue.buckets():  # by their oldest waiting request
+                active.setdefault(b, None)
         if not active:
             return StepPlan()
         # Least recently run first; ties keep the order of `active` (running before waiting, then by age).
@@ -45,5 +51,5 @@ class ContinuousBatchingPolicy:
         self._steps += 1
         self._last_run[bucket] = self._steps
         run = in_bucket(running, bucket)
-        admit = in_bucket(waiting, bucket)[:free]
+        admit = queue.head(bucket, free)
         return StepPlan(admit=admit, run=run + admit)

@@ -1,0 +1,149 @@
+"""The engine core's indexes of its requests: the waiting queue, in arrival order and by shape bucket, and the
+deadlines in a heap.
+
+Plain data (no clock, no I/O). The engine core keeps one and hands it to the policy at every step; a policy reads
+the head of each bucket's queue (`buckets`, `head`, `count`) instead of scanning every waiting request, so a step
+costs the same with ten requests queued as with ten thousand. Adding and removing a request cost O(1); listing the
+buckets costs O(B log B) for B buckets with waiting requests.
+
+The deadline heap lets a step find the requests whose deadline has passed without looking at the others.
+
+Iterating the queue yields every waiting request in arrival order (the order they were appended), as the plain
+list it replaces did; policies that are given a plain sequence (tests, a front end's snapshot) wrap it with
+`as_queue`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+from ..types import Request
+
+Bucket = tuple[int, int]
+
+
+class WaitingQueue:
+    """Waiting requests in arrival order, and per shape bucket in arrival order (an OrderedDict each)."""
+
+    __slots__ = ("_all", "_by_bucket", "_seq")
+
+    def __init__(self, requests: Iterable[Request] = ()) -> None:
+        self._all: OrderedDict[Request, int] = OrderedDict()  # request -> its arrival number
+        self._by_bucket: dict[Bucket, OrderedDict[Request, int]] = {}
+        self._seq = itertools.count()
+        for r in requests:
+            self.append(r)
+
+    # --- changes (the engine core) -----------------------------------------------------------------------------
+    def append(self, r: Request) -> None:
+        if r in self._all:
+            raise ValueError(f"request {r.request_id} is already waiting")
+        n = next(self._seq)
+        self._all[r] = n
+        q = self._by_bucket.get(r.bucket)
+        if q is None:
+            q = self._by_bucket[r.bucket] = OrderedDict()
+        q[r] = n
+
+    def remove(self, r: Request) -> None:
+        """Take `r` out (KeyError when it is not waiting)."""
+        del self._all[r]
+        q = self._by_bucket[r.bucket]
+        del q[r]
+        if not q:
+            del self._by_bucket[r.bucket]
+
+    def discard(self, r: Request) -> bool:
+        """Take `r` out if it is waiting; whether it was."""
+        if r not in self._all:
+            return False
+        self.remove(r)
+        return True
+
+    # --- reads (the policies) ----------------------------------------------------------------------------------
+    def buckets(self) -> list[Bucket]:
+        """Buckets that have waiting requests, ordered by their oldest waiting request."""
+        return sorted(self._by_bucket, key=lambda b: next(iter(self._by_bucket[b].values())))
+
+    def head(self, bucket: Bucket, k: int | None = None) -> list[Request]:
+        """The first `k` (all, when None) waiting requests of `bucket`, in arrival order."""
+        q = self._by_bucket.get(bucket)
+        if not q:
+            return []
+        return list(q) if k is None else list(itertools.islice(q, max(k, 0)))
+
+    def count(self, bucket: Bucket) -> int:
+        q = self._by_bucket.get(bucket)
+        return 0 if q is None else len(q)
+
+    def position(self, r: Request) -> int:
+        """A number that orders waiting requests by arrival (KeyError when `r` is not waiting)."""
+        return self._all[r]
+
+    def __contains__(self, r: object) -> bool:
+        return r in self._all
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __bool__(self) -> bool:
+        return bool(self._all)
+
+    def __repr__(self) -> str:
+        return f"WaitingQueue({len(self)} waiting in {len(self._by_bucket)} bucket(s))"
+
+
+def as_queue(waiting: Iterable[Request]) -> WaitingQueue:
+    """`waiting` itself when it is a WaitingQueue, else a WaitingQueue of it (in its order; O(n))."""
+    return waiting if isinstance(waiting, WaitingQueue) else WaitingQueue(waiting)
+
+
+class Deadlines:
+    """Deadlines of queued requests, earliest first (a heap). Lazy deletion: the entry of a request that ended is
+    skipped when it comes up, and the heap is rebuilt when such entries are the majority. Entries hold weak
+    references, so an ended request (and its image) is never kept alive by them. A request's deadline must not
+    change once it is pushed."""
+
+    __slots__ = ("_heap", "_numbers")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, weakref.ref]] = []
+        self._numbers = itertools.count()  # ties: first pushed first
+
+    def push(self, r: Request, live: int) -> None:
+        """Track `r` (it has a deadline); `live`: how many requests are not ended, to bound the stale entries."""
+        if len(self._heap) > 2 * live + 64:  # mostly entries of ended requests: rebuild (amortised O(1))
+            self._heap = [e for e in self._heap if _live(e[2]) is not None]
+            heapq.heapify(self._heap)
+        heapq.heappush(self._heap, (r.deadline, next(self._numbers), weakref.ref(r)))
+
+    def due(self, now: float) -> list[Request]:
+        """Take out the requests not ended whose deadline is at or before `now`, earliest first."""
+        heap, out = self._heap, []
+        while heap and heap[0][0] <= now:
+            r = _live(heapq.heappop(heap)[2])
+            if r is not None:
+                out.append(r)
+        return out
+
+    def earliest(self) -> float | None:
+        """The earliest deadline of a request not ended (None: none)."""
+        heap = self._heap
+        while heap and _live(heap[0][2]) is None:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+def _live(ref: weakref.ref) -> Request | None:
+    r = ref()
+    return None if r is None or r.is_finished else r

@@ -1,0 +1,71 @@
+"""Cost-aware continuous batching: the cap per regime, oldest first, pauses at step boundaries, and adaptation
+when the step cost changes mid-run (simulated clock, the policy unchanged)."""
+
+from __future__ import annotations
+
+from stepserve.costs import CostModel, FakeExecutor, LatencyModel
+from stepserve.engine_config import EngineOptions
+from stepserve.scheduling import AdaptiveBatchingPolicy, make_policy
+from stepserve.sim import Arrival, simulate
+from stepserve.types import Request, RequestStatus, SamplingParams
+
+B = (32, 32)
+
+
+def request(i: int, t: float = 0.0, steps: int = 10, status=RequestStatus.WAITING) -> Request:
+    params = SamplingParams(prompt=f"r{i}", seed=i, num_inference_steps=steps, guidance_scale=1.0, height=32,
+                            width=32)
+    return Request(f"r{i}", params, t, B, steps, status=status)
+
+
+def test_cheap_batching_runs_everyone_and_compute_bound_runs_the_oldest_alone():
+    cheap = make_policy("adaptive", 8, latency_model=LatencyModel.from_cost_model(CostModel()))
+    bound = make_policy("adaptive", 8, latency_model=LatencyModel.from_cost_model(
+        CostModel(step_fixed_s=0.0005, step_per_item_s=0.035)))
+    waiting = [request(i, t=i * 0.1) for i in range(6)]
+    assert len(cheap.schedule(waiting, [], 1.0).run) == 6
+    plan = bound.schedule(list(reversed(waiting)), [], 1.0)
+    assert [r.request_id for r in plan.run] == ["r0"] and plan.admit == plan.run  # the oldest; no one else held
+
+
+def test_slot_holders_beyond_the_cap_pause_and_keep_their_state():
+    policy = AdaptiveBatchingPolicy(8, LatencyModel.from_cost_model(CostModel(step_fixed_s=0.0005,
+                                                                              step_per_item_s=0.035)))
+    running = [request(i, t=i, status=RequestStatus.RUNNING) for i in range(3)]
+    plan = policy.schedule([], running, 10.0)
+    assert plan.run == running[:1] and not plan.admit  # the two others pause: still running, not stepped
+
+
+class Slowdown(FakeExecutor):
+    """Batching is cheap until `after` denoising calls, then one more request costs 50x as much."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__(cost=CostModel(step_fixed_s=0.010, step_per_item_s=0.0005))
+        self.after, self.calls = after, 0
+
+    def denoise(self, requests):
+        self.calls += 1
+        if self.calls == self.after:
+            self.cost = CostModel(step_fixed_s=0.0005, step_per_item_s=0.025)
+        return super().denoise(requests)
+
+
+def test_the_cap_follows_a_step_cost_that_changes_mid_run():
+    executor = Slowdown(after=300)
+    core = EngineOptions(strategy="adaptive", max_batch_size=8).make_core(executor)
+    arrivals = [Arrival(i * 0.05, SamplingParams(prompt=f"a{i}", seed=i, num_inference_steps=20,
+                                                 guidance_scale=1.0)) for i in range(1500)]
+    caps: list[tuple[float, int, int]] = []  # (time, denoise calls so far, cap in force)
+    t = [0.0]
+
+    def on_step(report) -> None:
+        t[0] = report.now + report.duration_s
+        caps.append((t[0], executor.calls, max(core.policy.cap.values(), default=0)))
+
+    result = simulate(core, arrivals, on_step=on_step)
+    assert all(r.status is RequestStatus.COMPLETED for r in result.requests)
+    before = [cap for _, calls, cap in caps if 100 < calls < 300]
+    assert before and min(before) >= 3  # cheap: everyone who is there (4-6 at this load) shares each step
+    switched_at = next(time for time, calls, _ in caps if calls >= 300)
+    settled_at = next(time for time, calls, cap in caps if calls >= 300 and cap == 1)
+    assert settled_at - switched_at <= 30.0, (switched_at, settled_at)
