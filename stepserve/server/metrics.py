@@ -6,12 +6,15 @@ thread; prometheus_client's metric types are thread-safe. Queue depth and runnin
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..types import FinishReason, StepReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+log = logging.getLogger(__name__)
 
 OUTCOMES = ("completed", "invalid", "unauthorized", "rejected", "shutting_down", "timeout", "failed", "cancelled")
 UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi")
@@ -58,6 +61,13 @@ class ServerMetrics:
         for route in UNAUTHORIZED_ROUTES:
             self.unauthorized.labels(route)
         self.images = Counter("stepserve_images_completed", "Images generated and returned", registry=r)
+        self.policy = getattr(getattr(engine, "core", None), "policy", None)
+        self.batch_cap = Gauge("stepserve_batch_cap", "Requests one step may run, per shape bucket (WxH): the cap the "
+                               "cost-aware policy (adaptive) derives from its step curve", ["bucket"], registry=r)
+        self.step_curve = Gauge("stepserve_step_curve_seconds", "The adaptive policy's step curve per shape bucket: "
+                                "part=fixed (a step of any size) and part=per_request (one more request)",
+                                ["bucket", "part"], registry=r)
+        self._caps: dict = {}
         for reason in ("queue_full", "deadline"):
             self.refused_at_admission.labels(reason)
         for stage in ("queued", "running"):
@@ -75,6 +85,24 @@ class ServerMetrics:
         for r in report.finished:
             if r.finish_reason is FinishReason.TIMEOUT:
                 self.deadline_missed.labels("queued" if r.timing.admitted is None else "running").inc()
+        caps = getattr(self.policy, "cap", None)
+        if caps:
+            self._show_curve(caps)
+
+    def _show_curve(self, caps: dict) -> None:
+        """The cost-aware policy's cap and step curve, on /metrics and, when a cap changes, in the log."""
+        for bucket, cap in caps.items():
+            name = f"{bucket[1]}x{bucket[0]}"
+            self.batch_cap.labels(name).set(cap)
+            line = self.policy.curve.line(bucket)
+            if line is not None:
+                self.step_curve.labels(name, "fixed").set(line[0])
+                self.step_curve.labels(name, "per_request").set(line[1])
+            if self._caps.get(bucket) != cap:
+                self._caps[bucket] = cap
+                curve = ("unknown yet" if line is None
+                         else f"{line[0] * 1000:.1f} ms + {line[1] * 1000:.1f} ms per request")
+                log.info("batch cap for %s: %d (step curve %s)", name, cap, curve)
 
     def request_done(self, outcome: str, seconds: float, images: int = 0) -> None:
         self.requests.labels(outcome).inc()

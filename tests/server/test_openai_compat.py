@@ -100,3 +100,14 @@ def test_api_key(serve):
         r = good.images.generate(prompt="x", extra_body={"seed": 1, "num_inference_steps": 1})
         assert decode_png(r.data[0].b64_json).size == (16, 16)
         assert httpx.get(s.url + "/metrics", headers={"Authorization": "Bearer sekrit"}).status_code == 200
+
+
+def test_the_adaptive_cap_and_step_curve_are_on_metrics(serve):
+    with serve(strategy="adaptive", max_batch_size=4) as server:
+        for n in (1, 3, 2):  # steps of different sizes: the curve's two parts can be told apart
+            r = httpx.post(server.url + GENERATIONS, json={"prompt": "x", "n": n, "seed": n, **FAST}, timeout=60)
+            assert r.status_code == 200, r.text
+        text = httpx.get(server.url + "/metrics").text
+    caps = [line for line in text.splitlines() if line.startswith("stepserve_batch_cap{")]
+    assert caps and all(1 <= float(line.rsplit(" ", 1)[1]) <= 4 for line in caps), caps
+    assert 'part="fixed"' in text and 'part="per_request"' in text
