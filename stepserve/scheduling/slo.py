@@ -18,6 +18,9 @@ LatencyModel alone:
   step. `cap` is the largest batch size <= max_batch_size at which every request of the bucket (slot holders
   and queue) with a deadline is predicted to meet it (predict.py replays the schedule). When no size saves them
   all, the size that saves the most (the larger on a tie).
+- Cost-aware bound. The cap is at most what the step-time curve says pays (scheduling/adaptive.py: 1 where a
+  batch of n costs about n steps of one, every candidate where batching is cheap), the curve a prior (the latency
+  model) corrected online by the steps the executor reports (`observe`). `cost_aware=False` turns it off.
 - Give up. A request that would miss its deadline even alone at batch size 1 from now is returned in
   StepPlan.give_up; the engine ends it with a timeout error. Nothing else is ever given up.
 - Buckets. Requests of different shapes never share a forward. The bucket to run is chosen by deficit
@@ -58,6 +61,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from ..costs.latency_model import Bucket, LatencyModel
+from ..costs.online import OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
 from .predict import earliest_finish, interleave, predict_finish_times
 
@@ -81,6 +85,7 @@ class SLOPolicy:
         order: str = "edf",
         starvation_s: float = DEFAULT_STARVATION_S,
         margin_s: float = 0.0,
+        cost_aware: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -98,6 +103,10 @@ class SLOPolicy:
         self.starvation_s = starvation_s
         self.margin_s = margin_s
         self._deficit: dict[Bucket, float] = {}  # deficit round-robin state, seconds of step cost
+        # the cost-aware bound on the cap (scheduling/adaptive.py): where batching does not pay, fewer at a time
+        self.curve = OnlineStepCurve(None if latency_model.metadata.get("source") == "zero" else latency_model,
+                                     max_batch_size)
+        self.cost_aware = cost_aware
 
     # --- the step ----------------------------------------------------------------------------------------------
     def schedule(
@@ -120,10 +129,18 @@ class SLOPolicy:
         pool, rest = self._service_order(*groups[bucket], key, room[bucket])
         others = [self._backlog_s(b, *groups[b], key, now) for b in groups if b != bucket]
         cap = self._choose_cap(pool, rest, bucket, others, now)
+        if self.cost_aware:
+            from .adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
+
+            cap = min(cap, max(self.curve.efficient_batch(bucket, len(pool), DEFAULT_TOLERANCE, DEFAULT_MIN_GAIN), 1))
         batch = pool[:cap]
         self._charge(bucket, self.latency_model.step_s(len(batch), bucket))
         admit = [r for r in batch if r.status is RequestStatus.WAITING]
         return StepPlan(admit=admit, run=batch, give_up=give_up)
+
+    def observe(self, bucket: Bucket, batch_size: int, seconds: float) -> None:
+        """A denoising step of `batch_size` requests of `bucket` took `seconds` (the executor's own measure)."""
+        self.curve.observe(bucket, batch_size, seconds)
 
     # --- front end ---------------------------------------------------------------------------------------------
     def admission(

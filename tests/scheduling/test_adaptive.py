@@ -69,3 +69,14 @@ def test_the_cap_follows_a_step_cost_that_changes_mid_run():
     switched_at = next(time for time, calls, _ in caps if calls >= 300)
     settled_at = next(time for time, calls, cap in caps if calls >= 300 and cap == 1)
     assert settled_at - switched_at <= 30.0, (switched_at, settled_at)
+
+
+def test_slo_takes_the_cost_aware_cap_too():
+    """slo's deadline cap is bounded by the same cost-aware cap: compute-bound, no deadlines, one at a time;
+    cheap batching, everyone (its decisions where batching pays are unchanged)."""
+    bound = make_policy("slo", 8, latency_model=LatencyModel.from_cost_model(
+        CostModel(step_fixed_s=0.0005, step_per_item_s=0.035)))
+    cheap = make_policy("slo", 8, latency_model=LatencyModel.from_cost_model(CostModel()))
+    waiting = [request(i, t=i * 0.1) for i in range(6)]
+    assert len(bound.schedule(waiting, [], 1.0).run) == 1
+    assert len(cheap.schedule(waiting, [], 1.0).run) == 6
