@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import DEFAULT_HALF_LIFE_STEPS, OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
-from .base import in_bucket
+from .base import BucketTurns, in_bucket
 from .queue import WaitingQueue, as_queue
 
 DEFAULT_TOLERANCE = 0.01  # a batch within 1% of the best throughput is as good as the best
@@ -64,8 +64,7 @@ class AdaptiveBatchingPolicy:
         self.probe_every = probe_every
         self.curve = OnlineStepCurve(prior, max_batch_size, half_life_steps)
         self.cap: dict[Bucket, int] = {}  # the cap in force per bucket (for logs and /metrics)
-        self._last_run: dict[Bucket, int] = {}
-        self._steps = 0
+        self._turns = BucketTurns()
 
     def observe(self, bucket: Bucket, batch_size: int, seconds: float) -> None:
         """A denoising step of `batch_size` requests of `bucket` took `seconds` (the executor's own measure)."""
@@ -77,17 +76,9 @@ class AdaptiveBatchingPolicy:
     ) -> StepPlan:
         free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
         queue = as_queue(waiting)
-        active: dict[Bucket, None] = {}
-        for r in running:
-            active.setdefault(r.bucket, None)
-        if free:
-            for b in queue.buckets():  # by their oldest waiting request
-                active.setdefault(b, None)
-        if not active:
+        bucket = self._turns.pick(running, queue, free)
+        if bucket is None:
             return StepPlan()
-        bucket = min(active, key=lambda b: self._last_run.get(b, -1))  # least recently run first
-        self._steps += 1
-        self._last_run[bucket] = self._steps
         candidates = sorted(in_bucket(running, bucket) + queue.head(bucket, free), key=lambda r: r.arrival_time)
         cap = self._cap(bucket, len(candidates))
         self.cap[bucket] = cap
@@ -96,6 +87,6 @@ class AdaptiveBatchingPolicy:
 
     def _cap(self, bucket: Bucket, available: int) -> int:
         cap = self.curve.efficient_batch(bucket, available, self.tolerance, self.min_gain)
-        if cap < available and self._steps % self.probe_every == 0:
+        if cap < available and self._turns.steps % self.probe_every == 0:
             cap += 1  # now and then one more, so that a curve that became cheaper is seen
         return cap

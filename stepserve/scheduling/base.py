@@ -75,3 +75,31 @@ class RequestLevelPolicy:
 
     def wake_time(self, candidates: list[Request]) -> float | None:
         return None
+
+
+class BucketTurns:
+    """Which shape bucket a step runs, for the step-level policies (continuous, adaptive): among the buckets that
+    can run something (running requests, or waiting ones while a slot is free), the least recently run first;
+    ties keep running before waiting, then the age of the oldest waiting request. No bucket starves."""
+
+    def __init__(self) -> None:
+        self._last_run: dict[tuple[int, int], int] = {}  # bucket -> step counter when it last ran
+        self._steps = 0
+
+    def pick(self, running: Sequence[Request], queue, free: int) -> tuple[int, int] | None:
+        active: dict[tuple[int, int], None] = {}
+        for r in running:
+            active.setdefault(r.bucket, None)
+        if free:
+            for b in queue.buckets():  # by their oldest waiting request
+                active.setdefault(b, None)
+        if not active:
+            return None
+        bucket = min(active, key=lambda b: self._last_run.get(b, -1))
+        self._steps += 1
+        self._last_run[bucket] = self._steps
+        return bucket
+
+    @property
+    def steps(self) -> int:
+        return self._steps

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import in_bucket
+from .base import BucketTurns, in_bucket
 from .queue import WaitingQueue, as_queue
 from ..types import Request, StepPlan
 
@@ -29,8 +29,7 @@ class ContinuousBatchingPolicy:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.max_batch_size = max_batch_size
-        self._last_run: dict[tuple[int, int], int] = {}  # bucket -> step counter when it last ran
-        self._steps = 0
+        self._turns = BucketTurns()
 
     def schedule(
         self, waiting: Sequence[Request] | WaitingQueue, running: Sequence[Request], now: float,
@@ -38,18 +37,9 @@ class ContinuousBatchingPolicy:
     ) -> StepPlan:
         free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
         queue = as_queue(waiting)
-        active: dict[tuple[int, int], None] = {}
-        for r in running:
-            active.setdefault(r.bucket, None)
-        if free:
-            for b in queue.buckets():  # by their oldest waiting request
-                active.setdefault(b, None)
-        if not active:
+        bucket = self._turns.pick(running, queue, free)
+        if bucket is None:
             return StepPlan()
-        # Least recently run first; ties keep the order of `active` (running before waiting, then by age).
-        bucket = min(active, key=lambda b: self._last_run.get(b, -1))
-        self._steps += 1
-        self._last_run[bucket] = self._steps
         run = in_bucket(running, bucket)
         admit = queue.head(bucket, free)
         return StepPlan(admit=admit, run=run + admit)
