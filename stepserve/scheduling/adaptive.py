@@ -30,56 +30,42 @@ The policy is pure: no torch, no clock; the simulator runs it unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import DEFAULT_HALF_LIFE_STEPS, OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
-from .base import BucketTurns, in_bucket
-from .queue import WaitingQueue, as_queue
+from .continuous import ContinuousBatchingPolicy
 
 DEFAULT_TOLERANCE = 0.01  # a batch within 1% of the best throughput is as good as the best
 DEFAULT_MIN_GAIN = 0.10  # batching that gains less than 10% throughput is not worth slowing batch-mates down
 DEFAULT_PROBE_EVERY = 50
 
 
-class AdaptiveBatchingPolicy:
+class AdaptiveBatchingPolicy(ContinuousBatchingPolicy):
     name = "adaptive"
 
     def __init__(self, max_batch_size: int, latency_model: LatencyModel | None = None,
                  tolerance: float = DEFAULT_TOLERANCE, min_gain: float = DEFAULT_MIN_GAIN,
                  probe_every: int = DEFAULT_PROBE_EVERY,
                  half_life_steps: float = DEFAULT_HALF_LIFE_STEPS) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        super().__init__(max_batch_size)
         if not 0 <= tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         if probe_every < 1:
             raise ValueError(f"probe_every must be >= 1 step, got {probe_every}")
         prior = latency_model if latency_model is not None and latency_model.metadata.get("source") != "zero" \
             else None
-        self.max_batch_size = max_batch_size
         self.tolerance = tolerance
         self.min_gain = min_gain
         self.probe_every = probe_every
         self.curve = OnlineStepCurve(prior, max_batch_size, half_life_steps)
         self.cap: dict[Bucket, int] = {}  # the cap in force per bucket (for logs and /metrics)
-        self._turns = BucketTurns()
 
     def observe(self, bucket: Bucket, batch_size: int, seconds: float) -> None:
         """A denoising step of `batch_size` requests of `bucket` took `seconds` (the executor's own measure)."""
         self.curve.observe(bucket, batch_size, seconds)
 
-    def schedule(
-        self, waiting: Sequence[Request] | WaitingQueue, running: Sequence[Request], now: float,
-        draining: bool = False
-    ) -> StepPlan:
-        free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
-        queue = as_queue(waiting)
-        bucket = self._turns.pick(running, queue, free)
-        if bucket is None:
-            return StepPlan()
-        candidates = sorted(in_bucket(running, bucket) + queue.head(bucket, free), key=lambda r: r.arrival_time)
+    def step_plan(self, bucket: Bucket, holders: list[Request], joining: list[Request]) -> StepPlan:
+        candidates = sorted(holders + joining, key=lambda r: r.arrival_time)  # oldest first
         cap = self._cap(bucket, len(candidates))
         self.cap[bucket] = cap
         batch = candidates[:cap]

@@ -40,6 +40,9 @@ class ContinuousBatchingPolicy:
         bucket = self._turns.pick(running, queue, free)
         if bucket is None:
             return StepPlan()
-        run = in_bucket(running, bucket)
-        admit = queue.head(bucket, free)
-        return StepPlan(admit=admit, run=run + admit)
+        return self.step_plan(bucket, in_bucket(running, bucket), queue.head(bucket, free))
+
+    def step_plan(self, bucket: tuple[int, int], holders: list[Request], joining: list[Request]) -> StepPlan:
+        """The step for the bucket picked: its slot holders and the waiting requests the free slots admit, all
+        of them (a cost-aware subclass runs fewer: scheduling/adaptive.py)."""
+        return StepPlan(admit=joining, run=holders + joining)

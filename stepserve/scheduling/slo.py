@@ -63,6 +63,7 @@ from collections.abc import Callable, Sequence
 from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
+from .adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
 from .predict import earliest_finish, interleave, predict_finish_times
 
 ORDERS = ("edf", "srs")
@@ -130,8 +131,6 @@ class SLOPolicy:
         others = [self._backlog_s(b, *groups[b], key, now) for b in groups if b != bucket]
         cap = self._choose_cap(pool, rest, bucket, others, now)
         if self.cost_aware:
-            from .adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
-
             cap = min(cap, max(self.curve.efficient_batch(bucket, len(pool), DEFAULT_TOLERANCE, DEFAULT_MIN_GAIN), 1))
         batch = pool[:cap]
         self._charge(bucket, self.latency_model.step_s(len(batch), bucket))
