@@ -24,6 +24,18 @@ def tiny_sd_vpred_path(tmp_path_factory):
                          scheduler="EulerDiscreteScheduler", seed=1)
 
 
+@pytest.fixture
+def batching_pays(monkeypatch):
+    """Tests of batch invariance need requests to share batches. The cost-aware strategies (slo, adaptive) size
+    each batch from the step times they measure, and on a busy machine those can say that batching does not pay,
+    so that every request runs alone. These tests pin the step curve's answer to "all of them"; the choice itself
+    is tested with exact costs (tests/costs/test_online_curve.py, tests/scheduling/test_adaptive.py)."""
+    from stepserve.costs.online import OnlineStepCurve
+
+    monkeypatch.setattr(OnlineStepCurve, "efficient_batch",
+                        lambda self, bucket, available, tolerance, min_gain: available)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked slow run only with STEPSERVE_SLOW=1 or when -m names them."""
     if os.environ.get("STEPSERVE_SLOW") == "1" or "slow" in (config.getoption("markexpr") or ""):

@@ -14,6 +14,8 @@ import torch
 from stepserve import Engine, SamplingParams
 from stepserve.backends.fast_path import FastPathOptions
 
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
 MAX_BATCH = 4  # denoiser rows fixed at 8 (a conditional and an unconditional row per request), decode at 4
 STRATEGIES = ("none", "static", "dynamic", "continuous")
 SD_SAMPLERS = ("ddim", "euler", "euler_a", "dpmpp_2m")

@@ -8,6 +8,8 @@ from stepserve.scheduling import STRATEGIES
 from tiny_sd import SD_SAMPLERS as SAMPLERS
 from tiny_sd import reference_image
 
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
 
 def mixed_requests(n=12):
     out = []

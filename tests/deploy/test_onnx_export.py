@@ -14,6 +14,8 @@ from stepserve.loading import load_executor
 from stepserve.scheduling import STRATEGIES
 from stepserve.types import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
 BATCHES = (1, 3, 8)
 
 

@@ -9,6 +9,8 @@ import torch
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
 
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
 LONG_PROMPT = ("a watercolor of a lighthouse on a cliff at dusk, gulls over the waves, wet rocks and moss below, "
                "a lantern glowing in the top window")  # > 77 CLIP tokens (one per character here), < 512 T5 tokens
 PROMPTS = ["a red fox", "seven", "zz top at dawn", LONG_PROMPT, "blue sky"]

@@ -10,6 +10,8 @@ from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
 from stepserve.tiny.sd3 import build_tiny_sd3
 
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
 LONG_PROMPT = " ".join(f"word{i}" for i in range(60))  # ~350 characters: past CLIP's 77 and T5's 256 tokens
 SIZES = ((32, 32), (24, 40))  # two size buckets (height, width); the tiny model's default is 32x32
 

@@ -18,6 +18,8 @@ from stepserve.scheduling import STRATEGIES
 from stepserve.types import SamplingParams
 from tiny_sd import SD_SAMPLERS as SAMPLERS
 
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
 # 12 distinct requests (steps 2-5, samplers, guidance on and off), each sent 4 times: 48 at once.
 CONFIGS = [dict(prompt=f"digit {i}", seed=100 + i, num_inference_steps=2 + i % 4, sampler=SAMPLERS[i % 4],
                 guidance_scale=1.0 if i % 3 else 3.0) for i in range(12)]
