@@ -23,7 +23,7 @@ from typing import Any
 
 from .engine import EngineCore
 from .costs import LatencyModel
-from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, make_policy
+from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class EngineOptions:
     """How the engine batches: the policy and its settings."""
 
-    strategy: str = "continuous"
+    strategy: str = DEFAULT_STRATEGY
     max_batch_size: int = 8
     max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS
     static_batch_size: int | None = None

@@ -22,9 +22,9 @@ def test_server_cli_offers_exactly_the_engine_strategies_devices_and_dtypes():
 
 def test_bench_cli_defaults_to_every_strategy_and_names_the_devices():
     parser = bench_cli.build_parser()
-    assert parser.get_default("strategies") is None  # chosen from the run: every strategy when it has deadlines
-    assert tuple(bench_cli.default_strategies(True)) == scheduling.STRATEGIES
-    assert set(bench_cli.default_strategies(False)) == set(scheduling.STRATEGIES) - {"slo"}
+    assert parser.get_default("strategies") is None
+    assert [c.strategy for c in bench_cli.config_from_args(["--model", "fake"]).contenders] == [
+        s for s in scheduling.STRATEGIES for _ in (range(3) if s == "dynamic" else range(1))]  # 3 dynamic delays
     assert tuple(_choices(parser, "device")) == loading.DEVICES  # the same flags as serve (commands/flags.py)
     assert tuple(_choices(parser, "dtype")) == loading.DTYPES
     assert Contender("dynamic").max_queue_delay_ms == scheduling.DEFAULT_MAX_QUEUE_DELAY_MS

@@ -56,6 +56,7 @@ class Contender:
     max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS
     static_batch_size: int | None = None
     max_queue: int | None = None
+    slo_order: str | None = None  # slo: its order within a priority (None: EngineOptions' default)
 
     @property
     def name(self) -> str:
@@ -63,12 +64,14 @@ class Contender:
             return f"dynamic({self.max_queue_delay_ms:g}ms)"
         if self.strategy == "static" and self.static_batch_size:
             return f"static({self.static_batch_size})"
+        if self.strategy == "slo" and self.slo_order:
+            return f"slo({self.slo_order})"
         return self.strategy
 
     def engine_options(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "max_batch_size": self.max_batch_size,
                 "max_queue_delay_ms": self.max_queue_delay_ms, "static_batch_size": self.static_batch_size,
-                "max_queue": self.max_queue}
+                "max_queue": self.max_queue, **({"slo_order": self.slo_order} if self.slo_order else {})}
 
 
 class Target(Protocol):

@@ -24,16 +24,10 @@ from ..bench.targets import Contender
 from ..bench.triton_target import is_triton_target, parse_triton_target
 from ..bench.workload import Mix
 from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c
-from ..scheduling import STRATEGIES
+from ..scheduling import DEFAULT_STRATEGY, STRATEGIES
 from .flags import add_fast_path_flags, add_model_flags, fast_path_from_args
 
 LOADS = ("poisson", "closed", "trace")
-DEADLINE_STRATEGIES = ("slo",)  # only differ from continuous when requests carry deadlines
-
-
-def default_strategies(deadlines: bool) -> list[str]:
-    """Every strategy, but slo only when the run has deadlines (without, it is continuous by another name)."""
-    return [s for s in STRATEGIES if deadlines or s not in DEADLINE_STRATEGIES]
 
 
 class UsageError(Exception):
@@ -74,9 +68,7 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
     if prog != "stepserve simulate":  # a simulated clock has no kernels to compile
         add_fast_path_flags(p)  # in-process only
     p.add_argument("--strategies",
-                   help=f"comma-separated: {', '.join(STRATEGIES)}; default: "
-                        f"{','.join(default_strategies(False))}, and slo too when the run has deadlines "
-                        "(--timeout-s/--timeout-slo), since without deadlines slo refuses nothing")
+                   help=f"comma-separated: {', '.join(STRATEGIES)}; default: every one")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--static-batch-size", type=int, help="static's batch size (default: --max-batch-size)")
@@ -127,9 +119,9 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
 
 def contenders_from(args: argparse.Namespace) -> list[Contender]:
     if args.strategies is None and args.peers:
-        names = ["continuous"]
+        names = [DEFAULT_STRATEGY]  # stepserve serve as it starts by default
     elif args.strategies is None:
-        names = default_strategies(args.timeout_s is not None or args.timeout_slo)
+        names = list(STRATEGIES)
     else:
         names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [n for n in names if n not in STRATEGIES]
@@ -252,11 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"stepserve bench: {exc}", file=sys.stderr)
         return 2
-    if (not cfg.has_deadlines and cfg.load != "trace" and not cfg.targets
-            and any(c.strategy in DEADLINE_STRATEGIES for c in cfg.contenders)):
-        print("stepserve bench: note: no request carries a deadline (--timeout-s/--timeout-slo), so slo refuses "
-              "nothing and gives up on nothing: it is continuous batching, fewest remaining steps first",
-              file=sys.stderr)
     try:
         with sigterm_as_ctrl_c():  # peer servers and engines are stopped on either
             run = asyncio.run(run_bench(cfg))

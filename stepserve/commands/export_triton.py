@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, STRATEGIES
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, STRATEGIES
 from ..deploy.onnx_export import ExportError
 from ..deploy.triton.config import MODES, NETWORK_BACKENDS
 from ..deploy.triton.repository import ENGINE_BACKENDS, RepositoryOptions, write_repository
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnxruntime intra-op threads per network session (default: cores - 1)")
     p.add_argument("--no-validate", action="store_true", help="skip the onnxruntime-vs-torch check of the export")
     s = p.add_argument_group("stepserve mode")
-    s.add_argument("--strategy", default=None, choices=STRATEGIES, help="the engine's batching (default continuous)")
+    s.add_argument("--strategy", default=None, choices=STRATEGIES, help=f"the engine's batching (default {DEFAULT_STRATEGY})")
     s.add_argument("--backend", default=None, choices=ENGINE_BACKENDS,
                    help="how the engine runs the networks (default onnxruntime; torch copies the diffusers folder)")
     c = p.add_argument_group("classic mode")
@@ -87,7 +87,7 @@ def options_from(args: argparse.Namespace) -> RepositoryOptions:
                          f" only, not --mode {args.mode}")
     return RepositoryOptions(
         mode=args.mode, max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
-        max_queue=args.max_queue, strategy=args.strategy or "continuous", engine_backend=args.backend or "onnxruntime",
+        max_queue=args.max_queue, strategy=args.strategy or DEFAULT_STRATEGY, engine_backend=args.backend or "onnxruntime",
         network_backend=args.network_backend or "python",
         network_max_queue_delay_ms=args.network_max_queue_delay_ms or 0.0, threads=args.threads,
         validate=not args.no_validate)

@@ -16,7 +16,7 @@ import uvicorn
 
 from ..api_key import API_KEY_ENV, resolve_api_key
 from ..loading import available_cores
-from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, SLO_ORDERS, STRATEGIES
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine_config import EngineOptions
 from ..server.startup import ServeSettings, StartupError, start_engine
 from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, float_from, int_from
@@ -54,7 +54,8 @@ def default_max_queue(max_batch_size: int, max_n: int) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="stepserve serve", description="Serve the OpenAI-compatible images API over HTTP.")
     add_model_flags(p)
-    p.add_argument("--strategy", default="continuous", choices=STRATEGIES, help="batching strategy")
+    p.add_argument("--strategy", default=DEFAULT_STRATEGY, choices=STRATEGIES,
+                   help=f"batching strategy (default {DEFAULT_STRATEGY}: deadline- and cost-aware, see the README)")
     p.add_argument("--max-batch-size", type=int_from(1), default=8, help="most requests in one denoising step")
     p.add_argument("--max-queue-delay-ms", type=_non_negative_float, default=DEFAULT_MAX_QUEUE_DELAY_MS,
                    help="dynamic batching: longest wait for a fuller batch")

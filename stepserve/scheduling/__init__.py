@@ -13,6 +13,9 @@ from .slo import SLOPolicy
 from .static import DEFAULT_FLUSH_TIMEOUT_S, StaticBatchingPolicy
 
 STRATEGIES = ("continuous", "dynamic", "static", "none", "slo", "adaptive")
+# The default: deadline-aware and cost-aware (docs/BENCHMARKS.md, "Regime matrix": within the margins of the best
+# contender in every simulated regime, load and deadline setting).
+DEFAULT_STRATEGY = "slo"
 DEFAULT_MAX_QUEUE_DELAY_MS = 50.0
 
 
@@ -53,6 +56,7 @@ __all__ = [
     "AdaptiveBatchingPolicy",
     "SLO_ORDERS",
     "STRATEGIES",
+    "DEFAULT_STRATEGY",
     "Policy",
     "ContinuousBatchingPolicy",
     "DynamicBatchingPolicy",

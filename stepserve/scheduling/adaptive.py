@@ -21,8 +21,8 @@ So each step, for the bucket it runs:
   step times the executor reports (`observe`, called by the engine after every step), so a curve that drifts is
   followed within a few dozen steps. Every `probe_every` steps the cap is raised by one when there is a request
   to spare, so that a regime that became cheaper is seen too. While the curve is unknown (no prior, and
-  every step seen was of one size) the policy runs every candidate, as continuous batching does (which shows what
-  a batch costs).
+  every step seen was of one size) the policy runs every candidate, as continuous batching does, and one fewer
+  every `probe_every` steps (which shows what a request adds).
 - Buckets are taken in turn, least recently run first, as in continuous batching.
 
 The policy is pure: no torch, no clock; the simulator runs it unchanged.
@@ -72,7 +72,20 @@ class AdaptiveBatchingPolicy(ContinuousBatchingPolicy):
         return StepPlan(admit=[r for r in batch if r.status is RequestStatus.WAITING], run=batch)
 
     def _cap(self, bucket: Bucket, available: int) -> int:
-        cap = self.curve.efficient_batch(bucket, available, self.tolerance, self.min_gain)
-        if cap < available and self._turns.steps % self.probe_every == 0:
-            cap += 1  # now and then one more, so that a curve that became cheaper is seen
-        return cap
+        return cost_aware_cap(self.curve, bucket, available, self._turns.steps, self.tolerance, self.min_gain,
+                              self.probe_every)
+
+
+def cost_aware_cap(curve: OnlineStepCurve, bucket: Bucket, available: int, steps: int,
+                   tolerance: float = DEFAULT_TOLERANCE, min_gain: float = DEFAULT_MIN_GAIN,
+                   probe_every: int = DEFAULT_PROBE_EVERY) -> int:
+    """How many of `available` requests to run in step number `steps`: what the curve says pays, and one more
+    every `probe_every` steps when there is one to spare, so that a curve that became cheaper is seen too. While
+    the curve is unknown (every step seen so far was of one size), all of them, and one fewer every
+    `probe_every` steps, so that the slope can be seen."""
+    if curve.line(bucket) is None:
+        return available - 1 if available > 1 and steps % probe_every == 0 else available
+    cap = curve.efficient_batch(bucket, available, tolerance, min_gain)
+    if cap < available and steps % probe_every == 0:
+        cap += 1
+    return cap

@@ -1,12 +1,14 @@
-"""SLO-aware continuous batching: deadlines first, predicted with a latency model.
+"""SLO-aware, cost-aware continuous batching: deadlines first, predicted with a latency model. The default
+strategy (scheduling.DEFAULT_STRATEGY).
 
 Continuous batching (requests join and leave at any step) with these rules, each decided from `now` and a
 LatencyModel alone:
 
 - Service order. Requests waiting longer than `starvation_s` come first, oldest first (so a low priority is
-  never starved). Then higher `priority` first. Within a priority, earliest deadline first (requests without a
-  deadline after those with one), or with order="srs" fewest remaining steps first (deadline, then arrival,
-  break ties). Last, arrival order.
+  never starved). Then higher `priority` first. Within a priority, the requests with a deadline: earliest
+  deadline first, or with order="srs" fewest remaining steps first (deadline, then arrival, break ties); then
+  those without one, in arrival order (first come first served, which keeps the tail shortest where the
+  cost-aware cap runs one at a time).
 - Slots. At most `max_batch_size` requests hold a slot (are running: encoded, latents in memory), counted over
   all buckets (the paused ones of the buckets not run in a step included), so the memory cap's measurement at
   max_batch_size holds whatever the mix of sizes. The slots are shared by the buckets with work, max-min
@@ -18,9 +20,10 @@ LatencyModel alone:
   step. `cap` is the largest batch size <= max_batch_size at which every request of the bucket (slot holders
   and queue) with a deadline is predicted to meet it (predict.py replays the schedule). When no size saves them
   all, the size that saves the most (the larger on a tie).
-- Cost-aware bound. The cap is at most what the step-time curve says pays (scheduling/adaptive.py: 1 where a
-  batch of n costs about n steps of one, every candidate where batching is cheap), the curve a prior (the latency
-  model) corrected online by the steps the executor reports (`observe`). `cost_aware=False` turns it off.
+- Cost-aware bound. The cap is at most what the step-time curve says pays (scheduling/adaptive.py,
+  cost_aware_cap: 1 where a batch of n costs about n steps of one, every candidate where batching is cheap, and a
+  probe of one more or one fewer now and then), the curve a prior (the latency model) corrected online by the
+  steps the executor reports (`observe`). `cost_aware=False` turns it off.
 - Give up. A request that would miss its deadline even alone at batch size 1 from now is returned in
   StepPlan.give_up; the engine ends it with a timeout error. Nothing else is ever given up.
 - Buckets. Requests of different shapes never share a forward. The bucket to run is chosen by deficit
@@ -38,10 +41,7 @@ LatencyModel alone:
   refilled by a new arrival. So a request is admitted only if it can make its deadline at the batch size the
   engine is running at, not at the smaller batch a replay without future arrivals would see as others finish.
   Without this, a long request admitted in a lull later holds the batch small (the cap protects it) and turns
-  away many cheaper requests. In simulation (mixed 8/20/40 steps, an exact cost model) this took goodput at
-  1.5x capacity from 0.81x to 1.09x of capacity with a deadline of 2x the idle latency of 40 steps, and at 70%
-  load it refused 7 of 1,321 requests with a deadline of 4x (continuous missed none of them). Charging a full
-  batch from half-full on did as well under overload but refused ~10% at 70% load on the real model.
+  away many cheaper requests (simulated, 8/20/40 steps at 1.5x capacity: goodput 0.81x -> 1.09x of capacity).
   It is an estimate, not a promise: it cannot see later arrivals that go ahead by deadline or priority, nor the
   lower caps chosen later; with exact costs and heavy overload, the tests' traces miss about 2% of the deadlines
   admission accepted. retry_after_s() says when a slot is predicted to free.
@@ -52,7 +52,8 @@ max_batch_size 8 and 6 ms at 32 when every size has to be tried.
 
 Predictions are only as good as the latency model; `margin_s` keeps that much slack between a predicted finish
 and a deadline for admission and the cap (never for giving up). Without a measured model, make_policy uses
-LatencyModel.zero(): the ordering rules hold, and nothing is refused or given up early.
+LatencyModel.zero(): the ordering rules hold, nothing is refused or given up early, and the cost-aware cap learns
+its curve from the steps alone.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from collections.abc import Callable, Sequence
 from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
-from .adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
+from .adaptive import cost_aware_cap
 from .predict import earliest_finish, interleave, predict_finish_times
 
 ORDERS = ("edf", "srs")
@@ -108,6 +109,8 @@ class SLOPolicy:
         self.curve = OnlineStepCurve(None if latency_model.metadata.get("source") == "zero" else latency_model,
                                      max_batch_size)
         self.cost_aware = cost_aware
+        self.cap: dict[Bucket, int] = {}  # the cost-aware cap in force per bucket (for logs and /metrics)
+        self._steps = 0
 
     # --- the step ----------------------------------------------------------------------------------------------
     def schedule(
@@ -131,7 +134,9 @@ class SLOPolicy:
         others = [self._backlog_s(b, *groups[b], key, now) for b in groups if b != bucket]
         cap = self._choose_cap(pool, rest, bucket, others, now)
         if self.cost_aware:
-            cap = min(cap, max(self.curve.efficient_batch(bucket, len(pool), DEFAULT_TOLERANCE, DEFAULT_MIN_GAIN), 1))
+            self._steps += 1
+            self.cap[bucket] = max(cost_aware_cap(self.curve, bucket, len(pool), self._steps), 1)
+            cap = min(cap, self.cap[bucket])
         batch = pool[:cap]
         self._charge(bucket, self.latency_model.step_s(len(batch), bucket))
         admit = [r for r in batch if r.status is RequestStatus.WAITING]
@@ -223,9 +228,10 @@ class SLOPolicy:
         def key(r: Request) -> tuple:
             if now - r.arrival_time > self.starvation_s:
                 return (0, r.arrival_time)
-            deadline = math.inf if r.deadline is None else r.deadline
-            first = r.num_inference_steps - r.step if srs else deadline
-            return (1, -r.priority, first, deadline, r.arrival_time)
+            if r.deadline is None:  # no deadline: after those with one, in arrival order (either order)
+                return (1, -r.priority, math.inf, math.inf, r.arrival_time)
+            first = r.num_inference_steps - r.step if srs else r.deadline
+            return (1, -r.priority, first, r.deadline, r.arrival_time)
 
         return key
 

@@ -19,7 +19,8 @@ def test_serve_builds_a_deterministic_engine(capsys):
     networks = engine.executor.pipeline.networks
     assert name == "embedded" and isinstance(networks, BatchBucketedNetworks)
     assert networks.fixed_rows == 6 and networks.batch_buckets == (6,)
-    assert networks.calls == {6: 1}  # the warm-up step ran at start-up
+    # every call at the one fixed size: the warm-up step, and the default strategy's latency measurement
+    assert set(networks.calls) == {6} and networks.calls[6] >= 1
     assert "warm-up" in capsys.readouterr().err
     with pytest.raises(ValueError, match="already applied"):
         apply_fast_path(engine.executor, FastPathOptions(compile=True), 3)

@@ -8,6 +8,7 @@ import pytest
 from aiohttp import web
 
 from stepserve.commands.bench import UsageError, config_from_args, main
+from stepserve.scheduling import STRATEGIES
 from stepserve.bench.load import run_open_loop
 from stepserve.bench.metrics import Usage, summarize, summarize_repeats
 from stepserve.bench.runner import NO_DEADLINE_S
@@ -292,22 +293,9 @@ def test_flags_parse_into_the_config(tmp_path):
     assert cfg.latency_model == str(model_file)
 
 
-def test_slo_is_in_the_default_strategies_only_with_deadlines(monkeypatch, capsys):
-    from stepserve.commands import bench as cli
-
-    without = [c.strategy for c in config_from_args(["--model", "fake"]).contenders]
-    assert "slo" not in without and {"continuous", "dynamic", "static", "none"} <= set(without)
-    for flags in (["--timeout-s", "1"], ["--timeout-slo"]):
-        assert "slo" in [c.strategy for c in config_from_args(["--model", "fake", *flags]).contenders]
-    # asked for by name without deadlines: allowed, with a note that it then refuses nothing
+def test_the_default_strategies_are_every_strategy_with_or_without_deadlines():
+    for flags in ([], ["--timeout-s", "1"], ["--timeout-slo"]):
+        got = {c.strategy for c in config_from_args(["--model", "fake", *flags]).contenders}
+        assert got == set(STRATEGIES), flags
     assert [c.strategy for c in config_from_args(["--strategies", "slo"]).contenders] == ["slo"]
 
-    async def stop(cfg):
-        raise ValueError("stopped before running")
-
-    monkeypatch.setattr(cli, "run_bench", stop)
-    assert main(["--model", "fake", "--strategies", "slo"]) == 2
-    assert "slo refuses nothing and gives up on nothing: it is continuous batching" in capsys.readouterr().err
-    assert main(["--model", "fake", "--strategies", "slo", "--timeout-s", "1"]) == 2
-    assert "refuses nothing and gives up on nothing" not in capsys.readouterr().err
-    assert "slo too when the run has deadlines" in " ".join(cli.build_parser().format_help().split())

@@ -91,7 +91,7 @@ def test_demo_defaults_compare_every_strategy_on_a_mixed_workload():
     from stepserve.commands.demo import DEFAULT_OUT, config_from_args
 
     cfg = config_from_args([])
-    assert [c.name for c in cfg.contenders] == ["continuous", "dynamic(10ms)", "dynamic(50ms)", "dynamic(200ms)",
+    assert [c.name for c in cfg.contenders] == ["slo", "continuous", "dynamic(10ms)", "dynamic(50ms)", "dynamic(200ms)",
                                                 "static", "none"]
     assert cfg.mix.steps.values == [8, 20, 40] and cfg.rate_frac == 0.7 and cfg.load == "poisson"
     assert cfg.model == "embedded" and cfg.out == DEFAULT_OUT and cfg.keep_images

@@ -62,7 +62,7 @@ def test_parse_peers_grid_and_single_settings():
 def test_bench_flags_for_peers():
     cfg = config_from_args(["--peers", "triton@4x10,ray@8x50"])
     assert cfg.backend == "onnxruntime"  # Triton's classic layout runs onnxruntime: every contender does
-    assert [c.name for c in cfg.contenders] == ["continuous"]  # stepserve serve, continuous by default
+    assert [c.name for c in cfg.contenders] == ["slo"]  # stepserve serve with its default strategy
     assert [p.name for p in cfg.peers] == ["triton(b4,10ms)", "ray(b8,50ms)"]
     assert config_from_args(["--peers", "ray@8x50"]).backend == "torch"
     for argv, words in ((["--peers", "triton", "--backend", "torch"], "--backend onnxruntime"),
@@ -143,7 +143,7 @@ def peer_bench(tmp_path_factory):
 
 def test_peer_bench_rows_versions_configs_and_images(peer_bench):
     run, out = peer_bench
-    names = ["stepserve-continuous", "ray(b2,10ms)", "litserve(b2,10ms)", "triton(b2,10ms)"]
+    names = ["stepserve-slo", "ray(b2,10ms)", "litserve(b2,10ms)", "triton(b2,10ms)"]
     results = json.loads((out / "results.json").read_text())
     assert [s["contender"] for s in results["summaries"]] == names
     for s in results["summaries"]:
@@ -167,7 +167,7 @@ def test_peer_bench_rows_versions_configs_and_images(peer_bench):
     from stepserve.loading import load_executor
 
     model = load_executor("embedded").model_info
-    reference = by_contender["stepserve-continuous"]
+    reference = by_contender["stepserve-slo"]
     assert len(reference) == len(run.plan.trace.items)
     for name in names:
         images = by_contender[name]

@@ -3,6 +3,8 @@ when the step cost changes mid-run (simulated clock, the policy unchanged)."""
 
 from __future__ import annotations
 
+import pytest
+
 from stepserve.costs import CostModel, FakeExecutor, LatencyModel
 from stepserve.engine_config import EngineOptions
 from stepserve.scheduling import AdaptiveBatchingPolicy, make_policy
@@ -36,38 +38,61 @@ def test_slot_holders_beyond_the_cap_pause_and_keep_their_state():
     assert plan.run == running[:1] and not plan.admit  # the two others pause: still running, not stepped
 
 
-class Slowdown(FakeExecutor):
-    """Batching is cheap until `after` denoising calls, then one more request costs 50x as much."""
+CHEAP = CostModel(step_fixed_s=0.010, step_per_item_s=0.0005)
+BOUND = CostModel(step_fixed_s=0.0005, step_per_item_s=0.025)  # one more request costs 50x as much
 
-    def __init__(self, after: int) -> None:
-        super().__init__(cost=CostModel(step_fixed_s=0.010, step_per_item_s=0.0005))
-        self.after, self.calls = after, 0
+
+class CostSwitch(FakeExecutor):
+    """Charges `first` until `after` denoising calls, then `then`."""
+
+    def __init__(self, first: CostModel, then: CostModel, after: int) -> None:
+        super().__init__(cost=first)
+        self.then, self.after, self.calls = then, after, 0
 
     def denoise(self, requests):
         self.calls += 1
         if self.calls == self.after:
-            self.cost = CostModel(step_fixed_s=0.0005, step_per_item_s=0.025)
+            self.cost = self.then
         return super().denoise(requests)
 
 
-def test_the_cap_follows_a_step_cost_that_changes_mid_run():
-    executor = Slowdown(after=300)
-    core = EngineOptions(strategy="adaptive", max_batch_size=8).make_core(executor)
-    arrivals = [Arrival(i * 0.05, SamplingParams(prompt=f"a{i}", seed=i, num_inference_steps=20,
-                                                 guidance_scale=1.0)) for i in range(1500)]
-    caps: list[tuple[float, int, int]] = []  # (time, denoise calls so far, cap in force)
-    t = [0.0]
+def run_with_caps(strategy: str, executor: CostSwitch, arrivals: list[Arrival]) -> list[tuple[float, int, int]]:
+    """(time, denoise calls so far, cap in force) after every step; every request must complete."""
+    core = EngineOptions(strategy=strategy, max_batch_size=8).make_core(executor)
+    caps = []
 
     def on_step(report) -> None:
-        t[0] = report.now + report.duration_s
-        caps.append((t[0], executor.calls, max(core.policy.cap.values(), default=0)))
+        caps.append((report.now + report.duration_s, executor.calls, max(core.policy.cap.values(), default=0)))
 
     result = simulate(core, arrivals, on_step=on_step)
     assert all(r.status is RequestStatus.COMPLETED for r in result.requests)
+    return caps
+
+
+@pytest.mark.parametrize("strategy", ["adaptive", "slo"])
+def test_the_cap_follows_a_step_cost_that_changes_mid_run(strategy):
+    executor = CostSwitch(CHEAP, BOUND, after=300)
+    arrivals = [Arrival(i * 0.05, SamplingParams(prompt=f"a{i}", seed=i, num_inference_steps=20,
+                                                 guidance_scale=1.0)) for i in range(1500)]
+    caps = run_with_caps(strategy, executor, arrivals)
     before = [cap for _, calls, cap in caps if 100 < calls < 300]
     assert before and min(before) >= 3  # cheap: everyone who is there (4-6 at this load) shares each step
     switched_at = next(time for time, calls, _ in caps if calls >= 300)
     settled_at = next(time for time, calls, cap in caps if calls >= 300 and cap == 1)
+    assert settled_at - switched_at <= 30.0, (switched_at, settled_at)
+
+
+@pytest.mark.parametrize("strategy", ["adaptive", "slo"])
+def test_the_cap_rises_again_when_batching_becomes_cheap(strategy):
+    """Running one at a time shows nothing of larger batches: the cap is raised by one now and then (a probe),
+    which is how a curve that became cheaper is seen."""
+    executor = CostSwitch(BOUND, CHEAP, after=200)
+    arrivals = [Arrival(2.0 * (i // 4), SamplingParams(prompt=f"a{i}", seed=i, num_inference_steps=5,
+                                                       guidance_scale=1.0)) for i in range(4 * 60)]
+    caps = run_with_caps(strategy, executor, arrivals)
+    assert max(cap for _, calls, cap in caps if 100 < calls < 200) <= 2  # compute-bound: alone, or a probe
+    switched_at = next(time for time, calls, _ in caps if calls >= 200)
+    settled_at = next(time for time, calls, cap in caps if calls >= 200 and cap >= 4)
     assert settled_at - switched_at <= 30.0, (switched_at, settled_at)
 
 

@@ -91,9 +91,21 @@ def test_priority_classes_first_then_deadlines():
 
 def test_srs_order_runs_fewest_remaining_steps_first():
     core, _ = engine(max_batch=1, order="srs")
-    reqs = [core.add_request(params(i, steps=s), 0.0) for i, s in enumerate([10, 3, 7, 1])]
+    reqs = [core.add_request(params(i, steps=s, timeout=100.0), 0.0) for i, s in enumerate([10, 3, 7, 1])]
     run_until_idle(core, 0.0)
     assert finish_order(reqs) == [reqs[i].request_id for i in (3, 1, 2, 0)]
+
+
+@pytest.mark.parametrize("order", ["srs", "edf"])
+def test_requests_without_a_deadline_come_after_those_with_one_in_arrival_order(order):
+    """Without deadlines either order is arrival order (first come first served where the cost-aware cap runs
+    one at a time, which keeps the tail short); requests with a deadline go first."""
+    core, _ = engine(max_batch=1, order=order)
+    steps, timeouts = [10, 3, 7, 1, 5], [None, None, 100.0, None, 100.0]
+    reqs = [core.add_request(params(i, steps=s, timeout=t), 0.0) for i, (s, t) in enumerate(zip(steps, timeouts))]
+    run_until_idle(core, 0.0)
+    first = (4, 2) if order == "srs" else (2, 4)  # srs: 5 steps before 7; edf: equal deadlines, then arrival
+    assert finish_order(reqs) == [reqs[i].request_id for i in (*first, 0, 1, 3)]
 
 
 @pytest.mark.parametrize("starvation_s", [0.5, math.inf])

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -12,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def regimes():
     spec = importlib.util.spec_from_file_location("regimes", ROOT / "benchmarks" / "regimes.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["regimes"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -23,14 +27,29 @@ def test_regimes_runs_a_tiny_matrix(tmp_path, capsys):
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert [(r["deadline"], r["contender"]) for r in rows] == [
-        ("none", "default=continuous"), ("none", "dynamic(10ms)"), ("3x", "default=continuous"), ("3x", "dynamic(10ms)")]
+        ("none", "default=slo"), ("none", "dynamic(10ms)"), ("3x", "default=slo"), ("3x", "dynamic(10ms)")]
     for r in rows:
         assert r["measured"] > 0 and 0 <= r["attainment"] <= 1 and r["p95_s"] >= r["p50_s"] > 0
         assert r["slowdown_p95"] >= 1.0 and r["goodput_rps"] >= 0
     meta = data["regimes"][0]
     assert meta["best_capacity"] in meta["capacity_rps"] and set(meta["standalone_s"]) == {"8", "20", "40"}
     printed = capsys.readouterr().out
-    assert "| cpu-embedded | 0.7 | 3x | default=continuous |" in printed and "wall time" in printed
+    assert "| cpu-embedded | 0.7 | 3x | default=slo |" in printed and "wall time" in printed
+    assert "the default within the margins in" in printed
+
+
+@pytest.mark.slow  # ~15 s of real engines
+def test_a_live_regime_runs_every_cell_with_repeats(tmp_path, capsys):
+    """The live clock: the embedded model loaded for real, each cell's contenders run `--repeats` times."""
+    out = tmp_path / "r.json"
+    assert regimes().main(["--regimes", "live-embedded", "--contenders", "default,none", "--loads", "0.5",
+                           "--steps", "2,4", "--requests", "6", "--min-duration", "1", "--repeats", "2",
+                           "--live-capacity-s", "1", "--workdir", str(tmp_path), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["regimes"][0]["clock"] == "live" and data["regimes"][0]["repeats"] == 2
+    for r in data["rows"]:
+        assert len(r["repeats"]) == 2 and r["measured"] > 0 and r["p95_s"] >= r["p50_s"] > 0
+        assert sorted(x["p50_s"] for x in r["repeats"])[0] <= r["p50_s"] <= sorted(x["p50_s"] for x in r["repeats"])[1]
 
 
 def test_a_contender_is_a_name_and_default_follows_the_engine():

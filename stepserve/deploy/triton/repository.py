@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...loading import is_export_dir
+from ...scheduling import DEFAULT_STRATEGY
 from ..onnx_export import export_onnx, read_manifest
 from .config import (
     ENTRY_MODEL,
@@ -54,7 +55,7 @@ class RepositoryOptions:
     max_batch_size: int = 8
     max_queue_delay_ms: float = 50.0
     max_queue: int | None = None  # stepserve: the engine's queue bound; classic: Triton's max_queue_size
-    strategy: str = "continuous"  # stepserve only
+    strategy: str = DEFAULT_STRATEGY  # stepserve only
     engine_backend: str = "onnxruntime"  # stepserve only: how the engine runs the networks
     network_backend: str = "python"  # classic only: Python backend (runs here) or Triton's onnxruntime backend
     network_max_queue_delay_ms: float = 0.0  # classic only: the network models' dynamic batcher delay

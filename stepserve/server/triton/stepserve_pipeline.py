@@ -24,7 +24,7 @@ from stepserve.async_engine import DEFAULT_ANSWER_MARGIN_S, AsyncEngine
 from stepserve.engine import AdmissionError, QueueFullError
 from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
 from stepserve.loading import load_executor
-from stepserve.scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
+from stepserve.scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY
 
 from .requests import (
     QUEUE_FULL_PREFIX,
@@ -74,7 +74,7 @@ class TritonPythonModel:
         backend = params.get("backend", "onnxruntime")
         folder = version_dir(args) / ("export" if backend == "onnxruntime" else "diffusers")
         executor = load_executor(str(folder), backend=backend, threads=optional_int(params.get("threads")))
-        options = EngineOptions(strategy=params.get("strategy", "continuous"),
+        options = EngineOptions(strategy=params.get("strategy", DEFAULT_STRATEGY),
                                 max_batch_size=int(params.get("max_batch_size", "8")),
                                 max_queue=optional_int(params.get("max_queue")),
                                 max_queue_delay_ms=float(params.get("max_queue_delay_ms", DEFAULT_MAX_QUEUE_DELAY_MS)),
