@@ -13,6 +13,7 @@ COMMANDS = {
     "plan": ("stepserve.commands.plan", "the fewest replicas behind a router that hold a p95 SLO at a rate (simulated)"),
     "export": ("stepserve.commands.export", "export to ONNX, TensorRT plans or a Triton model repository"),
     "profile": ("stepserve.commands.profile", "measure a model's stage latencies on this device; write a latency model"),
+    "tiny": ("stepserve.commands.tiny", "write a tiny diffusers folder with random weights (no download) to try a family"),
     "grid": ("stepserve.commands.grid", "write a sample grid (every digit x several seeds) of the embedded model"),
     "train-embedded": ("stepserve.commands.train_embedded", "retrain the embedded default model from scikit-learn digits"),
 }

@@ -84,6 +84,7 @@ class EngineConfig:
     # replicas with --replica-gpus 0.5, or several on one host) each take their share, not the whole
     memory_share: float = 1.0
     fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
+    warm_up: bool = True  # one throwaway request at start-up, so the first real one is not slow (see warm_up)
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -106,7 +107,8 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         import torch
 
         torch.set_num_threads(config.threads)
-    if executor is None:
+    loaded = executor is None
+    if loaded:
         from .loading import load_executor
 
         executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads)
@@ -121,7 +123,9 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if config.fast_path is not None and config.fast_path.enabled:
         from .backends.fast_path import apply_fast_path
 
-        apply_fast_path(executor, config.fast_path, options.max_batch_size)
+        apply_fast_path(executor, config.fast_path, options.max_batch_size)  # warms up every compiled bucket
+    elif loaded and config.warm_up:
+        say(f"warm-up: one request through every stage in {warm_up(executor):.2f} s")
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:
@@ -129,3 +133,22 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     except OSError as exc:
         raise ValueError(f"latency_model {options.latency_model!r}: {exc}") from None
     return BuiltEngine(executor, replace(options, latency_model=latency))
+
+
+def warm_up(executor: Any) -> float:
+    """One throwaway request through every stage (text encoding, a denoising step, decoding) at the model's
+    default size, so that the first real request does not pay for lazy set-up: onnxruntime's first run of a
+    session, the allocator's growth, kernel selection. Returns the seconds it took."""
+    import time
+
+    from .types import Request, SamplingParams
+    from .validation import resolve_params
+
+    t0 = time.perf_counter()
+    params = resolve_params(SamplingParams(prompt="warm-up", seed=0, num_inference_steps=2), executor.model_info)
+    request = Request("warm-up", params, 0.0, (params.height, params.width), params.num_inference_steps)
+    executor.prepare([request])
+    executor.denoise([request])
+    executor.decode([request])
+    request.release_tensors()
+    return time.perf_counter() - t0

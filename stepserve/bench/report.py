@@ -213,7 +213,8 @@ def conclusions(results: BenchResults) -> list[str]:
 def render(results: BenchResults) -> str:
     r, st = results, results.settings
     reps = st.repeats
-    lines = ["# stepserve benchmark", "", f"Command: `{r.environment.command}`", ""]
+    title = "# stepserve benchmark (simulated)" if r.clock == "simulated" else "# stepserve benchmark"
+    lines = [title, "", f"Command: `{r.environment.command}`", ""]
     if st.model is None:
         where = (f"- Target: {st.target} (a running server: its start-up is not measured here); load generated on "
                  f"{r.environment.cpu}, {r.environment.cpu_count} cores")

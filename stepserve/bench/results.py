@@ -126,6 +126,11 @@ class BenchResults:
     knees: list[Knee] = field(default_factory=list)
     conclusions: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    clock: str = "wall"  # "simulated" when every engine ran on a simulated clock (stepserve simulate)
+
+    def __post_init__(self) -> None:
+        if self.environment.device == "simulated":
+            self.clock = "simulated"
 
 
 def to_jsonable(value: Any) -> Any:

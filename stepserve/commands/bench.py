@@ -25,7 +25,7 @@ from ..bench.triton_target import is_triton_target, parse_triton_target
 from ..bench.workload import Mix
 from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c
 from ..scheduling import DEFAULT_STRATEGY, STRATEGIES
-from .flags import add_fast_path_flags, add_model_flags, fast_path_from_args
+from .flags import DefaultsHelpFormatter, add_fast_path_flags, add_model_flags, fast_path_from_args
 
 LOADS = ("poisson", "closed", "trace")
 
@@ -51,7 +51,7 @@ def _floats(text: str, name: str, positive: bool = True) -> list[float]:
 
 def build_parser(prog: str = "stepserve bench", description: str | None = __doc__) -> argparse.ArgumentParser:
     """The bench flags; `stepserve simulate` parses the same ones (under its own name) so command lines carry over."""
-    p = _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
     what = p.add_mutually_exclusive_group()
     what.add_argument("--target", action="append", default=[],
                       help="URL of a running stepserve server (repeatable; 'label=URL' names it), or a Triton "
@@ -70,7 +70,7 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
     p.add_argument("--strategies",
                    help=f"comma-separated: {', '.join(STRATEGIES)}; default: every one")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8, help="most requests in one denoising step")
     p.add_argument("--static-batch-size", type=int, help="static's batch size (default: --max-batch-size)")
     p.add_argument("--max-queue", type=int, help="engine queue bound; over it requests are rejected (default: none)")
     mix = p.add_mutually_exclusive_group()
@@ -82,8 +82,10 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
     rate.add_argument("--rate-frac", type=float, help="poisson rate as a fraction of measured capacity (default 0.7)")
     p.add_argument("--users", type=int, default=8, help="closed-loop users")
     p.add_argument("--trace", type=Path, help="trace file (CSV or JSONL) for --load trace")
-    p.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
-    p.add_argument("--warmup", type=float, default=5.0, help="seconds at the start of each run not counted")
+    p.add_argument("--duration", type=float, default=30.0,
+                   help="measured seconds per run; each run lasts --warmup + --duration, then drains")
+    p.add_argument("--warmup", type=float, default=5.0,
+                   help="seconds of load before the measured --duration, not counted")
     p.add_argument("--drain", type=float, help="seconds to wait for answers after the last send (default 3x SLO)")
     p.add_argument("--capacity-duration", type=float, default=10.0, help="seconds of the capacity measurement")
     p.add_argument("--sweep", action="store_true", help="also sweep the rate to find each contender's knee")
@@ -110,9 +112,10 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
                    help="slo contenders (in-process): load their latency model from this file (written by "
                         "LatencyModel.save, or a previous run's latency_model.json) instead of measuring it")
     p.add_argument("--repeats", type=int, default=1, help="replays of the whole comparison (spread reported)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals, the request mix and the images")
     p.add_argument("--api-key", help="bearer key for --target servers that need one")
-    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    p.add_argument("--out", type=Path, default=Path("sim-out" if prog == "stepserve simulate" else "bench-out"),
+                   help="folder for report.md, results.json, the plots and the raw logs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -244,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"stepserve bench: {exc}", file=sys.stderr)
         return 2
+    if cfg.progress:
+        print(f"stepserve bench: {start_line(cfg)}", file=sys.stderr, flush=True)
     try:
         with sigterm_as_ctrl_c():  # peer servers and engines are stopped on either
             run = asyncio.run(run_bench(cfg))
@@ -254,6 +259,16 @@ def main(argv: list[str] | None = None) -> int:
         print("stepserve bench: interrupted; the engines and servers it started are stopped", file=sys.stderr)
         return INTERRUPTED
     return write_and_conclude(run, cfg.out)
+
+
+def start_line(cfg: BenchConfig) -> str:
+    """What the run is about to do, printed before anything slow (loading a model takes seconds)."""
+    what = (f"targets {', '.join(cfg.targets)}" if cfg.targets else
+            f"loading model {cfg.model}" + (f" for {len(cfg.peers)} peer setting(s)" if cfg.peers else ""))
+    runs = f"{len(cfg.contenders)} contender(s)" + (f" x {cfg.repeats} repeats" if cfg.repeats > 1 else "")
+    timing = ("each run replays the trace" if cfg.load == "trace"
+              else f"each run {cfg.warmup_s:g} s warm-up + {cfg.duration_s:g} s measured, then a drain")
+    return f"{what}; {runs}; {timing}"
 
 
 def write_and_conclude(run, out: Path) -> int:

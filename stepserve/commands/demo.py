@@ -21,6 +21,7 @@ from ..bench.targets import Contender
 from ..bench.workload import Mix
 from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c
 from ..scheduling import DEFAULT_STRATEGY
+from .flags import DefaultsHelpFormatter
 
 DEFAULT_OUT = Path("bench-out") / "demo"
 
@@ -31,18 +32,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="stepserve demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="stepserve demo", description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", default="embedded", help="embedded | PATH to a diffusers folder | fake (no model)")
     p.add_argument("--steps", default="8,20,40", help="step counts of the mixed workload")
     p.add_argument("--rate-frac", type=float, default=0.7, help="offered load as a fraction of continuous capacity")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8, help="most requests in one denoising step")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="dynamic batching contenders (max_queue_delay)")
-    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per strategy")
-    p.add_argument("--warmup", type=float, default=3.0, help="seconds at the start of each run not counted")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration", type=float, default=20.0,
+                   help="measured seconds per strategy; each run lasts --warmup + --duration, then drains")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the measured --duration")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals, the request mix and the images")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all cores but one)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the report, plots and image sheet")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 

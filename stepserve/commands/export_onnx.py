@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from ..deploy.onnx_export import DEFAULT_OPSET, OPSETS, ExportError, export_onnx
+from .flags import DefaultsHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stepserve export onnx",
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog="stepserve export onnx",
                                 description="Export the text encoder, denoiser and VAE decoder to ONNX with a "
                                             "dynamic batch axis and per-row timesteps, checked against torch.")
     p.add_argument("--model", default="embedded", help="'embedded' or a local diffusers folder (model_index.json)")

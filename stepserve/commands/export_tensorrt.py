@@ -22,6 +22,7 @@ from ..deploy.tensorrt import PROG, export_tensorrt
 from ..deploy.tensorrt_plan import (DEFAULT_WORKSPACE_MIB, MANIFEST_FILE, SCRIPT_FILE, ExportInputError, make_plan,
                                     read_onnx_export)
 from ..deploy.tensorrt_profiles import ServingSettings
+from .flags import DefaultsHelpFormatter
 
 EXIT_NOT_BUILT = 3  # only with --require-build
 
@@ -37,7 +38,7 @@ def parse_buckets(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog=PROG, description=__doc__.split("\n\n")[0],
                                 epilog=f"Exit status: 0 built, or not buildable here and build_engines.sh "
                                        f"written; {EXIT_NOT_BUILT} the latter with --require-build; 1 TensorRT "
                                        "failed; 2 bad options or ONNX folder. Rules for min/opt/max and the engine "

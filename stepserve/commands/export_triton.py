@@ -6,12 +6,14 @@ Options that belong to one mode are refused with the other, so a command never s
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, STRATEGIES
 from ..deploy.onnx_export import ExportError
 from ..deploy.triton.config import MODES, NETWORK_BACKENDS
 from ..deploy.triton.repository import ENGINE_BACKENDS, RepositoryOptions, write_repository
+from .flags import DefaultsHelpFormatter
 
 PROG = "stepserve export triton"
 STEPSERVE_ONLY = ("strategy", "backend")
@@ -42,7 +44,7 @@ def _non_negative(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG,
+        formatter_class=DefaultsHelpFormatter, prog=PROG,
         description="Write a self-contained Triton model repository whose entry model `pipeline` serves the model. "
                     "stepserve: one decoupled model running stepserve's engine (requests join the batch at any "
                     "denoising step; gRPC streaming). classic: Triton's dynamic batcher plus a BLS model over "
@@ -54,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty folder that is not a stepserve repository (e.g. one holding other "
                         "Triton models): the models are added, entries of the same names replaced, the rest kept")
-    p.add_argument("--mode", default="stepserve", choices=MODES)
+    p.add_argument("--mode", default="stepserve", choices=MODES,
+                   help="stepserve: the engine in one decoupled model; classic: Triton's dynamic batcher over "
+                        "ONNX network models and a BLS pipeline")
     p.add_argument("--max-batch-size", type=_int_at_least(1), default=8,
                    help="images per batch (the entry model's max_batch_size; the engine's batch bound)")
     p.add_argument("--max-queue-delay-ms", type=_non_negative, default=DEFAULT_MAX_QUEUE_DELAY_MS,
@@ -102,7 +106,7 @@ def main(argv: list[str]) -> int:
         return 2
     grpc = "gRPC streaming (Triton refuses decoupled models on plain HTTP/gRPC infer)" if args.mode == "stepserve" \
         else "HTTP or gRPC"
-    print(f"{PROG}: serve it with `python -m stepserve.deploy.triton.server {out}` (or `tritonserver "
+    print(f"{PROG}: serve it with `{shlex.quote(sys.executable)} -m stepserve.deploy.triton.server {out}` (or `tritonserver "
           f"--model-repository {out}`); the model `pipeline` answers over {grpc}")
     return 0
 

@@ -18,12 +18,25 @@ import sys
 from ..loading import BACKENDS, DEVICES, DTYPES, default_threads
 
 
+class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help with every flag's default (unless it has none, or its help already says it); descriptions and
+    epilogs as written. Every command's parser uses it (tests/test_cli_help.py checks each flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default == [] or default == argparse.SUPPRESS
+                or "default" in text.lower()):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Errors in one line (`PROG: error: ...`, exit status 2), not the whole usage block; defaults shown in
     --help."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]

@@ -8,6 +8,7 @@ import sys
 from PIL import Image, ImageDraw
 
 from ..digits import DIGIT_PROMPTS
+from .flags import DefaultsHelpFormatter
 
 
 def make_grid(rows: list[list[Image.Image]], labels: list[str], scale: int = 3, label_w: int = 150) -> Image.Image:
@@ -22,15 +23,21 @@ def make_grid(rows: list[list[Image.Image]], labels: list[str], scale: int = 3, 
     return grid
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="stepserve grid", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog="stepserve grid",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded", help="embedded | a local diffusers folder")
     ap.add_argument("--prompts", default=None, help="comma-separated prompts (default: a handwritten zero..nine)")
     ap.add_argument("--seeds", type=int, default=6, help="columns: seeds 0..N-1")
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    ap.add_argument("--sampler", default=None)
-    ap.add_argument("--guidance-scale", type=float, default=None)
-    ap.add_argument("--out", default="grid.png")
+    ap.add_argument("--sampler", default=None, help="sampler name (default: the model's)")
+    ap.add_argument("--guidance-scale", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    ap.add_argument("--out", default="grid.png", help="the PNG to write")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")

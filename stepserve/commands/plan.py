@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..scheduling import STRATEGIES
 from ..sim.routers import ROUTERS
+from .flags import DefaultsHelpFormatter
 
 PLAN_JSON = "plan.json"
 PLOT = "p95_vs_replicas.png"
@@ -35,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> _Parser:
-    p = _Parser(prog="stepserve plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="stepserve plan", description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("--latency-model", required=True, help="latency model file (from `stepserve profile`)")
     p.add_argument("--rate", required=True, help="offered load, requests per second (Poisson arrivals)")
     p.add_argument("--slo-p95-ms", required=True, help="the p95 latency to hold, milliseconds from arrival")

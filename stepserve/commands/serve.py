@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import socket
 import sys
@@ -91,10 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the start-up check that lowers --max-batch-size to what fits in memory (measured at "
                         "the model's largest size, 20%% headroom)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
-                   help="uvicorn's log level")
+                   help="log level of the server (uvicorn) and of stepserve's own lines, the access log included")
 
     add_replica_flags(p)
     add_fast_path_flags(p)
+    p.add_argument("--no-access-log", action="store_true",
+                   help="no log line per image request (method, path, status, outcome, latency, steps, batch sizes)")
     return p
 
 
@@ -158,7 +161,19 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(config, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), api_key,
                          args.shutdown_grace_s, args.host, args.port,
                          api_key_file=os.path.abspath(args.api_key_file) if args.api_key_file else None,
-                         cors_origins=tuple(args.cors_origin or ()))
+                         cors_origins=tuple(args.cors_origin or ()), access_log=not args.no_access_log)
+
+
+def log_to_stderr(level: str) -> None:
+    """stepserve's own log lines (the access log, batch-cap changes, engine failures) on stderr at --log-level,
+    in uvicorn's layout."""
+    logger = logging.getLogger("stepserve")
+    if not any(getattr(h, "stepserve_serve", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        handler.stepserve_serve = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
 
 
 def check_model(model: str) -> None:
@@ -219,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
 
     name = engine.model_info.name
     app = create_app(engine, api_key=settings.api_key, limits=settings.limits,
-                     shutdown_grace_s=settings.shutdown_grace_s, cors_origins=settings.cors_origins)
+                     shutdown_grace_s=settings.shutdown_grace_s, cors_origins=settings.cors_origins,
+                     access_log=settings.access_log)
+    log_to_stderr(args.log_level)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
     print(f"stepserve serve: {name} on http://{args.host}:{args.port}/v1 "

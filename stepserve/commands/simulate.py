@@ -1,7 +1,7 @@
 """`stepserve simulate`: replay a `stepserve bench` workload on a simulated clock, with the real policies and engine
 and an executor that charges a measured latency model; writes the same results.json / report.md / plots.
 
-    stepserve simulate --latency-model latency.json --steps 8,20,40 --rate-frac 0.7 --duration 30 --out sim-out
+    stepserve simulate --latency-model latency.json --steps 8,20,40 --rate-frac 0.7 --duration 30
     stepserve simulate --latency-model latency.json --load trace --trace trace.jsonl --strategies continuous,slo
 
 Every `stepserve bench` flag about the workload, the contenders, the seed and the outputs means the same here,
@@ -9,6 +9,7 @@ so a bench command line becomes a simulate one by swapping the verb and `--model
 about where a model runs (--device, --dtype, --backend, --threads) are accepted and have no effect. A server
 (--target) cannot be simulated; --sweep runs the bench's rate search on simulated runs. Time is simulated, so
 --duration costs no waiting; the same --seed gives the same results (apart from the environment block).
+Results go to sim-out/ by default (bench's go to bench-out/), and every output says it is simulated.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import sys
 
 from .bench import UsageError, build_parser, config_from_args, write_and_conclude
 
+# bench flags that mean nothing on a simulated clock: kept out of --help (--target and --model are refused, the
+# others accepted and ignored so that a bench command line still runs)
+NOT_HONOURED = ("--target", "--peers", "--api-key", "--model", "--device", "--dtype", "--backend", "--threads")
 EPILOG = """simulate-only flags:
   --latency-model PATH  (required) the cost model every engine charges: a file from `stepserve profile`,
                         LatencyModel.save, or a bench run's latency_model.json
@@ -59,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         p = build_parser("stepserve simulate", __doc__)
-        p._option_string_actions["--latency-model"].help = argparse.SUPPRESS  # bench's wording; see the epilog
+        for flag in ("--latency-model",) + NOT_HONOURED:  # bench's wording (see the epilog), or no effect here
+            p._option_string_actions[flag].help = argparse.SUPPRESS
         p.epilog = EPILOG
         p.print_help()
         return 0

@@ -10,15 +10,17 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     from ..training.embedded import DEFAULT_OUT
+    from .flags import DefaultsHelpFormatter
 
-    ap = argparse.ArgumentParser(prog="stepserve train-embedded",
+    ap = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog="stepserve train-embedded",
                                  description="Retrain the embedded default model from scikit-learn's digits.")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output model folder")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help="output model folder; the default is the shipped embedded model, which it replaces")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights' initialisation and data order")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (fixed for determinism; 1 is also fastest on a busy machine)")
     ap.add_argument("--vae-steps", type=int, default=800, help="VAE steps (batch 32)")
-    ap.add_argument("--unet-steps", type=int, default=1800)
+    ap.add_argument("--unet-steps", type=int, default=1800, help="UNet (and text encoder) training steps")
     ap.add_argument("--batch", type=int, default=64, help="UNet batch size")
     ap.add_argument("--lr", type=float, default=2e-3, help="UNet/text-encoder peak learning rate")
     ap.add_argument("--aug-copies", type=int, default=8, help="augmented copies of the data encoded to latents")

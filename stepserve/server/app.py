@@ -35,12 +35,15 @@ MetricsView = Callable[[ServerMetrics], Awaitable[bytes]]
 
 def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLimits | None = None,
                shutdown_grace_s: float = 30.0, replica: str | None = None,
-               metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = ()) -> FastAPI:
+               metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = (),
+               access_log: bool = True) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
-    whose pages may call the API from a browser (none by default)."""
-    state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None)
+    whose pages may call the API from a browser (none by default). access_log: one line per image request on the
+    "stepserve.access" logger (ServerState.request_done)."""
+    state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
+                        access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
 
     @asynccontextmanager
@@ -124,7 +127,7 @@ def _auth(state: ServerState):
 def _count_refusal(state: ServerState, path: str) -> None:
     """An image request refused for its key counts as an image request; a scrape or a look-up has its own counter."""
     if path.endswith("/images/generations"):
-        state.metrics.request_done("unauthorized", 0.0)
+        state.request_done("unauthorized", 401, time.monotonic())
     else:
         state.metrics.unauthorized.labels("metrics" if path == "/metrics" else "openapi" if path == "/openapi.json"
                                           else "models").inc()
@@ -209,7 +212,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
                 return EventStreamResponse(image_events(job, backstop_s(params)), job.close)
             results = await wait_all(state, handles, request.receive, backstop_s(params))
             if results is None:
-                state.metrics.request_done("cancelled", time.monotonic() - started)
+                state.request_done("cancelled", CLIENT_GONE, started)
                 return Response(status_code=CLIENT_GONE)
             for r in results:
                 check(r)
@@ -222,14 +225,14 @@ def _v1_routes(state: ServerState) -> APIRouter:
             }
             for r in results:
                 state.note_latency(r.timing.total_s or 0.0)
-            state.metrics.request_done("completed", time.monotonic() - started, len(results))
+            state.request_done("completed", 200, started, results)
             return JSONResponse(body)
         except APIError as exc:
             outcome = "invalid" if exc.status == 415 else outcome_of(exc)
-            state.metrics.request_done(outcome, time.monotonic() - started)
+            state.request_done(outcome, exc.status, started)
             return exc.response()
         except ClientDisconnect:
-            state.metrics.request_done("cancelled", time.monotonic() - started)
+            state.request_done("cancelled", CLIENT_GONE, started)
             return Response(status_code=CLIENT_GONE)
         finally:
             if not streaming:

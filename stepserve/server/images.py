@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..api import GenerationResult
 from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
@@ -22,6 +24,8 @@ from ..types import FinishReason, RequestStatus, SamplingParams
 from ..validation import ValidationError, resolve_params
 from . import errors
 from .errors import APIError
+
+access = logging.getLogger("stepserve.access")
 from .metrics import ServerMetrics
 from .schemas import ServerLimits
 
@@ -38,6 +42,15 @@ class ServerState:
     inflight: int = 0  # HTTP image requests being served (streams included)
     draining: bool = False
     recent_request_s: float = 1.0  # smoothed engine time per request, for Retry-After
+    access_log: bool = True  # one INFO line per image request on the "stepserve.access" logger
+
+    def request_done(self, outcome: str, status: int, started: float, results: Sequence[Any] = ()) -> None:
+        """Every image request ends here, once: its metrics and its access-log line (method, path, status,
+        outcome, latency, and per image the steps and the batch sizes it ran in)."""
+        seconds = time.monotonic() - started
+        self.metrics.request_done(outcome, seconds, len(results))
+        if self.access_log:
+            access.info("POST /v1/images/generations %d %s %.3f s%s", status, outcome, seconds, _images(results))
 
     def note_latency(self, seconds: float) -> None:
         self.recent_request_s = 0.8 * self.recent_request_s + 0.2 * seconds
@@ -47,6 +60,17 @@ class ServerState:
         time, between 1 and 60."""
         batches_ahead = self.engine.queue_depth / max(1, self.engine.options.max_batch_size) + 1
         return int(min(60, max(1, math.ceil(batches_ahead * self.recent_request_s))))
+
+
+def _images(results: Sequence[Any]) -> str:
+    """' n=2 steps=20 batch=1-4' for the access log: the images' steps and the smallest and largest batch each
+    of their steps ran in (empty for a request that produced none)."""
+    if not results:
+        return ""
+    steps = sorted({r.params.num_inference_steps for r in results})
+    sizes = [b for r in results for b in (r.timing.batch_sizes or [])]
+    batch = f" batch={min(sizes)}-{max(sizes)}" if sizes else ""
+    return f" n={len(results)} steps={','.join(map(str, steps))}{batch}"
 
 
 # Admission: from parsed request parameters to engine handles, all n images in one decision or none.

@@ -85,7 +85,7 @@ class StreamJob:
     handles: list[RequestHandle]
     started: float  # time.monotonic() at arrival
     outcome: str = "cancelled"
-    images: int = 0
+    results: list = field(default_factory=list)  # the images completed so far (GenerationResults)
     finished: bool = False  # every image completed
     closed: bool = field(default=False, repr=False)
 
@@ -96,7 +96,7 @@ class StreamJob:
         if not self.finished:
             abort_all(self.state.engine, self.handles)
         self.state.inflight -= 1
-        self.state.metrics.request_done(self.outcome, time.monotonic() - self.started, self.images)
+        self.state.request_done(self.outcome, 200, self.started, self.results)
 
 
 async def image_events(job: StreamJob, deadline_s: float | None) -> AsyncIterator[bytes]:
@@ -143,7 +143,7 @@ async def image_events(job: StreamJob, deadline_s: float | None) -> AsyncIterato
                 yield sse("error", _error_event(exc))
                 return
             remaining -= 1
-            job.images += 1
+            job.results.append(result)
             job.state.note_latency(result.timing.total_s or 0.0)
             if not remaining:
                 job.finished = True

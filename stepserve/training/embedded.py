@@ -4,7 +4,7 @@ Stage 1 trains a small AutoencoderKL on upscaled scikit-learn digits (32x32 -> 4
 UNet2DConditionModel jointly with a from-scratch CLIPTextModel on digit prompts, with prompt dropout for
 classifier-free guidance. The result is a diffusers StableDiffusionPipeline folder plus ``stepserve.json``.
 
-    python -m stepserve.commands.train_embedded --out stepserve/models/embedded
+    stepserve train-embedded --out stepserve/models/embedded
 """
 
 from __future__ import annotations

@@ -157,3 +157,18 @@ def test_the_export_command_writes_a_folder_and_refuses_a_bad_model(ort, tmp_pat
     assert "neither 'embedded' nor a local diffusers folder" in capsys.readouterr().err
     assert main(["export", "webgpu"]) == 2
     assert "unknown target 'webgpu'; allowed: onnx, tensorrt, triton" in capsys.readouterr().err
+
+
+def test_every_backend_is_warmed_up_at_start_up(embedded_onnx):
+    """One throwaway request through encode, a step and decode before the first real one (onnxruntime's first
+    session run is slow); unless turned off, and not on an executor handed in (a fake, or a shared one)."""
+    from stepserve.engine_config import EngineConfig, build_engine
+
+    for warm, backend, model in ((True, "onnxruntime", str(embedded_onnx)), (False, "onnxruntime", str(embedded_onnx)),
+                                 (True, "torch", "embedded")):
+        said: list[str] = []
+        built = build_engine(EngineConfig(model=model, backend=backend, warm_up=warm, memory_cap=False), said.append)
+        assert any(line.startswith("warm-up: one request through every stage") for line in said) == warm, said
+        shared: list[str] = []
+        build_engine(EngineConfig(model=model, backend=backend), shared.append, executor=built.executor)
+        assert not any(line.startswith("warm-up") for line in shared)

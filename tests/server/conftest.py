@@ -80,9 +80,10 @@ def serve(tiny_executor):
     from stepserve.server.app import create_app
 
     @contextlib.contextmanager
-    def start(api_key=None, limits=None, shutdown_grace_s=5.0, executor=None, **engine_options):
+    def start(api_key=None, limits=None, shutdown_grace_s=5.0, executor=None, access_log=True, **engine_options):
         engine = AsyncEngine(executor or tiny_executor, **engine_options)
-        app = create_app(engine, api_key=api_key, limits=limits, shutdown_grace_s=shutdown_grace_s)
+        app = create_app(engine, api_key=api_key, limits=limits, shutdown_grace_s=shutdown_grace_s,
+                         access_log=access_log)
         with ServerThread(app) as server:
             yield server
 

@@ -3,6 +3,7 @@ bench's files with the bench's schema, runs the server's own engine and policies
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -65,6 +66,27 @@ def test_bench_command_line_simulated_writes_the_bench_schema(tmp_path, latency_
         assert s["steps"] == b["steps"] and 0.5 < s["latency_s"] / b["latency_s"] <= 1.05
     report = (sim_out / "report.md").read_text()
     assert "| continuous |" in report and "simulated engine" in report
+    # every simulated output says so; bench's do not
+    assert sim["clock"] == "simulated" and bench["clock"] == "wall"
+    assert report.startswith("# stepserve benchmark (simulated)")
+    assert (bench_out / "report.md").read_text().startswith("# stepserve benchmark\n")
+
+
+def test_simulate_and_bench_write_to_their_own_default_folders():
+    from stepserve.commands.bench import config_from_args
+    from stepserve.commands.simulate import parse
+
+    assert config_from_args(["--model", "fake"]).out == Path("bench-out")
+    assert parse(["--latency-model", "x.json"])[0].out == Path("sim-out")
+
+
+def test_simulate_help_shows_only_the_flags_it_honours(capsys):
+    assert stepserve_main(["simulate", "--help"]) == 0
+    text = capsys.readouterr().out
+    usage, options = text.split("\n\n", 1)[0], text.split("options:", 1)[1]  # the description may name them
+    for flag in ("--target", "--peers", "--api-key", "--device", "--dtype", "--backend", "--threads", "--model "):
+        assert flag not in usage and flag not in options, flag
+    assert "--strategies" in text and "--noise" in text and "sim-out" in text
 
 
 def test_closed_loop_and_trace_loads_simulate(tmp_path, latency_file):

@@ -13,7 +13,7 @@ What it needs, found by trial on Linux:
 The server and its stub processes run in their own process group; stop() ends that group and removes the
 Python backend's shared-memory regions.
 
-    python -m stepserve.deploy.triton.server REPO [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+    python3 -m stepserve.deploy.triton.server REPO [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def restricted_flags(api_key: str | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m stepserve.deploy.triton.server",
+    p = argparse.ArgumentParser(prog="python3 -m stepserve.deploy.triton.server",
                                 description="Serve a repository written by `stepserve export triton` with the "
                                             "tritonserver that ships with nvidia-pytriton, until Ctrl-C.")
     p.add_argument("repository", help="the model repository folder")

@@ -73,7 +73,8 @@ class StepserveReplica:
         self.engine = engine
         app = create_app(engine, api_key=api_key, limits=self.settings.limits,
                          shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
-                         metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins)
+                         metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins,
+                         access_log=False)  # Ray Serve logs every request itself
         self.metrics = app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         return app

@@ -1,0 +1,39 @@
+"""`stepserve tiny KIND --out DIR`: a tiny random folder of any family, quietly, that the engine then serves."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+from stepserve.cli import main as stepserve_main
+from stepserve.commands.tiny import KINDS
+
+
+def test_every_kind_names_a_builder_that_takes_its_options():
+    for kind, (family, options) in KINDS.items():
+        module = importlib.import_module(f"stepserve.tiny.{family}")
+        parameters = inspect.signature(getattr(module, f"build_tiny_{family}")).parameters
+        assert set(options) | set(getattr(module, "BENCH_OPTIONS", {})) <= set(parameters), kind
+
+
+def test_tiny_writes_a_folder_quietly_that_the_engine_serves(tmp_path, capfd):
+    from stepserve import Engine, SamplingParams
+
+    out = tmp_path / "flux"
+    assert stepserve_main(["tiny", "flux-schnell", "--out", str(out)]) == 0
+    err = capfd.readouterr().err
+    assert "wrote a flux-schnell folder" in err
+    assert "Writing model shards" not in err and "torchvision" not in err, err
+    engine = Engine.from_pretrained(str(out), memory_cap=False)
+    assert engine.generate([SamplingParams(prompt="x", seed=1, num_inference_steps=2)])[0].ok
+
+
+def test_tiny_refuses_a_folder_that_holds_a_model(tmp_path, capsys):
+    out = tmp_path / "sd"
+    assert stepserve_main(["tiny", "sd", "--out", str(out)]) == 0
+    with pytest.raises(SystemExit) as exc:
+        stepserve_main(["tiny", "sd", "--out", str(out)])
+    assert exc.value.code == 2
+    assert "already holds a model" in capsys.readouterr().err
