@@ -54,27 +54,28 @@ def sim_seconds(requests: int, overload: float, strategy: str, max_batch_size: i
             "steps": len(run.timeline.t_s), "completed": run.metrics.counts.completed, "wall_s": round(wall, 2)}
 
 
-def _params(i: int) -> SamplingParams:
+def _params(i: int, deadlines: bool) -> SamplingParams:
+    """Two size buckets, three step counts; with `deadlines`, half the requests carry a (far) deadline."""
     size = 32 if i % 2 else 48
     return SamplingParams(prompt=f"p{i % 7}", seed=i, num_inference_steps=(8, 20, 40)[i % 3], height=size,
-                          width=size, timeout_s=1e6 if i % 4 < 2 else None)
+                          width=size, timeout_s=1e6 if deadlines and i % 4 < 2 else None)
 
 
 class _Deep:
     """An engine core kept at `depth` waiting requests (topped up between steps, outside the timing)."""
 
-    def __init__(self, strategy: str, depth: int, max_batch_size: int) -> None:
+    def __init__(self, strategy: str, depth: int, max_batch_size: int, deadlines: bool = True) -> None:
         policy = make_policy(strategy, max_batch_size=max_batch_size, max_queue_delay_ms=0.0,
                              static_flush_timeout_s=0.0)
         self.core = EngineCore(FakeExecutor(cost=FREE), policy)
-        self.depth, self.n, self.now = depth, 0, 0.0
+        self.depth, self.n, self.now, self.deadlines = depth, 0, 0.0, deadlines
 
     def run(self, steps: int) -> float:
         """Mean host seconds of one EngineCore.step over `steps` steps."""
         core, spent = self.core, 0.0
         for _ in range(steps):
             while len(core.waiting) < self.depth:
-                core.add_request(_params(self.n), self.now)
+                core.add_request(_params(self.n, self.deadlines), self.now)
                 self.n += 1
             self.now += 1e-3
             t0 = time.perf_counter()
@@ -83,10 +84,11 @@ class _Deep:
         return spent / steps
 
 
-def step_us(strategy: str, depths: list[int], steps: int, max_batch_size: int, rounds: int = 7) -> list[float]:
+def step_us(strategy: str, depths: list[int], steps: int, max_batch_size: int, rounds: int = 7,
+            deadlines: bool = True) -> list[float]:
     """Per depth, the median over `rounds` of the mean host microseconds of a step; the depths take turns (each
     round runs `steps` steps at every depth) so that a busy machine weighs on all of them alike."""
-    cores = [_Deep(strategy, d, max_batch_size) for d in depths]
+    cores = [_Deep(strategy, d, max_batch_size, deadlines) for d in depths]
     for c in cores:
         c.run(max(steps // 10, 1))  # warm up
     means: list[list[float]] = [[] for _ in depths]
@@ -109,6 +111,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-sim", action="store_true")
     p.add_argument("--skip-step", action="store_true")
+    p.add_argument("--no-deadlines", action="store_true", help="step: no request carries a deadline (default: half)")
     args = p.parse_args()
     out: dict = {}
     if not args.skip_sim:
@@ -122,7 +125,7 @@ def main() -> None:
         depths = [int(x) for x in args.depths.split(",")]
         out["step_us"] = {}
         for strategy in args.strategies.split(","):
-            times = step_us(strategy, depths, args.steps, args.max_batch_size, args.rounds)
+            times = step_us(strategy, depths, args.steps, args.max_batch_size, args.rounds, not args.no_deadlines)
             out["step_us"][strategy] = {str(d): round(t, 1) for d, t in zip(depths, times)}
             cells = "  ".join(f"{d} queued: {t:8.1f} us" for d, t in zip(depths, times))
             print(f"step {strategy:>10}: {cells}  ratio {times[-1] / times[0]:.2f}", flush=True)

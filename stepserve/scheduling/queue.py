@@ -29,12 +29,15 @@ Bucket = tuple[int, int]
 class WaitingQueue:
     """Waiting requests in arrival order, and per shape bucket in arrival order (an OrderedDict each)."""
 
-    __slots__ = ("_all", "_by_bucket", "_seq")
+    __slots__ = ("_all", "_by_bucket", "_seq", "urgent")
 
     def __init__(self, requests: Iterable[Request] = ()) -> None:
         self._all: OrderedDict[Request, int] = OrderedDict()  # request -> its arrival number
         self._by_bucket: dict[Bucket, OrderedDict[Request, int]] = {}
         self._seq = itertools.count()
+        # waiting requests with a deadline or a non-zero priority: while there are none, arrival order is every
+        # policy's service order, and the slo policy need not look past the head of each bucket
+        self.urgent = 0
         for r in requests:
             self.append(r)
 
@@ -44,6 +47,7 @@ class WaitingQueue:
             raise ValueError(f"request {r.request_id} is already waiting")
         n = next(self._seq)
         self._all[r] = n
+        self.urgent += is_urgent(r)
         q = self._by_bucket.get(r.bucket)
         if q is None:
             q = self._by_bucket[r.bucket] = OrderedDict()
@@ -52,6 +56,7 @@ class WaitingQueue:
     def remove(self, r: Request) -> None:
         """Take `r` out (KeyError when it is not waiting)."""
         del self._all[r]
+        self.urgent -= is_urgent(r)
         q = self._by_bucket[r.bucket]
         del q[r]
         if not q:
@@ -98,6 +103,11 @@ class WaitingQueue:
 
     def __repr__(self) -> str:
         return f"WaitingQueue({len(self)} waiting in {len(self._by_bucket)} bucket(s))"
+
+
+def is_urgent(r: Request) -> bool:
+    """A request that changes a deadline-aware service order: it has a deadline or a non-zero priority."""
+    return r.deadline is not None or r.priority != 0
 
 
 def as_queue(waiting: Iterable[Request]) -> WaitingQueue:

@@ -46,7 +46,10 @@ LatencyModel alone:
   lower caps chosen later; with exact costs and heavy overload, the tests' traces miss about 2% of the deadlines
   admission accepted. retry_after_s() says when a slot is predicted to free.
 
-Cost (same measurement as predict.py, 200 requests queued): admission() about 0.55 ms (two replays per bucket);
+Cost. While no request in the engine has a deadline or a priority, the service order is arrival order and a step
+reads only the running requests and the head of each bucket's queue (`_plain_step`; the same plans): about 20 us a
+step with 10 and with 10,000 queued (benchmarks/host_cost.py --no-deadlines). Otherwise (same measurement as
+predict.py, 200 requests queued): admission() about 0.55 ms (two replays per bucket);
 schedule() one replay when the deadlines are loose, and one per batch size tried when they are tight: 1.8 ms at
 max_batch_size 8 and 6 ms at 32 when every size has to be tried.
 
@@ -66,19 +69,19 @@ from ..costs.online import OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
 from .adaptive import cost_aware_cap
 from .predict import earliest_finish, interleave, predict_finish_times
+from .queue import WaitingQueue, as_queue, is_urgent
+from .slo_front import EPS_S, SLOFrontEnd, _by_bucket
 
 ORDERS = ("edf", "srs")
 DEFAULT_STARVATION_S = 30.0
-# Float rounding between a prediction and the engine's own sums: a prediction must beat a deadline by this much
-# to count as meeting it, and miss it by this much before a request is given up.
-EPS_S = 1e-9
 
 
-class SLOPolicy:
+class SLOPolicy(SLOFrontEnd):
     """The rules in the module docstring. schedule() keeps the round-robin deficits; admission(), retry_after_s()
     and predict() only read, so a front end may call them outside the engine loop on a snapshot of its queues."""
 
     name = "slo"
+    plain_path = True  # take _plain_step when no request has a deadline or priority (False: always the general path)
 
     def __init__(
         self,
@@ -117,6 +120,9 @@ class SLOPolicy:
         self, waiting: Sequence[Request], running: Sequence[Request], now: float, draining: bool = False
     ) -> StepPlan:
         """Give up on hopeless requests, pick a bucket, fill its free slots, run the first `cap` slot holders."""
+        queue = as_queue(waiting)
+        if self.plain_path and not queue.urgent and not any(is_urgent(r) for r in running):
+            return self._plain_step(queue, running)
         give_up = [r for r in list(running) + list(waiting) if self.cannot_make_it(r, now)]
         if give_up:
             gone = {id(r) for r in give_up}
@@ -127,12 +133,39 @@ class SLOPolicy:
             self._deficit.clear()
             return StepPlan(give_up=give_up)
         free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
-        room = {b: min(free, max(q - len(groups[b][0]), 0)) for b, q in self._quotas(groups).items()}
+        demand = {b: len(run_b) + len(wait_b) for b, (run_b, wait_b) in groups.items()}
+        room = {b: min(free, max(q - len(groups[b][0]), 0)) for b, q in self._quotas(demand).items()}
         bucket = self._pick_bucket([b for b, (run_b, _) in groups.items() if run_b or room[b]])
         key = self._key(now)
         pool, rest = self._service_order(*groups[bucket], key, room[bucket])
         others = [self._backlog_s(b, *groups[b], key, now) for b in groups if b != bucket]
-        cap = self._choose_cap(pool, rest, bucket, others, now)
+        return self._run(bucket, pool, self._choose_cap(pool, rest, bucket, others, now), give_up)
+
+    def _plain_step(self, queue: WaitingQueue, running: Sequence[Request]) -> StepPlan:
+        """schedule() when no request has a deadline or a priority: the service order is then arrival order,
+        nothing is given up and the deadline cap is max_batch_size, so the step reads the running requests and
+        the head of each bucket's queue only, whatever the queue's length (the same plan as the general path)."""
+        held: dict[Bucket, list[Request]] = {}
+        for r in running:
+            held.setdefault(r.bucket, []).append(r)
+        demand = {b: len(rs) for b, rs in held.items()}
+        for b in queue.buckets():
+            demand[b] = demand.get(b, 0) + queue.count(b)
+        if not demand:
+            self._deficit.clear()
+            return StepPlan()
+        oldest = {b: min([r.arrival_time for r in held.get(b, ())] + [r.arrival_time for r in queue.head(b, 1)])
+                  for b in demand}
+        demand = {b: demand[b] for b in sorted(demand, key=oldest.__getitem__)}
+        free = max(self.max_batch_size - len(running), 0)
+        room = {b: min(free, max(q - len(held.get(b, ())), 0)) for b, q in self._quotas(demand).items()}
+        bucket = self._pick_bucket([b for b in demand if held.get(b) or room[b]])
+        pool = sorted(held.get(bucket, []) + queue.head(bucket, room[bucket]), key=lambda r: r.arrival_time)
+        return self._run(bucket, pool, self.max_batch_size, [])
+
+    def _run(self, bucket: Bucket, pool: list[Request], cap: int, give_up: list[Request]) -> StepPlan:
+        """The step's plan: the first `cap` of `pool` (slot holders in service order), bounded by the cost-aware
+        cap; the rest pause."""
         if self.cost_aware:
             self._steps += 1
             self.cap[bucket] = max(cost_aware_cap(self.curve, bucket, len(pool), self._steps), 1)
@@ -145,76 +178,6 @@ class SLOPolicy:
     def observe(self, bucket: Bucket, batch_size: int, seconds: float) -> None:
         """A denoising step of `batch_size` requests of `bucket` took `seconds` (the executor's own measure)."""
         self.curve.observe(bucket, batch_size, seconds)
-
-    # --- front end ---------------------------------------------------------------------------------------------
-    def admission(
-        self, request: Request, waiting: Sequence[Request], running: Sequence[Request], now: float
-    ) -> str | None:
-        """Why `request` should be refused now (None: admit). Requests without a deadline are always admitted."""
-        if request.deadline is None:
-            return None
-        never = self.infeasible(request, now)
-        if never is not None:
-            return never
-        waiting = [r for r in waiting if r is not request]
-        running = [r for r in running if r is not request]
-        left = request.deadline - now
-        # steady state: the bucket's batch does not shrink below its present size (freed slots are refilled)
-        floor = len([r for r in list(running) + waiting if r.bucket == request.bucket]) + 1
-        before = self.predict(waiting, running, now, floor_batch=floor)
-        after = self.predict(waiting + [request], running, now, floor_batch=floor)
-        mine = after[id(request)]
-        if not self._meets(mine, request):
-            return (f"deadline cannot be met under the current load: predicted to finish in {mine - now:.3f} s, "
-                    f"deadline in {left:.3f} s")
-        hurt = [r for r in list(running) + waiting
-                if self._meets(before[id(r)], r) and not self._meets(after[id(r)], r)]
-        if hurt:
-            return f"admitting it would make {len(hurt)} admitted request(s) miss their deadline"
-        return None
-
-    def infeasible(self, request: Request, now: float) -> str | None:
-        """Why `request` can never meet its deadline, even alone on an idle engine (None: it could). Unlike a
-        refusal under load, retrying cannot help."""
-        if request.deadline is None:
-            return None
-        alone = earliest_finish(request, self.latency_model, now)
-        if alone <= request.deadline + EPS_S:
-            return None
-        return (f"deadline cannot be met: it needs at least {alone - now:.3f} s even alone, and its deadline is "
-                f"in {request.deadline - now:.3f} s")
-
-    def retry_after_s(self, waiting: Sequence[Request], running: Sequence[Request], now: float,
-                      bucket: Bucket | None = None) -> float:
-        """Predicted seconds until the requests in the engine (of `bucket`, if given) are fewer than
-        max_batch_size, i.e. until a new request would get a slot without queueing. 0 when one is free now."""
-        if bucket is not None:
-            waiting = [r for r in waiting if r.bucket == bucket]
-            running = [r for r in running if r.bucket == bucket]
-        finish = sorted(self.predict(waiting, running, now).values())
-        k = len(finish) - self.max_batch_size
-        return 0.0 if k < 0 else max(finish[k] - now, 0.0)
-
-    # --- predictions -------------------------------------------------------------------------------------------
-    def predict(self, waiting: Sequence[Request], running: Sequence[Request], now: float,
-                floor_batch: int = 1) -> dict[int, float]:
-        """Predicted finish time of every request, keyed by id(request): per bucket a replay at the full batch
-        cap in service order, stretched by the other buckets' backlogs (predict.interleave). With `floor_batch`,
-        every step is charged as at least that batch (slots that free up are expected to be refilled)."""
-        key = self._key(now)
-        alone: dict[Bucket, tuple[list[Request], list[float]]] = {}
-        for b, (run_b, wait_b) in _by_bucket(running, waiting).items():
-            pool, rest = self._service_order(run_b, wait_b, key)
-            order = pool + rest
-            alone[b] = (order, predict_finish_times(order, self.max_batch_size, self.latency_model, now, b,
-                                                    floor_batch=floor_batch))
-        backlog = {b: max(f) - now for b, (_, f) in alone.items()}
-        out: dict[int, float] = {}
-        for b, (order, fins) in alone.items():
-            others = [w for o, w in backlog.items() if o != b]
-            for r, f in zip(order, fins):
-                out[id(r)] = now + interleave(f - now, others)
-        return out
 
     def cannot_make_it(self, r: Request, now: float) -> bool:
         """Even alone, at batch size 1, from now, `r` would finish after its deadline."""
@@ -271,13 +234,14 @@ class SLOPolicy:
         fins = predict_finish_times(pool + rest, self.max_batch_size, self.latency_model, now, bucket)
         return max(fins) - now
 
-    def _quotas(self, groups: dict[Bucket, Group]) -> dict[Bucket, int]:
-        """Slots per bucket: max_batch_size shared max-min fairly by the buckets' demands (running + waiting; the
-        older work first on ties), so that buckets can take turns in engine time (rule: slots)."""
+    def _quotas(self, demand: dict[Bucket, int]) -> dict[Bucket, int]:
+        """Slots per bucket: max_batch_size shared max-min fairly by the buckets' demands (running + waiting, in
+        the order of their oldest request: the older work first on ties), so that buckets can take turns in
+        engine time (rule: slots)."""
         quotas, left = {}, self.max_batch_size
-        ranked = sorted(groups, key=lambda b: len(groups[b][0]) + len(groups[b][1]))  # stable: oldest first
+        ranked = sorted(demand, key=demand.__getitem__)  # stable: oldest first
         for i, b in enumerate(ranked):
-            quotas[b] = min(len(groups[b][0]) + len(groups[b][1]), -(-left // (len(ranked) - i)))
+            quotas[b] = min(demand[b], -(-left // (len(ranked) - i)))
             left -= quotas[b]
         return quotas
 
@@ -296,16 +260,3 @@ class SLOPolicy:
         lead = max(self._deficit.values())
         for b in self._deficit:  # keep the leader at 0 so the numbers stay small; differences are what count
             self._deficit[b] -= lead
-
-
-Group = tuple[list[Request], list[Request]]  # (running, waiting) of one bucket
-
-
-def _by_bucket(running: Sequence[Request], waiting: Sequence[Request]) -> dict[Bucket, Group]:
-    """Requests grouped by bucket as (running, waiting), buckets ordered by their oldest request's arrival."""
-    groups: dict[Bucket, Group] = {}
-    oldest: dict[Bucket, float] = {}
-    for i, r in enumerate(list(running) + list(waiting)):
-        groups.setdefault(r.bucket, ([], []))[0 if i < len(running) else 1].append(r)
-        oldest[r.bucket] = min(oldest.get(r.bucket, math.inf), r.arrival_time)
-    return {b: groups[b] for b in sorted(groups, key=oldest.__getitem__)}

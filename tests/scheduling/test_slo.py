@@ -426,3 +426,23 @@ def test_the_engine_options_choose_the_slo_order():
     assert core.policy.order == "srs"
     with pytest.raises(ValueError, match="order"):
         make_policy("slo", 4, latency_model=MODEL, slo_order="fifo")
+
+
+@pytest.mark.parametrize("cost", [COST, CostModel(step_fixed_s=0.0005, step_per_item_s=0.035)])
+def test_without_deadlines_the_plain_step_plans_what_the_general_path_plans(cost):
+    """With no deadline and no priority anywhere, schedule() reads only the head of each bucket's queue; run for
+    run, every request finishes at the same time, in the same batches, as when every step takes the general
+    path (mixed sizes, steps and arrivals; cheap and compute-bound costs, so the cost-aware cap varies too)."""
+    rng = random.Random(7)
+    arrivals = [Arrival(rng.uniform(0, 3.0), params(i, steps=rng.choice([2, 5, 9]), size=rng.choice([16, 32, 64])))
+                for i in range(120)]
+    arrivals.sort(key=lambda a: a.time)
+
+    def run(plain: bool):
+        policy = SLOPolicy(4, MODEL, order="srs")
+        policy.plain_path = plain
+        result = simulate(EngineCore(FakeExecutor(cost=cost), policy), arrivals)
+        return sorted((r.params.prompt, r.timing.finished, tuple(r.timing.batch_sizes)) for r in result.requests)
+
+    plain, general = run(True), run(False)
+    assert len(plain) == 120 and plain == general
