@@ -107,7 +107,7 @@ async def run_contender(driver: Driver, maker: TargetMaker, plan: LoadPlan, repe
     result, samples = ran.result, ran.samples
     metrics = summarize(result, maker.name, repeat, slo_s, samples, ran.busy_s, ran.wall_s, ran.usage)
     timeline = BatchTimeline(maker.name, [round(s.t - result.start, 4) for s in samples],
-                             [s.batch_size for s in samples])
+                             [s.batch_size for s in samples], [round(s.duration_s, 6) for s in samples])
     images = [SampleImage(o.index, o.spec, o.reply.image) for o in result.outcomes if o.reply.image is not None]
     return ContenderRun(metrics, timeline, ran.engine_start_s, images)
 

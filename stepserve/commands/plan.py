@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..progress import is_terminal, progress
     from ..sim.plan import (
-        plot,
         probe_lines,
         run_plan,
         simulate_fleet,
@@ -129,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         to_json,
         trace_arrivals,
     )
+    from ..sim.plan_plot import plot_p95_vs_replicas
 
     total = len(trace_arrivals(spec))
     print(f"plan: {spec.rate_rps:g} req/s, p95 <= {spec.slo_s * 1000:g} ms, router {spec.router}, {described}, "
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     data = to_json(spec, plans, described)
     data["settings"]["latency_model_file"] = str(args.latency_model)
     (args.out / PLAN_JSON).write_text(json.dumps(data, indent=2) + "\n")
-    plot(spec, plans, args.out / PLOT)
+    plot_p95_vs_replicas(spec, plans, args.out / PLOT)
     print(table(spec, plans))
     print()
     print("\n".join(probe_lines(p, spec.slo_s) for p in plans))

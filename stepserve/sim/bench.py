@@ -18,7 +18,7 @@ from ..async_engine import DEFAULT_ANSWER_MARGIN_S
 from ..bench.app import BenchConfig, BenchRun, run_bench
 from ..bench.load import LoadResult, Outcome
 from ..bench.metrics import Usage
-from ..bench.results import Startup
+from ..bench.results import SIMULATED, Startup
 from ..bench.runner import NO_DEADLINE_S, LoadPlan, LoadRun, TargetMaker
 from ..bench.targets import Contender, Reply
 from ..bench.testbed import Described, Makers, Testbed
@@ -108,7 +108,7 @@ def simulated_testbed(cfg: BenchConfig, setup: SimSetup) -> Testbed:
     described = Described(f"simulated engine, {setup.source}", model_for(setup.latency).name,
                           f"simulated ({meta.get('device') or 'profiled device'})", str(meta.get("dtype") or "n/a"),
                           "latency model")
-    return Testbed(SimulatedDriver(setup), makers, "simulated", described, Startup(model_load_s=None))
+    return Testbed(SimulatedDriver(setup), makers, SIMULATED, described, Startup(model_load_s=None))
 
 
 def run_simulation(cfg: BenchConfig, setup: SimSetup) -> BenchRun:
