@@ -26,6 +26,7 @@ from ..bench.workload import RequestSpec, Trace, TraceItem, user_requests
 from ..costs import FakeExecutor, LatencyModel, model_for
 from ..engine import EngineCore
 from ..engine_config import EngineOptions
+from ..words import plural
 from .drive import Driven, drive_closed, drive_open
 
 
@@ -77,7 +78,7 @@ class SimulatedDriver:
             end_s = plan.warmup_s + plan.duration_s
             driven = drive_closed(core, users, plan.warmup_s, end_s, end_s + plan.drain_s)
             result = LoadResult(driven.outcomes, 0.0, plan.warmup_s, end_s, "closed-loop",
-                                f"closed-loop, {plan.users} users for {plan.duration_s:g} s")
+                                f"closed-loop, {plural(plan.users, 'user')} for {plan.duration_s:g} s")
         _report(driven, done)
         return LoadRun(result, driven.samples, None, driven.end_time, Usage())
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ..bench.targets import Contender
 from ..bench.workload import Mix, poisson_trace
 from ..costs import LatencyModel
+from ..words import noun_for
 from .replicas import FleetResult, allowed_misses, run_replicas, summarize
 from .routers import make_router
 from .run import Arrival
@@ -224,7 +225,7 @@ def probe_lines(plan: StrategyPlan, slo_s: float) -> str:
     for p in plan.probes:
         mark = "holds" if p.held else "misses"
         p95 = f"> {slo_s * 1000:g} ms (stopped early)" if p.stopped_early else f"{_fmt_ms(p.p95_s, p)} ms"
-        parts.append(f"  {p.replicas:>4} replicas: p95 {p95}, {mark}")
+        parts.append(f"  {p.replicas:>4} {noun_for(p.replicas, 'replica')}: p95 {p95}, {mark}")
     return f"{plan.strategy}:\n" + "\n".join(parts)
 
 
