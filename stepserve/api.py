@@ -64,7 +64,7 @@ class Engine:
         if progress:
             from .progress import progress as progress_bar
 
-            bar = progress_bar(len(to_feed), f"generate ({self.options.strategy})", "img")
+            bar = progress_bar(len(to_feed), f"generate ({self.options.strategy})", "image")
         try:
             while to_feed or any(not r.is_finished for r in requests):
                 now = self.clock.now()

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import IO, Any
 
+from .words import plural
+
 
 def is_terminal(stream: IO | None) -> bool:
     isatty = getattr(stream, "isatty", None)
@@ -23,9 +25,10 @@ def is_terminal(stream: IO | None) -> bool:
         return False
 
 
-def progress(total: int | None = None, desc: str = "", unit: str = "it", *, disable: bool = False,
+def progress(total: int | None = None, desc: str = "", unit: str = "item", *, disable: bool = False,
              file: IO | None = None, **bar_options: Any):
-    """A progress bar for `total` units (None: unknown) written to `file` (default: stderr).
+    """A progress bar for `total` units (None: unknown) written to `file` (default: stderr). `unit` is a noun in
+    the singular ("image", "request"): the lines put it in the plural where the count calls for it.
 
     A tqdm bar when `file` is a terminal, else a LineProgress; `bar_options` (leave, dynamic_ncols, ...) only
     apply to the tqdm bar. With `disable`, nothing is written."""
@@ -40,9 +43,10 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it", *, disa
 
 
 class LineProgress:
-    """Counts like a tqdm bar but writes only "DESC: started (N UNIT)" and "DESC: done N UNIT in X s"."""
+    """Counts like a tqdm bar but writes only "DESC: started (N UNITs)" and "DESC: done N UNITs in X s", where
+    X s is the time since the bar started: the phase it counts, not the whole command."""
 
-    def __init__(self, total: int | None, desc: str, unit: str = "it", file: IO | None = None,
+    def __init__(self, total: int | None, desc: str, unit: str = "item", file: IO | None = None,
                  enabled: bool = True) -> None:
         self.total = total
         self.desc = desc
@@ -53,7 +57,7 @@ class LineProgress:
         self.postfix = ""
         self.closed = False
         self.start_t = time.monotonic()
-        self._write(f"{desc}: started" + (f" ({total} {unit})" if total is not None else ""))
+        self._write(f"{desc}: started" + (f" ({plural(total, unit)})" if total is not None else ""))
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -71,9 +75,9 @@ class LineProgress:
         self.closed = True
         elapsed = time.monotonic() - self.start_t
         if self.total is not None and self.n < self.total:
-            line = f"{self.desc}: stopped at {self.n}/{self.total} {self.unit} after {elapsed:.1f} s"
+            line = f"{self.desc}: stopped at {self.n}/{plural(self.total, self.unit)} after {elapsed:.1f} s"
         else:
-            line = f"{self.desc}: done {self.n} {self.unit} in {elapsed:.1f} s"
+            line = f"{self.desc}: done {plural(self.n, self.unit)} in {elapsed:.1f} s"
         self._write(line + (f" ({self.postfix})" if self.postfix else ""))
 
     def _write(self, line: str) -> None:

@@ -24,6 +24,21 @@ class ValidationError(ValueError):
         self.field = field
 
 
+class SizeError(ValidationError):
+    """A width x height the model cannot make. `field` is the first wrong side ("height" or "width"); the message
+    names the whole requested size, what is wrong with it and which sizes are allowed. The HTTP API, whose callers
+    give one "size", words it as `about_size()`."""
+
+    def __init__(self, field: str, width: object, height: object, problem: str, allowed: str) -> None:
+        self.requested = f"{width}x{height}"
+        self.problem = problem  # "" or ": height 33 is not a multiple of 8"
+        self.allowed = allowed
+        super().__init__(field, f"{self.requested} (width x height) is not supported{problem}; allowed: {allowed}")
+
+    def about_size(self) -> str:
+        return f"{self.requested} is not supported{self.problem}; allowed: {self.allowed}"
+
+
 class Size(NamedTuple):
     width: int
     height: int
@@ -48,6 +63,17 @@ def _is_int(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _size_problem(value: object, model: ModelInfo) -> str | None:
+    """What is wrong with one side of a requested size, or None when the model can make it."""
+    if not _is_int(value):
+        return "is not an integer"
+    if not model.min_size <= value <= model.max_size:
+        return f"is outside {model.min_size}..{model.max_size}"
+    if value % model.size_multiple:
+        return f"is not a multiple of {model.size_multiple}"
+    return None
 
 
 def _check_text(field: str, value: str) -> None:
@@ -108,13 +134,17 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     height = model.default_height if p.height is None else p.height
     width = model.default_width if p.width is None else p.width
     for name, value in (("height", height), ("width", width)):
-        if not _is_int(value) or not model.min_size <= value <= model.max_size or value % model.size_multiple:
-            if model.min_size == model.max_size:  # a model trained at one size (the embedded model)
-                allowed = f"{model.min_size}x{model.min_size} only ({model.name} was trained at that size)"
-            else:
-                allowed = (f"multiples of {model.size_multiple} from {model.min_size} to {model.max_size} "
-                           f"(default {model.default_width}x{model.default_height})")
-            raise ValidationError(name, f"{value!r} is not supported; allowed: {allowed}")
+        problem = _size_problem(value, model)
+        if problem is None:
+            continue
+        if model.min_size == model.max_size:  # a model trained at one size (the embedded model)
+            allowed = f"{model.min_size}x{model.min_size} only ({model.name} was trained at that size)"
+            problem = ""  # the one allowed size says it all
+        else:
+            allowed = (f"width and height multiples of {model.size_multiple} from {model.min_size} to "
+                       f"{model.max_size} (default {model.default_width}x{model.default_height})")
+            problem = f": {name} {value!r} {problem}"
+        raise SizeError(name, width, height, problem, allowed)
 
     if p.timeout_s is not None and (not _is_number(p.timeout_s) or not math.isfinite(p.timeout_s)
                                     or not p.timeout_s > 0):

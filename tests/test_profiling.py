@@ -159,7 +159,8 @@ def test_the_mean_counts_slow_steps_that_the_median_ignores():
 def test_progress_is_reported_unless_switched_off(capsys):
     profiling.measure_latency_model(FakeExecutor(cost=COST), 3, progress=None)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "profile fake: started (3 point)" and lines[-1].startswith("profile fake: done 3 point")
+    assert lines[0] == "profile fake: started (3 measurements)"
+    assert lines[-1].startswith("profile fake: done 3 measurements")
     profiling.measure_latency_model(FakeExecutor(cost=COST), 3, progress=False)
     assert capsys.readouterr().err == ""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from stepserve.progress import LineProgress, progress
+from stepserve.words import plural
 
 
 class FakeTerminal(io.StringIO):
@@ -14,32 +15,49 @@ class FakeTerminal(io.StringIO):
 
 def test_non_terminal_stream_gets_one_line_per_phase():
     out = io.StringIO()
-    with progress(1000, "generate", "img", file=out) as bar:
+    with progress(1000, "generate", "image", file=out) as bar:
         for _ in range(1000):
             bar.update(1)
     text = out.getvalue()
     assert "\r" not in text
     lines = text.splitlines()
     assert len(lines) == 2, lines
-    assert lines[0] == "generate: started (1000 img)"
-    assert lines[1].startswith("generate: done 1000 img in ") and lines[1].endswith(" s")
+    assert lines[0] == "generate: started (1000 images)"
+    assert lines[1].startswith("generate: done 1000 images in ") and lines[1].endswith(" s")
 
 
 def test_unknown_total_postfix_and_an_early_stop_are_reported():
     out = io.StringIO()
-    bar = progress(None, "capacity", "req", file=out)
+    bar = progress(None, "capacity", "request", file=out)
     bar.update(7)
     bar.set_postfix(loss="0.1234")
     bar.close()
     bar.close()  # closing twice writes nothing more
     lines = out.getvalue().splitlines()
-    assert lines[0] == "capacity: started" and lines[1].startswith("capacity: done 7 req in ")
+    assert lines[0] == "capacity: started" and lines[1].startswith("capacity: done 7 requests in ")
     assert lines[1].endswith("(loss=0.1234)") and len(lines) == 2
 
     out = io.StringIO()
     with progress(10, "sweep", "contender", file=out) as bar:
         bar.update(3)
-    assert "sweep: stopped at 3/10 contender after " in out.getvalue()
+    assert "sweep: stopped at 3/10 contenders after " in out.getvalue()
+
+
+def test_counts_read_in_words_one_and_many():
+    out = io.StringIO()
+    with progress(1, "export", "graph", file=out) as bar:
+        bar.update(1)
+    with progress(6, "export", "graph", file=out) as bar:
+        bar.update(6)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "export: started (1 graph)" and lines[1].startswith("export: done 1 graph in ")
+    assert lines[2] == "export: started (6 graphs)" and lines[3].startswith("export: done 6 graphs in ")
+
+
+def test_plural():
+    assert [plural(n, "thread") for n in (0, 1, 2)] == ["0 threads", "1 thread", "2 threads"]
+    assert plural(1.0, "CPU") == "1 CPU" and plural(0.5, "CPU") == "0.5 CPUs"
+    assert plural(3, "batch", "batches") == "3 batches"
 
 
 def test_disabled_writes_nothing_and_a_terminal_gets_tqdm():
@@ -69,5 +87,5 @@ def test_offline_generate_logs_two_lines_to_a_non_terminal_stderr(capsys):
     assert all(r.ok for r in results)
     err = capsys.readouterr().err
     assert "\r" not in err
-    assert err.splitlines()[0] == "generate (continuous): started (200 img)"
-    assert len(err.splitlines()) == 2 and "done 200 img" in err
+    assert err.splitlines()[0] == "generate (continuous): started (200 images)"
+    assert len(err.splitlines()) == 2 and "done 200 images" in err

@@ -1,10 +1,12 @@
 """Bad input names the field and what is allowed."""
 
+from dataclasses import replace
+
 import pytest
 
 from stepserve.costs import FAKE_MODEL
 from stepserve.types import SamplingParams
-from stepserve.validation import ValidationError, resolve_params
+from stepserve.validation import SizeError, ValidationError, resolve_params
 
 
 @pytest.mark.parametrize(
@@ -74,3 +76,23 @@ def test_a_request_is_resolved_once_where_it_enters():
     assert core.add_request(resolved, 0.0).params is resolved
     [result] = Engine(FakeExecutor()).generate([SamplingParams(prompt="a digit")])
     assert isinstance(result.params, ResolvedParams) and result.params.seed is not None
+
+
+@pytest.mark.parametrize("height, width, says", [
+    (33, 32, ("32x33 (width x height) is not supported: height 33 is not a multiple of 8; allowed: width and height "
+              "multiples of 8 from 16 to 64 (default 32x32)")),
+    (32, 72, "72x32 (width x height) is not supported: width 72 is outside 16..64; allowed:"),
+    (64, 64.0, "64.0x64 (width x height) is not supported: width 64.0 is not an integer; allowed:"),
+])
+def test_a_bad_size_names_the_whole_size_asked_for(height, width, says):
+    with pytest.raises(SizeError) as info:
+        resolve_params(SamplingParams(prompt="seven", height=height, width=width), FAKE_MODEL)
+    assert says in str(info.value) and info.value.about_size().startswith(says.replace(" (width x height)", ""))
+
+
+def test_a_model_trained_at_one_size_names_it():
+    one_size = replace(FAKE_MODEL, name="tiny", min_size=32, max_size=32)
+    with pytest.raises(SizeError) as info:
+        resolve_params(SamplingParams(prompt="seven", height=64, width=64), one_size)
+    assert str(info.value) == ("height: 64x64 (width x height) is not supported; allowed: 32x32 only (tiny was "
+                               "trained at that size)")

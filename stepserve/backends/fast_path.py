@@ -128,7 +128,7 @@ def warm_up(executor: Any, wrapper: BatchBucketedNetworks, progress: bool = True
     params = resolve_params(SamplingParams(prompt="warm-up", seed=0, num_inference_steps=2, guidance_scale=1.0),
                             model)
     bucket = (params.height, params.width)
-    with progress_bar(len(wrapper.batch_buckets), "warm-up (denoiser batch sizes)", "bucket", disable=not progress) as bar:
+    with progress_bar(len(wrapper.batch_buckets), "warm-up", "batch size", disable=not progress) as bar:
         for size in wrapper.batch_buckets:
             requests = [Request(f"warm-up-{size}-{i}", params, 0.0, bucket, params.num_inference_steps)
                         for i in range(size)]

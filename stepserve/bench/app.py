@@ -313,13 +313,14 @@ def write_outputs(run: BenchRun, out: Path) -> list[Path]:
     written = [out / "results.json", out / "report.md", out / LATENCY_CDF]
     write_json(results, written[0])
     write_report(results, written[1])
-    plot_latency_cdf(results.cdf, results.slo_s, written[2], f"Latency CDF ({results.load_description})")
+    simulated = results.simulated  # every title says so
+    plot_latency_cdf(results.cdf, results.slo_s, written[2], f"Latency CDF ({results.load_description})", simulated)
     if results.sweep:
         written.append(out / THROUGHPUT_VS_LATENCY)
-        plot_throughput_vs_latency(results.sweep, results.slo_s, written[-1])
+        plot_throughput_vs_latency(results.sweep, results.slo_s, written[-1], simulated)
     if any(t.t_s for t in results.timelines):
         written.append(out / BATCH_SIZE_OVER_TIME)
-        plot_batch_sizes(results.timelines, written[-1])
+        plot_batch_sizes(results.timelines, written[-1], simulated)
     if run.plan.trace is not None:
         written.append(out / "trace.jsonl")
         save_trace(run.plan.trace, written[-1])

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..words import plural
 from .targets import UNFINISHED, Reply, Target
 from .workload import RequestSpec, Trace
 
@@ -127,5 +128,5 @@ async def run_closed_loop(target: Target, users: list, warmup_s: float, duration
     tasks = [asyncio.create_task(user_loop(r)) for r in users]
     await _drain(tasks, start + end_s + drain_s)
     outcomes.sort(key=lambda o: o.scheduled_s)
-    description = f"closed-loop, {len(users)} users for {duration_s:g} s"
+    description = f"closed-loop, {plural(len(users), 'user')} for {duration_s:g} s"
     return LoadResult(outcomes, start, warmup_s, end_s, "closed-loop", description)

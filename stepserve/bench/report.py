@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..words import plural
 from .metrics import ContenderSummary, Spread
 from .report_slo import deadlines_line, own_slo_note
 from .results import BenchResults, Knee
@@ -217,10 +218,10 @@ def render(results: BenchResults) -> str:
     lines = [title, "", f"Command: `{r.environment.command}`", ""]
     if st.model is None:
         where = (f"- Target: {st.target} (a running server: its start-up is not measured here); load generated on "
-                 f"{r.environment.cpu}, {r.environment.cpu_count} cores")
+                 f"{r.environment.cpu}, {plural(r.environment.cpu_count, 'core')}")
     else:
         where = (f"- Target: {st.target}; device {st.device} {st.dtype}, backend {st.backend} ({r.environment.cpu}, "
-                 f"{r.environment.cpu_count} cores, torch threads {r.environment.torch_threads}); "
+                 f"{plural(r.environment.cpu_count, 'core')}, torch threads {r.environment.torch_threads}); "
                  f"GPU: {r.environment.gpu or 'none'}")
     lines += [where,
               f"- Load: {r.load_description}" + (f"; realised in the measured window: {_realised_rate(r):.2f} req/s"
@@ -249,7 +250,7 @@ def render(results: BenchResults) -> str:
         lines += _table(["steps", "latency"], [[str(i.steps), fmt(i.latency_s, "time")] for i in r.idle])
     if r.capacity:
         c = r.capacity
-        lines += [f"Capacity ({c.contender}, saturated closed loop, {c.users} users, {c.duration_s:g} s): "
+        lines += [f"Capacity ({c.contender}, saturated closed loop, {plural(c.users, 'user')}, {c.duration_s:g} s): "
                   f"{c.rps:.2f} req/s.", ""]
     if r.summaries:
         over = " (median over repeats [min-max])" if reps > 1 else ""

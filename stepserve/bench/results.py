@@ -14,6 +14,7 @@ from .resources import Environment
 from .targets import Contender
 
 SCHEMA = "stepserve-bench/1"
+SIMULATED = "simulated"  # Environment.device of results the simulator produced (`stepserve simulate`)
 
 
 @dataclass
@@ -104,8 +105,9 @@ class CdfSeries:
 @dataclass
 class BatchTimeline:
     contender: str
-    t_s: list[float]  # seconds after the start of the run
-    batch_size: list[int]
+    t_s: list[float]  # when each engine step started, seconds after the start of the run
+    batch_size: list[int]  # requests in the step's denoising forward (0: none, e.g. a decode-only step)
+    duration_s: list[float]  # how long each step ran; a longer wait before the next step is the engine idle
 
 
 @dataclass
@@ -131,6 +133,11 @@ class BenchResults:
     def __post_init__(self) -> None:
         if self.environment.device == "simulated":
             self.clock = "simulated"
+
+    @property
+    def simulated(self) -> bool:
+        """Whether these numbers come from the simulator (a latency model on a simulated clock), not a device."""
+        return self.environment.device == SIMULATED
 
 
 def to_jsonable(value: Any) -> Any:

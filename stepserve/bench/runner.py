@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..progress import progress as progress_bar
+from ..words import plural
 from .load import LoadResult, Outcome
 from .metrics import RunMetrics, Usage, summarize, window_rates
 from .results import BatchTimeline, Capacity, IdleLatency
@@ -42,7 +43,7 @@ class LoadPlan:
         if self.mode == "open":
             return f"open-loop, {self.trace.description}"
         deadline = f", every request with timeout_s {self.timeout_s:.3g} s" if self.timeout_s is not None else ""
-        return f"closed-loop, {self.users} users for {self.duration_s:g} s (seed {self.seed}){deadline}"
+        return f"closed-loop, {plural(self.users, 'user')} for {self.duration_s:g} s (seed {self.seed}){deadline}"
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Driver(Protocol):
 async def run_contender(driver: Driver, maker: TargetMaker, plan: LoadPlan, repeat: int, slo_s: float | None,
                         progress: bool = True, label: str = "") -> ContenderRun:
     total = len(plan.trace.items) if plan.mode == "open" else None
-    bar = progress_bar(total, label or maker.name, "req", disable=not progress, leave=False, dynamic_ncols=True)
+    bar = progress_bar(total, label or maker.name, "request", disable=not progress, leave=False, dynamic_ncols=True)
     try:
         ran = await driver.run(maker, plan, plan.seed * 1000 + repeat, lambda _: bar.update(1))
     finally:
@@ -107,7 +108,7 @@ async def run_contender(driver: Driver, maker: TargetMaker, plan: LoadPlan, repe
     result, samples = ran.result, ran.samples
     metrics = summarize(result, maker.name, repeat, slo_s, samples, ran.busy_s, ran.wall_s, ran.usage)
     timeline = BatchTimeline(maker.name, [round(s.t - result.start, 4) for s in samples],
-                             [s.batch_size for s in samples])
+                             [s.batch_size for s in samples], [round(s.duration_s, 6) for s in samples])
     images = [SampleImage(o.index, o.spec, o.reply.image) for o in result.outcomes if o.reply.image is not None]
     return ContenderRun(metrics, timeline, ran.engine_start_s, images)
 
@@ -122,7 +123,7 @@ async def measure_idle(driver: Driver, maker: TargetMaker, mix: Mix, samples: in
         spec = mix.heaviest(steps)
         spec.timeout_s = NO_DEADLINE_S  # a server's default --timeout-s must not cut the probe short
         specs += [replace(spec, seed=i) for i in range(samples + 1)]
-    bar = progress_bar(len(specs), "idle latency", "req", disable=not progress, leave=False, dynamic_ncols=True)
+    bar = progress_bar(len(specs), "idle latency", "request", disable=not progress, leave=False, dynamic_ncols=True)
     try:
         answers = await driver.lone(maker, specs, seed, lambda: bar.update(1))
     finally:
@@ -142,7 +143,8 @@ async def measure_capacity(driver: Driver, maker: TargetMaker, mix: Mix, users: 
                            warmup_s: float, seed: int, progress: bool = True) -> Capacity:
     """Saturated throughput: a closed loop with more users than batch slots, so a request always waits."""
     plan = LoadPlan("closed", mix, seed, warmup_s, duration_s, drain_s=0.0, users=users, timeout_s=NO_DEADLINE_S)
-    bar = progress_bar(None, f"capacity ({maker.name})", "req", disable=not progress, leave=False, dynamic_ncols=True)
+    bar = progress_bar(None, f"capacity ({maker.name})", "request", disable=not progress, leave=False,
+                       dynamic_ncols=True)
     try:
         ran = await driver.run(maker, plan, seed, lambda _: bar.update(1))
     finally:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
-from ..deploy.onnx_export import DEFAULT_OPSET, OPSETS, ExportError, export_onnx
 from .flags import DefaultsHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..deploy.onnx_export import (  # imports torch: after main's clock has started
+        DEFAULT_OPSET,
+        OPSETS,
+    )
+
     p = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog="stepserve export onnx",
                                 description="Export the text encoder, denoiser and VAE decoder to ONNX with a "
                                             "dynamic batch axis and per-row timesteps, checked against torch.")
@@ -23,11 +28,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    started = time.monotonic()  # the command's time covers importing torch and loading the model too
     args = build_parser().parse_args(argv)
+    from ..deploy.onnx_export import ExportError, export_onnx
+
     try:
         out = export_onnx(args.model, args.out, args.opset, validate=not args.no_validate)
     except (OSError, ValueError, ExportError) as e:
         print(f"stepserve export onnx: error: {e}", file=sys.stderr)
         return 2
-    print(f"stepserve export onnx: wrote {out} (manifest.json lists the graphs, their shapes and the check)")
+    print(f"stepserve export onnx: wrote {out} {time.monotonic() - started:.1f} s after the command started "
+          f"(loading torch and the model, exporting, checking; manifest.json lists the graphs, their shapes and the "
+          f"check)")
     return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..scheduling import STRATEGIES
 from ..sim.routers import ROUTERS
+from ..words import plural
 from .flags import DefaultsHelpFormatter
 
 PLAN_JSON = "plan.json"
@@ -122,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..progress import is_terminal, progress
     from ..sim.plan import (
-        plot,
         probe_lines,
         run_plan,
         simulate_fleet,
@@ -130,17 +130,18 @@ def main(argv: list[str] | None = None) -> int:
         to_json,
         trace_arrivals,
     )
+    from ..sim.plan_plot import plot_p95_vs_replicas
 
     total = len(trace_arrivals(spec))
     print(f"plan: {spec.rate_rps:g} req/s, p95 <= {spec.slo_s * 1000:g} ms, router {spec.router}, {described}, "
-          f"{spec.duration_s:g} s per simulation ({total} requests), seed {spec.seed}", file=sys.stderr)
+          f"{spec.duration_s:g} s per simulation ({plural(total, 'request')}), seed {spec.seed}", file=sys.stderr)
     if "slo" in spec.strategies and spec.timeout_s is None:
         print("stepserve plan: note: no request carries a deadline (--timeout-slo), so slo refuses nothing and "
               "gives up on nothing: it is continuous batching, fewest remaining steps first", file=sys.stderr)
 
     def probe(strategy: str, n: int, stop_early: bool):
         # a live bar on a terminal; elsewhere only the result line below
-        bar = progress(total, f"{strategy} x{n}", "req", disable=args.no_progress or not is_terminal(sys.stderr),
+        bar = progress(total, f"{strategy} x{n}", "request", disable=args.no_progress or not is_terminal(sys.stderr),
                        leave=False)
         with bar:
             _, p = simulate_fleet(spec, strategy, n, stop_early, on_progress=bar.update)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     data = to_json(spec, plans, described)
     data["settings"]["latency_model_file"] = str(args.latency_model)
     (args.out / PLAN_JSON).write_text(json.dumps(data, indent=2) + "\n")
-    plot(spec, plans, args.out / PLOT)
+    plot_p95_vs_replicas(spec, plans, args.out / PLOT)
     print(table(spec, plans))
     print()
     print("\n".join(probe_lines(p, spec.slo_s) for p in plans))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..loading import available_cores
+from ..words import plural
 from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from
 
 PROG = "stepserve profile"
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: --{exc}", file=sys.stderr)
         return 2
     print(f"{PROG}: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}, "
-          f"{args.threads} threads) ...", file=sys.stderr, flush=True)
+          f"{plural(args.threads, 'thread')}) ...", file=sys.stderr, flush=True)
     try:  # the engine as it will serve (fast path included), without the memory cap: every batch size is measured
         config = engine_config(args, EngineOptions(max_batch_size=args.max_batch_size), memory_cap=False)
         executor = build_engine(config).executor

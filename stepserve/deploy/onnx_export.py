@@ -74,7 +74,9 @@ def export_onnx(model: str | os.PathLike = "embedded", out: str | os.PathLike = 
 
 def _export_into(adapter, model, source: Path, out: Path, opset: int, validate: bool, show_progress: bool) -> None:
     specs = graph_specs(adapter.use_attention_mask)
-    bar = progress(len(specs) * (2 if validate else 1), "export onnx", "graph", disable=not show_progress)
+    # one step: exporting one graph, or checking one against torch
+    work = f"export{' and check' if validate else ''} {len(specs)} graphs"
+    bar = progress(len(specs) * (2 if validate else 1), f"export onnx ({work})", "step", disable=not show_progress)
     generator = torch.Generator().manual_seed(0)
     networks, validation = {}, {}
     with bar:

@@ -132,7 +132,8 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     if progress is not False:
         from ..progress import progress as progress_bar
 
-        bar = progress_bar(rounds * len(buckets) * len(sizes), f"profile {model.name}", "point")
+        # one measurement: one size at one batch size in one round (its warm-up and repeats included)
+        bar = progress_bar(rounds * len(buckets) * len(sizes), f"profile {model.name}", "measurement")
     try:
         with _no_prompt_cache(executor):
             for r in range(rounds):

@@ -21,7 +21,7 @@ from ..api import GenerationResult
 from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
 from ..engine import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
 from ..types import FinishReason, RequestStatus, SamplingParams
-from ..validation import ValidationError, resolve_params
+from ..validation import SizeError, ValidationError, resolve_params
 from . import errors
 from .errors import APIError
 
@@ -75,7 +75,7 @@ def _images(results: Sequence[Any]) -> str:
 
 # Admission: from parsed request parameters to engine handles, all n images in one decision or none.
 
-_PARAM_FOR_FIELD = {"height": "size", "width": "size", "params": None}
+_PARAM_FOR_FIELD = {"params": None}  # a problem of the parameters together names no one body field
 
 
 def preview_steps(num_inference_steps: int, partial_images: int) -> frozenset[int]:
@@ -93,9 +93,10 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
     engine = state.engine
     try:
         resolved = [resolve_params(p, engine.model_info) for p in params]
+    except SizeError as exc:  # the caller sent one "size", not a height and a width
+        raise errors.invalid(_size_message(exc, engine), "size") from None
     except ValidationError as exc:
-        param = _PARAM_FOR_FIELD.get(exc.field, exc.field)
-        raise errors.invalid(_size_message(exc, engine) if param == "size" else str(exc), param) from None
+        raise errors.invalid(str(exc), _PARAM_FOR_FIELD.get(exc.field, exc.field)) from None
     max_queue = engine.options.max_queue
     if max_queue is not None and len(resolved) > max_queue:
         raise errors.invalid(f"n: {len(resolved)} images are more than this server queues at once ({max_queue}); "
@@ -119,9 +120,10 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
         raise errors.engine_failed(str(exc)) from None
 
 
-def _size_message(exc: ValidationError, engine: AsyncEngine) -> str:
+def _size_message(exc: SizeError, engine: AsyncEngine) -> str:
+    """A wrong width or height, told as the "size" the caller sent (WIDTHxHEIGHT)."""
     m = engine.model_info
-    return f"size: {exc}; 'auto' gives the model's default {m.default_width}x{m.default_height}"
+    return f"size: {exc.about_size()}; 'auto' gives the model's default {m.default_width}x{m.default_height}"
 
 
 def abort_all(engine: AsyncEngine, handles: Sequence[RequestHandle]) -> None:

@@ -18,7 +18,7 @@ from ..async_engine import DEFAULT_ANSWER_MARGIN_S
 from ..bench.app import BenchConfig, BenchRun, run_bench
 from ..bench.load import LoadResult, Outcome
 from ..bench.metrics import Usage
-from ..bench.results import Startup
+from ..bench.results import SIMULATED, Startup
 from ..bench.runner import NO_DEADLINE_S, LoadPlan, LoadRun, TargetMaker
 from ..bench.targets import Contender, Reply
 from ..bench.testbed import Described, Makers, Testbed
@@ -26,6 +26,7 @@ from ..bench.workload import RequestSpec, Trace, TraceItem, user_requests
 from ..costs import FakeExecutor, LatencyModel, model_for
 from ..engine import EngineCore
 from ..engine_config import EngineOptions
+from ..words import plural
 from .drive import Driven, drive_closed, drive_open
 
 
@@ -77,7 +78,7 @@ class SimulatedDriver:
             end_s = plan.warmup_s + plan.duration_s
             driven = drive_closed(core, users, plan.warmup_s, end_s, end_s + plan.drain_s)
             result = LoadResult(driven.outcomes, 0.0, plan.warmup_s, end_s, "closed-loop",
-                                f"closed-loop, {plan.users} users for {plan.duration_s:g} s")
+                                f"closed-loop, {plural(plan.users, 'user')} for {plan.duration_s:g} s")
         _report(driven, done)
         return LoadRun(result, driven.samples, None, driven.end_time, Usage())
 
@@ -108,7 +109,7 @@ def simulated_testbed(cfg: BenchConfig, setup: SimSetup) -> Testbed:
     described = Described(f"simulated engine, {setup.source}", model_for(setup.latency).name,
                           f"simulated ({meta.get('device') or 'profiled device'})", str(meta.get("dtype") or "n/a"),
                           "latency model")
-    return Testbed(SimulatedDriver(setup), makers, "simulated", described, Startup(model_load_s=None))
+    return Testbed(SimulatedDriver(setup), makers, SIMULATED, described, Startup(model_load_s=None))
 
 
 def run_simulation(cfg: BenchConfig, setup: SimSetup) -> BenchRun:

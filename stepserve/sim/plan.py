@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ..bench.targets import Contender
 from ..bench.workload import Mix, poisson_trace
 from ..costs import LatencyModel
+from ..words import noun_for
 from .replicas import FleetResult, allowed_misses, run_replicas, summarize
 from .routers import make_router
 from .run import Arrival
@@ -224,7 +225,7 @@ def probe_lines(plan: StrategyPlan, slo_s: float) -> str:
     for p in plan.probes:
         mark = "holds" if p.held else "misses"
         p95 = f"> {slo_s * 1000:g} ms (stopped early)" if p.stopped_early else f"{_fmt_ms(p.p95_s, p)} ms"
-        parts.append(f"  {p.replicas:>4} replicas: p95 {p95}, {mark}")
+        parts.append(f"  {p.replicas:>4} {noun_for(p.replicas, 'replica')}: p95 {p95}, {mark}")
     return f"{plan.strategy}:\n" + "\n".join(parts)
 
 
@@ -257,32 +258,3 @@ def to_json(spec: PlanSpec, plans: list[StrategyPlan], mix_description: str) -> 
                   "a probe that stopped early had already missed the SLO; its latencies are lower bounds"],
         "strategies": out,
     }
-
-
-def plot(spec: PlanSpec, plans: list[StrategyPlan], path) -> None:
-    """p95 against replica count per strategy, the SLO as a line; counts whose p95 is infinite or unknown (the
-    run stopped early) are drawn as crosses at the top."""
-    from ..bench.plots import pyplot
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    slo_ms = spec.slo_s * 1000
-    finite = [p.p95_s * 1000 for pl in plans for p in pl.probes if math.isfinite(p.p95_s) and not p.stopped_early]
-    top = max([slo_ms * 2, *finite]) * 1.15
-    for pl in plans:
-        ok = [p for p in pl.probes if math.isfinite(p.p95_s) and not p.stopped_early]
-        bad = [p for p in pl.probes if p not in ok]
-        label = pl.strategy + (f" (needs {pl.replicas})" if pl.replicas else f" (> {spec.max_replicas})")
-        line, = ax.plot([p.replicas for p in ok], [p.p95_s * 1000 for p in ok], marker="o", label=label)
-        if bad:
-            ax.plot([p.replicas for p in bad], [top] * len(bad), marker="x", linestyle="none", color=line.get_color())
-    ax.axhline(slo_ms, color="grey", linestyle="--", linewidth=1, label=f"SLO p95 {slo_ms:g} ms")
-    ax.set_ylim(0, top * 1.05)
-    ax.set_xlabel("replicas")
-    ax.set_ylabel("p95 latency (ms)")
-    ax.set_title(f"{spec.rate_rps:g} req/s, router {spec.router} (x: SLO missed, p95 off the chart)", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

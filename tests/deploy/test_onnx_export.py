@@ -4,6 +4,7 @@ and images served on onnxruntime equal torch's under every strategy."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -153,6 +154,12 @@ def test_the_export_command_writes_a_folder_and_refuses_a_bad_model(ort, tmp_pat
 
     assert main(["export", "onnx", "--model", "embedded", "--out", str(tmp_path / "x")]) == 0
     assert (tmp_path / "x" / "unet.onnx").is_file()
+    printed = capsys.readouterr()
+    # the progress lines time the graph phase, counted in plural words; the last line times the command
+    phase = re.search(r"export onnx \(export and check 3 graphs\): done 6 steps in ([0-9.]+) s", printed.err)
+    whole = re.search(r"wrote .* ([0-9.]+) s after the command started \(loading torch and the model", printed.out)
+    assert "export onnx (export and check 3 graphs): started (6 steps)" in printed.err
+    assert phase and whole and float(whole.group(1)) >= float(phase.group(1)), printed
     assert main(["export", "onnx", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "y")]) == 2
     assert "neither 'embedded' nor a local diffusers folder" in capsys.readouterr().err
     assert main(["export", "webgpu"]) == 2

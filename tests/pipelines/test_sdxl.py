@@ -145,7 +145,8 @@ def test_without_force_zeros_the_empty_negative_prompt_is_encoded(executor, refe
 
 
 def test_sizes_outside_the_buckets_name_what_is_allowed(executor):
-    with pytest.raises(ValidationError, match="height: 18 is not supported; allowed: multiples of 4 from 8 to 32"):
+    with pytest.raises(ValidationError, match=r"height: \d+x18 \(width x height\) is not supported: height 18 is not a "
+                                              r"multiple of 4; allowed: width and height multiples of 4 from 8 to 32"):
         Engine(executor).generate([SamplingParams(prompt="x", height=18)])
     with pytest.raises(ValidationError, match="sampler: 'flow_euler' is not supported; allowed: ddim, euler"):
         Engine(executor).generate([SamplingParams(prompt="x", sampler="flow_euler")])

@@ -25,6 +25,8 @@ def test_profile_of_the_tiny_pipeline_writes_a_loadable_model_with_metadata(tiny
     assert rc == 0
     err = capsys.readouterr().err
     assert "with guidance rows" in err and "without guidance" in err and "wrote" in err
+    assert "backend torch, 1 thread) ..." in err  # not "1 threads"
+    assert "measurements in " in err and " measurement)" not in err  # the progress lines count in plural words
     model = LatencyModel.load(out)
     meta = model.metadata
     assert meta["backend"] == "torch" and meta["device"] == "cpu" and meta["dtype"] == "float32"

@@ -336,7 +336,7 @@ def test_local_cluster_serves_and_stops_without_leftovers(local_server):
 
 @pytest.mark.parametrize("flags, message", [
     (["--replica-cpus", "1"], "--replica-cpus only apply to Ray Serve replicas"),
-    (["--replicas", "3"], "3 replicas x 1 CPUs need 3 CPUs"),
+    (["--replicas", "3"], "3 replicas at 1 CPU each: 3 CPUs in all, but this machine has 2"),
     (["--replicas", "5", "--autoscale", "1:4"], "--replicas 5 is outside --autoscale 1:4"),
     (["--replicas", "2", "--target-ongoing-requests", "4"], "add --autoscale"),
     (["--replicas", "1", "--replica-gpus", "1"], "add --device cuda"),

@@ -38,7 +38,7 @@ def test_an_optional_timeout_s_input_is_the_request_deadline():
 @pytest.mark.parametrize(("change", "says"), [
     ({"steps": row(0, np.int32)}, "steps: must be an integer in [1, 200]"),
     ({"sampler": row(b"plms")}, "sampler: 'plms' is not supported; allowed: ddim, euler"),
-    ({"height": row(64, np.int32)}, "height: 64 is not supported; allowed: 32x32 only"),
+    ({"height": row(64, np.int32)}, "height: 32x64 (width x height) is not supported; allowed: 32x32 only"),
     ({"seed": None}, "seed: required input(s) missing"),
     ({"prompt": row(b"\xff")}, "prompt: must be UTF-8 text"),
     ({"timeout_s": row(0.0, np.float32)}, "timeout_s: must be a positive, finite number"),

@@ -53,6 +53,7 @@ def test_cli_writes_plan_json_and_the_plot(tmp_path, capsys):
     assert (out / "p95_vs_replicas.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "replicas" in printed and "continuous" in printed and "margin" in printed
+    assert "   1 replica: p95" in printed and "1 replicas" not in printed  # every climb starts at one
 
 
 @pytest.mark.parametrize("bad, says", [

@@ -25,6 +25,7 @@ from ray import serve
 from ...loading import available_cores
 from ..app import create_app
 from ...api_key import API_KEY_ENV
+from ...words import plural
 from ..startup import ServeSettings, StartupError, for_replicas, replica_api_key, start_engine
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings
@@ -127,8 +128,8 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         hub = MetricsHub.remote()
         deployment = serve.deployment(StepserveReplica, name="Engine", **deployment_options(plan))
         engine = settings.engine
-        print(f"stepserve serve: deploying {_replica_text(plan)} of {engine.model} ({plan.cpus:g} CPU, {plan.gpus:g} "
-              f"GPU, {plan.threads} thread(s) each) ...", file=sys.stderr, flush=True)
+        print(f"stepserve serve: deploying {_replica_text(plan)} of {engine.model} ({plural(plan.cpus, 'CPU')}, "
+              f"{plural(plan.gpus, 'GPU')}, {plural(plan.threads, 'thread')} each) ...", file=sys.stderr, flush=True)
         try:
             serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub), name=APP_NAME, route_prefix="/",
                       blocking=False)
@@ -257,5 +258,5 @@ def _serve_running() -> bool:
 
 def _replica_text(plan: ReplicaPlan) -> str:
     if plan.autoscale:
-        return f"{plan.replicas} replicas (autoscaling {plan.autoscale[0]}-{plan.autoscale[1]})"
-    return f"{plan.replicas} replica{'s' if plan.replicas != 1 else ''}"
+        return f"{plural(plan.replicas, 'replica')} (autoscaling {plan.autoscale[0]}-{plan.autoscale[1]})"
+    return plural(plan.replicas, "replica")

@@ -11,6 +11,9 @@ import argparse
 import math
 from dataclasses import dataclass, field, replace
 
+from ...words import plural
+
+
 @dataclass
 class ReplicaPlan:
     """What the replica flags ask Ray Serve for (plain data: it travels to the cluster with the deployment)."""
@@ -67,9 +70,10 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
         plan.notes.append(f"--threads {args.threads} lowered to {plan.threads}: a replica runs on at most its "
                           f"--replica-cpus {cpus:g}")
     if args.ray_address is None and plan.most_replicas * cpus > local_cores:
-        raise StartupError(f"{plan.most_replicas} replicas x {cpus:g} CPUs need {plan.most_replicas * cpus:g} CPUs "
-                           f"but this machine has {local_cores}; lower --replica-cpus (fractions allowed) or the "
-                           f"replica count, or join a larger cluster with --ray-address")
+        raise StartupError(f"{plural(plan.most_replicas, 'replica')} at {plural(cpus, 'CPU')} each: "
+                           f"{plan.most_replicas * cpus:g} CPUs in all, but this machine has {local_cores}; lower "
+                           f"--replica-cpus (fractions allowed) or the replica count, or join a larger cluster with "
+                           f"--ray-address")
     return plan
 
 
