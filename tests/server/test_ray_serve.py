@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -91,13 +92,13 @@ def free_port() -> int:
 class ServeProcess:
     """`stepserve serve --replicas ...` as a child process; its log goes to a file (Ray logs a lot)."""
 
-    def __init__(self, mark: str, *flags: str) -> None:
+    def __init__(self, mark: str, *flags: str, env: dict | None = None) -> None:
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="stepserve-ray-", suffix=".log")
         args = ["--model", "embedded", "--port", str(self.port), "--threads", "1", "--log-level", "warning",
                 "--no-memory-cap", *flags]
         self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=ROOT,
-                                     env=_env(mark), stdout=self.log, stderr=subprocess.STDOUT)
+                                     env=env or _env(mark), stdout=self.log, stderr=subprocess.STDOUT)
 
     @property
     def url(self) -> str:
@@ -132,7 +133,8 @@ def local_server():
     cluster so that the two boot side by side; test_local_cluster_* uses it last."""
     require("ray", "ray")
     mark = uuid.uuid4().hex
-    server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2")
+    env = {k: v for k, v in _env(mark).items() if k != "RAY_AUTH_MODE"}  # stepserve's own default applies
+    server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2", env=env)
     try:
         yield server, mark
     finally:
@@ -332,6 +334,12 @@ def test_local_cluster_serves_and_stops_without_leftovers(local_server):
     assert len(marked_pids(mark)) > 3  # the CLI, Ray's own processes and the replica
     assert server.stop() == 0, server.tail()
     assert_all_gone(mark)
+    # its log (a file here) is plain text without Ray's warnings the user cannot act on, and the cluster's
+    # session folder is gone with it
+    log = Path(server.log.name).read_text()
+    assert "\x1b[" not in log and "Token authentication is" not in log, log[-3000:]
+    session = re.search(r"the cluster's logs are in (\S+)/logs until it stops", log)
+    assert session and not Path(session.group(1)).exists(), log[-3000:]
 
 
 @pytest.mark.parametrize("flags, message", [

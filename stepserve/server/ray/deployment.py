@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -148,9 +149,30 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
     finally:
         if local or started_serve:
             _bounded(serve.shutdown, 30.0)
+        session = _session_dir() if local else None
         ray.shutdown()  # a local cluster started by ray.init stops with it
         if local:
             _end_leftovers()
+            _remove_session(session)
+
+
+def _session_dir() -> str | None:
+    """The local cluster's session folder (logs, sockets) under Ray's temporary directory, or None."""
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()
+    except AttributeError:  # not connected, or a Ray without this (private) attribute
+        return None
+
+
+def _remove_session(session: str | None) -> None:
+    """Delete the session folder of the local cluster this process started, and Ray's `session_latest` link to it
+    (the logs are gone with it: keep them with --ray-address and a cluster of your own)."""
+    if not session or not os.path.isdir(session):
+        return
+    latest = os.path.join(os.path.dirname(session), "session_latest")
+    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session):
+        os.unlink(latest)
+    shutil.rmtree(session, ignore_errors=True)
 
 
 def _bounded(call, timeout_s: float, *args) -> None:
@@ -177,11 +199,20 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+        # what Ray does by default for a new local cluster, said explicitly: token authentication (so other users
+        # of this machine cannot run code in it), without its warning on every start
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        if not (sys.stdout.isatty() and sys.stderr.isatty()):
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI colour codes in a log file
         _adopt_orphans()
         print(f"stepserve serve: starting a local Ray cluster ({available_cores()} CPUs, loopback) ...",
               file=sys.stderr, flush=True)
         ray.init(num_cpus=available_cores(), include_dashboard=False, _node_ip_address="127.0.0.1",
                  log_to_driver=True)
+        session = _session_dir()
+        if session:
+            print(f"stepserve serve: the cluster's logs are in {session}/logs until it stops (then removed)",
+                  file=sys.stderr, flush=True)
         return
     try:
         ray.init(address=plan.ray_address, log_to_driver=True)
