@@ -171,11 +171,13 @@ def load_regime(name: str, batch: int, workdir: Path) -> Regime:
         return Regime(name, steps, setup=load_setup(MODELS / file))
     model, steps = LIVE[name]
     if model == "tinyflux":  # built once (random weights, nothing downloaded): compute-bound at this size
+        from stepserve.commands.tiny import quiet
         from stepserve.tiny.flux import BENCH_OPTIONS, build_tiny_flux
 
         folder = workdir / "tinyflux"
         if not (folder / "model_index.json").exists():
-            build_tiny_flux(folder, **BENCH_OPTIONS)
+            with quiet():
+                build_tiny_flux(folder, **BENCH_OPTIONS)
         model = str(folder)
     from stepserve.engine_config import resolve_latency_model
     from stepserve.loading import default_threads, load_executor

@@ -199,9 +199,9 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
-        # what Ray does by default for a new local cluster, said explicitly: token authentication (so other users
-        # of this machine cannot run code in it), without its warning on every start
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        # Ray enables token authentication for a new local cluster by default (other users of this machine cannot
+        # run code in it), and says so on every start: nothing to act on here, so not said
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         if not (sys.stdout.isatty() and sys.stderr.isatty()):
             os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI colour codes in a log file
         _adopt_orphans()
