@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..scheduling import STRATEGIES
+from ..sim.plan import DEFAULT_STRATEGIES
 from ..sim.routers import ROUTERS
 from ..words import plural
 from .flags import DefaultsHelpFormatter
@@ -41,7 +42,7 @@ def build_parser() -> _Parser:
     p.add_argument("--latency-model", required=True, help="latency model file (from `stepserve profile`)")
     p.add_argument("--rate", required=True, help="offered load, requests per second (Poisson arrivals)")
     p.add_argument("--slo-p95-ms", required=True, help="the p95 latency to hold, milliseconds from arrival")
-    p.add_argument("--strategy", "--strategies", dest="strategy", default=",".join(("continuous", "dynamic")),
+    p.add_argument("--strategy", "--strategies", dest="strategy", default=",".join(DEFAULT_STRATEGIES),
                    help=f"strategies to plan, comma-separated (default: continuous,dynamic); allowed: "
                         f"{', '.join(STRATEGIES)}")
     mix = p.add_mutually_exclusive_group()
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{spec.duration_s:g} s per simulation ({plural(total, 'request')}), seed {spec.seed}", file=sys.stderr)
     if "slo" in spec.strategies and spec.timeout_s is None:
         print("stepserve plan: note: no request carries a deadline (--timeout-slo), so slo refuses nothing and "
-              "gives up on nothing: it is continuous batching, fewest remaining steps first", file=sys.stderr)
+              "gives up on nothing: it is cost-aware continuous batching, first come first served", file=sys.stderr)
 
     def probe(strategy: str, n: int, stop_early: bool):
         # a live bar on a terminal; elsewhere only the result line below

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from ..bench.targets import Contender
 from ..bench.workload import Mix, poisson_trace
 from ..costs import LatencyModel
+from ..scheduling import DEFAULT_STRATEGY
 from ..words import noun_for
 from .replicas import FleetResult, allowed_misses, run_replicas, summarize
 from .routers import make_router
 from .run import Arrival
 
-DEFAULT_STRATEGIES = ("continuous", "dynamic")
+DEFAULT_STRATEGIES = (DEFAULT_STRATEGY, "continuous", "dynamic")  # the default first, then the fixed contenders
 
 
 @dataclass

@@ -78,3 +78,10 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, bad, says):
 def test_missing_latency_model_file_exits_2(tmp_path, capsys):
     assert main(["--latency-model", str(tmp_path / "none.json"), "--rate", "1", "--slo-p95-ms", "9"]) == 2
     assert "--latency-model" in capsys.readouterr().err
+
+
+def test_plan_sizes_the_default_strategy_first_by_default():
+    from stepserve.commands.plan import build_parser
+    from stepserve.scheduling import DEFAULT_STRATEGY
+
+    assert build_parser().get_default("strategy").split(",") == [DEFAULT_STRATEGY, "continuous", "dynamic"]
