@@ -120,9 +120,10 @@ class EngineCore:
         reason = infeasible(request, now) if infeasible is not None else None
         if reason is not None:
             self._refuse(request, FinishReason.DEADLINE_INFEASIBLE, now, reason, DeadlineInfeasibleError)
-        waiting = list(self.waiting) + list(ahead)
-        reason = admission(request, waiting, list(self.running), now)
+        # read lazily: a rule that admits the request at once (slo, without a deadline) never copies the queue
+        reason = admission(request, itertools.chain(self.waiting, ahead), list(self.running), now)
         if reason is not None:
+            waiting = list(self.waiting) + list(ahead)
             retry = self.policy.retry_after_s(waiting, list(self.running), now, request.bucket)
             self._refuse(request, FinishReason.DEADLINE_INFEASIBLE, now, reason, DeadlineRefusedError, retry)
 

@@ -83,9 +83,9 @@ def cost_aware_cap(curve: OnlineStepCurve, bucket: Bucket, available: int, steps
     every `probe_every` steps when there is one to spare, so that a curve that became cheaper is seen too. While
     the curve is unknown (every step seen so far was of one size), all of them, and one fewer every
     `probe_every` steps, so that the slope can be seen."""
-    if curve.line(bucket) is None:
-        return available - 1 if available > 1 and steps % probe_every == 0 else available
-    cap = curve.efficient_batch(bucket, available, tolerance, min_gain)
-    if cap < available and steps % probe_every == 0:
-        cap += 1
-    return cap
+    cap = curve.efficient_batch(bucket, available, tolerance, min_gain)  # all of them while the curve is unknown
+    if steps % probe_every:
+        return cap
+    if curve.line(bucket) is None:  # a probe step: the curve is fitted again only here
+        return max(available - 1, 1) if available > 1 else available
+    return cap + 1 if cap < available else cap

@@ -6,7 +6,7 @@ state, so a front end may call them outside the engine loop on a snapshot of its
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..costs.latency_model import Bucket
 from ..types import Request
@@ -22,15 +22,16 @@ class SLOFrontEnd:
     _service_order, _meets and the grouping of requests by bucket."""
 
     def admission(
-        self, request: Request, waiting: Sequence[Request], running: Sequence[Request], now: float
+        self, request: Request, waiting: Iterable[Request], running: Sequence[Request], now: float
     ) -> str | None:
-        """Why `request` should be refused now (None: admit). Requests without a deadline are always admitted."""
+        """Why `request` should be refused now (None: admit). Requests without a deadline are always admitted,
+        without reading `waiting` (which may be a one-pass iterable)."""
         if request.deadline is None:
             return None
         never = self.infeasible(request, now)
         if never is not None:
             return never
-        waiting = [r for r in waiting if r is not request]
+        waiting = [r for r in list(waiting) if r is not request]  # one copy (list() reads it in one go)
         running = [r for r in running if r is not request]
         left = request.deadline - now
         # steady state: the bucket's batch does not shrink below its present size (freed slots are refilled)

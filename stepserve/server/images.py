@@ -49,7 +49,7 @@ class ServerState:
         outcome, latency, and per image the steps and the batch sizes it ran in)."""
         seconds = time.monotonic() - started
         self.metrics.request_done(outcome, seconds, len(results))
-        if self.access_log:
+        if self.access_log and access.isEnabledFor(logging.INFO):
             access.info("POST /v1/images/generations %d %s %.3f s%s", status, outcome, seconds, _images(results))
 
     def note_latency(self, seconds: float) -> None:

@@ -21,22 +21,6 @@ FAST = ["--model", "fake", "--steps", "2,4", "--duration", "0.8", "--warmup", "0
 
 
 @pytest.fixture
-def submitted(monkeypatch):
-    """The SamplingParams every in-process engine was given, in order."""
-    from stepserve.async_engine import AsyncEngine
-
-    seen = []
-    original = AsyncEngine.submit
-
-    def submit(self, params, *args, **kwargs):
-        seen.append(params)
-        return original(self, params, *args, **kwargs)
-
-    monkeypatch.setattr(AsyncEngine, "submit", submit)
-    return seen
-
-
-@pytest.fixture
 def engine_models(monkeypatch):
     """(strategy, latency_model) of every in-process engine built."""
     from stepserve.async_engine import AsyncEngine

@@ -119,17 +119,7 @@ def test_simulated_run_of_the_sample_reports_attainment_over_per_request_slos(tm
         5.0 if it.spec.slo_ms is None else it.spec.slo_ms / 1000 for it in load_trace(SAMPLE).items]
 
 
-def test_live_run_gives_each_request_its_own_slo_as_its_deadline(tmp_path, monkeypatch):
-    from stepserve.async_engine import AsyncEngine
-
-    seen = []
-    original = AsyncEngine.submit
-
-    def submit(self, params, *args, **kwargs):
-        seen.append(params)
-        return original(self, params, *args, **kwargs)
-
-    monkeypatch.setattr(AsyncEngine, "submit", submit)
+def test_live_run_gives_each_request_its_own_slo_as_its_deadline(tmp_path, submitted):
     trace = _write(tmp_path, [{"offset_s": 0.0, "prompt": "p", "steps": 2, "slo_ms": 900, "seed": 1},
                               {"offset_s": 0.05, "prompt": "p", "steps": 4, "seed": 2},
                               {"offset_s": 0.1, "prompt": "p", "steps": 2, "slo_ms": 1200, "seed": 3}])
@@ -137,7 +127,7 @@ def test_live_run_gives_each_request_its_own_slo_as_its_deadline(tmp_path, monke
     assert bench_main(["--model", "fake", "--load", "trace", "--trace", str(trace), "--steps", "2,4",
                        "--strategies", "continuous", "--warmup", "0", "--drain", "2", "--timeout-s", "3",
                        "--no-progress", "--seed", "3", "--out", str(out)]) == 0
-    by_seed = {p.seed: p.timeout_s for p in seen if p.seed in (1, 2, 3) and p.timeout_s != 3600.0}
+    by_seed = {p.seed: p.timeout_s for p in submitted if p.seed in (1, 2, 3) and p.timeout_s != 3600.0}
     assert by_seed == {1: 0.9, 2: 3.0, 3: 1.2}
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["own_slo_requests"] == 2 and results["runs"][0]["own_slo"] == 2

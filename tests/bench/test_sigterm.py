@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from leftovers import Command, gone_within
 
 from stepserve.bench.peers.process import TAG_ENV as PEER_TAG_ENV
@@ -23,17 +25,9 @@ def _running(command: Command, text: str) -> None:
     assert command.wait_for(lambda: text in command.output, 120), command.output[-3000:]
 
 
-def test_sigterm_stops_an_in_process_bench(tmp_path):
-    command = Command(["bench", "--model", "fake", "--duration", "60", "--out", str(tmp_path / "out")], tmp_path)
-    try:
-        _running(command, "idle latency: started")
-        _check_terminated(command, 15)
-    finally:
-        command.clean_up()
-
-
-def test_sigterm_stops_the_demo(tmp_path):
-    command = Command(["demo", "--model", "fake", "--duration", "60", "--out", str(tmp_path / "out")], tmp_path)
+@pytest.mark.parametrize("verb", ["bench", "demo"])
+def test_sigterm_stops_an_in_process_bench_and_the_demo(tmp_path, verb):
+    command = Command([verb, "--model", "fake", "--duration", "60", "--out", str(tmp_path / "out")], tmp_path)
     try:
         _running(command, "idle latency: started")
         _check_terminated(command, 15)
