@@ -85,6 +85,7 @@ class EngineConfig:
     memory_share: float = 1.0
     fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
     warm_up: bool = True  # one throwaway request at start-up, so the first real one is not slow (see warm_up)
+    cache: Any = None  # step caching for requests that do not say (stepserve/cache_spec.py forms); None: off
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -126,6 +127,8 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         apply_fast_path(executor, config.fast_path, options.max_batch_size)  # warms up every compiled bucket
     elif loaded and config.warm_up:
         say(f"warm-up: one request through every stage in {warm_up(executor):.2f} s")
+    if config.cache is not None:  # after the fast path, whose fixed-shape buckets run no caching
+        _set_default_cache(executor, config.cache)
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:
@@ -133,6 +136,19 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     except OSError as exc:
         raise ValueError(f"latency_model {options.latency_model!r}: {exc}") from None
     return BuiltEngine(executor, replace(options, latency_model=latency))
+
+
+def _set_default_cache(executor: Any, cache: Any) -> None:
+    """Requests that do not say cache as `cache` says; a ValueError names what this model and backend allow."""
+    from .cache_spec import CacheSpecError, parse_cache
+
+    if not hasattr(executor, "default_cache"):
+        raise ValueError(f"cache {cache!r}: step caching needs the torch backend")
+    try:
+        parse_cache(cache, executor.model_info)
+    except CacheSpecError as exc:
+        raise ValueError(f"cache: {exc}") from None
+    executor.default_cache = cache
 
 
 def warm_up(executor: Any) -> float:

@@ -23,6 +23,18 @@ SCHEDULER_CLASSES = {
 SAMPLER_NAMES = tuple(SCHEDULER_CLASSES)
 
 
+@dataclass(frozen=True)
+class CacheSpec:
+    """A request's step-caching policy (stepserve/caching, docs/CACHING.md): which rule decides, per request and
+    per step, to reuse cached work instead of running the whole denoiser. Built by cache_spec.parse_cache."""
+
+    policy: str  # "fbcache" (first-block cache), "deepcache" (UNets) or "magcache" (Flux)
+    threshold: float | None = None  # fbcache: relative change that forces a full step; magcache: error budget
+    interval: int | None = None  # deepcache: a full forward every `interval` steps
+    max_skip_steps: int | None = None  # magcache: at most this many skipped steps in a row
+    retention_ratio: float | None = None  # magcache: the first fraction of the steps always runs in full
+
+
 @dataclass
 class SamplingParams:
     """What a caller asks for. Unset fields (None) take the model's defaults when the request is admitted."""
@@ -37,6 +49,8 @@ class SamplingParams:
     width: int | None = None
     timeout_s: float | None = None  # deadline relative to arrival; None = no deadline
     priority: int = 0  # higher is served first by priority-aware policies (slo); range in validation.py
+    # step caching: a CacheSpec, a policy name, {"policy": ..., knobs}, or "off"; None: the server's default
+    cache: Any = None
 
 
 @dataclass
@@ -78,6 +92,7 @@ class RequestTiming:
     denoise_done: float | None = None
     finished: float | None = None
     batch_sizes: list[int] = field(default_factory=list)  # size of every forward this request took part in
+    cached_steps: int = 0  # denoising steps that reused cached work (step caching) instead of the whole denoiser
 
     @property
     def queue_s(self) -> float | None:
@@ -130,6 +145,7 @@ class Request:
     sampler_state: Any = None
     preview_latents: Any = None  # the denoised estimate (x0) after a step listed in preview_steps
     image: Any = None  # PIL.Image once decoded
+    step_cache: Any = None  # the step-caching state of this request (stepserve/caching.RowState); freed at the end
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -144,6 +160,7 @@ class Request:
         self.conditioning = None
         self.sampler_state = None
         self.preview_latents = None
+        self.step_cache = None
 
 
 @dataclass
@@ -218,3 +235,5 @@ class ModelInfo:
     family: str = "sd"
     negative_prompt: bool = True
     guidance: str = "cfg"
+    cache_policies: tuple[str, ...] = ()  # step-caching policies this pipeline runs (stepserve/caching)
+    default_cache: CacheSpec | None = None  # applied to requests that do not say (the server's --cache)

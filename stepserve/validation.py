@@ -7,6 +7,7 @@ import re
 import secrets
 from typing import NamedTuple
 
+from .cache_spec import CacheSpecError, parse_cache
 from .types import ModelInfo, ResolvedParams, SamplingParams
 
 MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
@@ -155,7 +156,12 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         raise ValidationError("priority", f"must be an integer in [{MIN_PRIORITY}, {MAX_PRIORITY}] "
                                           f"(higher is served first), got {p.priority!r}")
 
+    try:
+        cache = parse_cache(p.cache, model)
+    except CacheSpecError as exc:
+        raise ValidationError("cache", str(exc)) from None
+
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
-                "priority": priority}
+                "priority": priority, "cache": cache}
     return ResolvedParams(**{**vars(p), **resolved})

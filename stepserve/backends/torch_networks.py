@@ -20,6 +20,20 @@ class TorchNetworks:
     def denoise(self, sample: Tensor, timestep: Tensor, encoder_hidden_states: Tensor) -> Tensor:
         return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
 
+    @property
+    def cache_policies(self) -> tuple[str, ...]:
+        """The step-caching policies this UNet runs (stepserve/caching)."""
+        from ..caching.unet import supports
+
+        return ("fbcache", "deepcache") if supports(self.unet) else ()
+
+    @torch.no_grad()
+    def denoise_cached(self, sample: Tensor, timestep: Tensor, rows: list, encoder_hidden_states: Tensor) -> Tensor:
+        """denoise, each row caching as `rows` says (stepserve/caching)."""
+        from ..caching.unet import unet_forward
+
+        return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows)
+
     @torch.no_grad()
     def decode(self, latents: Tensor) -> Tensor:
         return self.vae.decode(latents, return_dict=False)[0]

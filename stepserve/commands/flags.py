@@ -12,6 +12,7 @@ Each value type refuses a bad value with a message that says what is allowed (ar
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 
@@ -117,6 +118,27 @@ def add_fast_path_flags(p: argparse.ArgumentParser) -> None:
                         "padded shape (slower at low load; torch backend)")
 
 
+def cache_value(text: str):
+    """--cache: a policy name, 'off', or a JSON object such as '{"policy": "fbcache", "threshold": 0.1}'."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON object: {exc}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError("expected a JSON object")
+        return value
+    return text
+
+
+def add_cache_flag(p: argparse.ArgumentParser) -> None:
+    """--cache: step caching for requests that do not say (stepserve/caching, docs/CACHING.md)."""
+    p.add_argument("--cache", type=cache_value, default=None, metavar="POLICY|JSON",
+                   help="step caching for requests without a 'cache' field: fbcache, deepcache (UNets), magcache "
+                        "(Flux), or a JSON object with knobs, e.g. '{\"policy\": \"fbcache\", \"threshold\": "
+                        "0.1}' (torch backend, not with --compile/--deterministic; default: off)")
+
+
 def fast_path_from_args(args: argparse.Namespace):
     from ..backends.fast_path import FastPathOptions
 
@@ -132,7 +154,7 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     model = serving_model(args.model, args.backend)
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
                         threads=args.threads, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
-                        options=options)
+                        cache=getattr(args, "cache", None), options=options)
 
 
 def say_to_stderr(prog: str):

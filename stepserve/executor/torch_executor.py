@@ -12,6 +12,8 @@ import time
 import torch
 
 from .. import sampling
+from ..cache_spec import with_default
+from ..caching import row_caches
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
 from ..types import Request
@@ -25,8 +27,23 @@ def _sync(device: torch.device) -> None:
 class TorchExecutor:
     def __init__(self, pipeline: FamilyAdapter) -> None:
         self.pipeline = pipeline
-        self.model_info = pipeline.info
         self.device = pipeline.device
+        self.default_cache = None  # step caching for requests that do not say (any form cache_spec takes)
+        self._base_info = pipeline.info
+        self._info: tuple = (None, None)
+
+    @property
+    def model_info(self):
+        """The pipeline's ModelInfo with the step-caching policies its networks run now (none once the fast path
+        wraps them) and the default cache."""
+        key = (id(self._base_info), id(self.pipeline.networks), repr(self.default_cache))
+        if self._info[0] != key:
+            self._info = (key, with_default(self._base_info, self.pipeline.cache_policies, self.default_cache))
+        return self._info[1]
+
+    @model_info.setter
+    def model_info(self, info) -> None:
+        self._base_info = info
 
     # The engine core only sees these durations; measuring them is the executor's job.
     def _timed(self, fn, *args) -> float:
@@ -71,7 +88,14 @@ class TorchExecutor:
         t_rows = torch.cat([timesteps, timesteps[at]]) if guided else timesteps
         conditioning = self.pipeline.collate([r.conditioning.cond for r in requests]
                                              + [requests[i].conditioning.uncond for i in guided])
-        out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
+        caches = row_caches(requests, guided)  # None unless some request caches steps
+        if caches is None:
+            out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
+        else:
+            out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning, caches)
+        if caches is not None:
+            for r, row in zip(requests, caches):  # the conditional row speaks for the request
+                r.timing.cached_steps += bool(row is not None and row.skipped)
         pred = out[: len(requests)]
         if guided:
             cond = pred[at]

@@ -139,7 +139,10 @@ class StableDiffusionAdapter(FamilyAdapter):
         """The same as noise_shape (the name the ONNX export uses)."""
         return self.noise_shape(height, width)
 
-    def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, conditioning: dict) -> torch.Tensor:
+    def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, conditioning: dict,
+                cache: list | None = None) -> torch.Tensor:
+        if cache is not None:
+            return super().denoise(sample, timestep, conditioning, cache)
         return self.unet_forward(sample, timestep, conditioning["encoder_hidden_states"])
 
     @torch.no_grad()

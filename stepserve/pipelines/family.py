@@ -224,9 +224,19 @@ class FamilyAdapter:
         (rows, 1, ...). Override for a family that rescales the result (Qwen-Image's norm-preserving true CFG)."""
         return uncond + scale * (cond - uncond)
 
-    def denoise(self, sample: Tensor, timestep: Tensor, conditioning: dict[str, Tensor]) -> Tensor:
+    def denoise(self, sample: Tensor, timestep: Tensor, conditioning: dict[str, Tensor],
+                cache: list | None = None) -> Tensor:
+        """`cache`: per row, how it caches (stepserve/caching.row_caches); None: no row caches."""
         with torch.no_grad():
+            if cache is not None:
+                return self.networks.denoise_cached(sample, timestep, cache, **conditioning)
             return self.networks.denoise(sample, timestep, **conditioning)
+
+    @property
+    def cache_policies(self) -> tuple[str, ...]:
+        """The step-caching policies these networks run (stepserve/caching); none on an exported backend or the
+        fast path's fixed-shape buckets."""
+        return tuple(getattr(self.networks, "cache_policies", ()))
 
     def decode(self, latents: Tensor, size: tuple[int, int]) -> list[Image.Image]:
         raise NotImplementedError

@@ -63,6 +63,19 @@ class FluxTorchNetworks:
                                 pooled_projections=pooled_projections, encoder_hidden_states=encoder_hidden_states,
                                 txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
 
+    cache_policies = ("fbcache", "magcache")  # stepserve/caching
+
+    @torch.no_grad()
+    def denoise_cached(self, sample: torch.Tensor, timestep: torch.Tensor, rows: list, *,
+                       encoder_hidden_states: torch.Tensor, pooled_projections: torch.Tensor, img_ids: torch.Tensor,
+                       txt_ids: torch.Tensor, guidance: torch.Tensor | None = None) -> torch.Tensor:
+        """denoise, each row caching as `rows` says (stepserve/caching)."""
+        from ..caching.flux import flux_forward
+
+        return flux_forward(self.transformer, sample, timestep, encoder_hidden_states=encoder_hidden_states,
+                            pooled_projections=pooled_projections, img_ids=img_ids, txt_ids=txt_ids,
+                            guidance=guidance, rows=rows)
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return self.vae.decode(latents, return_dict=False)[0]
@@ -189,7 +202,8 @@ class FluxAdapter(FamilyAdapter):
         return unpack_latents(latents, *self.grid(*size))
 
     # --- denoiser and decoder ----------------------------------------------------------------------------------
-    def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, conditioning: dict) -> torch.Tensor:
+    def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, conditioning: dict,
+                cache: list | None = None) -> torch.Tensor:
         """One transformer forward over the rows (one size bucket: the rows share their image ids)."""
         kwargs = dict(conditioning)
         img_ids = kwargs.pop("img_ids")
@@ -198,8 +212,11 @@ class FluxAdapter(FamilyAdapter):
         text_len = kwargs["encoder_hidden_states"].shape[1]
         # FluxPipeline: text_ids = zeros(T, 3) in the text encoder's dtype; timestep / 1000 in the latents' dtype.
         kwargs["txt_ids"] = torch.zeros(text_len, 3, device=sample.device, dtype=self.dtype)
+        timestep = timestep.to(sample.dtype) / 1000
         with torch.no_grad():
-            return self.networks.denoise(sample, timestep.to(sample.dtype) / 1000, img_ids=img_ids[0], **kwargs)
+            if cache is not None:
+                return self.networks.denoise_cached(sample, timestep, cache, img_ids=img_ids[0], **kwargs)
+            return self.networks.denoise(sample, timestep, img_ids=img_ids[0], **kwargs)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, size: tuple[int, int]) -> list[Image.Image]:

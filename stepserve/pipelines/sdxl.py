@@ -52,6 +52,23 @@ class SDXLNetworks:
         return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states,
                          added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, return_dict=False)[0]
 
+    @property
+    def cache_policies(self) -> tuple[str, ...]:
+        """The step-caching policies this UNet runs (stepserve/caching)."""
+        from ..caching.unet import supports
+
+        return ("fbcache", "deepcache") if supports(self.unet) else ()
+
+    @torch.no_grad()
+    def denoise_cached(self, sample: torch.Tensor, timestep: torch.Tensor, rows: list,
+                       encoder_hidden_states: torch.Tensor, text_embeds: torch.Tensor,
+                       time_ids: torch.Tensor) -> torch.Tensor:
+        """denoise, each row caching as `rows` says (stepserve/caching)."""
+        from ..caching.unet import unet_forward
+
+        return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows,
+                            added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids})
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents as the denoiser leaves them -> images in [-1, 1]."""

@@ -14,14 +14,15 @@ from ..validation import resolve_params
 
 # --- dummy requests -----------------------------------------------------------------------------------------------
 def _dummy_requests(executor: Executor, n: int, bucket: Bucket, guidance_scale: float | None, tag: str,
-                    seed_base: int = 0) -> list[Request]:
+                    seed_base: int = 0, cache: Any = "off") -> list[Request]:
     """`n` requests as EngineCore.add_request makes them (resolved params, model defaults), admitted. Each has
-    its own prompt so the text encoder runs on n prompts, and a fixed seed."""
+    its own prompt so the text encoder runs on n prompts, and a fixed seed; `cache`: their step caching."""
     model = executor.model_info
     out = []
     for i in range(n):
         params = resolve_params(SamplingParams(prompt=f"profile {tag} {i}", seed=seed_base + i,
-                                               guidance_scale=guidance_scale, height=bucket[0], width=bucket[1]),
+                                               guidance_scale=guidance_scale, height=bucket[0], width=bucket[1],
+                                               cache=cache),
                                 model)
         out.append(Request(
             request_id=f"profile-{tag}-{i}",

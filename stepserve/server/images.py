@@ -220,7 +220,16 @@ def image_info(result: GenerationResult) -> dict:
         "decode_s": t.decode_s,
         "total_s": t.total_s,
         "batch_sizes": list(t.batch_sizes),  # one entry per denoising step: the size of that forward pass
+        "cache": _cache_text(result.params.cache),
+        "cached_steps": t.cached_steps,  # steps that reused cached work instead of the whole denoiser
     }
+
+
+def _cache_text(spec) -> dict | None:
+    """The request's resolved CacheSpec as JSON (its knobs that are set), or None when it did not cache."""
+    if spec is None or isinstance(spec, (str, dict)):
+        return spec
+    return {k: v for k, v in vars(spec).items() if v is not None}
 
 
 def size_of(params: SamplingParams) -> str:

@@ -1,0 +1,91 @@
+"""Per-row cache state and the per-row decisions (see the package docstring)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..types import CacheSpec, Request
+
+
+@dataclass
+class RowState:
+    """A request's step-caching state: tensors per branch ("cond", "uncond"), kept until the request ends."""
+
+    spec: CacheSpec
+    branches: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+    schedule: list[bool] | None = None  # magcache: compute (True) or skip, per step, fixed at the start
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for b in self.branches.values() for t in b.values())
+
+
+@dataclass
+class RowCache:
+    """One row of a step's forward that caches: its request's spec, the branch's tensors (updated in place by the
+    forward), and where the request stands."""
+
+    spec: CacheSpec
+    tensors: dict[str, Tensor]
+    step: int
+    schedule: list[bool] | None = None
+    skipped: bool = False  # set by the forward: this row reused cached work at this step
+
+
+def row_caches(requests: list[Request], guided: list[int]) -> list[RowCache | None] | None:
+    """The step's rows (each request's conditional row, then the unconditional row of each guided request, as the
+    executor lays them out): a RowCache for each row whose request caches, None for the others; None when no row
+    caches (the plain forward runs)."""
+    if not any(r.params.cache is not None for r in requests):
+        return None
+
+    def row(r: Request, branch: str) -> RowCache | None:
+        spec = r.params.cache
+        if spec is None:
+            return None
+        if r.step_cache is None:
+            r.step_cache = RowState(spec, schedule=_schedule(spec, r.num_inference_steps))
+        state = r.step_cache
+        return RowCache(spec, state.branches.setdefault(branch, {}), r.step, state.schedule)
+
+    return [row(r, "cond") for r in requests] + [row(requests[i], "uncond") for i in guided]
+
+
+def state_bytes(requests: list[Request]) -> int:
+    return sum(r.step_cache.nbytes() for r in requests if r.step_cache is not None)
+
+
+def _schedule(spec: CacheSpec, num_steps: int) -> list[bool] | None:
+    if spec.policy == "magcache":
+        from .magcache import magcache_schedule
+
+        return magcache_schedule(spec, num_steps)
+    return None
+
+
+def must_compute(rows: list[RowCache | None], signal: Tensor | None, have: str) -> list[bool]:
+    """Per row: whether it runs the expensive part at this step. `signal`: the rows' first-block residual (fbcache
+    compares it with the one of the row's last full step); `have`: the cached tensor a skip needs."""
+    out: list[bool | None] = []
+    diffs: list[Tensor] = []
+    for i, row in enumerate(rows):
+        if row is None or have not in row.tensors:
+            out.append(True)
+        elif row.spec.policy == "deepcache":
+            out.append(row.step % row.spec.interval == 0)
+        elif row.spec.policy == "magcache":
+            out.append(row.schedule[row.step] if row.step < len(row.schedule) else True)
+        else:  # fbcache: as diffusers' FBCHeadBlockHook, a ratio of means over the row, in the model's dtype
+            prev = row.tensors["ref"]
+            diffs.append((signal[i:i + 1] - prev).abs().mean() / prev.abs().mean())
+            out.append(None)
+    if diffs:
+        values = iter(torch.stack(diffs).tolist())  # one host sync for the whole batch
+        out = [next(values) > rows[i].spec.threshold if c is None else c for i, c in enumerate(out)]
+    return [bool(c) for c in out]
+
+
+def index_of(rows: list[int], device: torch.device) -> Tensor:
+    return torch.tensor(rows, dtype=torch.int64, device=device)
