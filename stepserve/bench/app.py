@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import summarize_repeats
+from .quality import add_quality, uncached_images
 from .plots import (BATCH_SIZE_OVER_TIME, LATENCY_CDF, THROUGHPUT_VS_LATENCY, plot_batch_sizes, plot_latency_cdf,
                     plot_throughput_vs_latency)
 from .report import conclusions, write_report
@@ -68,6 +69,7 @@ class BenchConfig:
     api_key: str | None = None
     progress: bool = True
     keep_images: bool = False  # keep generated images on the runs (sample sheets)
+    quality: bool = False  # PSNR / SSIM of step-cached images against uncached ones (in process; bench/quality.py)
     threads: int | None = None  # torch CPU threads; None: all cores but one (that one runs the load generator)
     timeout_s: float | None = None  # every request's deadline in seconds; None: no deadline (unless timeout_slo)
     timeout_slo: bool = False  # every request's deadline is the run's SLO
@@ -103,11 +105,12 @@ def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
     executor = load_model(cfg)
     startup.model_load_s = time.monotonic() - t0
     latency, source = _latency_model(cfg, executor, startup)
-    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, cfg.keep_images, latency))
-              for c in cfg.contenders]
+    keep = cfg.keep_images or cfg.quality
+    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, keep, latency)) for c in cfg.contenders]
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
     reference = Contender("continuous", max_batch_size=batch)
-    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)), latency, source)
+    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)), latency, source,
+                  uncached=uncached_images(executor, batch))
 
 
 def _latency_model(cfg: BenchConfig, executor, startup: Startup):
@@ -201,6 +204,8 @@ async def run_bench(cfg: BenchConfig, bed: Testbed | None = None) -> BenchRun:
         settings.latency_model = bed.makers.latency_model_source + " (saved as latency_model.json)"
     results = assemble_results(cfg, env, settings, startup, plan, slo_s, idle, capacity, runs,
                                [m.name for m in makers])
+    if cfg.quality and bed.makers.uncached is not None:
+        add_quality(results, runs, bed.makers.uncached)
 
     if cfg.sweep:
         spec = _sweep_spec(cfg, capacity.rps if capacity else None, drain_s)

@@ -148,6 +148,7 @@ class RunMetrics:
     refusal: RefusalTiming = field(default_factory=lambda: RefusalTiming(0))  # rejected: actual send -> reply
     rejected_reasons: dict[str, int] = field(default_factory=dict)  # e.g. queue_full, deadline_infeasible
     late_ok: int = 0  # OK answers that came back after their deadline (must be 0 for an engine honouring them)
+    cached_step_frac: float | None = None  # completed requests' steps that reused cached work / all their steps
     late_ok_max_over_ms: float | None = None
     own_slo: int = 0  # measured requests judged against their own SLO (slo_ms) rather than the run's
 
@@ -253,7 +254,13 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
         usage=usage, latencies_s=latencies, refusal=refusal_timing(measured),
         rejected_reasons=rejection_reasons(measured), late_ok=late.count, late_ok_max_over_ms=late.max_over_ms,
         own_slo=sum(1 for o in measured if o.spec.slo_ms is not None),
+        cached_step_frac=_cached_frac(done),
     )
+
+
+def _cached_frac(done: list) -> float | None:
+    steps = sum(len(o.reply.batch_sizes) for o in done)
+    return sum(o.reply.cached_steps for o in done) / steps if steps else None
 
 
 def _part(done: list[Outcome], name: str) -> LatencyStats:
@@ -303,6 +310,11 @@ class ContenderSummary:
     refusal_p99_ms: Spread = field(default_factory=lambda: Spread(None, None, None))
     refusal_max_ms: Spread = field(default_factory=lambda: Spread(None, None, None))
     goodput_frac: Spread = field(default_factory=lambda: Spread(None, None, None))  # goodput / measured capacity
+    # bench --quality: images that used step caching, and their mean PSNR (dB) / SSIM against uncached ones
+    cached_images: int = 0
+    psnr_db: float | None = None
+    ssim: float | None = None
+    cached_step_frac: Spread = field(default_factory=lambda: Spread(None, None, None))  # steps that reused cache
 
 
 def summarize_repeats(runs: list[RunMetrics], capacity_rps: float | None = None) -> ContenderSummary:
@@ -328,4 +340,5 @@ def summarize_repeats(runs: list[RunMetrics], capacity_rps: float | None = None)
         deadline_missed=sum(r.counts.deadline_missed for r in runs), late_ok=sum(r.late_ok for r in runs),
         refusal_p50_ms=over(lambda r: r.refusal.p50_ms), refusal_p99_ms=over(lambda r: r.refusal.p99_ms),
         refusal_max_ms=over(lambda r: r.refusal.max_ms), goodput_frac=over(frac),
+        cached_step_frac=over(lambda r: r.cached_step_frac),
     )

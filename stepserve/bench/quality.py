@@ -48,3 +48,62 @@ def ssim(image, reference) -> float:
     s = ((2 * ma * mb + c1) * (2 * vab + c2)) / ((ma * ma + mb * mb + c1) * (va + vb + c2))
     pad = (WINDOW - 1) // 2
     return float(s[pad:-pad, pad:-pad].mean())
+
+
+# --- bench --quality --------------------------------------------------------------------------------------------
+def _cached(spec) -> bool:
+    return spec.cache not in (None, "off", "none", False)
+
+
+def uncached_images(executor, max_batch_size: int):
+    """specs -> their images generated on `executor` without step caching (continuous batching; a request's
+    image does not depend on its batch-mates)."""
+
+    def generate(specs: list) -> list:
+        from dataclasses import replace
+
+        from ..api import Engine
+
+        engine = Engine(executor, strategy="continuous", max_batch_size=max_batch_size)
+        return [r.image for r in engine.generate([replace(s, cache="off").to_params() for s in specs])]
+
+    return generate
+
+
+def add_quality(results, runs, uncached) -> None:
+    """Set each contender summary's cached_images, psnr_db and ssim: its step-cached images (every repeat) against
+    the same requests generated once without caching."""
+    specs = {}
+    for run in runs:
+        for sample in run.images:
+            if _cached(sample.spec) and sample.image is not None:
+                specs.setdefault(sample.index, sample.spec)
+    if not specs:
+        return
+    reference = dict(zip(specs, uncached(list(specs.values()))))
+    for summary in results.summaries:
+        pairs = [(s.image, reference[s.index]) for run in runs if run.metrics.contender == summary.contender
+                 for s in run.images if s.index in reference and s.image is not None]
+        if pairs:
+            summary.cached_images = len(pairs)
+            summary.psnr_db = float(np.mean([min(psnr(a, b), PSNR_CAP_DB) for a, b in pairs]))
+            summary.ssim = float(np.mean([ssim(a, b) for a, b in pairs]))
+
+
+PSNR_CAP_DB = 99.0  # an identical image counts as this in a mean
+
+
+def quality_lines(summaries) -> list[str]:
+    """The report's step-caching section: per contender the share of steps that reused cached work and, with
+    bench --quality, PSNR / SSIM of the cached images (nothing when no request cached)."""
+    rows = [s for s in summaries if s.cached_images or (s.cached_step_frac.median or 0) > 0]
+    if not rows:
+        return []
+    lines = ["## Step caching (quality against the same requests without caching, with --quality)", "",
+             "| contender | steps that reused cached work | cached images compared | PSNR (dB) | SSIM |",
+             "|---|---|---|---|---|"]
+    for s in rows:
+        share = f"{s.cached_step_frac.median:.0%}" if s.cached_step_frac.median is not None else "-"
+        quality = [f"{s.psnr_db:.1f}", f"{s.ssim:.3f}"] if s.cached_images else ["-", "-"]
+        lines.append(f"| {s.contender} | {share} | {s.cached_images} | {quality[0]} | {quality[1]} |")
+    return lines + ["", f"PSNR of an identical image counts as {PSNR_CAP_DB:g} dB in the mean.", ""]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..words import plural
 from .metrics import ContenderSummary, Spread
+from .quality import quality_lines
 from .report_slo import deadlines_line, own_slo_note
 from .results import BenchResults, Knee
 
@@ -299,6 +300,7 @@ def render(results: BenchResults) -> str:
                           fmt(p.p95_all_s, "time") if p.p95_all_s is not None else "unbounded",
                           fmt(p.throughput_rps, "rate"), fmt(p.slo_attainment, "share"), "yes" if p.held else "no"]
                          for p in r.sweep])
+    lines += quality_lines(r.summaries)
     lines += ["## Conclusion", ""] + [f"- {c}" for c in r.conclusions] + [""]
     lines += ["## Method", "",
               "- Open-loop load sends each request at its scheduled time whatever the server is doing; latency runs "

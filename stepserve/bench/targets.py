@@ -33,6 +33,7 @@ class Reply:
     denoise_s: float | None = None
     decode_s: float | None = None
     batch_sizes: list[int] = field(default_factory=list)  # size of every forward this request took part in
+    cached_steps: int = 0  # steps that reused cached work (step caching), when the target says
     error: str | None = None
     reason: str | None = None  # why a request was refused or failed, when the target says (e.g. queue_full)
     image: Any = None  # kept only when the target was asked to (sample sheets)
@@ -160,7 +161,8 @@ def reply_of(finished, keep_image: bool = False) -> Reply:
         return Reply(status, error=finished.error or finished.status.value, reason=reason)
     first = None if t.first_step_done is None else t.first_step_done - t.arrival
     return Reply(OK, queue_s=t.queue_s, first_step_s=first, denoise_s=t.denoise_s, decode_s=t.decode_s,
-                 batch_sizes=list(t.batch_sizes), image=finished.image if keep_image else None)
+                 batch_sizes=list(t.batch_sizes), cached_steps=t.cached_steps,
+                 image=finished.image if keep_image else None)
 
 
 class HttpTarget:
@@ -266,4 +268,5 @@ def reply_from_body(body: dict[str, Any]) -> Reply:
     first = _seconds(info, "first_step") or _seconds(info, "time_to_first_step")
     sizes = info.get("batch_sizes") or []
     return Reply(OK, queue_s=_seconds(info, "queue"), first_step_s=first, denoise_s=_seconds(info, "denoise"),
-                 decode_s=_seconds(info, "decode"), batch_sizes=[int(s) for s in sizes])
+                 decode_s=_seconds(info, "decode"), batch_sizes=[int(s) for s in sizes],
+                 cached_steps=int(info.get("cached_steps") or 0))

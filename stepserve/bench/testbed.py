@@ -29,6 +29,7 @@ class Makers:
     reference: TargetMaker  # for idle latency and capacity: continuous in process, else the first server
     latency_model: Any = None  # the LatencyModel every slo contender got (in process; simulated: every engine)
     latency_model_source: str | None = None
+    uncached: Any = None  # in process: specs -> their images without step caching (bench --quality)
 
 
 @dataclass

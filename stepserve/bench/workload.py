@@ -51,18 +51,20 @@ class RequestSpec:
     negative_prompt: str = ""
     timeout_s: float | None = None  # deadline, seconds after the request reaches the engine; None: no deadline
     slo_ms: float | None = None  # this request's own latency SLO (a trace's), judged by the metrics; None: the run's
+    cache: Any = None  # step caching: "off", a policy name or {"policy": ..., knobs}; None: the server's default
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
                               num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
-                              sampler=self.sampler, height=self.height, width=self.width, timeout_s=self.timeout_s)
+                              sampler=self.sampler, height=self.height, width=self.width, timeout_s=self.timeout_s,
+                              cache=self.cache)
 
     def to_http(self) -> dict[str, Any]:
         """The body of POST /v1/images/generations (OpenAI fields plus stepserve's own)."""
         body: dict[str, Any] = {"prompt": self.prompt, "n": 1, "response_format": "b64_json", "seed": self.seed}
         if self.height is not None and self.width is not None:
             body["size"] = f"{self.width}x{self.height}"
-        for name in ("num_inference_steps", "guidance_scale", "sampler", "timeout_s"):
+        for name in ("num_inference_steps", "guidance_scale", "sampler", "timeout_s", "cache"):
             value = getattr(self, name)
             if value is not None:
                 body[name] = value
@@ -98,7 +100,7 @@ class Choice:
         return rng.choices(self.values, weights=self.weights, k=1)[0]
 
 
-MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt")
+MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache")
 
 
 @dataclass
@@ -109,6 +111,9 @@ class Mix:
     size: Choice = field(default_factory=lambda: Choice([None], [1.0]))  # "WxH" or None
     prompts: Choice = field(default_factory=lambda: Choice(list(DIGIT_PROMPTS), [1.0] * len(DIGIT_PROMPTS)))
     negative_prompt: Choice = field(default_factory=lambda: Choice([""], [1.0]))
+    # step caching per request ("off", a policy name, or in a list {"policy": ..., knobs}); None: the server's
+    # default. Drawn from the request's own seed, so a mix with and without it gives the same requests otherwise.
+    cache: Choice = field(default_factory=lambda: Choice([None], [1.0]))
 
     @classmethod
     def from_steps(cls, steps: list[int]) -> "Mix":
@@ -138,11 +143,14 @@ class Mix:
         size = self.size.draw(rng)
         width, height = (None, None) if size is None else parse_size(size)
         guidance = self.guidance_scale.draw(rng)
-        return RequestSpec(prompt=str(self.prompts.draw(rng)), seed=rng.randrange(DRAWN_SEED_LIMIT),
+        spec = RequestSpec(prompt=str(self.prompts.draw(rng)), seed=rng.randrange(DRAWN_SEED_LIMIT),
                            num_inference_steps=int(self.steps.draw(rng)),
                            guidance_scale=None if guidance is None else float(guidance),
                            sampler=self.sampler.draw(rng), height=height, width=width,
                            negative_prompt=str(self.negative_prompt.draw(rng) or ""))
+        if self.cache.values != [None]:
+            spec.cache = self.cache.draw(random.Random(f"cache-{spec.seed}"))
+        return spec
 
     def heaviest(self, steps: int) -> RequestSpec:
         """A request with these steps and the costliest other settings of the mix (largest size, with guidance)."""
@@ -233,6 +241,9 @@ def save_trace(trace: Trace, path: str | Path) -> None:
     path = Path(path)
     rows = [{"offset_s": item.offset_s, **asdict(item.spec)} for item in trace.items]
     if path.suffix.lower() == ".csv":
+        for row in rows:  # a cache given as a mapping is a JSON cell
+            if isinstance(row["cache"], dict):
+                row["cache"] = json.dumps(row["cache"])
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["offset_s", *SPEC_FIELDS])
             writer.writeheader()
@@ -253,6 +264,15 @@ def load_trace(path: str | Path) -> Trace:
     items = [_row_to_item(row, i, path) for i, row in enumerate(rows)]
     items.sort(key=lambda it: it.offset_s)
     return Trace(items, f"trace {path.name} ({len(items)} requests)")
+
+
+def _cache_cell(value: Any) -> Any:
+    """A trace's cache: a mapping or policy name as given (JSONL), or a CSV cell (a JSON object, a name or empty)."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        return json.loads(value) if value.lstrip().startswith("{") else value
+    return value
 
 
 def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
@@ -286,5 +306,6 @@ def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
     spec = RequestSpec(prompt=get("prompt", str), seed=index if seed is None else seed,
                        num_inference_steps=get("num_inference_steps", int), guidance_scale=get("guidance_scale", float),
                        sampler=get("sampler", str), height=get("height", int), width=get("width", int),
-                       negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout, slo_ms=slo_ms)
+                       negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout, slo_ms=slo_ms,
+                       cache=_cache_cell(row.get("cache")))
     return TraceItem(get("offset_s", float), spec)

@@ -112,6 +112,10 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
                    help="slo contenders (in-process): load their latency model from this file (written by "
                         "LatencyModel.save, or a previous run's latency_model.json) instead of measuring it")
     p.add_argument("--repeats", type=int, default=1, help="replays of the whole comparison (spread reported)")
+    if prog != "stepserve simulate":
+        p.add_argument("--quality", action="store_true",
+                       help="in process: PSNR / SSIM of every image that used step caching (a mix's 'cache' "
+                            "field) against the same request generated without it, beside latency in the report")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals, the request mix and the images")
     p.add_argument("--api-key", help="bearer key for --target servers that need one")
     p.add_argument("--out", type=Path, default=Path("sim-out" if prog == "stepserve simulate" else "bench-out"),
@@ -178,6 +182,10 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
                 raise UsageError(str(exc)) from None
     contenders = contenders_from(args)
     peers = _peers(args, argv, command) if args.peers is not None else []
+    quality = getattr(args, "quality", False)
+    if quality and (args.target or peers or args.model == "fake"):
+        raise UsageError("--quality compares images with uncached ones made by the same in-process model: not with "
+                         "--target, --peers or --model fake")
     if args.latency_model is not None and command == "bench":
         if args.target:
             raise UsageError("--latency-model is for in-process slo contenders; a --target server has its own")
@@ -213,6 +221,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         capacity_duration_s=args.capacity_duration, api_key=args.api_key, progress=not args.no_progress,
         threads=args.threads, timeout_s=args.timeout_s, timeout_slo=args.timeout_slo,
         latency_model=str(args.latency_model) if args.latency_model is not None else None, peers=peers,
+        quality=quality,
     )
 
 

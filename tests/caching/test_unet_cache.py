@@ -121,3 +121,35 @@ def test_bad_cache_fields_name_what_is_allowed(engine, cache, words):
     with pytest.raises(ValidationError) as err:
         engine.generate([params(5, cache)])
     assert err.value.field == "cache" and words in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def sdxl(tmp_path_factory):
+    from stepserve.tiny.sdxl import build_tiny_sdxl
+
+    path = build_tiny_sdxl(tmp_path_factory.mktemp("sdxl_cache") / "pipe")
+    return Engine.from_pretrained(str(path), strategy="continuous", max_batch_size=8)
+
+
+def test_sdxl_added_conditioning_every_row_computing_is_the_unets_own_forward(sdxl):
+    unet = sdxl.executor.pipeline.networks.unet
+    x, t, e = inputs(unet)
+    g = torch.Generator().manual_seed(1)
+    added = {"text_embeds": torch.randn(3, 32, generator=g),
+             "time_ids": torch.tensor([[16.0, 16, 0, 0, 16, 16]] * 3)}
+    want = unet(x, t, encoder_hidden_states=e, added_cond_kwargs=added, return_dict=False)[0]
+    rows = [RowCache(CacheSpec("deepcache", interval=2), {}, 0), None, RowCache(CacheSpec("fbcache", threshold=0.2), {}, 0)]
+    assert torch.equal(unet_forward(unet, x, t, e, rows, added_cond_kwargs=added), want)
+
+
+def test_sdxl_mixed_batch_each_row_decides_for_itself(sdxl):
+    caches = [{"policy": "deepcache", "interval": 2}, None, {"policy": "fbcache", "threshold": 0.3}, "off"]
+    reqs = [SamplingParams(prompt=f"a small red cube {i}", seed=90 + i, num_inference_steps=[6, 9][i % 2],
+                           cache=caches[i % len(caches)]) for i in range(8)]
+    alone = [sdxl.generate([p])[0] for p in reqs]
+    together = sdxl.generate(reqs)
+    assert max(max(r.timing.batch_sizes) for r in together) > 1
+    assert any(r.timing.cached_steps for r in together)
+    for a, b in zip(alone, together):
+        assert a.timing.cached_steps == b.timing.cached_steps
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1

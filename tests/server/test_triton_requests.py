@@ -35,6 +35,22 @@ def test_an_optional_timeout_s_input_is_the_request_deadline():
     assert p.timeout_s == 1.5
 
 
+def test_an_optional_cache_input_is_the_requests_step_caching():
+    from dataclasses import replace
+
+    model = replace(model_info(), cache_policies=("fbcache", "deepcache"))
+    base = {"prompt": row(b"a 7"), "seed": row(5, np.int64), "steps": row(4, np.int32),
+            "guidance_scale": row(2.5, np.float32)}
+    (p,) = parse_request({**base, "cache": row(b'{"policy": "deepcache", "interval": 2}')}, model).params
+    assert (p.cache.policy, p.cache.interval) == ("deepcache", 2)
+    (p,) = parse_request({**base, "cache": row(b"fbcache")}, model).params
+    assert (p.cache.policy, p.cache.threshold) == ("fbcache", 0.05)
+    with pytest.raises(BadRequest, match="cache: policy 'magcache' does not run"):
+        parse_request({**base, "cache": row(b"magcache")}, model)
+    with pytest.raises(BadRequest, match="cache: not a JSON object"):
+        parse_request({**base, "cache": row(b"{policy")}, model)
+
+
 @pytest.mark.parametrize(("change", "says"), [
     ({"steps": row(0, np.int32)}, "steps: must be an integer in [1, 200]"),
     ({"sampler": row(b"plms")}, "sampler: 'plms' is not supported; allowed: ddim, euler"),

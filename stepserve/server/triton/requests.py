@@ -6,6 +6,7 @@ model's defaults. Errors name the Triton input (not stepserve's field) and what 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ _FIELDS = {
     "height": ("height", "int"),
     "width": ("width", "int"),
     "timeout_s": ("timeout_s", "float"),  # optional deadline in seconds from arrival; past it the request fails
+    "cache": ("cache", "cache"),  # optional step caching: a policy name, "off", or a JSON object with knobs
 }
 INPUT_NAMES = tuple(_FIELDS)  # the entry model's inputs, in config order
 _TRITON_NAME = {field: name for name, (field, _) in _FIELDS.items()}
@@ -50,6 +52,14 @@ def _element(name: str, kind: str, value):
         if isinstance(value, str):
             return value
         raise BadRequest(f"{name}: must be a string (TYPE_STRING / BYTES), got {type(value).__name__}")
+    if kind == "cache":
+        text = _element(name, "text", value)
+        if not text.lstrip().startswith("{"):
+            return text
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise BadRequest(f"{name}: not a JSON object: {text[:60]!r}") from None
     if kind == "int":
         if not np.issubdtype(np.asarray(value).dtype, np.integer):
             raise BadRequest(f"{name}: must be an integer, got {value!r}")
@@ -72,7 +82,7 @@ def parse_request(inputs: dict[str, np.ndarray | None], model: ModelInfo) -> Par
     missing = [n for n in REQUIRED if inputs.get(n) is None]
     if missing:
         raise BadRequest(f"{', '.join(missing)}: required input(s) missing; the model takes prompt, seed, steps, "
-                         f"guidance_scale and optionally negative_prompt, sampler, height, width, timeout_s")
+                         f"guidance_scale and optionally negative_prompt, sampler, height, width, timeout_s, cache")
     rows = {name: np.asarray(a).reshape(len(a) if np.ndim(a) else 1, -1) for name, a in inputs.items()
             if a is not None and name in _FIELDS}
     counts = {name: a.shape for name, a in rows.items()}
