@@ -15,9 +15,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-# The tests also cover the integrations (ONNX, onnxruntime, Triton, Ray Serve, LitServe), which are package extras.
+# The tests also cover the integrations (ONNX, onnxruntime, Triton, Ray Serve, LitServe, LoRA via PEFT), which are
+# package extras.
 $(VENV)/.extras: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[test,onnx,triton,ray,litserve]"
+	$(PY) -m pip install -q -e ".[test,onnx,triton,ray,litserve,lora]"
 	touch $@
 
 setup: $(VENV)/.installed

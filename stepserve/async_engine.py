@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .clock import WallClock
+from .validation import ValidationError
 from .engine_config import EngineOptions, options_from
 from .executor.base import Executor
 from .types import (FinishReason, GenerationResult, Request, RequestStatus, RequestTiming, SamplingParams, StepReport,
@@ -216,6 +218,7 @@ class AsyncEngine:
         with self._lock:
             self._check_open()
             ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
+            self._check_adapters(group)
             for i, request in enumerate(group):
                 self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
             handles = []
@@ -227,6 +230,44 @@ class AsyncEngine:
                 handles.append(h)
         self._wake.set()
         return handles
+
+    def _check_adapters(self, group: list[Request]) -> None:
+        """Under the lock: no request may carry a LoRA adapter that is being deleted (delete_adapter)."""
+        store = getattr(self.executor, "_adapters", None)
+        gone = store.retired if store is not None else ()
+        for r in group:
+            for name, _ in r.params.loras or ():
+                if name in gone:
+                    raise ValidationError("loras", f"adapter {name!r} is being deleted; loaded: "
+                                                   f"{', '.join(sorted(store.names)) or 'none'}")
+
+    async def delete_adapter(self, name: str, wait_s: float = 60.0) -> None:
+        """Unload LoRA adapter `name` while serving: refuse new requests that name it, wait (up to wait_s) until no
+        request in the engine carries it, then unload it between two steps. Raises stepserve.lora.LoraError."""
+        from .lora import LoraError
+
+        store = self.executor.adapters()
+        with self._lock:
+            store.retire(name)
+        deadline = time.monotonic() + wait_s
+        while name in self._adapters_in_use():
+            if time.monotonic() > deadline:
+                store.unretire(name)
+                raise LoraError(f"adapter {name!r} is still carried by requests after {wait_s:g} s; not deleted")
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(store.delete, name)
+
+    def _adapters_in_use(self) -> set[str]:
+        """LoRA adapters that requests in the engine (sent, queued or denoising) carry."""
+        with self._lock:
+            pending = [item.request for item in self._inbox if isinstance(item, _Add)]
+        while True:
+            try:  # the engine thread changes these lists; a snapshot is enough (retried if one changed under it)
+                requests = pending + list(self.core.waiting) + list(self.core.running)
+                break
+            except RuntimeError:
+                continue
+        return {n for r in requests for n, _ in (r.params.loras or ())}
 
     def _check_open(self) -> None:
         if self.failure is not None:

@@ -86,6 +86,7 @@ class EngineConfig:
     fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
     warm_up: bool = True  # one throwaway request at start-up, so the first real one is not slow (see warm_up)
     cache: Any = None  # step caching for requests that do not say (stepserve/cache_spec.py forms); None: off
+    lora_dir: str | None = None  # LoRA adapters: load every *.safetensors here at start-up; POST /v1/loras reads here
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -129,6 +130,8 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         say(f"warm-up: one request through every stage in {warm_up(executor):.2f} s")
     if config.cache is not None:  # after the fast path, whose fixed-shape buckets run no caching
         _set_default_cache(executor, config.cache)
+    if config.lora_dir is not None:
+        say(_load_adapters(executor, config.lora_dir))
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:
@@ -149,6 +152,28 @@ def _set_default_cache(executor: Any, cache: Any) -> None:
     except CacheSpecError as exc:
         raise ValueError(f"cache: {exc}") from None
     executor.default_cache = cache
+
+
+def _load_adapters(executor: Any, folder: str) -> str:
+    """Serve LoRA adapters from `folder`: every *.safetensors in it now, by file name (stem); more later by POST
+    /v1/loras. A ValueError names the folder or file that failed."""
+    from pathlib import Path
+
+    from .lora import LoraError
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"lora_dir {folder!r} is not a folder")
+    if not hasattr(executor, "adapters"):
+        raise ValueError("lora_dir: LoRA adapters need the torch backend")
+    try:
+        store = executor.adapters(root)
+        files = sorted(root.glob("*.safetensors"))
+        for file in files:
+            store.load(file.stem, file)
+    except LoraError as exc:
+        raise ValueError(f"lora_dir: {exc}") from None
+    return f"LoRA: {len(files)} adapter(s) loaded from {root} ({', '.join(f.stem for f in files) or 'none yet'})"
 
 
 def warm_up(executor: Any) -> float:

@@ -51,6 +51,8 @@ class SamplingParams:
     priority: int = 0  # higher is served first by priority-aware policies (slo); range in validation.py
     # step caching: a CacheSpec, a policy name, {"policy": ..., knobs}, or "off"; None: the server's default
     cache: Any = None
+    # LoRA adapters: [{"name": ..., "scale": ...}] (resolved: a tuple of (name, scale)); None: none
+    loras: Any = None
 
 
 @dataclass
@@ -237,3 +239,4 @@ class ModelInfo:
     guidance: str = "cfg"
     cache_policies: tuple[str, ...] = ()  # step-caching policies this pipeline runs (stepserve/caching)
     default_cache: CacheSpec | None = None  # applied to requests that do not say (the server's --cache)
+    lora_names: frozenset[str] = frozenset()  # LoRA adapters loaded now (stepserve/lora)

@@ -8,6 +8,7 @@ import secrets
 from typing import NamedTuple
 
 from .cache_spec import CacheSpecError, parse_cache
+from .lora_spec import LoraSpecError, parse_loras
 from .types import ModelInfo, ResolvedParams, SamplingParams
 
 MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
@@ -160,8 +161,12 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         cache = parse_cache(p.cache, model)
     except CacheSpecError as exc:
         raise ValidationError("cache", str(exc)) from None
+    try:
+        loras = parse_loras(p.loras, model.lora_names)
+    except LoraSpecError as exc:
+        raise ValidationError("loras", str(exc)) from None
 
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
-                "priority": priority, "cache": cache}
+                "priority": priority, "cache": cache, "loras": loras}
     return ResolvedParams(**{**vars(p), **resolved})

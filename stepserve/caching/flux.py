@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..lora.rows import rows_subset
 from .rows import RowCache, index_of, must_compute
 
 
@@ -52,8 +53,11 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
     at = None if len(head_rows) == n else index_of(head_rows, hs0.device)
     hs_in = _gather(hs0, at)
     first = tr.transformer_blocks[0]
-    ehs1, hs1 = first(hidden_states=hs_in, encoder_hidden_states=_gather(ehs0, at), temb=_gather(temb, at),
-                      image_rotary_emb=rotary) if head_rows else (None, None)
+    ehs1 = hs1 = None
+    if head_rows:
+        with rows_subset(head_rows):  # LoRA adapters (stepserve/lora) follow their rows
+            ehs1, hs1 = first(hidden_states=hs_in, encoder_hidden_states=_gather(ehs0, at),
+                              temb=_gather(temb, at), image_rotary_emb=rotary)
 
     # fbcache rows whose first-block residual barely moved skip the other blocks
     head = [rows[i] if rows[i] is not None and rows[i].spec.policy == "fbcache" else None for i in head_rows]
@@ -63,10 +67,10 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
     hs_t = ehs_t = None
     if tail_rows:
         at2 = None if len(tail_rows) == len(head_rows) else index_of(tail_rows, hs0.device)
-        temb_h = _gather(temb, at)
-        hs_t, ehs_t = _blocks(tr.transformer_blocks[1:], _gather(hs1, at2), _gather(ehs1, at2),
-                              _gather(temb_h, at2), rotary)
-        hs_t, ehs_t = _blocks(tr.single_transformer_blocks, hs_t, ehs_t, _gather(temb_h, at2), rotary)
+        temb_t = _gather(_gather(temb, at), at2)
+        with rows_subset([head_rows[k] for k in tail_rows]):
+            hs_t, ehs_t = _blocks(tr.transformer_blocks[1:], _gather(hs1, at2), _gather(ehs1, at2), temb_t, rotary)
+            hs_t, ehs_t = _blocks(tr.single_transformer_blocks, hs_t, ehs_t, temb_t, rotary)
 
     if len(tail_rows) == n:
         out_hs = hs_t

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..lora.rows import rows_subset
 from .rows import RowCache, index_of, must_compute
 
 
@@ -34,6 +35,26 @@ def _up(block, h: Tensor, emb: Tensor, res: tuple[Tensor, ...], ehs: Tensor, ups
         return block(hidden_states=h, temb=emb, res_hidden_states_tuple=res, encoder_hidden_states=ehs,
                      upsample_size=upsample_size)
     return block(hidden_states=h, temb=emb, res_hidden_states_tuple=res, upsample_size=upsample_size)
+
+
+def _deep(unet, d: Tensor, emb: Tensor, ehs: Tensor, res: tuple[Tensor, ...], forward_upsample_size: bool
+          ) -> Tensor:
+    """The deep part: the other down blocks, the mid block and every up block but the last."""
+    for block in unet.down_blocks[1:]:
+        d, more = _down(block, d, emb, ehs)
+        res += more
+    if unet.mid_block is not None:
+        if getattr(unet.mid_block, "has_cross_attention", False):
+            d = unet.mid_block(d, emb, encoder_hidden_states=ehs)
+        else:
+            d = unet.mid_block(d, emb)
+    upsample_size = None
+    for block in unet.up_blocks[:-1]:
+        skips, res = res[-len(block.resnets):], res[:-len(block.resnets)]
+        if forward_upsample_size:
+            upsample_size = res[-1].shape[2:]
+        d = _up(block, d, emb, skips, ehs, upsample_size)
+    return d
 
 
 @torch.no_grad()
@@ -67,23 +88,8 @@ def unet_forward(unet, sample: Tensor, timestep: Tensor, encoder_hidden_states: 
         def pick(x: Tensor) -> Tensor:
             return x if at is None else x.index_select(0, at)
 
-        d, d_emb, d_ehs = pick(h), pick(emb), pick(ehs)
-        d_res = tuple(pick(x) for x in res)
-        for block in unet.down_blocks[1:]:
-            d, more = _down(block, d, d_emb, d_ehs)
-            d_res += more
-        if unet.mid_block is not None:
-            if getattr(unet.mid_block, "has_cross_attention", False):
-                d = unet.mid_block(d, d_emb, encoder_hidden_states=d_ehs)
-            else:
-                d = unet.mid_block(d, d_emb)
-        upsample_size = None
-        for block in unet.up_blocks[:-1]:
-            skips, d_res = d_res[-len(block.resnets):], d_res[:-len(block.resnets)]
-            if forward_upsample_size:
-                upsample_size = d_res[-1].shape[2:]
-            d = _up(block, d, d_emb, skips, d_ehs, upsample_size)
-        deep = d
+        with rows_subset(run):  # LoRA adapters (stepserve/lora) follow their rows
+            deep = _deep(unet, pick(h), pick(emb), pick(ehs), tuple(pick(x) for x in res), forward_upsample_size)
     if everyone:
         into_last = deep
     else:

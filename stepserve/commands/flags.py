@@ -139,6 +139,14 @@ def add_cache_flag(p: argparse.ArgumentParser) -> None:
                         "0.1}' (torch backend, not with --compile/--deterministic; default: off)")
 
 
+def add_lora_flag(p: argparse.ArgumentParser) -> None:
+    """--lora-dir: the folder LoRA adapters are served from (stepserve/lora, docs/LORA.md)."""
+    p.add_argument("--lora-dir", default=None, metavar="DIR",
+                   help="serve LoRA adapters from this folder: every *.safetensors in it is loaded at start-up "
+                        "(named by its file name without extension), and POST /v1/loras loads more from it "
+                        "(torch backend; default: no adapters)")
+
+
 def fast_path_from_args(args: argparse.Namespace):
     from ..backends.fast_path import FastPathOptions
 
@@ -154,7 +162,8 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     model = serving_model(args.model, args.backend)
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
                         threads=args.threads, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
-                        cache=getattr(args, "cache", None), options=options)
+                        cache=getattr(args, "cache", None), lora_dir=getattr(args, "lora_dir", None),
+                        options=options)
 
 
 def say_to_stderr(prog: str):

@@ -20,7 +20,7 @@ from ..loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine_config import EngineOptions
 from ..server.startup import ServeSettings, StartupError, start_engine
-from .flags import OneLineParser, add_cache_flag, add_fast_path_flags, add_model_flags, engine_config, float_from, int_from
+from .flags import OneLineParser, add_cache_flag, add_lora_flag, add_fast_path_flags, add_model_flags, engine_config, float_from, int_from
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replica_flags(p)
     add_fast_path_flags(p)
     add_cache_flag(p)
+    add_lora_flag(p)
     p.add_argument("--no-access-log", action="store_true",
                    help="no log line per image request (method, path, status, outcome, latency, steps, batch sizes)")
     return p

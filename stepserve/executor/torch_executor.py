@@ -7,13 +7,16 @@ guidance_scale > 1) adds that row; the others pay for one row only.
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import replace
 
 import torch
 
 from .. import sampling
 from ..cache_spec import with_default
 from ..caching import row_caches
+from ..lora.rows import adapter_rows
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
 from ..types import Request
@@ -31,15 +34,32 @@ class TorchExecutor:
         self.default_cache = None  # step caching for requests that do not say (any form cache_spec takes)
         self._base_info = pipeline.info
         self._info: tuple = (None, None)
+        # held while a stage runs; LoRA loads and deletes take it, so they never change the networks mid-step
+        self.lock = threading.RLock()
+        self._adapters = None  # stepserve.lora.AdapterStore, made on first use
 
     @property
     def model_info(self):
         """The pipeline's ModelInfo with the step-caching policies its networks run now (none once the fast path
         wraps them) and the default cache."""
-        key = (id(self._base_info), id(self.pipeline.networks), repr(self.default_cache))
+        adapters = self._adapters
+        key = (id(self._base_info), id(self.pipeline.networks), repr(self.default_cache),
+               adapters.version if adapters is not None else 0)
         if self._info[0] != key:
-            self._info = (key, with_default(self._base_info, self.pipeline.cache_policies, self.default_cache))
+            info = with_default(self._base_info, self.pipeline.cache_policies, self.default_cache)
+            if adapters is not None:
+                info = replace(info, lora_names=adapters.names)
+            self._info = (key, info)
         return self._info[1]
+
+    def adapters(self, root=None):
+        """The LoRA adapters this executor serves (stepserve.lora.AdapterStore; `root`: the folder adapter files
+        must come from, set on first use). Raises stepserve.lora.LoraError where the pipeline serves none."""
+        if self._adapters is None:
+            from ..lora import AdapterStore
+
+            self._adapters = AdapterStore(self.pipeline, self.lock, root)
+        return self._adapters
 
     @model_info.setter
     def model_info(self, info) -> None:
@@ -54,13 +74,16 @@ class TorchExecutor:
         return time.perf_counter() - start
 
     def prepare(self, requests: list[Request]) -> float:
-        return self._timed(self._prepare, requests)
+        with self.lock:
+            return self._timed(self._prepare, requests)
 
     def denoise(self, requests: list[Request]) -> float:
-        return self._timed(self._denoise, requests)
+        with self.lock:
+            return self._timed(self._denoise, requests)
 
     def decode(self, requests: list[Request]) -> float:
-        return self._timed(self._decode, requests)
+        with self.lock:
+            return self._timed(self._decode, requests)
 
     # --- stages ------------------------------------------------------------------------------------------------
     def _prepare(self, requests: list[Request]) -> None:
@@ -89,10 +112,12 @@ class TorchExecutor:
         conditioning = self.pipeline.collate([r.conditioning.cond for r in requests]
                                              + [requests[i].conditioning.uncond for i in guided])
         caches = row_caches(requests, guided)  # None unless some request caches steps
-        if caches is None:
-            out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
-        else:
-            out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning, caches)
+        loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
+        with adapter_rows(loras if any(loras) else None):  # each row's own LoRA adapters (stepserve/lora)
+            if caches is None:
+                out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
+            else:
+                out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning, caches)
         if caches is not None:
             for r, row in zip(requests, caches):  # the conditional row speaks for the request
                 r.timing.cached_steps += bool(row is not None and row.skipped)

@@ -45,6 +45,7 @@ class StableDiffusionAdapter(FamilyAdapter):
     `unet`, `vae` and `text_encoder` are the torch modules on the torch backend and None on the others."""
 
     family = "sd"
+    lora_loader = ("diffusers.loaders.lora_pipeline:StableDiffusionLoraLoaderMixin", "unet")  # stepserve/lora
 
     def __init__(self, tokenizer, networks: Networks, scheduler_config: dict, info: ModelInfo, *,
                  vae_scaling_factor: float, use_attention_mask: bool = False, backend: str = "torch",

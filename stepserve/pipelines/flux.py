@@ -112,6 +112,7 @@ class FluxAdapter(FamilyAdapter):
     """A loaded Flux.1 pipeline: tokenizers, the networks (torch), configs."""
 
     family = "flux"
+    lora_loader = ("diffusers.loaders.lora_pipeline:FluxLoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real Flux prompt is 512 x 4096 values
 
     def __init__(self, tokenizer, tokenizer_2, networks: FluxTorchNetworks, *, vae_scaling_factor: float,

@@ -71,6 +71,7 @@ class SD3Adapter(FamilyAdapter):
     networks, configs."""
 
     family = "sd3"
+    lora_loader = ("diffusers.loaders.lora_pipeline:SD3LoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real SD3 prompt is 333 x 4096 values (2.7 MB in float16)
 
     def __init__(self, tokenizers: list, networks: SD3TorchNetworks, *, patch_size: int, vae_scaling_factor: float,

@@ -77,6 +77,7 @@ class SDXLNetworks:
 
 class StableDiffusionXLAdapter(FamilyAdapter):
     family = "sdxl"
+    lora_loader = ("diffusers.loaders.lora_pipeline:StableDiffusionXLLoraLoaderMixin", "unet")  # stepserve/lora
 
     def __init__(self, tokenizer, tokenizer_2, networks: SDXLNetworks, scheduler_config: dict, info, *,
                  force_zeros_for_empty_prompt: bool = True, device: str | torch.device = "cpu",

@@ -20,6 +20,7 @@ from ..async_engine import AsyncEngine
 from . import errors
 from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
+from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
 from .streaming import EventStreamResponse, StreamJob, image_events
@@ -60,6 +61,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     protected = [Depends(_auth(state))]
     app.include_router(_open_routes(state))
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(lora_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
     app.include_router(_schema_route(app), dependencies=protected)
     app.add_middleware(UnexpectedErrors)  # innermost: its 500 passes the middleware below on the way out

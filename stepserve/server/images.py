@@ -104,6 +104,8 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
     previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
     try:
         return await engine.submit_many_off_loop(resolved, previews, stream=stream)
+    except ValidationError as exc:  # a LoRA adapter deleted since it was checked above
+        raise errors.invalid(str(exc), exc.field) from None
     except DeadlineInfeasibleError as exc:  # even alone it would be late: a retry can never succeed
         raise errors.invalid(f"timeout_s: {exc}; raise timeout_s (or ask for fewer steps)", "timeout_s",
                              "deadline_infeasible") from None
@@ -222,6 +224,7 @@ def image_info(result: GenerationResult) -> dict:
         "batch_sizes": list(t.batch_sizes),  # one entry per denoising step: the size of that forward pass
         "cache": _cache_text(result.params.cache),
         "cached_steps": t.cached_steps,  # steps that reused cached work instead of the whole denoiser
+        "loras": [{"name": n, "scale": s} for n, s in result.params.loras or ()],
     }
 
 

@@ -62,6 +62,8 @@ class ImageGenerationRequest(BaseModel):
     priority: int | None = None  # higher first under the slo strategy; default 0
     # step caching: "off", a policy name, or {"policy": ..., knobs}; default: the server's --cache
     cache: str | dict[str, Any] | None = None
+    # LoRA adapters: [{"name": ..., "scale": ...}] (loaded with POST /v1/loras or --lora-dir)
+    loras: list[dict[str, Any]] | None = None
 
 
 FIELDS = tuple(ImageGenerationRequest.model_fields)
@@ -144,6 +146,7 @@ def engine_params(req: ImageGenerationRequest, limits: ServerLimits) -> list[Sam
     return [
         SamplingParams(prompt=req.prompt, negative_prompt=req.negative_prompt or "", seed=seed + i,
                        num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale,
-                       sampler=req.sampler, height=height, width=width, timeout_s=timeout, priority=req.priority, cache=req.cache)
+                       sampler=req.sampler, height=height, width=width, timeout_s=timeout, priority=req.priority, cache=req.cache,
+                       loras=req.loras)
         for i in range(n)
     ]

@@ -13,7 +13,7 @@ from stepserve.commands.export_triton import main as export_main
 from stepserve.deploy.triton.config import NETWORK_MODELS, PIPELINE_INPUTS
 from stepserve.deploy.triton.repository import RepositoryOptions, write_repository
 
-OPTIONAL = {"negative_prompt", "sampler", "height", "width", "timeout_s"}
+OPTIONAL = {"negative_prompt", "sampler", "height", "width", "timeout_s", "cache", "loras"}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,8 @@ def check_entry_model(config, max_batch_size: int) -> None:
     kinds = {i.name: types.Name(i.data_type) for i in config.input}
     assert kinds == {"prompt": "TYPE_STRING", "negative_prompt": "TYPE_STRING", "seed": "TYPE_INT64",
                      "steps": "TYPE_INT32", "guidance_scale": "TYPE_FP32", "sampler": "TYPE_STRING",
-                     "height": "TYPE_INT32", "width": "TYPE_INT32", "timeout_s": "TYPE_FP32"}
+                     "height": "TYPE_INT32", "width": "TYPE_INT32", "timeout_s": "TYPE_FP32",
+                     "cache": "TYPE_STRING", "loras": "TYPE_STRING"}
     (image,) = config.output
     assert image.name == "image" and types.Name(image.data_type) == "TYPE_UINT8" and list(image.dims) == [-1, -1, -1]
     assert [(g.kind, g.count) for g in config.instance_group] == [(model_config_pb2.ModelInstanceGroup.KIND_CPU, 1)]

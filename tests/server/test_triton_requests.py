@@ -51,6 +51,18 @@ def test_an_optional_cache_input_is_the_requests_step_caching():
         parse_request({**base, "cache": row(b"{policy")}, model)
 
 
+def test_an_optional_loras_input_names_the_requests_adapters():
+    from dataclasses import replace
+
+    model = replace(model_info(), lora_names=frozenset({"ink"}))
+    base = {"prompt": row(b"a 7"), "seed": row(5, np.int64), "steps": row(4, np.int32),
+            "guidance_scale": row(2.5, np.float32)}
+    (p,) = parse_request({**base, "loras": row(b'[{"name": "ink", "scale": 0.5}]')}, model).params
+    assert p.loras == (("ink", 0.5),)
+    with pytest.raises(BadRequest, match="loras: adapter 'chalk' is not loaded; loaded: ink"):
+        parse_request({**base, "loras": row(b'[{"name": "chalk"}]')}, model)
+
+
 @pytest.mark.parametrize(("change", "says"), [
     ({"steps": row(0, np.int32)}, "steps: must be an integer in [1, 200]"),
     ({"sampler": row(b"plms")}, "sampler: 'plms' is not supported; allowed: ddim, euler"),

@@ -50,6 +50,7 @@ PIPELINE_INPUTS = (
     TensorSpec("width", "TYPE_INT32", (1,), optional=True),
     TensorSpec("timeout_s", "TYPE_FP32", (1,), optional=True),  # a deadline, seconds from arrival
     TensorSpec("cache", "TYPE_STRING", (1,), optional=True),  # step caching: a policy name, "off" or a JSON object
+    TensorSpec("loras", "TYPE_STRING", (1,), optional=True),  # LoRA adapters: a JSON list of {"name", "scale"}
 )
 PIPELINE_OUTPUTS = (TensorSpec("image", "TYPE_UINT8", (-1, -1, -1)),)  # (H, W, C) per request, C = 1 or 3
 

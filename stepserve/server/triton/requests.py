@@ -26,6 +26,7 @@ _FIELDS = {
     "width": ("width", "int"),
     "timeout_s": ("timeout_s", "float"),  # optional deadline in seconds from arrival; past it the request fails
     "cache": ("cache", "cache"),  # optional step caching: a policy name, "off", or a JSON object with knobs
+    "loras": ("loras", "json"),  # optional LoRA adapters: a JSON list of {"name": ..., "scale": ...}
 }
 INPUT_NAMES = tuple(_FIELDS)  # the entry model's inputs, in config order
 _TRITON_NAME = {field: name for name, (field, _) in _FIELDS.items()}
@@ -52,6 +53,12 @@ def _element(name: str, kind: str, value):
         if isinstance(value, str):
             return value
         raise BadRequest(f"{name}: must be a string (TYPE_STRING / BYTES), got {type(value).__name__}")
+    if kind == "json":
+        text = _element(name, "text", value)
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise BadRequest(f"{name}: not JSON: {text[:60]!r}") from None
     if kind == "cache":
         text = _element(name, "text", value)
         if not text.lstrip().startswith("{"):
@@ -82,7 +89,7 @@ def parse_request(inputs: dict[str, np.ndarray | None], model: ModelInfo) -> Par
     missing = [n for n in REQUIRED if inputs.get(n) is None]
     if missing:
         raise BadRequest(f"{', '.join(missing)}: required input(s) missing; the model takes prompt, seed, steps, "
-                         f"guidance_scale and optionally negative_prompt, sampler, height, width, timeout_s, cache")
+                         f"guidance_scale and optionally negative_prompt, sampler, height, width, timeout_s, cache, loras")
     rows = {name: np.asarray(a).reshape(len(a) if np.ndim(a) else 1, -1) for name, a in inputs.items()
             if a is not None and name in _FIELDS}
     counts = {name: a.shape for name, a in rows.items()}

@@ -1,0 +1,167 @@
+"""The adapters an executor serves: loaded from local files by diffusers' LoRA loaders into the denoiser (through
+PEFT), applied per row (rows.py), listed and deleted at run time.
+
+Reading and converting a file happens outside the executor's lock; only the injection into the live modules and
+the deletion take it, so a load waits for the step in flight and stalls the next one by the injection alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .rows import hook
+
+MAX_ADAPTERS = 64  # adapters loaded at once (each adds its low-rank weights to every adapted layer)
+
+
+class LoraError(ValueError):
+    """An adapter that cannot be loaded or named; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: str
+    rank: int  # the largest rank over its layers
+    layers: int  # adapted layers of the denoiser
+    bytes: int  # its low-rank weights
+
+
+class AdapterStore:
+    """Adapters by name for one family adapter's denoiser (`pipeline.lora_loader`: the diffusers loader mixin and
+    the denoiser's attribute name; the module lives on pipeline.networks)."""
+
+    def __init__(self, pipeline, lock: threading.RLock | None = None, root: str | Path | None = None) -> None:
+        spec = getattr(pipeline, "lora_loader", None)
+        module_name = spec[1] if spec else None
+        self.module = getattr(pipeline.networks, module_name, None) if module_name else None
+        if self.module is None:
+            raise LoraError(f"{pipeline.info.family} on this backend serves no LoRA adapters (torch backend only, "
+                            f"families: sd, sdxl, sd3, flux)")
+        mixin_path, self.module_name = spec
+        module, _, cls = mixin_path.partition(":")
+        self.mixin = getattr(importlib.import_module(module), cls)
+        self.lock = lock or threading.RLock()
+        self.root = Path(root).resolve() if root is not None else None
+        self.adapters: dict[str, AdapterInfo] = {}
+        self.retired: set[str] = set()  # being deleted: no new request may name them
+        self.version = 0  # bumped at every change (the executor's ModelInfo lists the names)
+        self._hooked: set[int] = set()
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The adapters a new request may name."""
+        return frozenset(self.adapters) - frozenset(self.retired)
+
+    def retire(self, name: str) -> None:
+        """No new request may name `name` (the first half of a deletion while serving)."""
+        if name not in self.adapters or name in self.retired:
+            raise LoraError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(self.names)) or 'none'}")
+        self.retired.add(name)
+        self.version += 1
+
+    def unretire(self, name: str) -> None:
+        self.retired.discard(name)
+        self.version += 1
+
+    def check_path(self, path: str | Path) -> Path:
+        """`path` resolved; inside the allowed folder (when there is one), an existing file."""
+        resolved = (self.root / path if self.root is not None and not Path(path).is_absolute() else Path(path))
+        resolved = resolved.resolve()
+        if self.root is not None and self.root not in resolved.parents:
+            raise LoraError(f"path {str(path)!r} is outside the adapter folder {self.root}; allowed: files in it")
+        if not resolved.is_file():
+            raise LoraError(f"path {str(path)!r}: no such file")
+        return resolved
+
+    def load(self, name: str, path: str | Path) -> AdapterInfo:
+        """Read `path` (safetensors: diffusers/PEFT, kohya, ... as diffusers reads them) and serve it as `name`."""
+        if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
+            raise LoraError(f"name {name!r}: 1-64 characters of letters, digits, '-', '_' and '.'")
+        if name in self.adapters:
+            raise LoraError(f"adapter {name!r} is already loaded; delete it first to load another file as it")
+        if len(self.adapters) >= MAX_ADAPTERS:
+            raise LoraError(f"{MAX_ADAPTERS} adapters are loaded, the most served at once; delete one first")
+        file = self.check_path(path)
+        try:
+            state_dict, alphas, metadata = self._read(file)
+        except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a file it cannot read
+            raise LoraError(f"adapter {name!r}: {file.name} is not a LoRA file diffusers reads: {exc}") from None
+        other = sorted({k.split(".", 1)[0] for k in state_dict if not k.startswith(self.module_name + ".")}
+                       - {self.module_name})
+        if any(k.startswith("text_encoder") for k in other):
+            raise LoraError(f"adapter {name!r}: {file.name} adapts the text encoder too; only adapters of the "
+                            f"{self.module_name} are served")
+        with self.lock:
+            before = self._adapted_layers(name)
+            try:
+                with warnings.catch_warnings():  # PEFT warns that a model holds several adapters: that is the point
+                    warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+                    self._inject(state_dict, alphas, metadata, name)
+            except Exception as exc:  # noqa: BLE001
+                self._forget(name)
+                raise LoraError(f"adapter {name!r}: {file.name} does not fit this model: {exc}") from None
+            layers = self._adapted_layers(name)
+            if not layers or before:
+                self._forget(name)
+                raise LoraError(f"adapter {name!r}: no layer of this model matches {file.name}; is it made for "
+                                f"another model family?")
+            for layer in layers:
+                layer.enable_adapters(False)  # PEFT's own application off: rows.hook applies it per row
+                if id(layer) not in self._hooked:
+                    layer.register_forward_hook(hook)
+                    self._hooked.add(id(layer))
+            info = AdapterInfo(name, str(file), max(int(layer.r[name]) for layer in layers), len(layers),
+                               sum(p.numel() * p.element_size() for layer in layers
+                                   for p in (*layer.lora_A[name].parameters(), *layer.lora_B[name].parameters())))
+            self.adapters[name] = info
+            self.version += 1
+        return info
+
+    def delete(self, name: str) -> None:
+        if name not in self.adapters:
+            raise LoraError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(self.adapters)) or 'none'}")
+        with self.lock:
+            self._forget(name)
+            del self.adapters[name]
+            self.retired.discard(name)
+            self.version += 1
+
+    def _forget(self, name: str) -> None:
+        if self._adapted_layers(name):
+            self.module.delete_adapters(name)
+
+    def _adapted_layers(self, name: str) -> list:
+        return [m for m in self.module.modules() if hasattr(m, "lora_A") and name in m.lora_A]
+
+    def _read(self, file: Path) -> tuple[dict, dict | None, dict | None]:
+        """(state dict in diffusers' naming, network alphas, adapter metadata) as the family's loader reads them."""
+        params = inspect.signature(self.mixin.lora_state_dict).parameters
+        kwargs = {}
+        if "return_alphas" in params:
+            kwargs["return_alphas"] = True
+        kwargs["return_lora_metadata"] = True
+        out = self.mixin.lora_state_dict(str(file), **kwargs)
+        out = out if isinstance(out, tuple) else (out,)
+        state_dict = out[0]
+        alphas = out[1] if len(out) > 2 else None
+        metadata = out[-1] if len(out) > 1 else None
+        return state_dict, alphas, metadata
+
+    def _inject(self, state_dict: dict, alphas: dict | None, metadata: dict | None, name: str) -> None:
+        """The family's `load_lora_into_unet` / `load_lora_into_transformer` on the live denoiser."""
+        method = getattr(self.mixin, f"load_lora_into_{self.module_name}")
+        params = inspect.signature(method).parameters
+        kwargs = {self.module_name: self.module, "adapter_name": name}
+        if "network_alphas" in params:
+            kwargs["network_alphas"] = alphas
+        if "metadata" in params:
+            kwargs["metadata"] = metadata
+        if "_pipeline" in params:
+            kwargs["_pipeline"] = None
+        method(dict(state_dict), **kwargs)

@@ -1,0 +1,102 @@
+"""LoRA over HTTP: --lora-dir loads its adapters at start-up; GET/POST/DELETE /v1/loras behind the API key; a
+path outside the folder, an adapter for another family, an unknown adapter or a scale out of range is a 400
+naming it; a deleted adapter is refused at once; requests name adapters per image and the answer lists them."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from stepserve.async_engine import AsyncEngine
+from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
+from stepserve.server.app import create_app
+from stepserve.tiny.lora import build_tiny_lora
+
+from extras import require
+
+KEY = "sk-test-lora"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    require("peft", "lora")
+    root = tmp_path_factory.mktemp("lora_dir")
+    build_tiny_lora("embedded", root / "ink.safetensors", seed=1, rank=4, std=0.3)
+    build_tiny_lora("embedded", root / "spare" / "chalk.safetensors", seed=2, rank=8, std=0.3)
+    return root
+
+
+def client_for(lora_dir=None, api_key=None) -> TestClient:
+    built = build_engine(EngineConfig(model="embedded", memory_cap=False, warm_up=False, lora_dir=lora_dir,
+                                      options=EngineOptions(strategy="continuous")), say=lambda _: None)
+    return TestClient(create_app(AsyncEngine(built.executor, options=built.options), api_key=api_key))
+
+
+def auth(key=KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def generate(client, **body):
+    return client.post("/v1/images/generations", json={"prompt": "seven", "seed": 1, "num_inference_steps": 4,
+                                                        **body}, headers=auth())
+
+
+def test_adapters_load_list_serve_and_delete(folder):
+    with client_for(str(folder), KEY) as client:
+        assert client.get("/v1/loras").status_code == 401  # behind the API key
+        listed = client.get("/v1/loras", headers=auth()).json()["data"]
+        assert [a["name"] for a in listed] == ["ink"] and listed[0]["rank"] == 4
+        made = client.post("/v1/loras", json={"name": "chalk", "path": "spare/chalk.safetensors"}, headers=auth())
+        assert made.status_code == 201 and made.json()["rank"] == 8
+        answer = generate(client, loras=[{"name": "ink", "scale": 0.8}, {"name": "chalk"}])
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["stepserve"]["images"][0]["loras"] == [{"name": "ink", "scale": 0.8},
+                                                                    {"name": "chalk", "scale": 1.0}]
+        assert client.delete("/v1/loras/chalk", headers=auth()).json() == {"deleted": "chalk"}
+        refused = generate(client, loras=[{"name": "chalk"}])
+        assert refused.status_code == 400 and "adapter 'chalk' is not loaded; loaded: ink" in refused.text
+        assert client.delete("/v1/loras/chalk", headers=auth()).status_code == 404
+
+
+@pytest.mark.parametrize("body,says", [
+    ({"name": "x", "path": "/etc/passwd"}, "is outside the adapter folder"),
+    ({"name": "x", "path": "../elsewhere.safetensors"}, "is outside the adapter folder"),
+    ({"name": "x", "path": "missing.safetensors"}, "no such file"),
+    ({"name": "ink", "path": "ink.safetensors"}, "is already loaded"),
+    ({"name": "bad name!", "path": "ink.safetensors"}, "letters, digits"),
+    ({"name": "x"}, "expected exactly"),
+])
+def test_bad_loads_are_400_naming_the_problem(folder, body, says):
+    with client_for(str(folder)) as client:
+        answer = client.post("/v1/loras", json=body)
+    assert answer.status_code == 400 and says in answer.text
+
+
+@pytest.mark.parametrize("loras,says", [
+    ([{"name": "nope"}], "adapter 'nope' is not loaded; loaded: ink"),
+    ([{"name": "ink", "scale": 9}], "scale must be a number in [-8, 8]"),
+    ([{"name": "ink"}, {"name": "ink"}], "named twice"),
+    ([{"adapter": "ink"}], "expected {\\\"name\\\""),
+])
+def test_bad_loras_fields_are_400_naming_the_field(folder, loras, says):
+    with client_for(str(folder)) as client:
+        answer = client.post("/v1/images/generations", json={"prompt": "seven", "loras": loras})
+    assert answer.status_code == 400 and says in answer.text and "loras" in answer.text
+
+
+def test_an_adapter_for_another_family_is_refused(folder, tmp_path):
+    from stepserve.tiny.flux import build_tiny_flux
+
+    flux = build_tiny_flux(tmp_path / "flux", variant="dev")
+    build_tiny_lora(flux, folder / "spare" / "flux.safetensors", seed=3)
+    with client_for(str(folder)) as client:
+        answer = client.post("/v1/loras", json={"name": "fluxy", "path": "spare/flux.safetensors"})
+    assert answer.status_code == 400 and "fluxy" in answer.text
+    assert "another model family" in answer.text or "does not fit this model" in answer.text
+
+
+def test_without_a_folder_nothing_is_loaded_over_http(folder):
+    with client_for() as client:
+        answer = client.post("/v1/loras", json={"name": "ink", "path": str(folder / "ink.safetensors")})
+        assert answer.status_code == 400 and "--lora-dir" in answer.text
+        assert client.get("/v1/loras").json()["data"] == []
