@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .adapter_gate import AdapterGate
 from .clock import WallClock
-from .validation import ValidationError
 from .engine_config import EngineOptions, options_from
 from .executor.base import Executor
 from .types import (FinishReason, GenerationResult, Request, RequestStatus, RequestTiming, SamplingParams, StepReport,
@@ -106,6 +105,7 @@ class AsyncEngine:
         self.failure: str | None = None  # why the engine thread died; None while healthy
         self.running_count = 0  # requests admitted and not finished (updated after every step)
         self._lock = threading.Lock()  # guards _inbox, _handles and the admission decision
+        self.adapter_gate = AdapterGate(executor, self._lock, self._adapters_in_use)  # LoRA loading and deletion
         self._inbox: list[_Add | _Abort] = []
         self._handles: dict[str, RequestHandle] = {}
         self._wake = threading.Event()
@@ -197,9 +197,9 @@ class AsyncEngine:
         assert self._loop is not None, "call start() first"
         group = self._new_group(params, preview_steps, request_ids)
         outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
-        if getattr(self.core.policy, "admission", None) is None:
+        if getattr(self.core.policy, "admission", None) is None and not self.adapter_gate.needs_loading(group):
             return self._admit(group, outlets, stream)
-        return await asyncio.to_thread(self._admit, group, outlets, stream)
+        return await asyncio.to_thread(self._admit, group, outlets, stream)  # also loads the adapters it names
 
     def _new_group(self, params: Sequence[SamplingParams], preview_steps: Sequence[frozenset[int]] | None,
                    request_ids: Sequence[str] | None) -> list[Request]:
@@ -215,10 +215,10 @@ class AsyncEngine:
         return [(self._loop.create_future(), asyncio.Queue() if stream else None) for _ in range(n)]
 
     def _admit(self, group: list[Request], outlets: list, stream: bool) -> list[RequestHandle]:
-        with self._lock:
+        with self.adapter_gate.admitting(group), self._lock:
             self._check_open()
             ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
-            self._check_adapters(group)
+            self.adapter_gate.check(group)
             for i, request in enumerate(group):
                 self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
             handles = []
@@ -231,31 +231,9 @@ class AsyncEngine:
         self._wake.set()
         return handles
 
-    def _check_adapters(self, group: list[Request]) -> None:
-        """Under the lock: no request may carry a LoRA adapter that is being deleted (delete_adapter)."""
-        store = getattr(self.executor, "_adapters", None)
-        gone = store.retired if store is not None else ()
-        for r in group:
-            for name, _ in r.params.loras or ():
-                if name in gone:
-                    raise ValidationError("loras", f"adapter {name!r} is being deleted; loaded: "
-                                                   f"{', '.join(sorted(store.names)) or 'none'}")
-
     async def delete_adapter(self, name: str, wait_s: float = 60.0) -> None:
-        """Unload LoRA adapter `name` while serving: refuse new requests that name it, wait (up to wait_s) until no
-        request in the engine carries it, then unload it between two steps. Raises stepserve.lora.LoraError."""
-        from .lora import LoraError
-
-        store = self.executor.adapters()
-        with self._lock:
-            store.retire(name)
-        deadline = time.monotonic() + wait_s
-        while name in self._adapters_in_use():
-            if time.monotonic() > deadline:
-                store.unretire(name)
-                raise LoraError(f"adapter {name!r} is still carried by requests after {wait_s:g} s; not deleted")
-            await asyncio.sleep(0.05)
-        await asyncio.to_thread(store.delete, name)
+        """Unload LoRA adapter `name` while serving (stepserve/adapter_gate.py). Raises stepserve.lora.LoraError."""
+        await self.adapter_gate.delete(name, wait_s)
 
     def _adapters_in_use(self) -> set[str]:
         """LoRA adapters that requests in the engine (sent, queued or denoising) carry."""

@@ -86,7 +86,8 @@ class EngineConfig:
     fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
     warm_up: bool = True  # one throwaway request at start-up, so the first real one is not slow (see warm_up)
     cache: Any = None  # step caching for requests that do not say (stepserve/cache_spec.py forms); None: off
-    lora_dir: str | None = None  # LoRA adapters: load every *.safetensors here at start-up; POST /v1/loras reads here
+    lora_dir: str | None = None  # LoRA adapters: every *.safetensors here is servable by name; POST /v1/loras reads here
+    lora_memory_mb: float | None = 1024.0  # device memory for loaded adapters (least recently used unloaded first)
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -131,7 +132,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if config.cache is not None:  # after the fast path, whose fixed-shape buckets run no caching
         _set_default_cache(executor, config.cache)
     if config.lora_dir is not None:
-        say(_load_adapters(executor, config.lora_dir))
+        say(_load_adapters(executor, config.lora_dir, config.lora_memory_mb))
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:
@@ -154,9 +155,10 @@ def _set_default_cache(executor: Any, cache: Any) -> None:
     executor.default_cache = cache
 
 
-def _load_adapters(executor: Any, folder: str) -> str:
-    """Serve LoRA adapters from `folder`: every *.safetensors in it now, by file name (stem); more later by POST
-    /v1/loras. A ValueError names the folder or file that failed."""
+def _load_adapters(executor: Any, folder: str, memory_mb: float | None) -> str:
+    """Serve LoRA adapters from `folder`: every *.safetensors in it by its file name (stem), loaded now while
+    `memory_mb` holds them and the rest on first use; more by POST /v1/loras. A ValueError names the folder or
+    file that failed."""
     from pathlib import Path
 
     from .lora import LoraError
@@ -166,14 +168,20 @@ def _load_adapters(executor: Any, folder: str) -> str:
         raise ValueError(f"lora_dir {folder!r} is not a folder")
     if not hasattr(executor, "adapters"):
         raise ValueError("lora_dir: LoRA adapters need the torch backend")
+    budget = None if memory_mb is None else int(memory_mb * 2**20)
     try:
-        store = executor.adapters(root)
-        files = sorted(root.glob("*.safetensors"))
-        for file in files:
-            store.load(file.stem, file)
+        store = executor.adapters(root, budget)
+        files = store.files()
+        for name, file in files.items():  # in name order, while they fit; none is unloaded to make room here
+            store.load(name, file)
+            if budget is not None and store.loaded_bytes > budget:
+                store.delete(name)
+                break
     except LoraError as exc:
         raise ValueError(f"lora_dir: {exc}") from None
-    return f"LoRA: {len(files)} adapter(s) loaded from {root} ({', '.join(f.stem for f in files) or 'none yet'})"
+    return (f"LoRA: {len(files)} adapter file(s) in {root}, {len(store.adapters)} loaded now "
+            f"({store.loaded_bytes / 2**20:.1f} MiB of {'no bound' if budget is None else f'{memory_mb:g} MiB'}); "
+            f"the rest load on first use")
 
 
 def warm_up(executor: Any) -> float:

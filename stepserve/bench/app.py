@@ -70,6 +70,7 @@ class BenchConfig:
     progress: bool = True
     keep_images: bool = False  # keep generated images on the runs (sample sheets)
     quality: bool = False  # PSNR / SSIM of step-cached images against uncached ones (in process; bench/quality.py)
+    lora_dir: str | None = None  # in process: LoRA adapters loaded from this folder (a mix's `lora` names them)
     threads: int | None = None  # torch CPU threads; None: all cores but one (that one runs the load generator)
     timeout_s: float | None = None  # every request's deadline in seconds; None: no deadline (unless timeout_slo)
     timeout_slo: bool = False  # every request's deadline is the run's SLO
@@ -144,7 +145,8 @@ def load_model(cfg: BenchConfig):
         fake = FakeExecutor(sleep=True)  # the fake model on the wall clock: it sleeps what it charges
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
     config = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend, memory_cap=False,
-                          fast_path=cfg.fast_path if fake is None else None, options=EngineOptions(max_batch_size=batch))
+                          fast_path=cfg.fast_path if fake is None else None, lora_dir=cfg.lora_dir,
+                          options=EngineOptions(max_batch_size=batch))
     return build_engine(config, executor=fake).executor
 
 

@@ -52,19 +52,20 @@ class RequestSpec:
     timeout_s: float | None = None  # deadline, seconds after the request reaches the engine; None: no deadline
     slo_ms: float | None = None  # this request's own latency SLO (a trace's), judged by the metrics; None: the run's
     cache: Any = None  # step caching: "off", a policy name or {"policy": ..., knobs}; None: the server's default
+    loras: Any = None  # LoRA adapters: [{"name": ..., "scale": ...}]; None: none
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
                               num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
                               sampler=self.sampler, height=self.height, width=self.width, timeout_s=self.timeout_s,
-                              cache=self.cache)
+                              cache=self.cache, loras=self.loras)
 
     def to_http(self) -> dict[str, Any]:
         """The body of POST /v1/images/generations (OpenAI fields plus stepserve's own)."""
         body: dict[str, Any] = {"prompt": self.prompt, "n": 1, "response_format": "b64_json", "seed": self.seed}
         if self.height is not None and self.width is not None:
             body["size"] = f"{self.width}x{self.height}"
-        for name in ("num_inference_steps", "guidance_scale", "sampler", "timeout_s", "cache"):
+        for name in ("num_inference_steps", "guidance_scale", "sampler", "timeout_s", "cache", "loras"):
             value = getattr(self, name)
             if value is not None:
                 body[name] = value
@@ -100,7 +101,7 @@ class Choice:
         return rng.choices(self.values, weights=self.weights, k=1)[0]
 
 
-MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache")
+MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache", "lora")
 
 
 @dataclass
@@ -114,6 +115,8 @@ class Mix:
     # step caching per request ("off", a policy name, or in a list {"policy": ..., knobs}); None: the server's
     # default. Drawn from the request's own seed, so a mix with and without it gives the same requests otherwise.
     cache: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    # one LoRA adapter per request, by name ("none": no adapter), drawn from the request's own seed like cache
+    lora: Choice = field(default_factory=lambda: Choice([None], [1.0]))
 
     @classmethod
     def from_steps(cls, steps: list[int]) -> "Mix":
@@ -150,6 +153,9 @@ class Mix:
                            negative_prompt=str(self.negative_prompt.draw(rng) or ""))
         if self.cache.values != [None]:
             spec.cache = self.cache.draw(random.Random(f"cache-{spec.seed}"))
+        if self.lora.values != [None]:
+            name = self.lora.draw(random.Random(f"lora-{spec.seed}"))
+            spec.loras = None if name in (None, "none", "off") else [{"name": str(name), "scale": 1.0}]
         return spec
 
     def heaviest(self, steps: int) -> RequestSpec:
@@ -241,9 +247,11 @@ def save_trace(trace: Trace, path: str | Path) -> None:
     path = Path(path)
     rows = [{"offset_s": item.offset_s, **asdict(item.spec)} for item in trace.items]
     if path.suffix.lower() == ".csv":
-        for row in rows:  # a cache given as a mapping is a JSON cell
+        for row in rows:  # a cache given as a mapping, and a list of adapters, are JSON cells
             if isinstance(row["cache"], dict):
                 row["cache"] = json.dumps(row["cache"])
+            if row["loras"] is not None:
+                row["loras"] = json.dumps(row["loras"])
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["offset_s", *SPEC_FIELDS])
             writer.writeheader()
@@ -272,6 +280,13 @@ def _cache_cell(value: Any) -> Any:
         if not value.strip():
             return None
         return json.loads(value) if value.lstrip().startswith("{") else value
+    return value
+
+
+def _loras_cell(value: Any) -> Any:
+    """A trace's loras: a list as given (JSONL), or a CSV cell holding one in JSON (or empty)."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else None
     return value
 
 
@@ -307,5 +322,5 @@ def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
                        num_inference_steps=get("num_inference_steps", int), guidance_scale=get("guidance_scale", float),
                        sampler=get("sampler", str), height=get("height", int), width=get("width", int),
                        negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout, slo_ms=slo_ms,
-                       cache=_cache_cell(row.get("cache")))
+                       cache=_cache_cell(row.get("cache")), loras=_loras_cell(row.get("loras")))
     return TraceItem(get("offset_s", float), spec)

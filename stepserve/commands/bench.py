@@ -113,6 +113,9 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
                         "LatencyModel.save, or a previous run's latency_model.json) instead of measuring it")
     p.add_argument("--repeats", type=int, default=1, help="replays of the whole comparison (spread reported)")
     if prog != "stepserve simulate":
+        p.add_argument("--lora-dir", metavar="DIR",
+                       help="in process: load every *.safetensors in DIR as a LoRA adapter (named by its file name); "
+                            "a mix's 'lora' field draws one per request")
         p.add_argument("--quality", action="store_true",
                        help="in process: PSNR / SSIM of every image that used step caching (a mix's 'cache' "
                             "field) against the same request generated without it, beside latency in the report")
@@ -186,6 +189,9 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
     if quality and (args.target or peers or args.model == "fake"):
         raise UsageError("--quality compares images with uncached ones made by the same in-process model: not with "
                          "--target, --peers or --model fake")
+    if getattr(args, "lora_dir", None) and (args.target or peers or args.model == "fake"):
+        raise UsageError("--lora-dir loads adapters into the in-process model: not with --target, --peers or "
+                         "--model fake (start the server with --lora-dir instead)")
     if args.latency_model is not None and command == "bench":
         if args.target:
             raise UsageError("--latency-model is for in-process slo contenders; a --target server has its own")
@@ -221,7 +227,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         capacity_duration_s=args.capacity_duration, api_key=args.api_key, progress=not args.no_progress,
         threads=args.threads, timeout_s=args.timeout_s, timeout_slo=args.timeout_slo,
         latency_model=str(args.latency_model) if args.latency_model is not None else None, peers=peers,
-        quality=quality,
+        quality=quality, lora_dir=getattr(args, "lora_dir", None),
     )
 
 

@@ -142,9 +142,12 @@ def add_cache_flag(p: argparse.ArgumentParser) -> None:
 def add_lora_flag(p: argparse.ArgumentParser) -> None:
     """--lora-dir: the folder LoRA adapters are served from (stepserve/lora, docs/LORA.md)."""
     p.add_argument("--lora-dir", default=None, metavar="DIR",
-                   help="serve LoRA adapters from this folder: every *.safetensors in it is loaded at start-up "
-                        "(named by its file name without extension), and POST /v1/loras loads more from it "
-                        "(torch backend; default: no adapters)")
+                   help="serve LoRA adapters from this folder: every *.safetensors in it by its file name without "
+                        "extension, loaded at start-up while --lora-memory-mb holds them and the others on first "
+                        "use; POST /v1/loras loads more from it (torch backend; default: no adapters)")
+    p.add_argument("--lora-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0, metavar="MB",
+                   help="device memory for loaded LoRA adapters; to load another, the least recently used one "
+                        "that no request in the engine carries is unloaded (it loads again on its next use)")
 
 
 def fast_path_from_args(args: argparse.Namespace):
@@ -163,7 +166,7 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
                         threads=args.threads, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
                         cache=getattr(args, "cache", None), lora_dir=getattr(args, "lora_dir", None),
-                        options=options)
+                        lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0), options=options)
 
 
 def say_to_stderr(prog: str):

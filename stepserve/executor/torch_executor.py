@@ -52,13 +52,14 @@ class TorchExecutor:
             self._info = (key, info)
         return self._info[1]
 
-    def adapters(self, root=None):
+    def adapters(self, root=None, budget_bytes=None):
         """The LoRA adapters this executor serves (stepserve.lora.AdapterStore; `root`: the folder adapter files
-        must come from, set on first use). Raises stepserve.lora.LoraError where the pipeline serves none."""
+        come from, `budget_bytes`: their memory; both set on first use). Raises stepserve.lora.LoraError where the
+        pipeline serves none."""
         if self._adapters is None:
             from ..lora import AdapterStore
 
-            self._adapters = AdapterStore(self.pipeline, self.lock, root)
+            self._adapters = AdapterStore(self.pipeline, self.lock, root, budget_bytes)
         return self._adapters
 
     @model_info.setter

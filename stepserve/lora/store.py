@@ -3,6 +3,11 @@ PEFT), applied per row (rows.py), listed and deleted at run time.
 
 Reading and converting a file happens outside the executor's lock; only the injection into the live modules and
 the deletion take it, so a load waits for the step in flight and stalls the next one by the injection alone.
+
+The adapter cache: with a folder (`root`), every *.safetensors in it is servable by its name; it is loaded when a
+request first names it (`ensure`, called by the front end before the request is queued: the request waits there,
+never in a batch). Loaded adapters live in device memory within `budget_bytes`; to make room, the least recently
+used adapter that no request in the engine carries is unloaded (it loads again on its next use).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ class AdapterStore:
     """Adapters by name for one family adapter's denoiser (`pipeline.lora_loader`: the diffusers loader mixin and
     the denoiser's attribute name; the module lives on pipeline.networks)."""
 
-    def __init__(self, pipeline, lock: threading.RLock | None = None, root: str | Path | None = None) -> None:
+    def __init__(self, pipeline, lock: threading.RLock | None = None, root: str | Path | None = None,
+                 budget_bytes: int | None = None) -> None:
         spec = getattr(pipeline, "lora_loader", None)
         module_name = spec[1] if spec else None
         self.module = getattr(pipeline.networks, module_name, None) if module_name else None
@@ -50,13 +56,55 @@ class AdapterStore:
         self.root = Path(root).resolve() if root is not None else None
         self.adapters: dict[str, AdapterInfo] = {}
         self.retired: set[str] = set()  # being deleted: no new request may name them
+        self.budget_bytes = budget_bytes  # device memory for loaded adapters (None: no bound)
+        self.last_used: dict[str, int] = {}  # name -> use counter at its last use (least recently used goes first)
+        self._uses = 0
+        self.evictions = 0
         self.version = 0  # bumped at every change (the executor's ModelInfo lists the names)
         self._hooked: set[int] = set()
 
     @property
     def names(self) -> frozenset[str]:
-        """The adapters a new request may name."""
-        return frozenset(self.adapters) - frozenset(self.retired)
+        """The adapters a new request may name: loaded ones, and the files of the folder (loaded on first use)."""
+        return (frozenset(self.adapters) | frozenset(self.files())) - frozenset(self.retired)
+
+    def files(self) -> dict[str, Path]:
+        """Servable adapter files of the folder, by name."""
+        if self.root is None:
+            return {}
+        return {f.stem: f for f in sorted(self.root.glob("*.safetensors"))}
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(a.bytes for a in self.adapters.values())
+
+    def ensure(self, names, in_use=frozenset()) -> None:
+        """Load the folder's adapters among `names` that are not loaded, unloading the least recently used ones that
+        `in_use` (carried by requests in the engine) does not hold when the budget needs room. Raises LoraError when
+        the budget cannot hold them."""
+        self._uses += 1
+        for name in names:
+            self.last_used[name] = self._uses
+        missing = [n for n in dict.fromkeys(names) if n not in self.adapters]
+        files = self.files()
+        for name in missing:
+            if name not in files:
+                raise LoraError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(self.names)) or 'none'}")
+            info = self.load(name, files[name])
+            self._make_room(keep=set(names) | set(in_use))
+            if self.budget_bytes is not None and self.loaded_bytes > self.budget_bytes:
+                self.delete(name)
+                raise LoraError(f"adapter {name!r} ({info.bytes / 2**20:.1f} MiB) does not fit the adapter memory "
+                                f"budget ({self.budget_bytes / 2**20:.0f} MiB) beside the adapters requests are "
+                                f"using; retry later")
+
+    def _make_room(self, keep: set[str]) -> None:
+        if self.budget_bytes is None:
+            return
+        idle = sorted((n for n in self.adapters if n not in keep), key=lambda n: self.last_used.get(n, 0))
+        while self.loaded_bytes > self.budget_bytes and idle:
+            self.delete(idle.pop(0))
+            self.evictions += 1
 
     def retire(self, name: str) -> None:
         """No new request may name `name` (the first half of a deletion while serving)."""
@@ -130,6 +178,7 @@ class AdapterStore:
             self._forget(name)
             del self.adapters[name]
             self.retired.discard(name)
+            self.last_used.pop(name, None)
             self.version += 1
 
     def _forget(self, name: str) -> None:

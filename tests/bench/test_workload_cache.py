@@ -24,3 +24,16 @@ def test_cache_reaches_params_http_and_saved_traces(tmp_path):
     for name in ("t.csv", "t.jsonl"):
         save_trace(trace, tmp_path / name)
         assert [i.spec.cache for i in load_trace(tmp_path / name).items] == [i.spec.cache for i in trace.items]
+
+
+def test_lora_mix_draws_one_adapter_per_request_from_its_seed(tmp_path):
+    mix = Mix.from_dict({"steps": [8, 20], "lora": {"none": 1, "ink": 2, "oil": 2}})
+    plain = poisson_trace(Mix.from_dict({"steps": [8, 20]}), 5.0, 20.0, seed=4)
+    adapted = poisson_trace(mix, 5.0, 20.0, seed=4)
+    assert [i.spec.seed for i in plain.items] == [i.spec.seed for i in adapted.items]
+    seen = {None if i.spec.loras is None else i.spec.loras[0]["name"] for i in adapted.items}
+    assert seen == {None, "ink", "oil"}
+    spec = next(i.spec for i in adapted.items if i.spec.loras)
+    assert spec.to_params().loras == spec.loras and spec.to_http()["loras"] == spec.loras
+    save_trace(adapted, tmp_path / "t.csv")
+    assert [i.spec.loras for i in load_trace(tmp_path / "t.csv").items] == [i.spec.loras for i in adapted.items]
