@@ -16,7 +16,7 @@ import torch
 from .. import sampling
 from ..cache_spec import with_default
 from ..caching import row_caches
-from ..lora.rows import adapter_rows
+from ..lora.rows import adapter_rows, every_row
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
 from ..types import Request
@@ -87,9 +87,30 @@ class TorchExecutor:
             return self._timed(self._decode, requests)
 
     # --- stages ------------------------------------------------------------------------------------------------
+    def _encode(self, requests: list[Request]) -> list:
+        """The pipeline's conditioning per request; requests whose LoRA adapters adapt a text encoder are encoded
+        per adapter set, with those adapters on every row and a prompt cache of that set's own."""
+        p = self.pipeline
+        keys = [self._text_adapters(r) for r in requests]
+        if not any(keys):
+            return p.encode([r.params for r in requests])
+        out: list = [None] * len(requests)
+        for key in dict.fromkeys(keys):
+            at = [i for i, k in enumerate(keys) if k == key]
+            with p.prompt_cache_for(key), every_row(key):
+                for i, conditioning in zip(at, p.encode([requests[i].params for i in at])):
+                    out[i] = conditioning
+        return out
+
+    def _text_adapters(self, r: Request) -> tuple:
+        store = self._adapters
+        if store is None or not r.params.loras:
+            return ()
+        return tuple((n, s) for n, s in r.params.loras if n in store.adapters and store.adapters[n].text_encoder)
+
     def _prepare(self, requests: list[Request]) -> None:
         p = self.pipeline
-        for r, conditioning in zip(requests, p.encode([r.params for r in requests])):
+        for r, conditioning in zip(requests, self._encode(requests)):
             r.conditioning = conditioning
             schedule = p.schedule(r.params)
             if schedule.num_steps != r.num_inference_steps:  # every sampler's table has one entry per step asked

@@ -29,6 +29,19 @@ def adapter_rows(rows: Sequence[Row] | None) -> Iterator[None]:
         _state.rows = before
 
 
+@contextlib.contextmanager
+def every_row(adapters: Row) -> Iterator[None]:
+    """Inside the block, every row of every forward on this thread carries `adapters` (the text encoders' batches
+    of prompts, encoded per adapter set)."""
+    before = getattr(_state, "rows", None)
+    _state.rows = (None, [(position, name, None, [scale]) for position, (name, scale) in enumerate(adapters)]) \
+        if adapters else None
+    try:
+        yield
+    finally:
+        _state.rows = before
+
+
 def _groups(rows: Sequence[Row]) -> tuple[int, list[tuple[int, str, list[int], list[float]]]]:
     """(batch rows, [(position, adapter, row indices, scales)]) in order of the adapter's position within its rows'
     lists, so that each row adds its adapters in its own order (as diffusers sums the active adapters)."""
@@ -49,6 +62,9 @@ def hook(module, args, output):
         return output
     n, groups = state
     x = args[0]
+    if n is None:  # every row (every_row): one matmul pair per adapter over the whole batch
+        n = x.shape[0]
+        groups = [(position, name, list(range(n)), scales * n) for position, name, _, scales in groups]
     if x.shape[0] != n:  # a call whose leading dimension is not the batch rows (none in the served families)
         raise RuntimeError(f"LoRA rows: {type(module).__name__} got a leading dimension {x.shape[0]}, "
                            f"expected {n} batch rows")

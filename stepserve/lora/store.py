@@ -33,8 +33,9 @@ class AdapterInfo:
     name: str
     path: str
     rank: int  # the largest rank over its layers
-    layers: int  # adapted layers of the denoiser
+    layers: int  # adapted layers (the denoiser's and the text encoders')
     bytes: int  # its low-rank weights
+    text_encoder: bool = False  # it adapts a text encoder too (prompts are then encoded with it)
 
 
 class AdapterStore:
@@ -50,6 +51,7 @@ class AdapterStore:
             raise LoraError(f"{pipeline.info.family} on this backend serves no LoRA adapters (torch backend only, "
                             f"families: sd, sdxl, sd3, flux)")
         mixin_path, self.module_name = spec
+        self.networks = pipeline.networks
         module, _, cls = mixin_path.partition(":")
         self.mixin = getattr(importlib.import_module(module), cls)
         self.lock = lock or threading.RLock()
@@ -140,22 +142,23 @@ class AdapterStore:
             state_dict, alphas, metadata = self._read(file)
         except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a file it cannot read
             raise LoraError(f"adapter {name!r}: {file.name} is not a LoRA file diffusers reads: {exc}") from None
-        other = sorted({k.split(".", 1)[0] for k in state_dict if not k.startswith(self.module_name + ".")}
-                       - {self.module_name})
-        if any(k.startswith("text_encoder") for k in other):
-            raise LoraError(f"adapter {name!r}: {file.name} adapts the text encoder too; only adapters of the "
-                            f"{self.module_name} are served")
+        encoders = self._text_encoders(state_dict)
+        unknown = sorted({k.split(".", 1)[0] for k in state_dict} - {self.module_name} - {p for p, _ in encoders})
+        if unknown:
+            raise LoraError(f"adapter {name!r}: {file.name} adapts {', '.join(unknown)}, which this model does not "
+                            f"have (it has {', '.join([self.module_name] + [p for p, _ in self._text_encoders(None)])}): "
+                            f"is it made for another model family?")
         with self.lock:
             before = self._adapted_layers(name)
             try:
                 with warnings.catch_warnings():  # PEFT warns that a model holds several adapters: that is the point
                     warnings.filterwarnings("ignore", message="Already found a `peft_config`")
-                    self._inject(state_dict, alphas, metadata, name)
+                    self._inject(state_dict, alphas, metadata, name, encoders)
             except Exception as exc:  # noqa: BLE001
                 self._forget(name)
                 raise LoraError(f"adapter {name!r}: {file.name} does not fit this model: {exc}") from None
             layers = self._adapted_layers(name)
-            if not layers or before:
+            if not [m for m in self.module.modules() if hasattr(m, "lora_A") and name in m.lora_A] or before:
                 self._forget(name)
                 raise LoraError(f"adapter {name!r}: no layer of this model matches {file.name}; is it made for "
                                 f"another model family?")
@@ -166,7 +169,8 @@ class AdapterStore:
                     self._hooked.add(id(layer))
             info = AdapterInfo(name, str(file), max(int(layer.r[name]) for layer in layers), len(layers),
                                sum(p.numel() * p.element_size() for layer in layers
-                                   for p in (*layer.lora_A[name].parameters(), *layer.lora_B[name].parameters())))
+                                   for p in (*layer.lora_A[name].parameters(), *layer.lora_B[name].parameters())),
+                               text_encoder=bool(encoders))
             self.adapters[name] = info
             self.version += 1
         return info
@@ -182,11 +186,32 @@ class AdapterStore:
             self.version += 1
 
     def _forget(self, name: str) -> None:
-        if self._adapted_layers(name):
-            self.module.delete_adapters(name)
+        for module in self._modules():
+            if any(hasattr(m, "lora_A") and name in m.lora_A for m in module.modules()):
+                if hasattr(module, "delete_adapters"):
+                    module.delete_adapters(name)
+                else:  # a transformers text encoder: PEFT's layers directly
+                    from peft.tuners.tuners_utils import BaseTunerLayer
+
+                    for m in module.modules():
+                        if isinstance(m, BaseTunerLayer) and name in m.lora_A:
+                            m.delete_adapter(name)
+
+    def _modules(self) -> list:
+        """The denoiser and the text encoders adapters may adapt."""
+        return [self.module] + [m for _, m in self._text_encoders(None)]
 
     def _adapted_layers(self, name: str) -> list:
-        return [m for m in self.module.modules() if hasattr(m, "lora_A") and name in m.lora_A]
+        return [m for module in self._modules() for m in module.modules() if hasattr(m, "lora_A") and name in m.lora_A]
+
+    def _text_encoders(self, state_dict: dict | None) -> list[tuple[str, object]]:
+        """(prefix, module) of the text encoders (those `state_dict` adapts, when given) this model has."""
+        out = []
+        for prefix in ("text_encoder", "text_encoder_2"):
+            module = getattr(self.networks, prefix, None)
+            if module is not None and (state_dict is None or any(k.startswith(prefix + ".") for k in state_dict)):
+                out.append((prefix, module))
+        return out
 
     def _read(self, file: Path) -> tuple[dict, dict | None, dict | None]:
         """(state dict in diffusers' naming, network alphas, adapter metadata) as the family's loader reads them."""
@@ -202,15 +227,26 @@ class AdapterStore:
         metadata = out[-1] if len(out) > 1 else None
         return state_dict, alphas, metadata
 
-    def _inject(self, state_dict: dict, alphas: dict | None, metadata: dict | None, name: str) -> None:
-        """The family's `load_lora_into_unet` / `load_lora_into_transformer` on the live denoiser."""
-        method = getattr(self.mixin, f"load_lora_into_{self.module_name}")
+    def _inject(self, state_dict: dict, alphas: dict | None, metadata: dict | None, name: str,
+                encoders: list[tuple[str, object]]) -> None:
+        """The family's `load_lora_into_unet` / `load_lora_into_transformer` on the live denoiser, and its
+        `load_lora_into_text_encoder` on each text encoder the file adapts (as its load_lora_weights calls them)."""
+        denoiser = {k: v for k, v in state_dict.items() if not any(k.startswith(p + ".") for p, _ in encoders)}
+        self._call(f"load_lora_into_{self.module_name}", denoiser, alphas, metadata, name,
+                   **{self.module_name: self.module})
+        for prefix, module in encoders:
+            self._call("load_lora_into_text_encoder", state_dict, alphas, metadata, name, text_encoder=module,
+                       prefix=prefix)
+        for module in [m for _, m in encoders]:  # transformers' models: switch PEFT's application off per layer
+            for layer in module.modules():
+                if hasattr(layer, "lora_A") and name in layer.lora_A:
+                    layer.enable_adapters(False)
+
+    def _call(self, method_name: str, state_dict: dict, alphas, metadata, name: str, **modules) -> None:
+        method = getattr(self.mixin, method_name)
         params = inspect.signature(method).parameters
-        kwargs = {self.module_name: self.module, "adapter_name": name}
-        if "network_alphas" in params:
-            kwargs["network_alphas"] = alphas
-        if "metadata" in params:
-            kwargs["metadata"] = metadata
-        if "_pipeline" in params:
-            kwargs["_pipeline"] = None
+        kwargs = {**modules, "adapter_name": name}
+        for key, value in (("network_alphas", alphas), ("metadata", metadata), ("_pipeline", None)):
+            if key in params:
+                kwargs[key] = value
         method(dict(state_dict), **kwargs)

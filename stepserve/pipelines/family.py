@@ -55,6 +55,7 @@ value through `cond`.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -68,6 +69,7 @@ from .. import sampling
 from ..types import ModelInfo, SamplingParams
 
 GUIDANCE_MODES = ("cfg", "embedded")
+ADAPTER_CACHE_SETS = 64  # LoRA adapter sets whose encoded prompts are kept (stepserve/lora)
 
 
 @dataclass
@@ -173,6 +175,7 @@ class FamilyAdapter:
         self.device = torch.device(device)
         self.dtype = dtype
         self.prompt_cache = PromptCache(self.prompt_cache_size)
+        self._adapter_caches: OrderedDict[tuple, PromptCache] = OrderedDict()  # per LoRA adapter set (text encoders)
 
     # --- per request -------------------------------------------------------------------------------------------
     def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
@@ -183,6 +186,23 @@ class FamilyAdapter:
         """The text encoders' output per prompt (what the family's `_encode_missing` returns for one prompt),
         batched over the distinct prompts not in the prompt cache."""
         return self.prompt_cache.encode(prompts, self._encode_missing)
+
+    @contextlib.contextmanager
+    def prompt_cache_for(self, adapters: tuple):
+        """Inside the block, encoded prompts are cached for the LoRA adapter set `adapters` (text encoders adapted
+        by them encode the same prompt differently); () is the plain cache."""
+        if not adapters:
+            yield
+            return
+        cache = self._adapter_caches.pop(adapters, None) or PromptCache(self.prompt_cache_size // 8 or 1)
+        self._adapter_caches[adapters] = cache
+        while len(self._adapter_caches) > ADAPTER_CACHE_SETS:
+            self._adapter_caches.popitem(last=False)
+        plain, self.prompt_cache = self.prompt_cache, cache
+        try:
+            yield
+        finally:
+            self.prompt_cache = plain
 
     def _encode_missing(self, prompts: list[str]) -> list[Any]:
         """Encode distinct prompts in one batch: one value per prompt, in order."""

@@ -130,3 +130,20 @@ def test_flux_mixed_batch_with_adapters_and_caching(flux):
     for a, b in zip(alone, together):
         assert a.timing.cached_steps == b.timing.cached_steps
         assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+
+
+def test_an_adapter_of_the_text_encoder_too_equals_diffusers(sd, tiny_sd_path, tmp_path):
+    """Prompts are encoded with the request's text-encoder adapters (cached per adapter set); the same prompt
+    without them keeps its plain encoding in the same batch."""
+    engine, files = sd
+    file = build_tiny_lora(tiny_sd_path, tmp_path / "te.safetensors", seed=9, rank=4, std=0.3, text_encoder=True)
+    info = engine.executor.adapters().load("te", file)
+    assert info.text_encoder
+    p = params(40, (("te", 0.9),))
+    got = engine.generate([p])[0]
+    want = diffusers_sd(tiny_sd_path, {"te": file}, p, (("te", 0.9),))
+    assert np.abs(pixels(got.image) - want).max() <= 1
+    plain, again = engine.generate([params(40, ()), p])  # one batch: the plain prompt is not the adapted one
+    assert np.abs(pixels(again.image) - want).max() <= 1
+    assert np.abs(pixels(plain.image) - pixels(engine.generate([params(40, ())])[0].image)).max() <= 1
+    engine.executor.adapters().delete("te")
