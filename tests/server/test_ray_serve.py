@@ -338,6 +338,7 @@ def test_local_cluster_serves_and_stops_without_leftovers(local_server):
     # session folder is gone with it
     log = Path(server.log.name).read_text()
     assert "\x1b[" not in log and "Token authentication is" not in log, log[-3000:]
+    assert "graceful_shutdown failed" not in log and "killed by `ray.kill`" not in log, log[-3000:]
     session = re.search(r"the cluster's logs are in (\S+)/logs until it stops", log)
     assert session and not Path(session.group(1)).exists(), log[-3000:]
 

@@ -147,8 +147,10 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         _bounded(serve.delete, plan.grace_s + 15.0, APP_NAME)
         return 0
     finally:
-        if local or started_serve:
+        if started_serve and not local:  # a cluster we joined keeps running: take down the Serve we started there
             _bounded(serve.shutdown, 30.0)
+        # (a local cluster stops whole with ray.shutdown below; serve.shutdown there only made Ray print that its
+        # controller's graceful_shutdown task "failed" when the controller ended itself)
         session = _session_dir() if local else None
         ray.shutdown()  # a local cluster started by ray.init stops with it
         if local:
