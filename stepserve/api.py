@@ -27,20 +27,31 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str = "embedded", *, device: str = "cpu", dtype: str = "float32",
                         backend: str = "torch", memory_cap: bool = True, compile: bool = False,
-                        deterministic: bool = False, fast_path: Any = None, threads: int | None = None,
+                        deterministic: bool = False, fast_path: Any = None, threads: int | None | str = "auto",
+                        cache: Any = None, lora_dir: str | None = None, lora_memory_mb: float | None = 1024.0,
                         **options: Any) -> "Engine":
         """Load a model and build an engine (stepserve.engine_config.build_engine). With memory_cap,
         max_batch_size is lowered to what fits in the device's memory (the reason is logged; torch backend only).
         `compile` (the denoiser compiled per batch bucket) and `deterministic` (byte-identical images under any
         load) are the fast path of stepserve.backends.fast_path; `fast_path` takes its FastPathOptions whole.
         On `backend="onnxruntime"` the model is an export folder (`stepserve export onnx`, or
-        stepserve.deploy.onnx_cache.onnx_folder for a cached export of a diffusers folder)."""
+        stepserve.deploy.onnx_cache.onnx_folder for a cached export of a diffusers folder).
+        `threads`: torch's intra-op CPU threads (a process-wide setting): "auto" (the default, as `stepserve
+        serve`) is the cores this process may use minus one, at least 1, since a thread on every core makes
+        torch's threads spin-wait for the one that feeds them; None leaves torch's setting as it is.
+        `cache`: step caching for requests that do not say (docs/CACHING.md); `lora_dir` / `lora_memory_mb`:
+        LoRA adapters served from that folder (docs/LORA.md)."""
         if fast_path is None and (compile or deterministic):
             from .backends.fast_path import FastPathOptions
 
             fast_path = FastPathOptions(compile=compile, deterministic=deterministic)
+        if threads == "auto":
+            from .loading import default_threads
+
+            threads = default_threads() if device == "cpu" else None
         config = EngineConfig(model=model, device=device, dtype=dtype, backend=backend, threads=threads,
-                              memory_cap=memory_cap, fast_path=fast_path, options=EngineOptions(**options))
+                              memory_cap=memory_cap, fast_path=fast_path, cache=cache, lora_dir=lora_dir,
+                              lora_memory_mb=lora_memory_mb, options=EngineOptions(**options))
         built = build_engine(config)
         return cls(built.executor, options=built.options)
 

@@ -48,12 +48,18 @@ def parse_cache(value: object, model: ModelInfo) -> CacheSpec | None:
         value = {"policy": value}
     if not isinstance(value, Mapping):
         raise CacheSpecError(f"expected {_allowed(model)}, got {type(value).__name__}")
+    if "policy" not in value:
+        raise CacheSpecError(f"an object needs \"policy\" (one of {', '.join(POLICIES)}), got keys "
+                             f"{', '.join(map(str, value)) or 'none'}")
     policy = value.get("policy")
     if policy not in POLICIES:
         raise CacheSpecError(f"policy {policy!r} is not a caching policy; allowed: {', '.join(POLICIES)}")
+    if not model.cache_policies:
+        raise CacheSpecError(f"{model.name} serves no step caching here: it runs on the torch backend, without "
+                             f"--compile/--deterministic, for the sd, sdxl and flux families")
     if policy not in model.cache_policies:
-        runs = ", ".join(model.cache_policies) or "none"
-        raise CacheSpecError(f"policy {policy!r} does not run on {model.name} ({model.family} family, this backend); "
+        runs = ", ".join(model.cache_policies)
+        raise CacheSpecError(f"policy {policy!r} does not run on {model.name} ({model.family} family); "
                              f"allowed here: {runs}")
     knobs = POLICIES[policy]
     unknown = sorted(set(value) - {"policy"} - set(knobs))

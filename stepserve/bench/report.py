@@ -94,7 +94,9 @@ def verdicts(results: BenchResults) -> list[Verdict]:
             ratio = values[winner] / values[name] if values[name] else None
             ratio_text = "n/a" if ratio is None else f"{ratio:.2f}x"
             parts.append(f"{name} {fmt(values[name], kind)} (ratio {ratio_text})")
-        text = f"**{label}**: {winner} wins with {fmt(values[winner], kind)}"
+        tied = [n for n in values if n != winner and values[n] == values[winner]]
+        lead = f"{', '.join([winner] + tied)} tie at" if tied else f"{winner} wins with"
+        text = f"**{label}**: {lead} {fmt(values[winner], kind)}"
         text += f"; best of the others: {', '.join(parts)}." if parts else "."
         out.append(Verdict(label, winner, text))
     return out
@@ -120,7 +122,7 @@ def _kept_pace_text(results: BenchResults, values: dict[str, float], kept: list[
     offered = _realised_rate(results)
     text = (f"**throughput**: {', '.join(kept)} kept pace with the offered {offered:.2f} req/s "
             f"({fmt(min(values[k] for k in kept), 'rate')} to {fmt(max(values[k] for k in kept), 'rate')}, "
-            "differences within noise); at this rate throughput does not rank them, the knee of a sweep does")
+            "all their requests completed); at this rate throughput does not rank them, the knee of a sweep does")
     behind = [k for k in values if k not in kept]
     if behind:
         text += "; fell behind: " + ", ".join(f"{k} {fmt(values[k], 'rate')}" for k in behind)

@@ -6,9 +6,8 @@
     stepserve bench --model embedded --timeout-slo --strategies continuous,slo   # deadline = the SLO
     stepserve bench --peers triton,ray,litserve   # stepserve serve vs peer servers on loopback, same trace
 
-Strategies: continuous, dynamic, static and none by default; slo joins them when the run has deadlines
-(--timeout-s or --timeout-slo): without deadlines slo refuses nothing and is continuous batching that admits
-the fewest remaining steps first.
+Strategies: every one by default (slo, the default strategy, first in the report); without deadlines
+(--timeout-s, --timeout-slo, a trace's slo_ms) slo refuses nothing and serves in arrival order.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
     p.add_argument("--peers", help="also serve the model with peer servers on loopback, each batching its own way: "
                                    "comma-separated triton, ray, litserve, each optionally @BATCHxWAIT_MS (e.g. "
                                    "ray@8x50; bare: max batch 4/8 x wait 10/50 ms); the --strategies (default "
-                                   "continuous) then run as stepserve serve. With triton the networks run in "
+                                   f"{DEFAULT_STRATEGY}) then run as stepserve serve. With triton the networks run in "
                                    "onnxruntime everywhere (--backend onnxruntime is implied)")
     add_model_flags(p, "embedded | PATH to a diffusers folder | fake (no model)", " (in-process only)",
                     model_in=what)

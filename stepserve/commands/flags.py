@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from ..loading import BACKENDS, DEVICES, DTYPES, default_threads
 
@@ -148,6 +149,32 @@ def add_lora_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0, metavar="MB",
                    help="device memory for loaded LoRA adapters; to load another, the least recently used one "
                         "that no request in the engine carries is unloaded (it loads again on its next use)")
+
+
+def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
+    """--cache and --lora-dir checked before the model loads, as far as they can be without it (the model's own
+    policies are checked once it is loaded). Raises StartupError naming the flag."""
+    from ..server.startup import StartupError
+
+    torch_only = [flag for flag, value in (("--cache", args.cache), ("--lora-dir", args.lora_dir)) if value]
+    if torch_only and args.backend != "torch":
+        raise StartupError(f"{' and '.join(torch_only)} need --backend torch (got {args.backend})")
+    if torch_only and (args.compile or args.deterministic):
+        raise StartupError(f"{' and '.join(torch_only)} do not run with --compile/--deterministic (their "
+                           f"fixed-shape batches cannot leave rows out or add adapters per row)")
+    if args.lora_dir and not Path(args.lora_dir).is_dir():
+        raise StartupError(f"--lora-dir: {args.lora_dir!r} is not a folder")
+    if args.cache and str(args.cache).lower() not in ("off", "none"):
+        from ..cache_spec import POLICIES, CacheSpecError, parse_cache
+        from ..types import ModelInfo
+
+        anything = ModelInfo(name="any model", default_sampler="euler", default_steps=1, default_guidance_scale=1.0,
+                             default_height=8, default_width=8, size_multiple=8, min_size=8, max_size=8,
+                             cache_policies=tuple(POLICIES))
+        try:
+            parse_cache(args.cache, anything)
+        except CacheSpecError as exc:
+            raise StartupError(f"--cache: {exc}") from None
 
 
 def fast_path_from_args(args: argparse.Namespace):

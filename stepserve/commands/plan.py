@@ -43,7 +43,7 @@ def build_parser() -> _Parser:
     p.add_argument("--rate", required=True, help="offered load, requests per second (Poisson arrivals)")
     p.add_argument("--slo-p95-ms", required=True, help="the p95 latency to hold, milliseconds from arrival")
     p.add_argument("--strategy", "--strategies", dest="strategy", default=",".join(DEFAULT_STRATEGIES),
-                   help=f"strategies to plan, comma-separated (default: continuous,dynamic); allowed: "
+                   help=f"strategies to plan, comma-separated (default: {','.join(DEFAULT_STRATEGIES)}); allowed: "
                         f"{', '.join(STRATEGIES)}")
     mix = p.add_mutually_exclusive_group()
     mix.add_argument("--steps", default="8,20,40", help="step counts drawn uniformly (when no --mix)")

@@ -20,7 +20,8 @@ from ..loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine_config import EngineOptions
 from ..server.startup import ServeSettings, StartupError, start_engine
-from .flags import OneLineParser, add_cache_flag, add_lora_flag, add_fast_path_flags, add_model_flags, engine_config, float_from, int_from
+from .flags import (OneLineParser, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
+                    check_cache_and_lora_flags, engine_config, float_from, int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
@@ -44,7 +45,11 @@ def optional_seconds(text: str) -> float | None:
     """--timeout-s: a positive number of seconds; 0 or 'none' for no default deadline."""
     if text.strip().lower() in ("none", "0", "0.0"):
         return None
-    return _positive_float(text)
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, or 0 or 'none' for no default "
+                                         f"deadline, got {text!r}") from None
 
 
 def default_max_queue(max_batch_size: int, max_n: int) -> int:
@@ -152,6 +157,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
                             max_queue_delay_ms=args.max_queue_delay_ms, max_queue=max_queue,
                             latency_model=args.latency_model or ("measure" if args.strategy == "slo" else None),
                             answer_margin_s=args.answer_margin_ms / 1000.0, slo_order=args.slo_order)
+    check_cache_and_lora_flags(args)
     try:
         config = engine_config(args, options, memory_cap=not args.no_memory_cap)
     except (OSError, ValueError) as exc:
@@ -241,8 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     log_to_stderr(args.log_level)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
+    extras = []
+    if engine.model_info.default_cache is not None:
+        spec = engine.model_info.default_cache
+        extras.append(f"cache {spec.policy} by default")
+    if settings.engine.lora_dir:
+        extras.append(f"LoRA adapters from {settings.engine.lora_dir}")
+    if settings.api_key:
+        extras.append("API key required" + (f" (from {settings.api_key_file})" if settings.api_key_file else ""))
     print(f"stepserve serve: {name} on http://{args.host}:{args.port}/v1 "
-          f"(strategy {args.strategy}, max batch {args.max_batch_size})", file=sys.stderr, flush=True)
+          f"(strategy {args.strategy}, max batch {args.max_batch_size}{''.join(', ' + e for e in extras)})",
+          file=sys.stderr, flush=True)
     try:
         DrainingServer(config, app, args.shutdown_grace_s).run(sockets=[sock])
     finally:

@@ -50,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench_size:
         options = {**options, **getattr(module, "BENCH_OPTIONS", {})}
     t0 = time.monotonic()
-    with quiet():
-        path = getattr(module, f"build_tiny_{family}")(args.out, seed=args.seed, **options)
+    try:
+        with quiet():
+            path = getattr(module, f"build_tiny_{family}")(args.out, seed=args.seed, **options)
+    except OSError as exc:
+        p.error(f"--out: cannot write {args.out}: {exc.strerror or exc}")
     print(f"stepserve tiny: wrote a {args.kind} folder with random weights to {path} in "
           f"{time.monotonic() - t0:.1f} s; serve it with `stepserve serve --model {path}`", file=sys.stderr)
     return 0

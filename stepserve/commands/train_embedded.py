@@ -14,8 +14,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter, prog="stepserve train-embedded",
                                  description="Retrain the embedded default model from scikit-learn's digits.")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help="output model folder; the default is the shipped embedded model, which it replaces")
+    out = ap.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", type=Path, help="output model folder (serve it with --model FOLDER)")
+    out.add_argument("--replace-embedded", dest="out", action="store_const", const=DEFAULT_OUT,
+                     help=f"write over the shipped embedded model ({DEFAULT_OUT}), which every command and "
+                          f"documented number uses")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights' initialisation and data order")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (fixed for determinism; 1 is also fastest on a busy machine)")

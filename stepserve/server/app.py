@@ -132,7 +132,7 @@ def _count_refusal(state: ServerState, path: str) -> None:
         state.request_done("unauthorized", 401, time.monotonic())
     else:
         state.metrics.unauthorized.labels("metrics" if path == "/metrics" else "openapi" if path == "/openapi.json"
-                                          else "models").inc()
+                                          else "loras" if "/loras" in path else "models").inc()
 
 
 def _open_routes(state: ServerState) -> APIRouter:

@@ -17,7 +17,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("completed", "invalid", "unauthorized", "rejected", "shutting_down", "timeout", "failed", "cancelled")
-UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi")
+UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi", "loras")
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -90,9 +90,16 @@ class ServerMetrics:
             self._show_curve(caps)
 
     def _show_curve(self, caps: dict) -> None:
-        """The cost-aware policy's cap and step curve, on /metrics and, when a cap changes, in the log."""
-        for bucket, cap in caps.items():
+        """The cost-aware policy's batch bound and step curve, on /metrics and, when the bound changes, in the log.
+        The bound is what the curve allows with max_batch_size requests at hand (the cap of a step is also
+        limited by the requests there are, which says nothing about the curve)."""
+        from ..scheduling.adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
+
+        for bucket in caps:
             name = f"{bucket[1]}x{bucket[0]}"
+            cap = self.policy.curve.efficient_batch(bucket, self.policy.max_batch_size,
+                                                    getattr(self.policy, "tolerance", DEFAULT_TOLERANCE),
+                                                    getattr(self.policy, "min_gain", DEFAULT_MIN_GAIN))
             self.batch_cap.labels(name).set(cap)
             line = self.policy.curve.line(bucket)
             if line is not None:
@@ -102,7 +109,7 @@ class ServerMetrics:
                 self._caps[bucket] = cap
                 curve = ("unknown yet" if line is None
                          else f"{line[0] * 1000:.1f} ms + {line[1] * 1000:.1f} ms per request")
-                log.info("batch cap for %s: %d (step curve %s)", name, cap, curve)
+                log.info("batch bound for %s: at most %d per step (step curve %s)", name, cap, curve)
 
     def request_done(self, outcome: str, seconds: float, images: int = 0) -> None:
         self.requests.labels(outcome).inc()
