@@ -21,7 +21,7 @@ from .executor.base import Executor
 from .scheduling import Policy
 from .scheduling.queue import Deadlines, WaitingQueue
 from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
-from .validation import resolve_params
+from .validation import first_denoising_step, resolve_params
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class EngineCore:
             deadline=None if resolved.timeout_s is None else now + resolved.timeout_s - self.answer_margin_s,
             priority=resolved.priority,
             preview_steps=frozenset(preview_steps),
+            step=first_denoising_step(resolved),  # an input image skips the start of the schedule (img2img)
         )
 
     def check_admission(self, request: Request, now: float, ahead: Sequence[Request] = ()) -> None:

@@ -53,6 +53,10 @@ class SamplingParams:
     cache: Any = None
     # LoRA adapters: [{"name": ..., "scale": ...}] (resolved: a tuple of (name, scale)); None: none
     loras: Any = None
+    # image to image: the image to start from (a PIL image; resolved: RGB), and how much of the schedule to run on
+    # it (strength in (0, 1], default 0.8 as diffusers' img2img pipelines); None: text to image
+    image: Any = None
+    strength: float | None = None
 
 
 @dataclass
@@ -240,3 +244,4 @@ class ModelInfo:
     cache_policies: tuple[str, ...] = ()  # step-caching policies this pipeline runs (stepserve/caching)
     default_cache: CacheSpec | None = None  # applied to requests that do not say (the server's --cache)
     lora_names: frozenset[str] = frozenset()  # LoRA adapters loaded now (stepserve/lora)
+    img2img: bool = False  # requests may start from an image (SamplingParams.image)

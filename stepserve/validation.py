@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from .cache_spec import CacheSpecError, parse_cache
 from .lora_spec import LoraSpecError, parse_loras
+from .img2img_spec import IMG2IMG_STRENGTH, first_step, is_valid_strength
 from .types import ModelInfo, ResolvedParams, SamplingParams
 
 MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
@@ -88,6 +89,40 @@ def _check_text(field: str, value: str) -> None:
                                      f"{value[exc.start:exc.end]!r}, a lone surrogate") from None
 
 
+def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
+    """The request's start image (RGB PIL) and strength, or (None, None) for text to image."""
+    if p.image is None:
+        if p.strength is not None:
+            raise ValidationError("strength", "goes with an image (image to image); give an image or leave it out")
+        return None, None
+    if not model.img2img:
+        raise ValidationError("image", f"{model.name} ({model.family} family) does not start from an image here; "
+                                       f"image to image runs on the sd family with the torch backend")
+    from PIL import Image
+
+    image = p.image
+    if not isinstance(image, Image.Image):
+        try:
+            image = Image.fromarray(image)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValidationError("image", f"expected a PIL image or an (H, W[, 3]) uint8 array, got "
+                                           f"{type(p.image).__name__} ({exc})") from None
+    image = image.convert("RGB")
+    strength = IMG2IMG_STRENGTH if p.strength is None else p.strength
+    if not is_valid_strength(strength):
+        raise ValidationError("strength", f"must be a number in (0, 1] (how much of the schedule runs on the "
+                                          f"image), got {p.strength!r}")
+    if int(steps * strength) < 1:
+        raise ValidationError("strength", f"{strength:g} x {steps} steps runs no step; raise strength or "
+                                          f"num_inference_steps (at least {1 / steps:.3g} at {steps} steps)")
+    return image, float(strength)
+
+
+def first_denoising_step(params: ResolvedParams) -> int:
+    """The step of its schedule a resolved request starts at: 0, or the steps an image's strength skips."""
+    return 0 if params.image is None else first_step(params.num_inference_steps, params.strength)
+
+
 def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     """Validate `params` and fill unset fields with the model's defaults (and a random seed if none). Params that
     are already resolved come back as they are: a request is resolved once, where it enters."""
@@ -133,8 +168,13 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     if sampler not in model.samplers:
         raise ValidationError("sampler", f"{p.sampler!r} is not supported; allowed: {', '.join(model.samplers)}")
 
-    height = model.default_height if p.height is None else p.height
-    width = model.default_width if p.width is None else p.width
+    image, strength = _image_and_strength(p, model, steps)
+    if image is not None and p.height is None and p.width is None:  # the image's own size, as diffusers' img2img
+        m = model.size_multiple
+        height, width = image.height // m * m, image.width // m * m
+    else:
+        height = model.default_height if p.height is None else p.height
+        width = model.default_width if p.width is None else p.width
     for name, value in (("height", height), ("width", width)):
         problem = _size_problem(value, model)
         if problem is None:
@@ -168,5 +208,5 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
 
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
-                "priority": priority, "cache": cache, "loras": loras}
+                "priority": priority, "cache": cache, "loras": loras, "image": image, "strength": strength}
     return ResolvedParams(**{**vars(p), **resolved})

@@ -35,5 +35,11 @@ class TorchNetworks:
         return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows)
 
     @torch.no_grad()
+    def encode_image(self, pixels: Tensor, generator: torch.Generator) -> Tensor:
+        """Images in [-1, 1] -> latents sampled from the VAE's distribution with `generator` (diffusers'
+        retrieve_latents, sample mode)."""
+        return self.vae.encode(pixels).latent_dist.sample(generator)
+
+    @torch.no_grad()
     def decode(self, latents: Tensor) -> Tensor:
         return self.vae.decode(latents, return_dict=False)[0]

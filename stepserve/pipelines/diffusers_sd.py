@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -57,6 +58,8 @@ class StableDiffusionAdapter(FamilyAdapter):
         self.vae_scaling_factor = vae_scaling_factor
         self.use_attention_mask = use_attention_mask
         self.text_encoder = self.unet = self.vae = None
+        if hasattr(networks, "encode_image"):  # image to image needs the VAE's encoder (torch backend)
+            self.info = replace(self.info, img2img=True)
 
     @classmethod
     def from_modules(cls, tokenizer, text_encoder, unet, vae, scheduler_config: dict, info: ModelInfo,
@@ -149,6 +152,17 @@ class StableDiffusionAdapter(FamilyAdapter):
     @torch.no_grad()
     def unet_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         return self.networks.denoise(latents, timesteps, encoder_hidden_states=embeds)
+
+    @torch.no_grad()
+    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+        """The request's input image as StableDiffusionImg2ImgPipeline encodes it: VaeImageProcessor.preprocess
+        (resized to the request's size, [-1, 1]), the VAE's latent distribution sampled with the request's
+        generator, times the VAE's scaling factor."""
+        from diffusers.image_processor import VaeImageProcessor
+
+        pixels = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor).preprocess(
+            params.image, height=params.height, width=params.width)
+        return self.networks.encode_image(pixels.to(self.device, self.dtype), generator) * self.vae_scaling_factor
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
