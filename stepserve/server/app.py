@@ -20,6 +20,7 @@ from ..async_engine import AsyncEngine
 from . import errors
 from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
+from .edits import read_edit
 from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
@@ -200,47 +201,60 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
     @router.post("/images/generations", openapi_extra=_BODY_SCHEMA)
     async def generate(request: Request) -> Response:
-        started = time.monotonic()
-        state.inflight += 1
-        streaming = False
-        try:
+        async def read():
             _check_json(request)
             req = parse_body(await _read_body(request, state.limits.max_body_bytes), state.limits)
-            params = engine_params(req, state.limits)
-            handles = await submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
-            if req.stream:
-                job = StreamJob(state, handles, started)
-                streaming = True  # from here the stream owns the bookkeeping
-                return EventStreamResponse(image_events(job, backstop_s(params)), job.close)
-            results = await wait_all(state, handles, request.receive, backstop_s(params))
-            if results is None:
-                state.request_done("cancelled", CLIENT_GONE, started)
-                return Response(status_code=CLIENT_GONE)
-            for r in results:
-                check(r)
-            body = {
-                "created": int(time.time()),
-                "data": [{"b64_json": await encode(r.image)} for r in results],
-                "size": size_of(results[0].params),
-                "output_format": "png",
-                "stepserve": {"model": state.engine.model_info.name, "images": [image_info(r) for r in results]},
-            }
-            for r in results:
-                state.note_latency(r.timing.total_s or 0.0)
-            state.request_done("completed", 200, started, results)
-            return JSONResponse(body)
-        except APIError as exc:
-            outcome = "invalid" if exc.status == 415 else outcome_of(exc)
-            state.request_done(outcome, exc.status, started)
-            return exc.response()
-        except ClientDisconnect:
-            state.request_done("cancelled", CLIENT_GONE, started)
-            return Response(status_code=CLIENT_GONE)
-        finally:
-            if not streaming:
-                state.inflight -= 1
+            return req, engine_params(req, state.limits)
+
+        return await answer(state, request, read)
+
+    @router.post("/images/edits")
+    async def edit(request: Request) -> Response:
+        return await answer(state, request, lambda: read_edit(request, state.limits))
 
     return router
+
+
+async def answer(state: ServerState, request: Request, read) -> Response:
+    """One images request, generations or edits: `read()` -> (the body, its SamplingParams per image); then
+    admission, the wait (or the event stream) and the answer, with the request's bookkeeping."""
+    started = time.monotonic()
+    state.inflight += 1
+    streaming = False
+    try:
+        req, params = await read()
+        handles = await submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
+        if req.stream:
+            job = StreamJob(state, handles, started)
+            streaming = True  # from here the stream owns the bookkeeping
+            return EventStreamResponse(image_events(job, backstop_s(params)), job.close)
+        results = await wait_all(state, handles, request.receive, backstop_s(params))
+        if results is None:
+            state.request_done("cancelled", CLIENT_GONE, started)
+            return Response(status_code=CLIENT_GONE)
+        for r in results:
+            check(r)
+        body = {
+            "created": int(time.time()),
+            "data": [{"b64_json": await encode(r.image)} for r in results],
+            "size": size_of(results[0].params),
+            "output_format": "png",
+            "stepserve": {"model": state.engine.model_info.name, "images": [image_info(r) for r in results]},
+        }
+        for r in results:
+            state.note_latency(r.timing.total_s or 0.0)
+        state.request_done("completed", 200, started, results)
+        return JSONResponse(body)
+    except APIError as exc:
+        outcome = "invalid" if exc.status == 415 else outcome_of(exc)
+        state.request_done(outcome, exc.status, started)
+        return exc.response()
+    except ClientDisconnect:
+        state.request_done("cancelled", CLIENT_GONE, started)
+        return Response(status_code=CLIENT_GONE)
+    finally:
+        if not streaming:
+            state.inflight -= 1
 
 
 def _check_json(request: Request) -> None:

@@ -225,6 +225,7 @@ def image_info(result: GenerationResult) -> dict:
         "cache": _cache_text(result.params.cache),
         "cached_steps": t.cached_steps,  # steps that reused cached work instead of the whole denoiser
         "loras": [{"name": n, "scale": s} for n, s in result.params.loras or ()],
+        "strength": result.params.strength,  # image to image (/v1/images/edits); null for a generation
     }
 
 
