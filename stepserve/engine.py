@@ -104,7 +104,7 @@ class EngineCore:
             deadline=None if resolved.timeout_s is None else now + resolved.timeout_s - self.answer_margin_s,
             priority=resolved.priority,
             preview_steps=frozenset(preview_steps),
-            step=first_denoising_step(resolved),  # an input image skips the start of the schedule (img2img)
+            step=first_denoising_step(resolved, self.model_info),  # an input image skips the start of the schedule (img2img)
         )
 
     def check_admission(self, request: Request, now: float, ahead: Sequence[Request] = ()) -> None:

@@ -7,9 +7,15 @@ import math
 IMG2IMG_STRENGTH = 0.8  # diffusers' img2img pipelines' default strength
 
 
-def first_step(num_steps: int, strength: float) -> int:
-    """t_start of diffusers' get_timesteps: the steps of an n-step schedule that an image of this strength skips
-    (t_start = n - min(int(n * strength), n))."""
+START_RULES = ("floor_steps", "floor_start")
+
+
+def first_step(num_steps: int, strength: float, rule: str = "floor_steps") -> int:
+    """t_start of the family's diffusers img2img get_timesteps: the steps of an n-step schedule that an image of
+    this strength skips. "floor_steps" (SD, SDXL): t_start = n - min(int(n * strength), n); "floor_start" (SD3,
+    Flux): t_start = int(max(n - min(n * strength, n), 0)), which runs one step more when n * strength is not whole."""
+    if rule == "floor_start":
+        return int(max(num_steps - min(num_steps * strength, num_steps), 0))
     return max(num_steps - min(int(num_steps * strength), num_steps), 0)
 
 

@@ -54,7 +54,7 @@ class SamplingParams:
     # LoRA adapters: [{"name": ..., "scale": ...}] (resolved: a tuple of (name, scale)); None: none
     loras: Any = None
     # image to image: the image to start from (a PIL image; resolved: RGB), and how much of the schedule to run on
-    # it (strength in (0, 1], default 0.8 as diffusers' img2img pipelines); None: text to image
+    # it (strength in (0, 1]; default: the family's img2img pipeline's, ModelInfo.default_strength); None: text to image
     image: Any = None
     strength: float | None = None
 
@@ -245,3 +245,5 @@ class ModelInfo:
     default_cache: CacheSpec | None = None  # applied to requests that do not say (the server's --cache)
     lora_names: frozenset[str] = frozenset()  # LoRA adapters loaded now (stepserve/lora)
     img2img: bool = False  # requests may start from an image (SamplingParams.image)
+    default_strength: float = 0.8  # its strength when a request gives none (the family's img2img pipeline's)
+    img2img_start: str = "floor_steps"  # how its pipeline rounds the start step (img2img_spec.first_step)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from .cache_spec import CacheSpecError, parse_cache
 from .lora_spec import LoraSpecError, parse_loras
-from .img2img_spec import IMG2IMG_STRENGTH, first_step, is_valid_strength
+from .img2img_spec import first_step, is_valid_strength
 from .types import ModelInfo, ResolvedParams, SamplingParams
 
 MAX_SEED = 2**63 - 1  # largest seed a caller may give (docs/HTTP_API.md); torch generators take up to 2**64-1
@@ -97,7 +97,7 @@ def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
         return None, None
     if not model.img2img:
         raise ValidationError("image", f"{model.name} ({model.family} family) does not start from an image here; "
-                                       f"image to image runs on the sd family with the torch backend")
+                                       f"image to image needs the torch backend")
     from PIL import Image
 
     image = p.image
@@ -108,19 +108,20 @@ def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
             raise ValidationError("image", f"expected a PIL image or an (H, W[, 3]) uint8 array, got "
                                            f"{type(p.image).__name__} ({exc})") from None
     image = image.convert("RGB")
-    strength = IMG2IMG_STRENGTH if p.strength is None else p.strength
+    strength = model.default_strength if p.strength is None else p.strength
     if not is_valid_strength(strength):
         raise ValidationError("strength", f"must be a number in (0, 1] (how much of the schedule runs on the "
                                           f"image), got {p.strength!r}")
-    if int(steps * strength) < 1:
+    if first_step(steps, strength, model.img2img_start) >= steps:
         raise ValidationError("strength", f"{strength:g} x {steps} steps runs no step; raise strength or "
                                           f"num_inference_steps (at least {1 / steps:.3g} at {steps} steps)")
     return image, float(strength)
 
 
-def first_denoising_step(params: ResolvedParams) -> int:
+def first_denoising_step(params: ResolvedParams, model: ModelInfo) -> int:
     """The step of its schedule a resolved request starts at: 0, or the steps an image's strength skips."""
-    return 0 if params.image is None else first_step(params.num_inference_steps, params.strength)
+    return 0 if params.image is None else first_step(params.num_inference_steps, params.strength,
+                                                      model.img2img_start)
 
 
 def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:

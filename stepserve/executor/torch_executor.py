@@ -16,7 +16,7 @@ import torch
 from .. import sampling
 from ..cache_spec import with_default
 from ..caching import row_caches
-from ..sampling.img2img import add_noise, starting_at
+from ..sampling.img2img import starting_at
 from ..lora.rows import adapter_rows, every_row
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
@@ -123,9 +123,7 @@ class TorchExecutor:
                 r.latents = p.initial_latents(r.params, generator) * sampling.init_noise_sigma(schedule)
             else:  # img2img: the encoded image (sampled with the generator), noised to the step it starts at
                 schedule = starting_at(schedule, r.step)
-                encoded = p.image_latents(r.params, generator)
-                noise = torch.randn(encoded.shape, generator=generator, dtype=encoded.dtype).to(encoded.device)
-                r.latents = add_noise(schedule, encoded, noise, r.step)
+                r.latents = p.start_latents(r.params, generator, schedule, r.step)
             r.sampler_state = sampling.new_state(schedule, generator)
 
     def _denoise(self, requests: list[Request]) -> None:

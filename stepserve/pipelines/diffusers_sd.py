@@ -158,11 +158,7 @@ class StableDiffusionAdapter(FamilyAdapter):
         """The request's input image as StableDiffusionImg2ImgPipeline encodes it: VaeImageProcessor.preprocess
         (resized to the request's size, [-1, 1]), the VAE's latent distribution sampled with the request's
         generator, times the VAE's scaling factor."""
-        from diffusers.image_processor import VaeImageProcessor
-
-        pixels = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor).preprocess(
-            params.image, height=params.height, width=params.width)
-        return self.networks.encode_image(pixels.to(self.device, self.dtype), generator) * self.vae_scaling_factor
+        return self.networks.encode_image(self.image_pixels(params), generator) * self.vae_scaling_factor
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()

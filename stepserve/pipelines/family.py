@@ -230,6 +230,33 @@ class FamilyAdapter:
     def pack_latents(self, latents: Tensor) -> Tensor:
         return latents
 
+    # --- image to image ----------------------------------------------------------------------------------------
+    image_processor_scale: ClassVar[int] = 1  # the VaeImageProcessor's factor, in units of vae_scale_factor
+
+    def start_latents(self, params: SamplingParams, generator: torch.Generator, schedule, step: int) -> Tensor:
+        """The starting latents of an image-to-image request as the family's diffusers img2img pipeline makes them:
+        the image encoded (image_latents, which samples the VAE's distribution with the request's generator), noise
+        drawn next from the same generator, mixed at the level of `step` by the sampler's scheduler, packed."""
+        from ..sampling.img2img import add_noise
+
+        encoded = self.image_latents(params, generator)
+        noise = torch.randn(encoded.shape, generator=generator, dtype=encoded.dtype).to(encoded.device)
+        return self.pack_latents(add_noise(schedule, encoded, noise, step))
+
+    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> Tensor:
+        """The request's image in the denoiser's (unpacked) latent space; families that serve img2img implement it
+        (ModelInfo.img2img)."""
+        raise NotImplementedError
+
+    def image_pixels(self, params: SamplingParams) -> Tensor:
+        """The request's image as the pipeline's VaeImageProcessor.preprocess gives it: resized to the request's
+        size, (1, 3, H, W) in [-1, 1], on the device in the pipeline's dtype."""
+        from diffusers.image_processor import VaeImageProcessor
+
+        processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor * self.image_processor_scale)
+        return processor.preprocess(params.image, height=params.height, width=params.width).to(self.device,
+                                                                                                 self.dtype)
+
     def unpack_latents(self, latents: Tensor, size: tuple[int, int]) -> Tensor:
         return latents
 

@@ -21,6 +21,7 @@ Every rule below is diffusers 0.42's `FluxPipeline`, so that a served image equa
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 from PIL import Image
@@ -64,6 +65,13 @@ class FluxTorchNetworks:
                                 txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
 
     cache_policies = ("fbcache", "magcache")  # stepserve/caching
+
+    @torch.no_grad()
+    def encode_image(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Images in [-1, 1] -> latents sampled with `generator`, (x - shift_factor) * scaling_factor (unpacked)."""
+        cfg = self.vae.config
+        latents = self.vae.encode(pixels).latent_dist.sample(generator)
+        return (latents - cfg.shift_factor) * cfg.scaling_factor
 
     @torch.no_grad()
     def denoise_cached(self, sample: torch.Tensor, timestep: torch.Tensor, rows: list, *,
@@ -112,6 +120,7 @@ class FluxAdapter(FamilyAdapter):
     """A loaded Flux.1 pipeline: tokenizers, the networks (torch), configs."""
 
     family = "flux"
+    image_processor_scale = 2  # FluxImg2ImgPipeline's VaeImageProcessor works in 2x2 latent patches
     lora_loader = ("diffusers.loaders.lora_pipeline:FluxLoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real Flux prompt is 512 x 4096 values
 
@@ -128,6 +137,8 @@ class FluxAdapter(FamilyAdapter):
         self.tokenizer_2 = tokenizer_2
         self.vae_scaling_factor = vae_scaling_factor
         self.vae_shift_factor = vae_shift_factor
+        if hasattr(networks, "encode_image"):  # FluxImg2ImgPipeline's default strength is 0.6
+            self.info = replace(self.info, img2img=True, default_strength=0.6, img2img_start="floor_start")
         self.guidance_embeds = guidance_embeds
         self.max_sequence_length = max_sequence_length
 
@@ -218,6 +229,12 @@ class FluxAdapter(FamilyAdapter):
             if cache is not None:
                 return self.networks.denoise_cached(sample, timestep, cache, img_ids=img_ids[0], **kwargs)
             return self.networks.denoise(sample, timestep, img_ids=img_ids[0], **kwargs)
+
+    @torch.no_grad()
+    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+        """FluxImg2ImgPipeline._encode_vae_image: the image sampled from the VAE, shifted and scaled (unpacked:
+        the noise is mixed in before packing, as the pipeline does)."""
+        return self.networks.encode_image(self.image_pixels(params), generator).to(self.dtype)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, size: tuple[int, int]) -> list[Image.Image]:

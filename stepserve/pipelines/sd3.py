@@ -19,6 +19,7 @@ Every rule below is diffusers 0.42's `StableDiffusion3Pipeline`, so that a serve
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -65,6 +66,13 @@ class SD3TorchNetworks:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return self.vae.decode(latents, return_dict=False)[0]
 
+    @torch.no_grad()
+    def encode_image(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Images in [-1, 1] -> latents sampled with `generator`, (x - shift_factor) * scaling_factor."""
+        cfg = self.vae.config
+        latents = self.vae.encode(pixels).latent_dist.sample(generator)
+        return (latents - cfg.shift_factor) * cfg.scaling_factor
+
 
 class SD3Adapter(FamilyAdapter):
     """A loaded SD3 pipeline: tokenizers and text encoders (CLIP-L, CLIP-G, T5 or None), the transformer/VAE
@@ -85,6 +93,8 @@ class SD3Adapter(FamilyAdapter):
         self.patch_size = patch_size
         self.vae_scaling_factor = vae_scaling_factor
         self.vae_shift_factor = vae_shift_factor
+        if hasattr(networks, "encode_image"):  # StableDiffusion3Img2ImgPipeline's default strength is 0.6
+            self.info = replace(self.info, img2img=True, default_strength=0.6, img2img_start="floor_start")
         self.joint_attention_dim = joint_attention_dim
 
     @property
@@ -169,6 +179,11 @@ class SD3Adapter(FamilyAdapter):
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
+    @torch.no_grad()
+    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+        """StableDiffusion3Img2ImgPipeline.prepare_latents: the image sampled from the VAE, shifted and scaled."""
+        return self.networks.encode_image(self.image_pixels(params), generator).to(self.dtype)
+
     def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         latents = latents / self.vae_scaling_factor + self.vae_shift_factor
         return to_pil(self.networks.decode(latents.to(self.networks.vae.dtype)))

@@ -20,6 +20,7 @@ What it reproduces of StableDiffusionXLPipeline (diffusers 0.3x), per request:
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 from PIL import Image
@@ -70,6 +71,19 @@ class SDXLNetworks:
                             added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids})
 
     @torch.no_grad()
+    def encode_image(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Images in [-1, 1] -> latents sampled with `generator`, scaled as StableDiffusionXLImg2ImgPipeline does
+        (latents_mean/std when the VAE has them, else scaling_factor), in the VAE's dtype (float32 when upcast)."""
+        cfg = self.vae.config
+        latents = self.vae.encode(pixels.to(self.vae.dtype)).latent_dist.sample(generator)
+        mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
+        if mean is not None and std is not None:
+            view = (1, len(mean), 1, 1)
+            return ((latents - torch.tensor(mean).view(view).to(latents)) * cfg.scaling_factor
+                    / torch.tensor(std).view(view).to(latents))
+        return cfg.scaling_factor * latents
+
+    @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents as the denoiser leaves them -> images in [-1, 1]."""
         return vae_decode(self.vae, latents)
@@ -98,6 +112,8 @@ class StableDiffusionXLAdapter(FamilyAdapter):
                          device=device, dtype=dtype)
         self.tokenizer, self.tokenizer_2 = tokenizer, tokenizer_2
         self.force_zeros_for_empty_prompt = force_zeros_for_empty_prompt
+        if hasattr(networks, "encode_image"):  # StableDiffusionXLImg2ImgPipeline's default strength is 0.3
+            self.info = replace(self.info, img2img=True, default_strength=0.3)
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
@@ -158,5 +174,10 @@ class StableDiffusionXLAdapter(FamilyAdapter):
         return torch.tensor([[height, width, 0, 0, height, width]], dtype=self.dtype, device=self.device)
 
     # --- latents -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+        """StableDiffusionXLImg2ImgPipeline.prepare_latents: the image sampled from the VAE, scaled."""
+        return self.networks.encode_image(self.image_pixels(params), generator).to(self.dtype)
+
     def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         return to_pil(self.networks.decode(latents))
