@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from .engine import QueueFullError
 from .lora import LoraError
+from .lora.store import LoraBudgetError
 from .validation import ValidationError
 
 
@@ -23,14 +24,21 @@ def _names(group) -> list[str]:
 
 
 class AdapterGate:
-    def __init__(self, executor, engine_lock: threading.Lock, in_use: Callable[[], set[str]]) -> None:
+    def __init__(self, executor, engine_lock: threading.Lock) -> None:
         self.executor = executor
         self.engine_lock = engine_lock  # the front end's admission lock
-        self.in_use = in_use  # adapters that requests in the engine (sent, queued, denoising) carry
         self._lock = threading.Lock()
+        self._carrying: list = []  # admitted requests that name adapters, until they end (their adapters stay)
 
     def _store(self):
         return getattr(self.executor, "_adapters", None)
+
+    def in_use(self) -> set[str]:
+        """Adapters that admitted requests carry until they end (a request counts from its admission to its
+        final state, whatever queue it is in meanwhile)."""
+        with self.engine_lock:
+            self._carrying = [r for r in self._carrying if not r.status.finished]
+            return set(_names(self._carrying))
 
     def needs_loading(self, group) -> bool:
         store = self._store()
@@ -49,9 +57,9 @@ class AdapterGate:
         with self._lock:
             try:
                 store.ensure(names, self.in_use())
+            except LoraBudgetError as exc:
+                raise QueueFullError(str(exc), retry_after_s=1.0) from None
             except LoraError as exc:
-                if "budget" in str(exc):
-                    raise QueueFullError(str(exc), retry_after_s=1.0) from None
                 raise ValidationError("loras", str(exc)) from None
             yield
 
@@ -64,21 +72,34 @@ class AdapterGate:
                 raise ValidationError("loras", f"adapter {name!r} is being deleted; loaded: "
                                                f"{', '.join(sorted(store.names)) or 'none'}")
 
+    def track(self, group) -> None:
+        """Under the admission lock, once `group` is admitted: its adapters are in use until its requests end."""
+        self._carrying.extend(r for r in group if r.params.loras)
+
+    def load(self, name: str, path) -> object:
+        """POST /v1/loras: load a file under a name within the memory budget (as first use does)."""
+        store = self.executor.adapters()
+        with self._lock:
+            return store.load_within_budget(name, path, self.in_use())
+
     async def delete(self, name: str, wait_s: float = 60.0) -> None:
         """Unload adapter `name` while serving: refuse new requests that name it, wait (up to wait_s) until no
-        request in the engine carries it, then unload it between two steps. Raises LoraError."""
+        request carries it, then unload it between two steps. Raises LoraError."""
         store = self.executor.adapters()
         with self.engine_lock:
             store.retire(name)
-        deadline = time.monotonic() + wait_s
-        while name in self.in_use():
-            if time.monotonic() > deadline:
+        try:
+            deadline = time.monotonic() + wait_s
+            while name in self.in_use():
+                if time.monotonic() > deadline:
+                    raise LoraError(f"adapter {name!r} is still carried by requests after {wait_s:g} s; not deleted")
+                await asyncio.sleep(0.05)
+
+            def unload() -> None:
+                with self._lock:
+                    store.delete(name)
+
+            await asyncio.to_thread(unload)
+        finally:
+            if name in store.adapters:  # not deleted (timed out, interrupted): servable again
                 store.unretire(name)
-                raise LoraError(f"adapter {name!r} is still carried by requests after {wait_s:g} s; not deleted")
-            await asyncio.sleep(0.05)
-
-        def unload() -> None:
-            with self._lock:
-                store.delete(name)
-
-        await asyncio.to_thread(unload)

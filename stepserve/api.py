@@ -59,6 +59,21 @@ class Engine:
     def model_info(self):
         return self.executor.model_info
 
+    def _load_adapters(self, params: list) -> None:
+        """Load the folder's LoRA adapters these requests name before any of them runs (all of them must fit the
+        adapter memory together; ValidationError on field "loras" when they do not)."""
+        names = [n for p in params for n, _ in (p.loras or ())]
+        store = getattr(self.executor, "_adapters", None)
+        if not names or store is None:
+            return
+        from .lora import LoraError
+        from .validation import ValidationError
+
+        try:
+            store.ensure(names)
+        except LoraError as exc:
+            raise ValidationError("loras", str(exc)) from None
+
     def generate(self, params: list[SamplingParams], progress: bool = False) -> list[GenerationResult]:
         """Generate one image per SamplingParams; results come back in input order. Bad input raises
         ValidationError before anything runs; a request that fails while running has `ok == False` and `error`.
@@ -70,6 +85,7 @@ class Engine:
         core = self.core
         # resolve everything first: a bad request must not leave others half-submitted
         to_feed = [resolve_params(p, self.model_info) for p in params]
+        self._load_adapters(to_feed)
         requests: list[Request] = []
         bar = None
         if progress:

@@ -105,7 +105,7 @@ class AsyncEngine:
         self.failure: str | None = None  # why the engine thread died; None while healthy
         self.running_count = 0  # requests admitted and not finished (updated after every step)
         self._lock = threading.Lock()  # guards _inbox, _handles and the admission decision
-        self.adapter_gate = AdapterGate(executor, self._lock, self._adapters_in_use)  # LoRA loading and deletion
+        self.adapter_gate = AdapterGate(executor, self._lock)  # LoRA loading and deletion
         self._inbox: list[_Add | _Abort] = []
         self._handles: dict[str, RequestHandle] = {}
         self._wake = threading.Event()
@@ -222,6 +222,7 @@ class AsyncEngine:
             for i, request in enumerate(group):
                 self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
             handles = []
+            self.adapter_gate.track(group)
             for request, (future, events) in zip(group, outlets):
                 h = RequestHandle(request.request_id, request.params, request.arrival_time, request.preview_steps,
                                   stream, future, events)
@@ -234,18 +235,6 @@ class AsyncEngine:
     async def delete_adapter(self, name: str, wait_s: float = 60.0) -> None:
         """Unload LoRA adapter `name` while serving (stepserve/adapter_gate.py). Raises stepserve.lora.LoraError."""
         await self.adapter_gate.delete(name, wait_s)
-
-    def _adapters_in_use(self) -> set[str]:
-        """LoRA adapters that requests in the engine (sent, queued or denoising) carry."""
-        with self._lock:
-            pending = [item.request for item in self._inbox if isinstance(item, _Add)]
-        while True:
-            try:  # the engine thread changes these lists; a snapshot is enough (retried if one changed under it)
-                requests = pending + list(self.core.waiting) + list(self.core.running)
-                break
-            except RuntimeError:
-                continue
-        return {n for r in requests for n, _ in (r.params.loras or ())}
 
     def _check_open(self) -> None:
         if self.failure is not None:

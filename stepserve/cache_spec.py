@@ -70,7 +70,7 @@ def parse_cache(value: object, model: ModelInfo) -> CacheSpec | None:
 
 
 def _knob(policy: str, name: str, value: object) -> float | int:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if name in ("interval", "max_skip_steps"):
         top = MAX_INTERVAL
         if not (number and value == int(value) and 1 <= value <= top):

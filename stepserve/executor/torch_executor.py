@@ -45,7 +45,7 @@ class TorchExecutor:
         wraps them) and the default cache."""
         adapters = self._adapters
         key = (id(self._base_info), id(self.pipeline.networks), repr(self.default_cache),
-               adapters.version if adapters is not None else 0)
+               adapters.version if adapters is not None else 0, adapters.folder_stamp() if adapters else None)
         if self._info[0] != key:
             info = with_default(self._base_info, self.pipeline.cache_policies, self.default_cache)
             if adapters is not None:
@@ -98,7 +98,8 @@ class TorchExecutor:
         out: list = [None] * len(requests)
         for key in dict.fromkeys(keys):
             at = [i for i, k in enumerate(keys) if k == key]
-            with p.prompt_cache_for(key), every_row(key):
+            # the cache is also keyed by the store's version: an adapter loaded again under its name encodes anew
+            with p.prompt_cache_for((key, self._adapters.version)), every_row(key):
                 for i, conditioning in zip(at, p.encode([requests[i].params for i in at])):
                     out[i] = conditioning
         return out
@@ -110,6 +111,7 @@ class TorchExecutor:
         return tuple((n, s) for n, s in r.params.loras if n in store.adapters and store.adapters[n].text_encoder)
 
     def _prepare(self, requests: list[Request]) -> None:
+        self._check_adapters(requests)
         p = self.pipeline
         for r, conditioning in zip(requests, self._encode(requests)):
             r.conditioning = conditioning
@@ -126,7 +128,17 @@ class TorchExecutor:
                 r.latents = p.start_latents(r.params, generator, schedule, r.step)
             r.sampler_state = sampling.new_state(schedule, generator)
 
+    def _check_adapters(self, requests: list[Request]) -> None:
+        """Every adapter a request names is loaded; else LookupError (the engine then isolates the request(s) by
+        bisection and fails only them, instead of serving a silently plain image)."""
+        store = self._adapters
+        missing = sorted({n for r in requests for n, _ in (r.params.loras or ())
+                          if store is None or n not in store.adapters})
+        if missing:
+            raise LookupError(f"LoRA adapter(s) {', '.join(map(repr, missing))} are no longer loaded")
+
     def _denoise(self, requests: list[Request]) -> None:
+        self._check_adapters(requests)
         states = [r.sampler_state for r in requests]
         steps = [r.step for r in requests]
         latents = torch.cat([r.latents for r in requests])

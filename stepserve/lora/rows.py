@@ -16,6 +16,11 @@ import torch
 
 Row = tuple[tuple[str, float], ...]
 _state = threading.local()
+_generation = [0]  # bumped at every adapter load or delete: per-layer stacks are rebuilt after one
+
+
+def bump_generation() -> None:
+    _generation[0] += 1
 
 
 @contextlib.contextmanager
@@ -99,8 +104,8 @@ def _gathered(module, x, output, n: int, groups):
     lists whatever the number of adapters (Punica's gather over S-LoRA's stacked layout)."""
     stack = getattr(module, "_stepserve_stack", None)
     names = tuple(module.lora_A.keys())
-    if stack is None or stack[0] != names:  # rebuilt only when adapters are loaded or deleted
-        stack = (names, *_stack(module, names, x.device))
+    if stack is None or stack[0] != (names, _generation[0]):  # rebuilt after an adapter is loaded or deleted
+        stack = ((names, _generation[0]), *_stack(module, names, x.device))
         module._stepserve_stack = stack
     _, A, B, scaling = stack
     where = {name: i for i, name in enumerate(names)}

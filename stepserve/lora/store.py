@@ -19,13 +19,17 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rows import hook
+from .rows import bump_generation, hook
 
 MAX_ADAPTERS = 64  # adapters loaded at once (each adds its low-rank weights to every adapted layer)
 
 
 class LoraError(ValueError):
     """An adapter that cannot be loaded or named; the message says which and why."""
+
+
+class LoraBudgetError(LoraError):
+    """The adapter memory (or count) is held by adapters that requests carry: retry later."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +68,19 @@ class AdapterStore:
         self.evictions = 0
         self.version = 0  # bumped at every change (the executor's ModelInfo lists the names)
         self._hooked: set[int] = set()
+        self._mutex = threading.RLock()  # one load, delete or cache decision at a time (a name is never half-loaded)
 
     @property
     def names(self) -> frozenset[str]:
         """The adapters a new request may name: loaded ones, and the files of the folder (loaded on first use)."""
         return (frozenset(self.adapters) | frozenset(self.files())) - frozenset(self.retired)
+
+    def folder_stamp(self):
+        """Changes when files are added to or removed from the folder (its modification time)."""
+        try:
+            return self.root.stat().st_mtime_ns if self.root is not None else None
+        except OSError:
+            return None
 
     def files(self) -> dict[str, Path]:
         """Servable adapter files of the folder, by name."""
@@ -84,6 +96,10 @@ class AdapterStore:
         """Load the folder's adapters among `names` that are not loaded, unloading the least recently used ones that
         `in_use` (carried by requests in the engine) does not hold when the budget needs room. Raises LoraError when
         the budget cannot hold them."""
+        with self._mutex:
+            self._ensure(names, in_use)
+
+    def _ensure(self, names, in_use) -> None:
         self._uses += 1
         for name in names:
             self.last_used[name] = self._uses
@@ -92,21 +108,39 @@ class AdapterStore:
         for name in missing:
             if name not in files:
                 raise LoraError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(self.names)) or 'none'}")
+            self._make_room(keep=set(names) | set(in_use), extra=1)
             info = self.load(name, files[name])
             self._make_room(keep=set(names) | set(in_use))
             if self.budget_bytes is not None and self.loaded_bytes > self.budget_bytes:
                 self.delete(name)
-                raise LoraError(f"adapter {name!r} ({info.bytes / 2**20:.1f} MiB) does not fit the adapter memory "
+                raise LoraBudgetError(f"adapter {name!r} ({info.bytes / 2**20:.1f} MiB) does not fit the adapter memory "
                                 f"budget ({self.budget_bytes / 2**20:.0f} MiB) beside the adapters requests are "
                                 f"using; retry later")
 
-    def _make_room(self, keep: set[str]) -> None:
-        if self.budget_bytes is None:
-            return
+    def _make_room(self, keep: set[str], extra: int = 0) -> None:
+        """Unload least recently used adapters outside `keep` while the memory budget is exceeded, or while `extra`
+        more would exceed the count (MAX_ADAPTERS)."""
         idle = sorted((n for n in self.adapters if n not in keep), key=lambda n: self.last_used.get(n, 0))
-        while self.loaded_bytes > self.budget_bytes and idle:
+        while idle and ((self.budget_bytes is not None and self.loaded_bytes > self.budget_bytes)
+                        or len(self.adapters) + extra > MAX_ADAPTERS):
             self.delete(idle.pop(0))
             self.evictions += 1
+
+    def load_within_budget(self, name: str, path: str | Path, in_use=frozenset()) -> AdapterInfo:
+        """load(), then unload least recently used idle adapters for room (POST /v1/loras): the new adapter counts
+        as just used. Raises LoraBudgetError (and unloads it) when it does not fit beside those in use."""
+        with self._mutex:
+            self._make_room(keep=set(in_use), extra=1)
+            info = self.load(name, path)
+            self._uses += 1
+            self.last_used[name] = self._uses
+            self._make_room(keep=set(in_use) | {name})
+            if self.budget_bytes is not None and self.loaded_bytes > self.budget_bytes:
+                self.delete(name)
+                raise LoraBudgetError(f"adapter {name!r} ({info.bytes / 2**20:.1f} MiB) does not fit the adapter "
+                                      f"memory budget ({self.budget_bytes / 2**20:.0f} MiB) beside the adapters in "
+                                      f"use; retry later")
+            return info
 
     def retire(self, name: str) -> None:
         """No new request may name `name` (the first half of a deletion while serving)."""
@@ -131,12 +165,16 @@ class AdapterStore:
 
     def load(self, name: str, path: str | Path) -> AdapterInfo:
         """Read `path` (safetensors: diffusers/PEFT, kohya, ... as diffusers reads them) and serve it as `name`."""
+        with self._mutex:
+            return self._load(name, path)
+
+    def _load(self, name: str, path: str | Path) -> AdapterInfo:
         if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
             raise LoraError(f"name {name!r}: 1-64 characters of letters, digits, '-', '_' and '.'")
         if name in self.adapters:
             raise LoraError(f"adapter {name!r} is already loaded; delete it first to load another file as it")
         if len(self.adapters) >= MAX_ADAPTERS:
-            raise LoraError(f"{MAX_ADAPTERS} adapters are loaded, the most served at once; delete one first")
+            raise LoraBudgetError(f"{MAX_ADAPTERS} adapters are loaded, the most served at once; delete one first")
         file = self.check_path(path)
         try:
             state_dict, alphas, metadata = self._read(file)
@@ -162,6 +200,12 @@ class AdapterStore:
                 self._forget(name)
                 raise LoraError(f"adapter {name!r}: no layer of this model matches {file.name}; is it made for "
                                 f"another model family?")
+            unsupported = [layer for layer in layers if (getattr(layer, "use_dora", {}) or {}).get(name)
+                           or getattr(layer.lora_B[name], "bias", None) is not None]
+            if unsupported:
+                self._forget(name)
+                raise LoraError(f"adapter {name!r}: {file.name} uses DoRA or a bias on lora_B, which are not served "
+                                f"(plain LoRA only)")
             for layer in layers:
                 layer.enable_adapters(False)  # PEFT's own application off: rows.hook applies it per row
                 if id(layer) not in self._hooked:
@@ -173,29 +217,34 @@ class AdapterStore:
                                text_encoder=bool(encoders))
             self.adapters[name] = info
             self.version += 1
+            bump_generation()  # per-layer stacks and per-adapter-set prompt caches are rebuilt
         return info
 
     def delete(self, name: str) -> None:
-        if name not in self.adapters:
-            raise LoraError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(self.adapters)) or 'none'}")
-        with self.lock:
-            self._forget(name)
-            del self.adapters[name]
-            self.retired.discard(name)
-            self.last_used.pop(name, None)
-            self.version += 1
+        with self._mutex:
+            if name not in self.adapters:
+                raise LoraError(f"adapter {name!r} is not loaded; loaded: "
+                                f"{', '.join(sorted(self.adapters)) or 'none'}")
+            with self.lock:
+                self._forget(name)
+                del self.adapters[name]
+                self.retired.discard(name)
+                self.last_used.pop(name, None)
+                self.version += 1
+                bump_generation()
 
     def _forget(self, name: str) -> None:
         for module in self._modules():
             if any(hasattr(m, "lora_A") and name in m.lora_A for m in module.modules()):
                 if hasattr(module, "delete_adapters"):
                     module.delete_adapters(name)
-                else:  # a transformers text encoder: PEFT's layers directly
+                else:  # a transformers text encoder: PEFT's layers, and its peft_config (so the name loads again)
                     from peft.tuners.tuners_utils import BaseTunerLayer
 
                     for m in module.modules():
                         if isinstance(m, BaseTunerLayer) and name in m.lora_A:
                             m.delete_adapter(name)
+                    (getattr(module, "peft_config", None) or {}).pop(name, None)
 
     def _modules(self) -> list:
         """The denoiser and the text encoders adapters may adapt."""

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ..lora import LoraError
+from ..lora.store import LoraBudgetError
 from .errors import APIError, invalid
 
 
@@ -48,7 +49,10 @@ def lora_routes(state) -> APIRouter:
         if not isinstance(body, dict) or set(body) != {"name", "path"} or not isinstance(body.get("path"), str):
             raise invalid("expected exactly {\"name\": ..., \"path\": ...} (path: a file in the adapter folder)")
         try:
-            info = await asyncio.to_thread(adapters.load, body["name"], body["path"])
+            info = await asyncio.to_thread(state.engine.adapter_gate.load, body["name"], body["path"])
+        except LoraBudgetError as exc:
+            raise APIError(429, str(exc), type="rate_limit_error", code="lora_memory_full", param="name",
+                           headers={"Retry-After": "1"}) from None
         except LoraError as exc:
             raise invalid(str(exc), "path" if "path" in str(exc) else "name") from None
         return JSONResponse(asdict(info), status_code=201)

@@ -114,6 +114,8 @@ def test_cache_state_is_freed_when_the_request_ends(engine, monkeypatch):
     ("magcache", "allowed here: fbcache, deepcache"),
     ({"policy": "fbcache", "threshold": -1}, "threshold must be a number in [0, 10]"),
     ({"policy": "deepcache", "interval": 0}, "interval must be an integer in [1, 50]"),
+    ({"policy": "deepcache", "interval": float("inf")}, "interval must be an integer in [1, 50]"),
+    ({"policy": "fbcache", "threshold": float("nan")}, "threshold must be a number in [0, 10]"),
     ({"policy": "deepcache", "every": 2}, "unknown: every"),
     (12, "expected 'off', a policy name"),
 ])

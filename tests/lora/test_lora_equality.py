@@ -147,3 +147,41 @@ def test_an_adapter_of_the_text_encoder_too_equals_diffusers(sd, tiny_sd_path, t
     assert np.abs(pixels(again.image) - want).max() <= 1
     assert np.abs(pixels(plain.image) - pixels(engine.generate([params(40, ())])[0].image)).max() <= 1
     engine.executor.adapters().delete("te")
+
+
+def test_reloading_a_name_serves_the_new_file_alone_and_mixed(sd, tiny_sd_path, tmp_path):
+    """Deleted and loaded again under the same name (another file): alone and in a mixed batch the request gets
+    the new adapter (the per-layer stacks and the prompt caches follow); a text-encoder adapter loads again too."""
+    engine, _ = sd
+    store = engine.executor.adapters()
+    first = build_tiny_lora(tiny_sd_path, tmp_path / "v1.safetensors", seed=21, rank=4, std=0.3, text_encoder=True)
+    second = build_tiny_lora(tiny_sd_path, tmp_path / "v2.safetensors", seed=22, rank=4, std=0.3, text_encoder=True)
+    store.load("swap", first)
+    mixed = [params(50, (("swap", 1.0),)), params(51, (("a", 1.0),)), params(52, (("b", 0.5),))]
+    engine.generate(mixed)  # builds the stacks and caches with the first file
+    store.delete("swap")
+    store.load("swap", second)
+    alone = engine.generate([mixed[0]])[0]
+    together = engine.generate(mixed)[0]
+    want = diffusers_sd(tiny_sd_path, {"swap": second}, mixed[0], (("swap", 1.0),))
+    assert np.abs(pixels(alone.image) - want).max() <= 1
+    assert np.abs(pixels(together.image) - want).max() <= 1
+    store.delete("swap")
+
+
+def test_a_request_whose_adapter_was_unloaded_fails_alone(sd):
+    """Unloaded between its admission and its step (a bug elsewhere would be the only way): it fails with an
+    error naming the adapter, its batch-mates complete."""
+    engine, files = sd
+    core = engine.core
+    from stepserve.validation import resolve_params
+
+    store = engine.executor.adapters()
+    store.load("brief", files["a"])
+    doomed = core.add_request(resolve_params(params(60, (("brief", 1.0),)), engine.model_info), 0.0)
+    fine = core.add_request(resolve_params(params(61, (("a", 1.0),)), engine.model_info), 0.0)
+    store.delete("brief")
+    while not (doomed.is_finished and fine.is_finished):
+        core.step(0.0)
+    assert doomed.status.value == "failed" and "brief" in doomed.error
+    assert fine.status.value == "completed"
