@@ -46,9 +46,7 @@ class Engine:
 
             fast_path = FastPathOptions(compile=compile, deterministic=deterministic)
         if threads == "auto":
-            from .loading import default_threads
-
-            threads = default_threads() if device == "cpu" else None
+            threads = _auto_threads() if device == "cpu" else None
         config = EngineConfig(model=model, device=device, dtype=dtype, backend=backend, threads=threads,
                               memory_cap=memory_cap, fast_path=fast_path, cache=cache, lora_dir=lora_dir,
                               lora_memory_mb=lora_memory_mb, options=EngineOptions(**options))
@@ -113,3 +111,10 @@ class Engine:
             if bar is not None:
                 bar.close()
         return [GenerationResult.from_request(r) for r in requests]
+
+
+def _auto_threads() -> int:
+    """from_pretrained's default CPU threads: the cores this process may use minus one (as `stepserve serve`)."""
+    from .loading import default_threads
+
+    return default_threads()

@@ -8,6 +8,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 
+import stepserve.api as _api
+
+# Engine.from_pretrained's default thread count leaves a core to whatever feeds the engine (a server, a load
+# generator); the suite runs nothing beside it, so it keeps the threads set above.
+_api._auto_threads = lambda: torch.get_num_threads()
+
 
 @pytest.fixture(scope="session")
 def tiny_sd_path(tmp_path_factory):
