@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from common import add_run_args, stepserve, summaries
+from common import add_run_args, percentile_ratios, stepserve, summaries
 
 
 def main() -> None:
@@ -44,10 +44,7 @@ def main() -> None:
     row = {"model": args.model, "rate_rps": rate, "capacity_rps": capacity, "cache": json.loads(args.cache),
            "cached_step_frac": b["cached_step_frac"]["median"]}
     print(f"steps that reused cached work in the cached run: {row['cached_step_frac']:.0%}")
-    for key in ("p50_s", "p95_s", "p99_s"):
-        x, y = a[key]["median"], b[key]["median"]
-        row[key] = {"uncached": x, "cached": y, "ratio": y / x}
-        print(f"{key[:-2]:4}: uncached {x * 1000:7.0f} ms   with caching {y * 1000:7.0f} ms   ratio {y / x:.2f}")
+    row.update(percentile_ratios(a, b, ("uncached", "cached")))
     print(json.dumps(row))
 
 

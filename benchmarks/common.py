@@ -47,6 +47,17 @@ def summaries(path: Path) -> dict[str, dict]:
     return {s["contender"]: s for s in data["summaries"]}
 
 
+def percentile_ratios(before: dict, after: dict, labels: tuple[str, str]) -> dict:
+    """p50 / p95 / p99 (medians over repeats) of two bench summaries side by side, printed; {key: {label: s, ...,
+    "ratio": after / before}}."""
+    out = {}
+    for key in ("p50_s", "p95_s", "p99_s"):
+        x, y = before[key]["median"], after[key]["median"]
+        out[key] = {labels[0]: x, labels[1]: y, "ratio": y / x}
+        print(f"{key[:-2]:4}: {labels[0]} {x * 1000:7.0f} ms   {labels[1]} {y * 1000:7.0f} ms   ratio {y / x:.2f}")
+    return out
+
+
 def default_threads() -> int:
     """Every core this process may use but one (left to the load generator)."""
     return max(1, len(os.sched_getaffinity(0)) - 1)

@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 
-from common import ROOT, add_run_args, stepserve, summaries
+from common import ROOT, add_run_args, percentile_ratios, stepserve, summaries
 
 
 def main() -> None:
@@ -54,10 +54,7 @@ def main() -> None:
           f"medians over {args.repeats} repeats")
     row = {"model": args.model, "rate_rps": rate, "capacity_rps": capacity, "adapters": args.adapters,
            "share": args.share, "rank": args.rank}
-    for key in ("p50_s", "p95_s", "p99_s"):
-        x, y = a[key]["median"], b[key]["median"]
-        row[key] = {"plain": x, "lora": y, "ratio": y / x}
-        print(f"{key[:-2]:4}: no adapters {x * 1000:7.0f} ms   with adapters {y * 1000:7.0f} ms   ratio {y / x:.2f}")
+    row.update(percentile_ratios(a, b, ("plain", "lora")))
     print(json.dumps(row))
 
 
