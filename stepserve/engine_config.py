@@ -120,7 +120,10 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     elif config.memory_cap:
         from .profiling import cap_max_batch_size
 
-        capped, why = cap_max_batch_size(executor, options.max_batch_size, share=config.memory_share)
+        # LoRA adapters take up to --lora-memory-mb, and as much again for the per-layer stacks a mixed batch uses
+        reserve = int(2 * config.lora_memory_mb * 2**20) if config.lora_dir and config.lora_memory_mb else 0
+        capped, why = cap_max_batch_size(executor, options.max_batch_size, share=config.memory_share,
+                                         reserve_bytes=reserve)
         options = replace(options, max_batch_size=capped)
         say(why)
     if config.fast_path is not None and config.fast_path.enabled:

@@ -29,6 +29,16 @@ def test_a_share_of_the_budget_caps_lower(tiny_executor, monkeypatch):
         profiling.cap_max_batch_size(tiny_executor, 8, share=0.0)
 
 
+def test_lora_adapters_memory_is_kept_out_of_the_budget(tiny_executor, monkeypatch):
+    peaks = profiling.measure_peak_memory(tiny_executor, [1, 2, 4], bucket=(32, 32))
+    budget = peaks[4] * 10 / 0.8
+    monkeypatch.setattr(profiling.memory, "memory_budget", lambda executor: (int(budget), "in the test budget"))
+    whole, _ = profiling.cap_max_batch_size(tiny_executor, 64)
+    reserved, why = profiling.cap_max_batch_size(tiny_executor, 64, reserve_bytes=int(budget / 2))
+    assert reserved == profiling.memory_cap(peaks, int(budget) - int(budget / 2), 0.2) and reserved < whole
+    assert "for LoRA adapters" in why, why
+
+
 def test_memory_budget_takes_a_share(tiny_executor):
     whole, _ = profiling.memory_budget(tiny_executor)
     part, what = profiling.memory_budget(tiny_executor, share=0.25)
@@ -38,8 +48,8 @@ def test_memory_budget_takes_a_share(tiny_executor):
 def test_build_engine_passes_the_engine_config_share(tiny_executor, monkeypatch):
     seen = {}
 
-    def fake_cap(executor, requested, share=1.0):
-        seen["share"] = share
+    def fake_cap(executor, requested, share=1.0, reserve_bytes=0):
+        seen["share"], seen["reserve"] = share, reserve_bytes
         return requested, "kept"
 
     monkeypatch.setattr("stepserve.profiling.cap_max_batch_size", fake_cap)

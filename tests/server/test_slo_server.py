@@ -36,9 +36,11 @@ def test_a_deadline_missed_even_alone_is_a_400_and_one_missed_under_load_a_429_w
         error = assert_error_shape(r, 400)
         assert error["code"] == "deadline_infeasible" and error["param"] == "timeout_s"
         assert "even alone" in error["message"] and "retry-after" not in r.headers
-        # four long requests hold every slot for ~2 s: 2 steps within 0.5 s fit alone, not behind them
+        # four long requests hold every slot, predicted ~10 s (and long enough in fact that they are still far
+        # from done when the next one arrives, however fast the machine): 2 steps within 0.5 s fit alone, not
+        # behind them
         load = threading.Thread(target=lambda: http.post(GENERATIONS, json={"prompt": "b", "seed": 2, "n": 4,
-                                                                            "num_inference_steps": 40}))
+                                                                            "num_inference_steps": 200}))
         load.start()
         try:
             assert wait_until(lambda: server.engine.running_count == 4, 10)
