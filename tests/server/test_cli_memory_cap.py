@@ -16,7 +16,7 @@ def test_serve_caps_max_batch_size_at_start_up(monkeypatch, tiny_sd_path, flag, 
     class Stop(Exception):
         pass
 
-    def fake_cap(executor, requested, share=1.0):
+    def fake_cap(executor, requested, share=1.0, reserve_bytes=0):
         seen["requested"] = requested
         return 3, f"max_batch_size {requested} capped to 3: test"
 
