@@ -107,15 +107,18 @@ class OnlineStepCurve:
         line = self.line(bucket)
         return None if line is None else line[0] + line[1] * batch_size
 
-    def efficient_batch(self, bucket: Bucket, available: int, tolerance: float, min_gain: float) -> int:
+    def efficient_batch(self, bucket: Bucket, available: int, tolerance: float, min_gain: float,
+                        line: tuple[float, float] | None | str = "fit") -> int:
         """How many of `available` requests one step should run. Throughput (requests stepped per second) grows
         with the batch on an affine curve; `gain` is how much more the largest batch gets than a batch of one.
         Below `min_gain`, batching buys almost nothing and only slows every batch-mate down: 1 (the requests then
         finish one after another, each sooner). Otherwise the smallest batch within `tolerance` of the largest's
-        throughput: near `available` when batching is cheap, smaller where the curve flattens."""
+        throughput: near `available` when batching is cheap, smaller where the curve flattens. `line`: the fit
+        when the caller has it already (line(bucket)), so it is not made twice."""
         if available <= 1:
             return max(available, 0)
-        line = self.line(bucket)
+        if line == "fit":
+            line = self.line(bucket)
         if line is None:  # nothing known yet: batch them all (which shows what a batch costs)
             return available
         a, c = line

@@ -97,11 +97,11 @@ class ServerMetrics:
 
         for bucket in caps:
             name = f"{bucket[1]}x{bucket[0]}"
+            line = self.policy.curve.line(bucket)  # fitted once per step here, and reused for the bound
             cap = self.policy.curve.efficient_batch(bucket, self.policy.max_batch_size,
                                                     getattr(self.policy, "tolerance", DEFAULT_TOLERANCE),
-                                                    getattr(self.policy, "min_gain", DEFAULT_MIN_GAIN))
+                                                    getattr(self.policy, "min_gain", DEFAULT_MIN_GAIN), line=line)
             self.batch_cap.labels(name).set(cap)
-            line = self.policy.curve.line(bucket)
             if line is not None:
                 self.step_curve.labels(name, "fixed").set(line[0])
                 self.step_curve.labels(name, "per_request").set(line[1])
