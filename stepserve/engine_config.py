@@ -193,11 +193,11 @@ def warm_up(executor: Any) -> float:
     session, the allocator's growth, kernel selection. Returns the seconds it took."""
     import time
 
-    from .types import Request, SamplingParams
-    from .validation import resolve_params
+    from .types import Request
+    from .validation import internal_params
 
     t0 = time.perf_counter()
-    params = resolve_params(SamplingParams(prompt="warm-up", seed=0, num_inference_steps=2), executor.model_info)
+    params = internal_params(executor.model_info, prompt="warm-up", seed=0, num_inference_steps=2)
     request = Request("warm-up", params, 0.0, (params.height, params.width), params.num_inference_steps)
     executor.prepare([request])
     executor.denoise([request])

@@ -57,6 +57,9 @@ class SamplingParams:
     # it (strength in (0, 1]; default: the family's img2img pipeline's, ModelInfo.default_strength); None: text to image
     image: Any = None
     strength: float | None = None
+    # inpainting: a mask of the image's size (PIL or array; white repaints, black keeps; resolved: a grayscale PIL
+    # image), only with `image`; the default strength is then the family's inpaint pipeline's
+    mask_image: Any = None
 
 
 @dataclass
@@ -152,6 +155,7 @@ class Request:
     preview_latents: Any = None  # the denoised estimate (x0) after a step listed in preview_steps
     image: Any = None  # PIL.Image once decoded
     step_cache: Any = None  # the step-caching state of this request (stepserve/caching.RowState); freed at the end
+    inpaint: Any = None  # an inpainting request's mask and known region (pipelines/inpaint.Inpaint)
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -167,6 +171,7 @@ class Request:
         self.sampler_state = None
         self.preview_latents = None
         self.step_cache = None
+        self.inpaint = None
 
 
 @dataclass
@@ -247,3 +252,8 @@ class ModelInfo:
     img2img: bool = False  # requests may start from an image (SamplingParams.image)
     default_strength: float = 0.8  # its strength when a request gives none (the family's img2img pipeline's)
     img2img_start: str = "floor_steps"  # how its pipeline rounds the start step (img2img_spec.first_step)
+    # inpainting (SamplingParams.mask_image): "" none; "blend" (the known region blended back after every step, an
+    # ordinary denoiser); "channels" (an inpainting denoiser: mask and masked image are extra input channels, and
+    # every request must bring an image and a mask)
+    inpaint: str = ""
+    default_inpaint_strength: float = 1.0  # its strength when an inpainting request gives none

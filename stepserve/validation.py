@@ -89,33 +89,72 @@ def _check_text(field: str, value: str) -> None:
                                      f"{value[exc.start:exc.end]!r}, a lone surrogate") from None
 
 
+def _as_image(field: str, value):
+    """A PIL image from a PIL image or an (H, W[, C]) uint8 array."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value
+    try:
+        return Image.fromarray(value)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValidationError(field, f"expected a PIL image or an (H, W[, 3]) uint8 array, got "
+                                     f"{type(value).__name__} ({exc})") from None
+
+
 def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
-    """The request's start image (RGB PIL) and strength, or (None, None) for text to image."""
+    """(the start image as RGB PIL, its strength, the inpainting mask as grayscale PIL or None), or (None, None,
+    None) for text to image."""
     if p.image is None:
         if p.strength is not None:
             raise ValidationError("strength", "goes with an image (image to image); give an image or leave it out")
-        return None, None
+        if p.mask_image is not None:
+            raise ValidationError("mask_image", "goes with an image (inpainting repaints part of it); give the "
+                                                "image too")
+        if model.inpaint == "channels":
+            raise ValidationError("image", f"{model.name} is an inpainting model: every request brings an image "
+                                           f"and a mask_image")
+        return None, None, None
     if not model.img2img:
         raise ValidationError("image", f"{model.name} ({model.family} family) does not start from an image here; "
                                        f"image to image needs the torch backend")
-    from PIL import Image
-
-    image = p.image
-    if not isinstance(image, Image.Image):
-        try:
-            image = Image.fromarray(image)
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ValidationError("image", f"expected a PIL image or an (H, W[, 3]) uint8 array, got "
-                                           f"{type(p.image).__name__} ({exc})") from None
-    image = image.convert("RGB")
-    strength = model.default_strength if p.strength is None else p.strength
+    image = _as_image("image", p.image).convert("RGB")
+    mask = None
+    if p.mask_image is not None:
+        if not model.inpaint:
+            raise ValidationError("mask_image", f"{model.name} ({model.family} family) does not inpaint here; "
+                                                f"inpainting is served for SD 1/2 and SDXL models on the torch "
+                                                f"backend (send the image alone for image to image)")
+        mask = _as_image("mask_image", p.mask_image).convert("L")
+        if mask.size != image.size:
+            raise ValidationError("mask_image", f"is {mask.width}x{mask.height} (width x height); it must match "
+                                                f"the image's {image.width}x{image.height}")
+    elif model.inpaint == "channels":
+        raise ValidationError("mask_image", f"{model.name} is an inpainting model: send a mask_image (white "
+                                            f"repaints, black keeps) with the image")
+    default = model.default_inpaint_strength if mask is not None else model.default_strength
+    strength = default if p.strength is None else p.strength
     if not is_valid_strength(strength):
         raise ValidationError("strength", f"must be a number in (0, 1] (how much of the schedule runs on the "
                                           f"image), got {p.strength!r}")
     if first_step(steps, strength, model.img2img_start) >= steps:
         raise ValidationError("strength", f"{strength:g} x {steps} steps runs no step; raise strength or "
                                           f"num_inference_steps (at least {1 / steps:.3g} at {steps} steps)")
-    return image, float(strength)
+    return image, float(strength), mask
+
+
+def internal_params(model: ModelInfo, **fields) -> ResolvedParams:
+    """A request the engine makes for itself (warm-up, profiles, the memory probe) resolved against `model`. On an
+    inpainting model, whose every request brings an image and a mask, it carries a grey image and a mask that
+    repaints everything (strength 1): what any request there costs."""
+    p = SamplingParams(**fields)
+    if model.inpaint == "channels" and p.image is None:
+        from PIL import Image
+
+        size = (p.width or model.default_width, p.height or model.default_height)
+        p.image, p.mask_image = Image.new("RGB", size, (127, 127, 127)), Image.new("L", size, 255)
+        p.strength = 1.0
+    return resolve_params(p, model)
 
 
 def first_denoising_step(params: ResolvedParams, model: ModelInfo) -> int:
@@ -169,7 +208,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     if sampler not in model.samplers:
         raise ValidationError("sampler", f"{p.sampler!r} is not supported; allowed: {', '.join(model.samplers)}")
 
-    image, strength = _image_and_strength(p, model, steps)
+    image, strength, mask = _image_and_strength(p, model, steps)
     if image is not None and p.height is None and p.width is None:  # the image's own size, as diffusers' img2img
         m = model.size_multiple
         height, width = image.height // m * m, image.width // m * m
@@ -209,5 +248,6 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
 
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
-                "priority": priority, "cache": cache, "loras": loras, "image": image, "strength": strength}
+                "priority": priority, "cache": cache, "loras": loras, "image": image, "strength": strength,
+                "mask_image": mask}
     return ResolvedParams(**{**vars(p), **resolved})

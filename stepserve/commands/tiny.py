@@ -21,6 +21,7 @@ from .flags import DefaultsHelpFormatter, OneLineParser
 KINDS = {
     "sd": ("sd", {}),
     "sd-v": ("sd", {"prediction_type": "v_prediction", "scheduler": "EulerDiscreteScheduler"}),
+    "sd-inpainting": ("sd", {"inpainting": True}),
     "sdxl": ("sdxl", {}),
     "sd3": ("sd3", {}),
     "sd3-no-t5": ("sd3", {"with_t5": False}),

@@ -18,6 +18,7 @@ from ..cache_spec import with_default
 from ..caching import row_caches
 from ..sampling.img2img import starting_at
 from ..lora.rows import adapter_rows, every_row
+from ..pipelines import inpaint
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
 from ..types import Request
@@ -123,6 +124,9 @@ class TorchExecutor:
             generator = torch.Generator("cpu").manual_seed(r.params.seed)
             if r.params.image is None:
                 r.latents = p.initial_latents(r.params, generator) * sampling.init_noise_sigma(schedule)
+            elif r.params.mask_image is not None:  # inpainting (pipelines/inpaint.py)
+                schedule = starting_at(schedule, r.step)
+                r.latents, r.inpaint = inpaint.start(p, r.params, generator, schedule, r.step)
             else:  # img2img: the encoded image (sampled with the generator), noised to the step it starts at
                 schedule = starting_at(schedule, r.step)
                 r.latents = p.start_latents(r.params, generator, schedule, r.step)
@@ -143,6 +147,7 @@ class TorchExecutor:
         steps = [r.step for r in requests]
         latents = torch.cat([r.latents for r in requests])
         model_in, timesteps = sampling.model_inputs(latents, states, steps)
+        model_in = inpaint.with_extra_channels(model_in, requests)  # an inpainting UNet's mask and masked image
         # Rows: every request's conditional row, then the unconditional row of each guided request.
         guided = [i for i, r in enumerate(requests) if r.conditioning.guided]
         at = to_device(torch.tensor(guided, dtype=torch.int64), latents.device)  # no host sync (sampling/common.py)
@@ -174,7 +179,7 @@ class TorchExecutor:
                                              [steps[i] for i in wants])
             for j, i in enumerate(wants):
                 requests[i].preview_latents = x0[j : j + 1]
-        new = sampling.sampler_step(pred, latents, states, steps)
+        new = inpaint.blend(requests, sampling.sampler_step(pred, latents, states, steps))
         for i, r in enumerate(requests):
             r.latents = new[i : i + 1]
 

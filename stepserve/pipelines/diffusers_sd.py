@@ -31,6 +31,7 @@ from .folder import (  # noqa: F401  (EMBEDDED_PATH, resolve_model_path: importe
     serving_defaults,
     serving_info,
 )
+from .inpaint import inpaint_mode
 
 __all__ = ["StableDiffusionAdapter", "PromptCache", "to_pil", "resolve_model_path", "model_info_for"]
 
@@ -50,16 +51,18 @@ class StableDiffusionAdapter(FamilyAdapter):
 
     def __init__(self, tokenizer, networks: Networks, scheduler_config: dict, info: ModelInfo, *,
                  vae_scaling_factor: float, use_attention_mask: bool = False, backend: str = "torch",
-                 **common) -> None:
-        """`common`: FamilyAdapter's other keywords (latent_channels, vae_scale_factor, device, dtype)."""
+                 unet_in_channels: int = 4, **common) -> None:
+        """`common`: FamilyAdapter's other keywords (latent_channels, vae_scale_factor, device, dtype);
+        `unet_in_channels`: 9 for an inpainting UNet (mask and masked image as extra channels)."""
         super().__init__(networks, scheduler_config=scheduler_config, info=info, **common)
         self.tokenizer = tokenizer
         self.backend = backend
         self.vae_scaling_factor = vae_scaling_factor
         self.use_attention_mask = use_attention_mask
         self.text_encoder = self.unet = self.vae = None
-        if hasattr(networks, "encode_image"):  # image to image needs the VAE's encoder (torch backend)
-            self.info = replace(self.info, img2img=True)
+        if hasattr(networks, "encode_image"):  # image to image and inpainting need the VAE's encoder (torch)
+            self.info = replace(self.info, img2img=True,
+                                inpaint=inpaint_mode(unet_in_channels, common["latent_channels"]))
 
     @classmethod
     def from_modules(cls, tokenizer, text_encoder, unet, vae, scheduler_config: dict, info: ModelInfo,
@@ -158,7 +161,12 @@ class StableDiffusionAdapter(FamilyAdapter):
         """The request's input image as StableDiffusionImg2ImgPipeline encodes it: VaeImageProcessor.preprocess
         (resized to the request's size, [-1, 1]), the VAE's latent distribution sampled with the request's
         generator, times the VAE's scaling factor."""
-        return self.networks.encode_image(self.image_pixels(params), generator) * self.vae_scaling_factor
+        return self.inpaint_latents(self.image_pixels(params), generator)
+
+    @torch.no_grad()
+    def inpaint_latents(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Pixels as StableDiffusionInpaintPipeline._encode_vae_image encodes them (as img2img does)."""
+        return self.networks.encode_image(pixels, generator) * self.vae_scaling_factor
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -169,7 +177,8 @@ class StableDiffusionAdapter(FamilyAdapter):
 
 def _options_from_configs(unet_config, vae_config, text_encoder_config) -> dict:
     """The adapter's keywords that the networks' configs decide (the same for torch modules and an export)."""
-    return dict(latent_channels=unet_config.in_channels, vae_scale_factor=vae_scale_factor_of(vae_config),
+    return dict(latent_channels=unet_config.out_channels, unet_in_channels=unet_config.in_channels,
+                vae_scale_factor=vae_scale_factor_of(vae_config),
                 vae_scaling_factor=vae_config.scaling_factor,
                 use_attention_mask=bool(getattr(text_encoder_config, "use_attention_mask", False)))
 

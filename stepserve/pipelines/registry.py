@@ -15,7 +15,9 @@ from .folder import resolve_model_path
 
 FAMILIES: dict[str, str] = {
     "StableDiffusionPipeline": "stepserve.pipelines.diffusers_sd:StableDiffusionAdapter",
+    "StableDiffusionInpaintPipeline": "stepserve.pipelines.diffusers_sd:StableDiffusionAdapter",
     "StableDiffusionXLPipeline": "stepserve.pipelines.sdxl:StableDiffusionXLAdapter",
+    "StableDiffusionXLInpaintPipeline": "stepserve.pipelines.sdxl:StableDiffusionXLAdapter",
     "StableDiffusion3Pipeline": "stepserve.pipelines.sd3:SD3Adapter",
     "FluxPipeline": "stepserve.pipelines.flux:FluxAdapter",
 }

@@ -29,6 +29,7 @@ from ..types import SamplingParams
 from .diffusers_sd import model_info_for
 from .family import Conditioning, FamilyAdapter, to_pil, vae_decode, vae_dtype, vae_scale_factor_of
 from .folder import PipelineFolder
+from .inpaint import inpaint_mode
 
 SDXL_GUIDANCE = 5.0  # StableDiffusionXLPipeline.__call__'s default guidance_scale
 
@@ -108,12 +109,14 @@ class StableDiffusionXLAdapter(FamilyAdapter):
             raise ValueError(f"{info.name}: the UNet's add embedding takes {unet.add_embedding.linear_1.in_features} "
                              f"features; SDXL's 6 time ids and text_encoder_2's projection give {expected}")
         super().__init__(networks, scheduler_config=scheduler_config, info=info,
-                         latent_channels=unet.config.in_channels, vae_scale_factor=vae_scale_factor_of(vae.config),
+                         latent_channels=unet.config.out_channels, vae_scale_factor=vae_scale_factor_of(vae.config),
                          device=device, dtype=dtype)
         self.tokenizer, self.tokenizer_2 = tokenizer, tokenizer_2
         self.force_zeros_for_empty_prompt = force_zeros_for_empty_prompt
-        if hasattr(networks, "encode_image"):  # StableDiffusionXLImg2ImgPipeline's default strength is 0.3
-            self.info = replace(self.info, img2img=True, default_strength=0.3)
+        if hasattr(networks, "encode_image"):  # StableDiffusionXLImg2ImgPipeline's default strength is 0.3,
+            # StableDiffusionXLInpaintPipeline's 0.9999; an inpainting UNet takes mask and masked image as channels
+            self.info = replace(self.info, img2img=True, default_strength=0.3, default_inpaint_strength=0.9999,
+                                inpaint=inpaint_mode(unet.config.in_channels, unet.config.out_channels))
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
@@ -178,6 +181,14 @@ class StableDiffusionXLAdapter(FamilyAdapter):
     def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
         """StableDiffusionXLImg2ImgPipeline.prepare_latents: the image sampled from the VAE, scaled."""
         return self.networks.encode_image(self.image_pixels(params), generator).to(self.dtype)
+
+    @torch.no_grad()
+    def inpaint_latents(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """StableDiffusionXLInpaintPipeline._encode_vae_image: the VAE's sample (in the VAE's dtype, float32 when
+        upcast) in the pipeline's dtype, times scaling_factor (that pipeline applies no latents_mean/std here)."""
+        vae = self.networks.vae
+        latents = vae.encode(pixels.to(vae.dtype)).latent_dist.sample(generator)
+        return vae.config.scaling_factor * latents.to(self.dtype)
 
     def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         return to_pil(self.networks.decode(latents))

@@ -14,8 +14,8 @@ from typing import Any
 from ..costs.guidance import METADATA_KEY, guidance_entry
 from ..costs.latency_model import Bucket, Curve, LatencyModel
 from ..executor.base import Executor
-from ..types import Request, SamplingParams
-from ..validation import resolve_params
+from ..types import Request
+from ..validation import internal_params
 from .requests import (
     _advance,
     _device_of,
@@ -118,8 +118,8 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     if len(set(buckets)) != len(buckets):
         raise ValueError(f"buckets: each bucket once, got {buckets}")
     # validate every bucket and the guidance scale up front (a ValidationError names the field)
-    probe = [resolve_params(SamplingParams(prompt="profile", seed=0, guidance_scale=guidance_scale, height=h,
-                                           width=w), model) for h, w in buckets]
+    probe = [internal_params(model, prompt="profile", seed=0, guidance_scale=guidance_scale, height=h, width=w)
+             for h, w in buckets]
     settings = probe[0]
     reference = default_bucket if default_bucket in buckets else buckets[0]
 

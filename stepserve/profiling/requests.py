@@ -8,8 +8,8 @@ from typing import Any
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
-from ..types import Request, RequestStatus, SamplingParams
-from ..validation import resolve_params
+from ..types import Request, RequestStatus
+from ..validation import internal_params
 
 
 # --- dummy requests -----------------------------------------------------------------------------------------------
@@ -20,10 +20,8 @@ def _dummy_requests(executor: Executor, n: int, bucket: Bucket, guidance_scale: 
     model = executor.model_info
     out = []
     for i in range(n):
-        params = resolve_params(SamplingParams(prompt=f"profile {tag} {i}", seed=seed_base + i,
-                                               guidance_scale=guidance_scale, height=bucket[0], width=bucket[1],
-                                               cache=cache),
-                                model)
+        params = internal_params(model, prompt=f"profile {tag} {i}", seed=seed_base + i,
+                                 guidance_scale=guidance_scale, height=bucket[0], width=bucket[1], cache=cache)
         out.append(Request(
             request_id=f"profile-{tag}-{i}",
             params=params,

@@ -3,8 +3,10 @@
 
 Form fields arrive as text; each is read as its JSON type (`n=2`, `guidance_scale=3.5`, `stream=true`, `cache` and
 `loras` as JSON) and then checked exactly as the generations body is (ImageGenerationRequest), with `strength`
-(default 0.8) on top. The image: PNG, JPEG or WebP, at most MAX_IMAGE_BYTES, and no more pixels than Pillow's
-decompression-bomb limit; anything else is a 400 naming `image`. A `mask` (inpainting) is refused: not served yet.
+(default: the model's) on top. The image and the mask: PNG, JPEG or WebP, at most MAX_IMAGE_BYTES each, and no
+more pixels than Pillow's decompression-bomb limit; anything else is a 400 naming the field. A `mask` makes the
+request an inpainting one. As OpenAI defines it, a mask with an alpha channel repaints where it is transparent;
+a mask without one repaints where it is white (diffusers' convention); either way it must have the image's size.
 """
 
 from __future__ import annotations
@@ -41,14 +43,16 @@ async def read_edit(request: Request, limits: ServerLimits):
             raise invalid("image: required, an image file (PNG, JPEG or WebP)", "image")
         if len(images) > 1:
             raise invalid(f"image: {len(images)} images given; one image per edit request is served", "image")
-        if form.get("mask") is not None:
-            raise invalid("mask: inpainting is not served yet; send the image alone (image to image)", "mask")
+        mask = form.get("mask")
+        if mask is not None and not isinstance(mask, UploadFile):
+            raise invalid("mask: an image file (PNG, JPEG or WebP) is expected", "mask")
         fields, strength = _fields(form)
-        image = await _image(images[0])
+        image = (await _image(images[0], "image")).convert("RGB")
+        mask = None if mask is None else repaint_mask(await _image(mask, "mask"))
     finally:
         await form.close()
     req = parse_body(json.dumps(fields).encode(), limits)
-    params = [replace(p, image=image, strength=strength) for p in engine_params(req, limits)]
+    params = [replace(p, image=image, strength=strength, mask_image=mask) for p in engine_params(req, limits)]
     return req, params
 
 
@@ -76,19 +80,29 @@ def _fields(form) -> tuple[dict, object]:
     return fields, strength
 
 
-async def _image(upload: UploadFile):
+async def _image(upload: UploadFile, name: str):
     from PIL import Image
 
     data = await upload.read(MAX_IMAGE_BYTES + 1)
     if len(data) > MAX_IMAGE_BYTES:
-        raise APIError(413, f"image: larger than {MAX_IMAGE_BYTES // 2**20} MiB", code="body_too_large",
-                       param="image")
+        raise APIError(413, f"{name}: larger than {MAX_IMAGE_BYTES // 2**20} MiB", code="body_too_large",
+                       param=name)
     try:
         image = Image.open(io.BytesIO(data), formats=list(FORMATS))
         image.load()
     except Image.DecompressionBombError:
-        raise invalid(f"image: more than {Image.MAX_IMAGE_PIXELS} pixels (Pillow's decompression-bomb limit)",
-                      "image") from None
+        raise invalid(f"{name}: more than {Image.MAX_IMAGE_PIXELS} pixels (Pillow's decompression-bomb limit)",
+                      name) from None
     except Exception:  # noqa: BLE001 - Pillow raises many kinds for data it cannot read
-        raise invalid(f"image: not a PNG, JPEG or WebP image ({len(data)} bytes)", "image") from None
-    return image.convert("RGB")
+        raise invalid(f"{name}: not a PNG, JPEG or WebP image ({len(data)} bytes)", name) from None
+    return image
+
+
+def repaint_mask(mask):
+    """A grayscale mask that is white where the request repaints: from the alpha channel when the mask has one
+    (OpenAI's rule: transparent areas are edited), else the mask's own gray levels (diffusers' rule)."""
+    from PIL import ImageOps
+
+    if mask.mode in ("RGBA", "LA", "PA") or (mask.mode == "P" and "transparency" in mask.info):
+        return ImageOps.invert(mask.convert("RGBA").getchannel("A"))
+    return mask.convert("L")

@@ -75,7 +75,8 @@ def _images(results: Sequence[Any]) -> str:
 
 # Admission: from parsed request parameters to engine handles, all n images in one decision or none.
 
-_PARAM_FOR_FIELD = {"params": None}  # a problem of the parameters together names no one body field
+# a problem of the parameters together names no one body field; the edit form's field for the engine's mask_image
+_PARAM_FOR_FIELD = {"params": None, "mask_image": "mask"}
 
 
 def preview_steps(num_inference_steps: int, partial_images: int) -> frozenset[int]:
@@ -96,7 +97,9 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
     except SizeError as exc:  # the caller sent one "size", not a height and a width
         raise errors.invalid(_size_message(exc, engine), "size") from None
     except ValidationError as exc:
-        raise errors.invalid(str(exc), _PARAM_FOR_FIELD.get(exc.field, exc.field)) from None
+        param = _PARAM_FOR_FIELD.get(exc.field, exc.field)
+        message = str(exc) if param in (None, exc.field) else f"{param}{str(exc)[len(exc.field):]}"
+        raise errors.invalid(message, param) from None
     max_queue = engine.options.max_queue
     if max_queue is not None and len(resolved) > max_queue:
         raise errors.invalid(f"n: {len(resolved)} images are more than this server queues at once ({max_queue}); "

@@ -46,11 +46,41 @@ def test_the_openai_client_edits_an_image(client):
     assert len(want.timing.batch_sizes) == 6
 
 
+def alpha_mask(size: int = 32) -> bytes:
+    """OpenAI's kind of mask: opaque where the image is kept, transparent where it is edited (the left half)."""
+    rgba = np.full((size, size, 4), 255, dtype=np.uint8)
+    rgba[:, : size // 2, 3] = 0
+    out = io.BytesIO()
+    Image.fromarray(rgba, mode="RGBA").save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_the_openai_client_inpaints_with_an_alpha_mask(client):
+    import base64
+
+    import openai
+
+    api = openai.OpenAI(base_url=str(client.base_url) + "/v1", api_key="unused", http_client=client)
+    result = api.images.edit(image=("in.png", png(2), "image/png"), mask=("mask.png", alpha_mask(), "image/png"),
+                             prompt="three", response_format="b64_json",
+                             extra_body={"seed": 9, "num_inference_steps": 8})
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))), np.int16)
+    white_left = np.zeros((32, 32), dtype=np.uint8)
+    white_left[:, :16] = 255  # the same mask in diffusers' convention: white repaints
+    engine = Engine(load_executor("embedded"), strategy="continuous")
+    want = engine.generate([SamplingParams(prompt="three", seed=9, num_inference_steps=8,
+                                           image=Image.open(io.BytesIO(png(2))), mask_image=white_left)])[0]
+    assert np.abs(got - np.asarray(want.image, np.int16)).max() <= 1
+    assert len(want.timing.batch_sizes) == 8  # the inpaint pipelines' default strength, 1.0
+
+
 @pytest.mark.parametrize("files,data,status,says", [
     ({"picture": ("a.png", png(), "image/png")}, {"prompt": "seven"}, 400, "image: required"),
     ({"image": ("x.txt", b"not an image", "text/plain")}, {"prompt": "seven"}, 400, "not a PNG, JPEG or WebP"),
-    ({"image": ("a.png", png(), "image/png"), "mask": ("m.png", png(), "image/png")}, {"prompt": "seven"}, 400,
-     "mask: inpainting is not served yet"),
+    ({"image": ("a.png", png(), "image/png"), "mask": ("m.png", png(size=16), "image/png")}, {"prompt": "seven"},
+     400, "mask: is 16x16 (width x height); it must match the image's 32x32"),
+    ({"image": ("a.png", png(), "image/png"), "mask": ("m.png", b"GIF89a", "image/gif")}, {"prompt": "seven"}, 400,
+     "mask: not a PNG, JPEG or WebP"),
     ({"image": ("a.png", png(), "image/png")}, {"prompt": "seven", "strength": "1.5"}, 400,
      "strength: must be a number in (0, 1]"),
     ({"image": ("a.png", png(), "image/png")}, {"prompt": "seven", "steps": "4"}, 400, "steps: not a field"),
