@@ -36,7 +36,8 @@ from stepserve.bench.app import BenchConfig, live_testbed, run_bench
 from stepserve.bench.metrics import percentile
 from stepserve.bench.runner import measure_capacity, measure_idle
 from stepserve.bench.targets import Contender
-from stepserve.bench.workload import Mix, Trace, TraceItem, poisson_trace, save_trace
+from stepserve.bench.trace_files import save_trace
+from stepserve.bench.workload import Mix, Trace, TraceItem, poisson_trace
 from stepserve.engine_config import EngineOptions
 from stepserve.sim.bench import load_setup, simulated_testbed
 

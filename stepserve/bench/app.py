@@ -27,7 +27,8 @@ from .testbed import Described, Makers, Testbed
 from .remote import server_target
 from .targets import Contender, EngineTarget
 from ..loading import default_threads
-from .workload import Mix, load_trace, poisson_trace, save_trace
+from .trace_files import load_trace, save_trace
+from .workload import Mix, poisson_trace
 
 LATENCY_MODEL_FILE = "latency_model.json"  # in --out: the latency model the slo contenders predicted with
 

@@ -111,6 +111,14 @@ class StepsLatency:
 
 
 @dataclass
+class KindLatency:
+    kind: str  # "generation", "image" (image to image) or "inpaint" (bench/edits.py)
+    measured: int  # measured requests of this kind
+    completed: int
+    latency: LatencyStats  # of the completed ones
+
+
+@dataclass
 class Usage:
     cpu_util: float | None = None  # process CPU time / (wall time x cores)
     cpu_cores_used: float | None = None  # process CPU time / wall time
@@ -151,6 +159,7 @@ class RunMetrics:
     cached_step_frac: float | None = None  # completed requests' steps that reused cached work / all their steps
     late_ok_max_over_ms: float | None = None
     own_slo: int = 0  # measured requests judged against their own SLO (slo_ms) rather than the run's
+    latency_by_kind: list[KindLatency] = field(default_factory=list)  # when the run has edits: per kind
 
 
 def rejection_reasons(outcomes: list[Outcome]) -> dict[str, int]:
@@ -254,8 +263,23 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
         usage=usage, latencies_s=latencies, refusal=refusal_timing(measured),
         rejected_reasons=rejection_reasons(measured), late_ok=late.count, late_ok_max_over_ms=late.max_over_ms,
         own_slo=sum(1 for o in measured if o.spec.slo_ms is not None),
-        cached_step_frac=_cached_frac(done),
+        cached_step_frac=_cached_frac(done), latency_by_kind=_by_kind(measured),
     )
+
+
+def _by_kind(measured: list[Outcome]) -> list[KindLatency]:
+    """Latency per kind of request (generations, image to image, inpainting), when the run has edits."""
+    from .edits import KINDS, kind_of
+
+    kinds = {kind_of(o.spec) for o in measured}
+    if kinds <= {"generation"}:
+        return []
+    out = []
+    for kind in (k for k in KINDS if k in kinds):
+        mine = [o for o in measured if kind_of(o.spec) == kind]
+        done = [o.latency_s for o in mine if o.status == OK]
+        out.append(KindLatency(kind, len(mine), len(done), latency_stats(done)))
+    return out
 
 
 def _cached_frac(done: list) -> float | None:

@@ -8,6 +8,8 @@ from pathlib import Path
 from ..words import plural
 from .metrics import ContenderSummary, Spread
 from .quality import quality_lines
+from .report_edits import by_kind
+from .report_format import fmt, fmt_spread, table as _table
 from .report_slo import deadlines_line, own_slo_note
 from .results import BenchResults, Knee
 
@@ -20,34 +22,6 @@ HEADLINE = (
     ("goodput", "goodput_rps", False, "rate"),
     ("SLO attainment", "slo_attainment", False, "share"),
 )
-
-
-def fmt(value: float | None, kind: str) -> str:
-    if value is None:
-        return "n/a"
-    if kind == "time":
-        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
-    if kind == "rate":
-        return f"{value:.2f}/s"
-    if kind == "share":
-        return f"{value * 100:.1f}%"
-    if kind == "x":
-        return f"{value:.2f}"
-    return f"{value:.3g}"
-
-
-def fmt_spread(s: Spread, kind: str, repeats: int) -> str:
-    if s.median is None:
-        return "n/a"
-    if repeats < 2:
-        return fmt(s.median, kind)
-    return f"{fmt(s.median, kind)} [{fmt(s.low, kind)}-{fmt(s.high, kind)}]"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return lines + [""]
 
 
 @dataclass
@@ -290,7 +264,7 @@ def render(results: BenchResults) -> str:
                         [[s.contender, fmt_spread(s.queue_p50_s, "time", reps),
                           fmt_spread(s.denoise_p50_s, "time", reps),
                           fmt_spread(s.decode_p50_s, "time", reps)] for s in r.summaries])
-        lines += _by_steps(results) + _batches(results)
+        lines += _by_steps(results) + by_kind(results) + _batches(results)
     if r.sweep:
         lines += ["## Rate sweep", ""]
         lines += ["Rate: the nominal Poisson rate (every contender gets the same trace at it); offered: the rate "

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 # FinishReason.TIMEOUT, HTTP 504 for a request that carried timeout_s); FAILED: any other failure.
 OK, REJECTED, FAILED, TIMEOUT, UNFINISHED = "ok", "rejected", "failed", "timeout", "unfinished"
 IMAGES_PATH = "/v1/images/generations"
+EDITS_PATH = "/v1/images/edits"
 
 
 @dataclass
@@ -166,7 +167,8 @@ def reply_of(finished, keep_image: bool = False) -> Reply:
 
 
 class HttpTarget:
-    """POST /v1/images/generations on a running server (OpenAI images shape plus stepserve's fields)."""
+    """POST /v1/images/generations on a running server (OpenAI images shape plus stepserve's fields); an edit
+    request goes to /v1/images/edits as multipart/form-data."""
 
     def __init__(self, url: str, name: str | None = None, api_key: str | None = None,
                  busy_metric: str = "stepserve_step_latency_seconds_sum") -> None:
@@ -189,8 +191,12 @@ class HttpTarget:
     async def send(self, spec: RequestSpec) -> Reply:
         import aiohttp
 
+        if spec.edit is None:
+            path, body = IMAGES_PATH, {"json": spec.to_http()}
+        else:
+            path, body = EDITS_PATH, {"data": _edit_form(spec)}
         try:
-            async with self._session.post(self.base + IMAGES_PATH, json=spec.to_http()) as resp:
+            async with self._session.post(self.base + path, **body) as resp:
                 text = await resp.text()
                 if resp.status == 429:
                     return Reply(REJECTED, error=_error_message(text), reason=_error_code(text))
@@ -228,6 +234,20 @@ class HttpTarget:
         except (aiohttp.ClientError, ValueError) as exc:  # unreachable / cut off, or not a number
             warn_once(log, f"busy time not read from {self.base}/metrics: its utilisation is left out", exc)
         return None
+
+
+def _edit_form(spec: RequestSpec):
+    import aiohttp
+
+    from .edits import edit_form
+
+    fields, files = edit_form(spec)
+    form = aiohttp.FormData()
+    for name, value in fields.items():
+        form.add_field(name, value)
+    for name, data in files.items():
+        form.add_field(name, data, filename=f"{name}.png", content_type="image/png")
+    return form
 
 
 def _error_message(text: str) -> str:

@@ -9,7 +9,10 @@ A mix file (YAML or JSON) gives each field as a scalar, a list (uniform choice) 
     prompts: ["a handwritten seven", "the digit 3"]
 
 A trace is a list of (arrival offset, request); it is drawn in advance from a seed, so every contender gets the
-identical arrivals and requests. Traces are saved and loaded as CSV or JSONL (one request per line).
+identical arrivals and requests. Traces are saved and loaded as CSV or JSONL (one request per line; trace_files.py).
+
+Edits: `edit: {none: 1, image: 1}` with `strength: [0.3, 0.5, 0.8]` makes half the requests image-to-image edits of
+a pooled image (`inpaint`: with a mask; bench/edits.py); such a mix needs `size`.
 
 A request may carry a deadline (timeout_s, seconds from its arrival at the engine); a benchmark with deadlines
 puts the same one on every request (Trace.with_timeout, user_requests(timeout_s=...)).
@@ -24,11 +27,10 @@ own SLO, and of the others against the run's.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import random
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +55,21 @@ class RequestSpec:
     slo_ms: float | None = None  # this request's own latency SLO (a trace's), judged by the metrics; None: the run's
     cache: Any = None  # step caching: "off", a policy name or {"policy": ..., knobs}; None: the server's default
     loras: Any = None  # LoRA adapters: [{"name": ..., "scale": ...}]; None: none
+    edit: str | None = None  # "image" (image to image) or "inpaint" (with a mask); None: a generation (bench/edits)
+    strength: float | None = None  # an edit's strength; None: the model's default
+    image: int | None = None  # an edit's image: its index in the bench's image pool (bench/edits.py)
 
     def to_params(self) -> SamplingParams:
-        return SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
-                              num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
-                              sampler=self.sampler, height=self.height, width=self.width, timeout_s=self.timeout_s,
-                              cache=self.cache, loras=self.loras)
+        params = SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
+                                num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
+                                sampler=self.sampler, height=self.height, width=self.width, timeout_s=self.timeout_s,
+                                cache=self.cache, loras=self.loras)
+        if self.edit is not None:
+            from .edits import edit_images
+
+            params.image, params.mask_image = edit_images(self)
+            params.strength = self.strength
+        return params
 
     def to_http(self) -> dict[str, Any]:
         """The body of POST /v1/images/generations (OpenAI fields plus stepserve's own)."""
@@ -101,7 +112,8 @@ class Choice:
         return rng.choices(self.values, weights=self.weights, k=1)[0]
 
 
-MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache", "lora")
+MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache", "lora", "edit",
+              "strength")
 
 
 @dataclass
@@ -117,6 +129,10 @@ class Mix:
     cache: Choice = field(default_factory=lambda: Choice([None], [1.0]))
     # one LoRA adapter per request, by name ("none": no adapter), drawn from the request's own seed like cache
     lora: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    # edits: "none" (a generation), "image" (image to image) or "inpaint", each from a pooled image (bench/edits.py),
+    # at a strength drawn from `strength` (None: the model's default); drawn from the request's own seed
+    edit: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    strength: Choice = field(default_factory=lambda: Choice([None], [1.0]))
 
     @classmethod
     def from_steps(cls, steps: list[int]) -> "Mix":
@@ -132,6 +148,14 @@ class Mix:
         for v in mix.size.values:
             if v is not None:
                 parse_size(v)
+        from .edits import EDIT_KINDS
+
+        edits = {v for v in mix.edit.values if v not in (None, "none")}
+        if edits - set(EDIT_KINDS):
+            raise ValueError(f"mix field 'edit': {sorted(map(str, edits - set(EDIT_KINDS)))[0]!r}; allowed: none, "
+                             f"{', '.join(EDIT_KINDS)}")
+        if edits and None in mix.size.values:
+            raise ValueError("mix: an edit mix needs `size` (the pool's images are drawn at each request's size)")
         return mix
 
     @classmethod
@@ -156,6 +180,15 @@ class Mix:
         if self.lora.values != [None]:
             name = self.lora.draw(random.Random(f"lora-{spec.seed}"))
             spec.loras = None if name in (None, "none", "off") else [{"name": str(name), "scale": 1.0}]
+        if self.edit.values != [None]:
+            from .edits import POOL_SIZE
+
+            edits = random.Random(f"edit-{spec.seed}")
+            kind = self.edit.draw(edits)
+            if kind not in (None, "none"):
+                strength = self.strength.draw(edits)
+                spec.edit, spec.image = str(kind), edits.randrange(POOL_SIZE)
+                spec.strength = None if strength is None else float(strength)
         return spec
 
     def heaviest(self, steps: int) -> RequestSpec:
@@ -237,90 +270,3 @@ def user_requests(mix: Mix, seed: int, user: int, timeout_s: float | None = None
         if timeout_s is not None:
             spec.timeout_s = timeout_s
         yield spec
-
-
-SPEC_FIELDS = [f.name for f in fields(RequestSpec)]
-ALIASES = {"steps": "num_inference_steps"}  # trace columns accepted under another name
-
-
-def save_trace(trace: Trace, path: str | Path) -> None:
-    path = Path(path)
-    rows = [{"offset_s": item.offset_s, **asdict(item.spec)} for item in trace.items]
-    if path.suffix.lower() == ".csv":
-        for row in rows:  # a cache given as a mapping, and a list of adapters, are JSON cells
-            if isinstance(row["cache"], dict):
-                row["cache"] = json.dumps(row["cache"])
-            if row["loras"] is not None:
-                row["loras"] = json.dumps(row["loras"])
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["offset_s", *SPEC_FIELDS])
-            writer.writeheader()
-            writer.writerows(rows)
-    else:
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def load_trace(path: str | Path) -> Trace:
-    """CSV (header row) or JSONL; each row: offset_s plus request fields (prompt required, the rest optional;
-    `steps` is accepted for num_inference_steps, slo_ms is the request's own SLO and deadline)."""
-    path = Path(path)
-    if path.suffix.lower() == ".csv":
-        with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    else:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    items = [_row_to_item(row, i, path) for i, row in enumerate(rows)]
-    items.sort(key=lambda it: it.offset_s)
-    return Trace(items, f"trace {path.name} ({len(items)} requests)")
-
-
-def _cache_cell(value: Any) -> Any:
-    """A trace's cache: a mapping or policy name as given (JSONL), or a CSV cell (a JSON object, a name or empty)."""
-    if isinstance(value, str):
-        if not value.strip():
-            return None
-        return json.loads(value) if value.lstrip().startswith("{") else value
-    return value
-
-
-def _loras_cell(value: Any) -> Any:
-    """A trace's loras: a list as given (JSONL), or a CSV cell holding one in JSON (or empty)."""
-    if isinstance(value, str):
-        return json.loads(value) if value.strip() else None
-    return value
-
-
-def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
-    def get(name: str, kind):
-        value = row.get(name)
-        return None if value in (None, "") else kind(value)
-
-    def positive(name: str, unit: str) -> float | None:
-        value = get(name, float)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{where}: {name} must be a positive number of {unit} (or empty: none), "
-                             f"got {row[name]!r}")
-        return value
-
-    where = f"{path}: row {index + 1}"
-    unknown = set(row) - {"offset_s", *SPEC_FIELDS, *ALIASES}
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
-                         f"allowed: offset_s, {', '.join(SPEC_FIELDS)}, {', '.join(ALIASES)}")
-    for alias, name in ALIASES.items():
-        if get(alias, str) is not None:
-            if get(name, str) is not None and get(alias, float) != get(name, float):
-                raise ValueError(f"{where}: {alias} {row[alias]!r} and {name} {row[name]!r} disagree")
-            row = {**row, name: row[alias]}
-    if get("offset_s", float) is None or not get("prompt", str):
-        raise ValueError(f"{where}: offset_s and prompt are required")
-    seed = get("seed", int)
-    timeout, slo_ms = positive("timeout_s", "seconds"), positive("slo_ms", "milliseconds")
-    if timeout is None and slo_ms is not None:
-        timeout = slo_ms / 1000.0  # a per-request SLO is the request's deadline
-    spec = RequestSpec(prompt=get("prompt", str), seed=index if seed is None else seed,
-                       num_inference_steps=get("num_inference_steps", int), guidance_scale=get("guidance_scale", float),
-                       sampler=get("sampler", str), height=get("height", int), width=get("width", int),
-                       negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout, slo_ms=slo_ms,
-                       cache=_cache_cell(row.get("cache")), loras=_loras_cell(row.get("loras")))
-    return TraceItem(get("offset_s", float), spec)

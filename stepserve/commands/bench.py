@@ -202,6 +202,8 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         mix = Mix.load(args.mix) if args.mix else Mix.from_steps([int(s) for s in _floats(args.steps, "--steps")])
     except (OSError, ValueError) as exc:
         raise UsageError(f"--mix/--steps: {exc}") from None
+    if peers and set(mix.edit.values) - {None, "none"}:
+        raise UsageError("--peers: the peers serve text to image only; drop the mix's edit field (or --peers)")
     model = args.model
     if command == "bench" and not args.target and model != "fake":
         from ..deploy.onnx_cache import serving_model

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..bench.app import BenchConfig, BenchRun, run_bench, write_outputs
 from ..bench.metrics import ContenderSummary
-from ..bench.report import fmt
+from ..bench.report_format import fmt
 from ..bench.targets import Contender
 from ..bench.workload import Mix
 from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c

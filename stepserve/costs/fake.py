@@ -33,6 +33,9 @@ FAKE_MODEL = ModelInfo(
     min_size=16,
     max_size=64,
     samplers=SAMPLER_NAMES,
+    # edits are requests that start part-way through their schedule; the fake charges their steps (no VAE encode)
+    img2img=True,
+    inpaint="blend",
 )
 
 

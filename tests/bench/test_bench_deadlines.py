@@ -13,7 +13,8 @@ from stepserve.bench.load import run_open_loop
 from stepserve.bench.metrics import Usage, summarize, summarize_repeats
 from stepserve.bench.runner import NO_DEADLINE_S
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, HttpTarget, Reply
-from stepserve.bench.workload import RequestSpec, Trace, TraceItem, load_trace
+from stepserve.bench.trace_files import load_trace
+from stepserve.bench.workload import RequestSpec, Trace, TraceItem
 from stepserve.costs import CostModel, LatencyModel
 
 FAST = ["--model", "fake", "--steps", "2,4", "--duration", "0.8", "--warmup", "0.3", "--drain", "0.5",

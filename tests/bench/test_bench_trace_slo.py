@@ -10,7 +10,8 @@ import pytest
 from stepserve.bench.load import LoadResult, Outcome
 from stepserve.bench.metrics import Usage, slo_attainment, summarize, window_rates
 from stepserve.bench.targets import OK, REJECTED, Reply
-from stepserve.bench.workload import RequestSpec, Trace, TraceItem, load_trace, save_trace
+from stepserve.bench.trace_files import load_trace, save_trace
+from stepserve.bench.workload import RequestSpec, Trace, TraceItem
 from stepserve.cli import main as stepserve_main
 from stepserve.commands.bench import main as bench_main
 

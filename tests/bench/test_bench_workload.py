@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from stepserve.bench.workload import (Mix, RequestSpec, load_trace, poisson_trace, save_trace, user_requests)
+from stepserve.bench.trace_files import load_trace, save_trace
+from stepserve.bench.workload import Mix, RequestSpec, poisson_trace, user_requests
 
 
 def test_same_seed_same_trace_and_different_seed_differs():

@@ -1,7 +1,8 @@
 """A mix's `cache` field: drawn per request from the request's own seed, so the trace is otherwise the one without
 it; it reaches the engine's params and the HTTP body, and survives a trace saved as CSV or JSONL."""
 
-from stepserve.bench.workload import Mix, load_trace, poisson_trace, save_trace
+from stepserve.bench.trace_files import load_trace, save_trace
+from stepserve.bench.workload import Mix, poisson_trace
 
 
 def test_cache_leaves_the_rest_of_the_trace_unchanged():
