@@ -18,6 +18,7 @@ from .quality import add_quality, uncached_images
 from .plots import (BATCH_SIZE_OVER_TIME, LATENCY_CDF, THROUGHPUT_VS_LATENCY, plot_batch_sizes, plot_latency_cdf,
                     plot_throughput_vs_latency)
 from .report import conclusions, write_report
+from .report_html import write_report_html
 from .resources import capture_environment
 from .results import BenchResults, BenchSettings, CdfSeries, Startup, write_json
 from .live import LiveDriver
@@ -315,7 +316,7 @@ def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: st
 def write_outputs(run: BenchRun, out: Path) -> list[Path]:
     """results.json, report.md, latency_cdf.png, and when they apply: throughput_vs_latency.png (sweep),
     batch_size_over_time.png (in-process), trace.jsonl (the open-loop trace every contender replayed),
-    latency_model.json (what the slo contenders predicted with)."""
+    latency_model.json (what the slo contenders predicted with); last report.html, the report with its plots."""
     results = run.results
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "results.json", out / "report.md", out / LATENCY_CDF]
@@ -335,4 +336,6 @@ def write_outputs(run: BenchRun, out: Path) -> list[Path]:
     if run.latency_model is not None:
         written.append(out / LATENCY_MODEL_FILE)
         run.latency_model.save(written[-1])
+    written.append(out / "report.html")  # the report with its plots embedded
+    write_report_html(written[1], [p for p in written if p.suffix == ".png"], written[-1])
     return written

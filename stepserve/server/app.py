@@ -20,7 +20,9 @@ from ..async_engine import AsyncEngine
 from . import errors
 from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
+from .console import event_routes, page_routes
 from .edits import read_edit
+from .events import EngineEvents
 from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
@@ -47,6 +49,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
                         access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
+    events = EngineEvents(engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -61,7 +64,9 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     install_error_handlers(app)
     protected = [Depends(_auth(state))]
     app.include_router(_open_routes(state))
+    app.include_router(page_routes())
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(event_routes(events), prefix="/v1", dependencies=protected)
     app.include_router(lora_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
     app.include_router(_schema_route(app), dependencies=protected)

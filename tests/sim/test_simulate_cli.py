@@ -70,6 +70,12 @@ def test_bench_command_line_simulated_writes_the_bench_schema(tmp_path, latency_
     assert sim["clock"] == "simulated" and bench["clock"] == "wall"
     assert report.startswith("# stepserve benchmark (simulated)")
     assert (bench_out / "report.md").read_text().startswith("# stepserve benchmark\n")
+    # report.html: the same report with every plot embedded, nothing fetched from elsewhere
+    page = (bench_out / "report.html").read_text()
+    assert "<table>" in page and "<td>continuous</td>" in page and "<h2>" in page
+    plots = sorted(p.name for p in bench_out.glob("*.png"))
+    assert plots and page.count('src="data:image/png;base64,') == len(plots)
+    assert all(name in page for name in plots) and "http" not in page.replace("http-equiv", "")
 
 
 def test_simulate_and_bench_write_to_their_own_default_folders():

@@ -1,0 +1,148 @@
+"""`GET /v1/engine/events`: the engine's steps as a live Server-Sent Events stream, for the web console.
+
+Each engine step becomes one compact record, built once in the engine thread and handed to every viewer:
+
+    {"t": 12.345,            # seconds since the server started, when the step began
+     "dt": 0.031,            # how long the step took (encode + denoise + decode)
+     "rows": [[7, 3, 20]],   # requests that took a denoising step: [short id, steps done, steps in all]
+     "joined": [7],          # requests admitted at this step
+     "paused": [4],          # running requests that did not step (their bucket waited its turn)
+     "done": [[5, "completed", 1.234, 20]],  # finished: [id, status, latency from arrival (s), steps]
+     "queue": 3, "running": 6, "cap": 4}     # queue depth, requests admitted, the batch cap in force (or null)
+
+Short ids are small integers, given to a request the first time a record names it. A viewer that reads too
+slowly loses the oldest records, never blocks the engine. While no viewer is connected no record is built: the
+hub subscribes to the engine's steps when the first viewer arrives and leaves with the last; all it does
+meanwhile is remember the last finished requests (status, latency, steps) in `remember`, one append per finished
+request. On connect a viewer first gets `event: hello` with the model (its sizes and defaults), the batch bound and those recent finished
+requests (for the latency view), then `event: step` records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from collections import deque
+
+from ..types import StepReport
+
+RECENT = 500  # finished requests remembered for a viewer that connects later
+QUEUE = 1024  # records a viewer may fall behind by before the oldest are dropped
+KEEPALIVE_S = 15.0
+
+
+class EngineEvents:
+    def __init__(self, engine, started: float | None = None) -> None:
+        self.engine = engine
+        self.started = time.monotonic() if started is None else started
+        self._recent: deque[list] = deque(maxlen=RECENT)
+        self._viewers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
+        self._lock = threading.Lock()
+        self._ids: dict[str, int] = {}
+        self._next = itertools.count(1)
+        self._attached = False
+        engine.on_step.append(self.remember)
+
+    # --- the engine thread ---------------------------------------------------------------------------------------
+    def remember(self, report: StepReport) -> None:
+        """Always on: the last finished requests, [status, latency from arrival (s) or None, steps]."""
+        if report.finished:
+            with self._lock:
+                self._recent.extend([r.status.value, _latency(r), r.num_inference_steps] for r in report.finished)
+
+    def on_step(self, report: StepReport) -> None:
+        if report.duration_s == 0 and not report.finished:
+            return  # an idle step
+        line = json.dumps(self.record(report), separators=(",", ":"))
+        with self._lock:
+            viewers = list(self._viewers)
+        for loop, queue in viewers:
+            loop.call_soon_threadsafe(_offer, queue, line)
+
+    def record(self, report: StepReport) -> dict:
+        stepped = {r.request_id for r in report.progressed}
+        core = self.engine.core
+        record = {"t": round(report.now - self.started, 4), "dt": round(report.duration_s, 4),
+                  "rows": [[self._id(r.request_id), r.step, r.num_inference_steps] for r in report.progressed],
+                  "joined": [self._id(r.request_id) for r in report.admitted],
+                  "paused": [self._id(r.request_id) for r in core.running if r.request_id not in stepped],
+                  "done": [[self._id(r.request_id), r.status.value, _latency(r), r.num_inference_steps]
+                           for r in report.finished],
+                  "queue": len(core.waiting), "running": len(core.running), "cap": self._cap(report)}
+        for r in report.finished:  # after every mention above: a request may step and finish in one step
+            self._ids.pop(r.request_id, None)
+        return record
+
+    def _cap(self, report: StepReport) -> int | None:
+        """The batch cap in force for the step's bucket: a cost-aware policy's own, else the engine's bound."""
+        caps = getattr(self.engine.core.policy, "cap", None)
+        if caps and report.progressed:
+            return caps.get(report.progressed[0].bucket)
+        return self.engine.options.max_batch_size
+
+    def _id(self, request_id: str) -> int:
+        short = self._ids.get(request_id)
+        if short is None:
+            short = self._ids[request_id] = next(self._next)
+        return short
+
+    # --- viewers (the event loop) --------------------------------------------------------------------------------
+    def subscribe(self) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue(QUEUE)
+        with self._lock:
+            self._viewers.append((asyncio.get_running_loop(), queue))
+            if not self._attached:
+                self._ids.clear()  # ids of requests that finished unwatched
+                self.engine.on_step.append(self.on_step)
+                self._attached = True
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        with self._lock:
+            self._viewers = [v for v in self._viewers if v[1] is not queue]
+            if not self._viewers and self._attached:
+                self.engine.on_step.remove(self.on_step)
+                self._attached = False
+
+    @property
+    def viewers(self) -> int:
+        return len(self._viewers)
+
+    def hello(self) -> dict:
+        with self._lock:
+            recent = list(self._recent)
+        info = self.engine.model_info
+        model = {"name": info.name, "family": info.family, "default_width": info.default_width,
+                 "default_height": info.default_height, "min_size": info.min_size, "max_size": info.max_size,
+                 "size_multiple": info.size_multiple, "samplers": list(info.samplers),
+                 "default_sampler": info.default_sampler, "default_steps": info.default_steps,
+                 "max_steps": info.max_steps, "default_guidance_scale": info.default_guidance_scale,
+                 "max_guidance_scale": info.max_guidance_scale}
+        return {"model": model, "max_batch_size": self.engine.options.max_batch_size,
+                "strategy": self.engine.core.policy.name, "recent": recent,
+                "t": round(time.monotonic() - self.started, 4)}
+
+    async def chunks(self, queue: asyncio.Queue):
+        """The SSE body for the viewer of `queue` (from subscribe): hello, then step records, with a comment line
+        as keep-alive when the engine is idle. The response unsubscribes it when the stream ends."""
+        yield f"event: hello\ndata: {json.dumps(self.hello())}\n\n".encode()
+        while True:
+            try:
+                line = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield b": keep-alive\n\n"
+                continue
+            yield f"event: step\ndata: {line}\n\n".encode()
+
+
+def _latency(r) -> float | None:
+    return None if r.timing.finished is None else round(r.timing.finished - r.timing.arrival, 4)
+
+
+def _offer(queue: asyncio.Queue, line: str) -> None:
+    if queue.full():
+        queue.get_nowait()  # the slow viewer loses its oldest record
+    queue.put_nowait(line)

@@ -1,0 +1,99 @@
+"""The web console's server side: GET / serves the page and its files (nothing from elsewhere), and
+/v1/engine/events streams one compact record per engine step to each viewer, behind the API key; with no viewer
+the engine carries no per-step record callback. The Grafana dashboard names only metrics the server exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from stepserve.server.events import EngineEvents
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "stepserve-dashboard.json"
+
+
+def test_the_page_and_its_files_are_served_without_a_key(serve):
+    with serve(strategy="continuous", api_key="secret") as server:
+        page = httpx.get(server.url + "/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "/console/console.js" in page.text and "secret" not in page.text
+        for name, kind in (("console.js", "javascript"), ("console.css", "css")):
+            asset = httpx.get(f"{server.url}/console/{name}")
+            assert asset.status_code == 200 and kind in asset.headers["content-type"]
+        assert httpx.get(server.url + "/console/../app.py").status_code == 404
+        assert httpx.get(server.url + "/console/other.js").status_code == 404
+        # nothing is fetched from another host: every src/href is a local path
+        links = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert links and all(link.startswith("/console/") for link in links)
+        for name in ("console.js", "console.css"):
+            assert not re.search(r"https?://", httpx.get(f"{server.url}/console/{name}").text)
+
+
+def read_events(url: str, headers: dict, until, timeout_s: float = 30.0) -> list[tuple[str, dict]]:
+    events: list[tuple[str, dict]] = []
+    deadline = time.monotonic() + timeout_s
+    with httpx.stream("GET", url, headers=headers, timeout=timeout_s) as answer:
+        assert answer.status_code == 200, answer.read()
+        kind = None
+        for line in answer.iter_lines():
+            if line.startswith("event:"):
+                kind = line[6:].strip()
+            elif line.startswith("data:"):
+                events.append((kind, json.loads(line[5:])))
+                if until(events) or time.monotonic() > deadline:
+                    break
+    return events
+
+
+def test_events_stream_steps_to_a_viewer_behind_the_key(serve):
+    with serve(strategy="continuous", api_key="secret", max_batch_size=4) as server:
+        url = server.url + "/v1/engine/events"
+        assert httpx.get(url, timeout=5).status_code == 401
+        hub = next(cb.__self__ for cb in server.engine.on_step if isinstance(getattr(cb, "__self__", None), EngineEvents))
+        assert hub.on_step not in server.engine.on_step  # no viewer: no per-step record is built
+        body = {"prompt": "a seven", "num_inference_steps": 6, "n": 3, "seed": 1}
+        sender = threading.Thread(target=lambda: [time.sleep(0.5), httpx.post(
+            server.url + "/v1/images/generations", json=body, headers={"Authorization": "Bearer secret"},
+            timeout=60)])
+        sender.start()
+        events = read_events(url, {"Authorization": "Bearer secret"},
+                             lambda ev: sum(len(d.get("done", ())) for _, d in ev) >= 3)
+        sender.join()
+        kinds = [k for k, _ in events]
+        assert kinds[0] == "hello" and events[0][1]["model"]["name"] and events[0][1]["max_batch_size"] == 4
+        steps = [d for k, d in events if k == "step"]
+        joined = {i for d in steps for i in d["joined"]}
+        assert len(joined) == 3
+        rows = [r for d in steps for r in d["rows"]]
+        assert {r[2] for r in rows} == {6} and max(r[1] for r in rows) == 6
+        assert all(set(d) == {"t", "dt", "rows", "joined", "paused", "done", "queue", "running", "cap"} for d in steps)
+        done = [e for d in steps for e in d["done"]]
+        assert {e[0] for e in done} == joined and all(e[1] == "completed" and e[2] > 0 for e in done)
+        assert {r[0] for r in rows} == joined  # one id per request from joining to leaving
+        for _ in range(100):  # the viewer left: the hub lets go of the engine's steps
+            if hub.viewers == 0:
+                break
+            time.sleep(0.05)
+        assert hub.viewers == 0 and hub.on_step not in server.engine.on_step
+        again = read_events(url, {"Authorization": "Bearer secret"}, lambda ev: True)
+        assert [r[0] for r in again[0][1]["recent"]][-3:] == ["completed"] * 3  # remembered for the next viewer
+
+
+def test_the_dashboard_names_only_exported_metrics(serve):
+    with serve(strategy="slo") as server:
+        httpx.post(server.url + "/v1/images/generations", json={"prompt": "a seven", "num_inference_steps": 2},
+                   timeout=60)
+        exported = {line.split("{")[0].split(" ")[0] for line in httpx.get(server.url + "/metrics").text.splitlines()
+                    if line and not line.startswith("#")}
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    named = {m for e in exprs for m in re.findall(r"stepserve_[a-z_]+", e)}
+    assert named and named <= exported, named - exported
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in ("outcome", "latency", "queue", "batch", "step time", "refusals", "deadline"):
+        assert topic in titles

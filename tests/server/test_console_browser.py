@@ -1,0 +1,126 @@
+"""The web console in a real browser (headless Chromium, driven by Playwright) against a live server on the
+embedded model: a prompt submitted in the playground comes back as an image; lanes join and leave the live view
+while a small background load runs; with an API key set the page refuses until the key is entered. Screenshots
+go to $STEPSERVE_TEST_ARTIFACTS/console (or the test's temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from extras import require
+
+CHROMIUM = os.environ.get("STEPSERVE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = require("playwright.sync_api", "test")
+    if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
+        message = f"no Chromium at {CHROMIUM}: install Debian's chromium package (the README's set-up; CI does)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from stepserve.loading import load_executor
+
+    return load_executor("embedded")
+
+
+@pytest.fixture
+def shots(tmp_path):
+    root = os.environ.get("STEPSERVE_TEST_ARTIFACTS")
+    folder = Path(root) / "console" if root else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def background_load(url: str, stop: threading.Event, headers=None) -> threading.Thread:
+    """Requests of mixed step counts, a few at a time, until stopped."""
+    def run():
+        i = 0
+        with httpx.Client(timeout=60, headers=headers) as client:
+            while not stop.is_set():
+                client.post(url + "/v1/images/generations", json={"prompt": "a handwritten three", "n": 2,
+                                                                  "num_inference_steps": [6, 12, 20][i % 3],
+                                                                  "seed": i})
+                i += 1
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_playground_and_live_lanes(serve, browser, embedded, shots):
+    with serve(strategy="continuous", executor=embedded, max_batch_size=8) as server:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.url + "/")
+        page.wait_for_selector("#status.live", timeout=20_000)
+        assert page.locator("#key-form").is_hidden()
+        page.fill("#prompt", "a handwritten seven")
+        page.fill("#seed", "7")
+        page.click("#generate")
+        final = page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
+        assert final.get_attribute("src").startswith("data:image/png;base64,")
+        assert "denoising" in page.inner_text(".result .timing")
+        page.screenshot(path=str(shots / "playground.png"))
+
+        stop = threading.Event()
+        load = background_load(server.url, stop)
+        try:
+            page.wait_for_function("Number(document.getElementById('live-left').textContent) >= 6",
+                                   timeout=60_000)
+            joined = int(page.inner_text("#live-joined"))
+            left = int(page.inner_text("#live-left"))
+            assert joined >= left >= 6
+            lanes = page.evaluate("() => { const c = document.getElementById('lanes');"
+                                  " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+                                  " let n = 0; for (let i = 3; i < d.length; i += 4) n += d[i] > 0; return n; }")
+            assert lanes > 500  # lanes were drawn
+            rows = page.locator("#latency-table tbody tr")
+            assert rows.count() >= 2 and "ms" in page.inner_text("#latency-table")
+            page.screenshot(path=str(shots / "live.png"))
+            page.locator("#live").screenshot(path=str(shots / "live-batch-view.png"))
+        finally:
+            stop.set()
+            for t in load:
+                t.join(60)
+        page.close()
+
+
+def test_with_a_key_the_page_refuses_until_it_is_entered(serve, browser, embedded, shots):
+    with serve(strategy="continuous", executor=embedded, api_key="open sesame") as server:
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        page.wait_for_selector("#key-form:not([hidden])", timeout=20_000)
+        assert page.locator("#console").is_hidden() and page.inner_text("#status") == "offline"
+        page.fill("#key-input", "wrong")
+        page.click("#key-submit")
+        page.wait_for_selector("#key-error:not([hidden])", timeout=20_000)
+        assert "refused" in page.inner_text("#key-error") and page.locator("#console").is_hidden()
+        page.screenshot(path=str(shots / "key-refused.png"))
+        page.fill("#key-input", "open sesame")
+        page.click("#key-submit")
+        page.wait_for_selector("#status.live", timeout=20_000)
+        assert page.locator("#key-form").is_hidden()
+        assert "open sesame" not in page.url and page.evaluate("() => localStorage.length + sessionStorage.length") == 0
+        page.fill("#prompt", "a handwritten two")
+        page.click("#generate")
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
+        page.close()
