@@ -28,6 +28,7 @@ KINDS = {
     "sd3.5": ("sd3", {"variant": "sd3.5", "dynamic_shifting": True}),
     "flux-dev": ("flux", {"variant": "dev"}),
     "flux-schnell": ("flux", {"variant": "schnell"}),
+    "flux-fill": ("flux", {"variant": "dev", "fill": True}),
 }
 
 

@@ -114,22 +114,23 @@ class TorchExecutor:
     def _prepare(self, requests: list[Request]) -> None:
         self._check_adapters(requests)
         p = self.pipeline
-        for r, conditioning in zip(requests, self._encode(requests)):
+        # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
+        generators = [torch.Generator("cpu").manual_seed(r.params.seed) for r in requests]
+        images = inpaint.encode_start_images(p, [r.params for r in requests], generators)  # one VAE pass per size
+        for r, conditioning, generator, image in zip(requests, self._encode(requests), generators, images):
             r.conditioning = conditioning
             schedule = p.schedule(r.params)
             if schedule.num_steps != r.num_inference_steps:  # every sampler's table has one entry per step asked
                 raise RuntimeError(f"the {r.params.sampler} schedule has {schedule.num_steps} steps for "
                                    f"num_inference_steps={r.num_inference_steps}")
-            # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
-            generator = torch.Generator("cpu").manual_seed(r.params.seed)
             if r.params.image is None:
                 r.latents = p.initial_latents(r.params, generator) * sampling.init_noise_sigma(schedule)
             elif r.params.mask_image is not None:  # inpainting (pipelines/inpaint.py)
                 schedule = starting_at(schedule, r.step)
-                r.latents, r.inpaint = inpaint.start(p, r.params, generator, schedule, r.step)
+                r.latents, r.inpaint = inpaint.start(p, r.params, generator, schedule, r.step, image)
             else:  # img2img: the encoded image (sampled with the generator), noised to the step it starts at
                 schedule = starting_at(schedule, r.step)
-                r.latents = p.start_latents(r.params, generator, schedule, r.step)
+                r.latents = p.start_latents(generator, schedule, r.step, image)
             r.sampler_state = sampling.new_state(schedule, generator)
 
     def _check_adapters(self, requests: list[Request]) -> None:

@@ -157,15 +157,9 @@ class StableDiffusionAdapter(FamilyAdapter):
         return self.networks.denoise(latents, timesteps, encoder_hidden_states=embeds)
 
     @torch.no_grad()
-    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-        """The request's input image as StableDiffusionImg2ImgPipeline encodes it: VaeImageProcessor.preprocess
-        (resized to the request's size, [-1, 1]), the VAE's latent distribution sampled with the request's
-        generator, times the VAE's scaling factor."""
-        return self.inpaint_latents(self.image_pixels(params), generator)
-
-    @torch.no_grad()
-    def inpaint_latents(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Pixels as StableDiffusionInpaintPipeline._encode_vae_image encodes them (as img2img does)."""
+    def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:
+        """Images as StableDiffusionImg2ImgPipeline (and the inpaint pipeline) encode them: the VAE's latent
+        distribution sampled with the generator(s), times the VAE's scaling factor."""
         return self.networks.encode_image(pixels, generator) * self.vae_scaling_factor
 
     # --- decoder -----------------------------------------------------------------------------------------------

@@ -233,20 +233,31 @@ class FamilyAdapter:
     # --- image to image ----------------------------------------------------------------------------------------
     image_processor_scale: ClassVar[int] = 1  # the VaeImageProcessor's factor, in units of vae_scale_factor
 
-    def start_latents(self, params: SamplingParams, generator: torch.Generator, schedule, step: int) -> Tensor:
+    def start_latents(self, generator: torch.Generator, schedule, step: int, encoded: Tensor) -> Tensor:
         """The starting latents of an image-to-image request as the family's diffusers img2img pipeline makes them:
-        the image encoded (image_latents, which samples the VAE's distribution with the request's generator), noise
+        its image `encoded` (image_latents: the VAE's distribution sampled with the request's generator first), noise
         drawn next from the same generator, mixed at the level of `step` by the sampler's scheduler, packed."""
         from ..sampling.img2img import add_noise
 
-        encoded = self.image_latents(params, generator)
         noise = torch.randn(encoded.shape, generator=generator, dtype=encoded.dtype).to(encoded.device)
         return self.pack_latents(add_noise(schedule, encoded, noise, step))
 
-    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> Tensor:
-        """The request's image in the denoiser's (unpacked) latent space; families that serve img2img implement it
-        (ModelInfo.img2img)."""
+    def image_latents(self, pixels: Tensor, generator) -> Tensor:
+        """Images (image_pixels, batched on dim 0) in the denoiser's (unpacked) latent space, as the family's img2img
+        pipeline encodes one: the VAE's distribution sampled with `generator` (one per row, or a list of them: each
+        row is then drawn from its own, as that row alone would be). Families that serve img2img implement it."""
         raise NotImplementedError
+
+    def inpaint_latents(self, pixels: Tensor, generator) -> Tensor:
+        """image_latents as the family's inpaint pipeline encodes (SDXL's scales differently)."""
+        return self.image_latents(pixels, generator)
+
+    inpaint_from_image: ClassVar[bool] = False  # the inpaint pipeline starts from the encoded image at strength 1 too
+
+    def inpaint_channels(self, mask: Tensor, masked_latents: Tensor) -> Tensor:
+        """An inpainting UNet's extra input: the mask at latent resolution, then the masked image's latents."""
+        mask = torch.nn.functional.interpolate(mask, size=tuple(masked_latents.shape[-2:]))
+        return torch.cat([mask.to(masked_latents.dtype), masked_latents], dim=1)
 
     def image_pixels(self, params: SamplingParams) -> Tensor:
         """The request's image as the pipeline's VaeImageProcessor.preprocess gives it: resized to the request's

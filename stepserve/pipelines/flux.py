@@ -31,7 +31,8 @@ from ..types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter, to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info
 
-PIPELINE_CLASS = "FluxPipeline"
+PIPELINE_CLASSES = ("FluxPipeline", "FluxFillPipeline")  # Fill: inpainting, mask and masked image as channels
+FILL_GUIDANCE = 30.0  # FluxFillPipeline.__call__'s default guidance_scale
 T5_MAX_LENGTH = 512  # FluxPipeline's max_sequence_length default (and its upper bound)
 DEFAULT_SAMPLE_SIZE = 128  # FluxPipeline.default_sample_size: default height/width = 128 * vae_scale_factor
 DEFAULT_STEPS = 28  # FluxPipeline.__call__ defaults
@@ -124,11 +125,13 @@ class FluxAdapter(FamilyAdapter):
     lora_loader = ("diffusers.loaders.lora_pipeline:FluxLoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real Flux prompt is 512 x 4096 values
 
+    inpaint_from_image = True  # FluxFillPipeline.prepare_latents encodes the image at every strength
+
     def __init__(self, tokenizer, tokenizer_2, networks: FluxTorchNetworks, *, vae_scaling_factor: float,
                  vae_shift_factor: float, guidance_embeds: bool, max_sequence_length: int = T5_MAX_LENGTH,
-                 **common) -> None:
+                 fill: bool = False, **common) -> None:
         """`common`: FamilyAdapter's keywords (scheduler_config, info, latent_channels, vae_scale_factor, device,
-        dtype)."""
+        dtype); `fill`: a Flux Fill transformer (mask and masked image as extra input channels)."""
         if not 1 <= max_sequence_length <= T5_MAX_LENGTH:
             raise ValueError(f"max_sequence_length must be in 1..{T5_MAX_LENGTH} (FluxPipeline's bound); "
                              f"got {max_sequence_length!r}")
@@ -137,8 +140,9 @@ class FluxAdapter(FamilyAdapter):
         self.tokenizer_2 = tokenizer_2
         self.vae_scaling_factor = vae_scaling_factor
         self.vae_shift_factor = vae_shift_factor
-        if hasattr(networks, "encode_image"):  # FluxImg2ImgPipeline's default strength is 0.6
-            self.info = replace(self.info, img2img=True, default_strength=0.6, img2img_start="floor_start")
+        if hasattr(networks, "encode_image"):  # FluxImg2ImgPipeline's default strength is 0.6, FluxFillPipeline's 1
+            self.info = replace(self.info, img2img=True, default_strength=0.6, img2img_start="floor_start",
+                                inpaint="channels" if fill else "", default_inpaint_strength=1.0)
         self.guidance_embeds = guidance_embeds
         self.max_sequence_length = max_sequence_length
 
@@ -148,7 +152,7 @@ class FluxAdapter(FamilyAdapter):
         from diffusers import AutoencoderKL, FluxTransformer2DModel
         from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, T5EncoderModel
 
-        folder = PipelineFolder.open(model, PIPELINE_CLASS)
+        folder = PipelineFolder.open(model, PIPELINE_CLASSES)
         device = torch.device(device)
         tokenizer, tokenizer_2, text_encoder, text_encoder_2, transformer, vae = folder.load(
             dtype, tokenizer=CLIPTokenizer, tokenizer_2=AutoTokenizer, text_encoder=CLIPTextModel,
@@ -157,10 +161,12 @@ class FluxAdapter(FamilyAdapter):
         scheduler_config = folder.scheduler_config()
         defaults = folder.serving_defaults()
         vae_scale = vae_scale_factor_of(vae.config)
+        channels = vae.config.latent_channels
+        fill = fill_transformer(transformer.config.in_channels, channels, vae_scale)
         info = flux_model_info(folder.name, vae_scale, scheduler_config, defaults,
-                               guidance_embeds=transformer.config.guidance_embeds)
+                               guidance_embeds=transformer.config.guidance_embeds, fill=fill)
         return cls(tokenizer, tokenizer_2, FluxTorchNetworks(*modules), scheduler_config=scheduler_config,
-                   info=info, latent_channels=transformer.config.in_channels // 4, vae_scale_factor=vae_scale,
+                   info=info, latent_channels=channels, vae_scale_factor=vae_scale, fill=fill,
                    vae_scaling_factor=vae.config.scaling_factor, vae_shift_factor=vae.config.shift_factor,
                    guidance_embeds=transformer.config.guidance_embeds,
                    max_sequence_length=int(defaults.get("max_sequence_length", T5_MAX_LENGTH)),
@@ -213,6 +219,14 @@ class FluxAdapter(FamilyAdapter):
     def unpack_latents(self, latents: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
         return unpack_latents(latents, *self.grid(*size))
 
+    def inpaint_channels(self, mask: torch.Tensor, masked_latents: torch.Tensor) -> torch.Tensor:
+        """FluxFillPipeline.prepare_mask_latents: the masked image's latents packed, then the full-size mask
+        (1, 1, H, W) folded into vae_scale_factor^2 channels per latent pixel and packed; joined per token."""
+        h, w = masked_latents.shape[-2:]
+        v = self.vae_scale_factor
+        folded = mask[:, 0].view(1, h, v, w, v).permute(0, 2, 4, 1, 3).reshape(1, v * v, h, w)
+        return torch.cat([pack_latents(masked_latents), pack_latents(folded.to(masked_latents.dtype))], dim=-1)
+
     # --- denoiser and decoder ----------------------------------------------------------------------------------
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, conditioning: dict,
                 cache: list | None = None) -> torch.Tensor:
@@ -231,10 +245,10 @@ class FluxAdapter(FamilyAdapter):
             return self.networks.denoise(sample, timestep, img_ids=img_ids[0], **kwargs)
 
     @torch.no_grad()
-    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-        """FluxImg2ImgPipeline._encode_vae_image: the image sampled from the VAE, shifted and scaled (unpacked:
+    def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:
+        """FluxImg2ImgPipeline._encode_vae_image: the images sampled from the VAE, shifted and scaled (unpacked:
         the noise is mixed in before packing, as the pipeline does)."""
-        return self.networks.encode_image(self.image_pixels(params), generator).to(self.dtype)
+        return self.networks.encode_image(pixels, generator).to(self.dtype)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, size: tuple[int, int]) -> list[Image.Image]:
@@ -243,8 +257,18 @@ class FluxAdapter(FamilyAdapter):
         return to_pil(self.networks.decode(latents.to(self.dtype)))
 
 
+def fill_transformer(in_channels: int, latent_channels: int, vae_scale: int) -> bool:
+    """Whether a transformer with `in_channels` is a Fill one (packed latents, packed masked-image latents and the
+    packed mask: 4C + 4C + 4 * vae_scale^2), or plain (4C); anything else is an error naming both."""
+    plain, fill = 4 * latent_channels, 8 * latent_channels + 4 * vae_scale**2
+    if in_channels not in (plain, fill):
+        raise ValueError(f"a Flux transformer with {in_channels} input channels; allowed: {plain} (text to image) or "
+                         f"{fill} (Fill: inpainting) for {latent_channels} latent channels")
+    return in_channels == fill
+
+
 def flux_model_info(name: str, vae_scale: int, scheduler_config: dict, defaults: dict, *,
-                    guidance_embeds: bool) -> ModelInfo:
+                    guidance_embeds: bool, fill: bool = False) -> ModelInfo:
     """Sizes: multiples of 2 * vae_scale (FluxPipeline's check: the latents tile into 2x2 patches); default
     128 * vae_scale (its default, 1024 for Flux.1); a quarter to twice that unless stepserve.json narrows them.
     Samplers: flow_euler, and DPM-Solver++(2M) in flow mode when the schedule shifts per resolution (FluxPipeline
@@ -255,5 +279,6 @@ def flux_model_info(name: str, vae_scale: int, scheduler_config: dict, defaults:
     return serving_info(name, defaults, size_multiple=multiple, default_size=default_size,
                         min_size=max(multiple, default_size // 4), max_size=default_size * 2,
                         default_sampler="flow_euler", default_steps=DEFAULT_STEPS,
-                        default_guidance_scale=DEFAULT_GUIDANCE, samplers=samplers, family="flux",
+                        default_guidance_scale=FILL_GUIDANCE if fill else DEFAULT_GUIDANCE, samplers=samplers,
+                        family="flux",
                         negative_prompt=False, guidance="embedded")

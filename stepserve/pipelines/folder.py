@@ -63,13 +63,14 @@ class PipelineFolder:
     index: dict
 
     @classmethod
-    def open(cls, model: str | os.PathLike, pipeline_class: str | None = None) -> "PipelineFolder":
-        """`model`: 'embedded' or a local diffusers folder; with `pipeline_class`, its model_index.json must name
-        that diffusers pipeline."""
+    def open(cls, model: str | os.PathLike, pipeline_class: str | tuple[str, ...] | None = None) -> "PipelineFolder":
+        """`model`: 'embedded' or a local diffusers folder; with `pipeline_class` (one name or several), its
+        model_index.json must name that diffusers pipeline."""
         path = resolve_model_path(model)
         index = json.loads((path / "model_index.json").read_text())
-        if pipeline_class is not None and index.get("_class_name") != pipeline_class:
-            raise ValueError(f"model: {path} holds a {index.get('_class_name')!r}, not a {pipeline_class}")
+        allowed = (pipeline_class,) if isinstance(pipeline_class, str) else pipeline_class
+        if allowed is not None and index.get("_class_name") not in allowed:
+            raise ValueError(f"model: {path} holds a {index.get('_class_name')!r}, not a {' or '.join(allowed)}")
         return cls(path, model_name(model, path), index)
 
     def scheduler_config(self) -> dict:

@@ -20,6 +20,7 @@ FAMILIES: dict[str, str] = {
     "StableDiffusionXLInpaintPipeline": "stepserve.pipelines.sdxl:StableDiffusionXLAdapter",
     "StableDiffusion3Pipeline": "stepserve.pipelines.sd3:SD3Adapter",
     "FluxPipeline": "stepserve.pipelines.flux:FluxAdapter",
+    "FluxFillPipeline": "stepserve.pipelines.flux:FluxAdapter",
 }
 
 # The families the exported backends (onnxruntime, TensorRT, Triton) serve: their graphs are SD 1/2's.

@@ -179,10 +179,9 @@ class SD3Adapter(FamilyAdapter):
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    @torch.no_grad()
-    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-        """StableDiffusion3Img2ImgPipeline.prepare_latents: the image sampled from the VAE, shifted and scaled."""
-        return self.networks.encode_image(self.image_pixels(params), generator).to(self.dtype)
+    def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:
+        """StableDiffusion3Img2ImgPipeline.prepare_latents: the images sampled from the VAE, shifted and scaled."""
+        return self.networks.encode_image(pixels, generator).to(self.dtype)
 
     def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         latents = latents / self.vae_scaling_factor + self.vae_shift_factor

@@ -178,12 +178,12 @@ class StableDiffusionXLAdapter(FamilyAdapter):
 
     # --- latents -----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def image_latents(self, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-        """StableDiffusionXLImg2ImgPipeline.prepare_latents: the image sampled from the VAE, scaled."""
-        return self.networks.encode_image(self.image_pixels(params), generator).to(self.dtype)
+    def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:
+        """StableDiffusionXLImg2ImgPipeline.prepare_latents: the images sampled from the VAE, scaled."""
+        return self.networks.encode_image(pixels, generator).to(self.dtype)
 
     @torch.no_grad()
-    def inpaint_latents(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def inpaint_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:
         """StableDiffusionXLInpaintPipeline._encode_vae_image: the VAE's sample (in the VAE's dtype, float32 when
         upcast) in the pipeline's dtype, times scaling_factor (that pipeline applies no latents_mean/std here)."""
         vae = self.networks.vae

@@ -38,6 +38,7 @@ T5_WIDTH = 32  # = transformer joint_attention_dim (4096 in Flux.1)
 LATENT_CHANNELS = 16
 VAE_SHIFT_FACTOR = 0.1159  # Flux.1's VAE config values
 VAE_SCALING_FACTOR = 0.3611
+VAE_SCALE = 2  # the tiny VAE downscales by 2 (two blocks); Flux.1's by 8
 # The scheduler_config.json of each real model (black-forest-labs/FLUX.1-dev and FLUX.1-schnell).
 SCHEDULER_CONFIGS = {
     "dev": dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_image_seq_len=256,
@@ -63,11 +64,13 @@ BENCH_OPTIONS = {"heads": 8, "layers": (2, 2), "default_size": 64}
 
 
 def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0, heads: int = 2,
-                    layers: tuple[int, int] = (1, 1), default_size: int = 32) -> Path:
+                    layers: tuple[int, int] = (1, 1), default_size: int = 32, fill: bool = False) -> Path:
     """Write a complete FluxPipeline folder with random weights to `path` (`variant` "dev" or "schnell");
     returns `path`. `heads` (of width 16) and `layers` (double-stream, single-stream blocks) size the transformer
-    (raise them for benchmarks); `default_size`: the served default image side (sizes from half to twice it)."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    (raise them for benchmarks); `default_size`: the served default image side (sizes from half to twice it);
+    `fill`: a FluxFillPipeline folder (inpainting: the transformer also takes the packed masked image and mask)."""
+    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxFillPipeline, FluxPipeline,
+                           FluxTransformer2DModel)
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     if variant not in VARIANTS:
@@ -85,7 +88,8 @@ def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0, he
         relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
     torch.manual_seed(seed + 2)
     transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=LATENT_CHANNELS * 4, num_layers=layers[0], num_single_layers=layers[1],
+        patch_size=1, in_channels=LATENT_CHANNELS * 4 * (2 if fill else 1) + (4 * VAE_SCALE**2 if fill else 0),
+        out_channels=LATENT_CHANNELS * 4, num_layers=layers[0], num_single_layers=layers[1],
         attention_head_dim=16, num_attention_heads=heads, joint_attention_dim=T5_WIDTH, pooled_projection_dim=CLIP_WIDTH,
         guidance_embeds=variant == "dev", axes_dims_rope=(4, 4, 8))
     with torch.no_grad():
@@ -98,7 +102,7 @@ def build_tiny_flux(path: str | Path, *, variant: str = "dev", seed: int = 0, he
         latent_channels=LATENT_CHANNELS, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
         shift_factor=VAE_SHIFT_FACTOR, scaling_factor=VAE_SCALING_FACTOR)
     scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIGS[variant])
-    pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+    pipe = (FluxFillPipeline if fill else FluxPipeline)(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
     pipe.save_pretrained(path)
     serving = {"height": default_size, "width": default_size, "min_size": default_size // 2,

@@ -82,3 +82,17 @@ def test_bad_edits_name_the_field(tiny_sd_path, change, field, says):
     with pytest.raises(ValidationError) as err:
         engine.generate([p])
     assert err.value.field == field and says in str(err.value)
+
+
+def test_start_images_admitted_together_are_encoded_in_one_vae_pass(tiny_sd_path, monkeypatch):
+    engine = Engine.from_pretrained(str(tiny_sd_path), strategy="continuous", max_batch_size=8)
+    vae = engine.executor.pipeline.networks.vae
+    rows, encode = [], vae.encode
+    monkeypatch.setattr(vae, "encode", lambda pixels, *a, **k: (rows.append(pixels.shape[0]), encode(pixels, *a, **k))[1])
+    reqs = [edit(i, strength=s) for i, s in enumerate((0.5, 0.75, 1.0))]
+    reqs.append(SamplingParams(prompt="a dog", seed=3, num_inference_steps=8, guidance_scale=4.0, height=16, width=16))
+    together = engine.generate(reqs)
+    assert rows == [3]  # the three edits' images in one forward of the VAE's encoder; the generation needs none
+    monkeypatch.setattr(vae, "encode", encode)
+    for p, got in zip(reqs[:3], together):  # and each image is the one diffusers gives it alone
+        assert np.abs(pixels(got.image) - reference(tiny_sd_path, p)).max() <= 1
