@@ -10,12 +10,13 @@ Each engine step becomes one compact record, built once in the engine thread and
      "done": [[5, "completed", 1.234, 20]],  # finished: [id, status, latency from arrival (s), steps]
      "queue": 3, "running": 6, "cap": 4}     # queue depth, requests admitted, the batch cap in force (or null)
 
-Short ids are small integers, given to a request the first time a record names it. A viewer that reads too
-slowly loses the oldest records, never blocks the engine. While no viewer is connected no record is built: the
+Short ids are small integers, given to a request the first time a record names it. Records reach the viewers
+in batches, FLUSH_S apart: one wake-up of the event loop per batch, not per step (each `event: steps` carries a
+JSON list of records, in order). A viewer that reads too slowly loses the oldest batches, never blocks the engine. While no viewer is connected no record is built: the
 hub subscribes to the engine's steps when the first viewer arrives and leaves with the last; all it does
 meanwhile is remember the last finished requests (status, latency, steps) in `remember`, one append per finished
 request. On connect a viewer first gets `event: hello` with the model (its sizes and defaults), the batch bound and those recent finished
-requests (for the latency view), then `event: step` records.
+requests (for the latency view), then `event: steps`, each a JSON list of step records in order.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from collections import deque
 from ..types import StepReport
 
 RECENT = 500  # finished requests remembered for a viewer that connects later
-QUEUE = 1024  # records a viewer may fall behind by before the oldest are dropped
+QUEUE = 256  # batches of records a viewer may fall behind by before the oldest are dropped
+FLUSH_S = 0.1  # records reach the viewers in batches this far apart (10 a second: enough for a live picture)
 KEEPALIVE_S = 15.0
 
 
@@ -44,6 +46,8 @@ class EngineEvents:
         self._ids: dict[str, int] = {}
         self._next = itertools.count(1)
         self._attached = False
+        self._pending: list[str] = []  # records built since the last flush (engine thread -> event loop)
+        self._flush_due = False
         engine.on_step.append(self.remember)
 
     # --- the engine thread ---------------------------------------------------------------------------------------
@@ -58,9 +62,22 @@ class EngineEvents:
             return  # an idle step
         line = json.dumps(self.record(report), separators=(",", ":"))
         with self._lock:
+            self._pending.append(line)
+            if self._flush_due or not self._viewers:
+                return
+            self._flush_due = True
+            loop = self._viewers[0][0]
+        loop.call_soon_threadsafe(loop.call_later, FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        """(the event loop) Every record since the last flush, to every viewer as one batch."""
+        with self._lock:
+            lines, self._pending, self._flush_due = self._pending, [], False
             viewers = list(self._viewers)
-        for loop, queue in viewers:
-            loop.call_soon_threadsafe(_offer, queue, line)
+        if lines:
+            batch = "[" + ",".join(lines) + "]"
+            for _, queue in viewers:
+                _offer(queue, batch)
 
     def record(self, report: StepReport) -> dict:
         stepped = {r.request_id for r in report.progressed}
@@ -103,6 +120,8 @@ class EngineEvents:
     def unsubscribe(self, queue: asyncio.Queue) -> None:
         with self._lock:
             self._viewers = [v for v in self._viewers if v[1] is not queue]
+            if not self._viewers:
+                self._pending = []
             if not self._viewers and self._attached:
                 self.engine.on_step.remove(self.on_step)
                 self._attached = False
@@ -135,7 +154,7 @@ class EngineEvents:
             except asyncio.TimeoutError:
                 yield b": keep-alive\n\n"
                 continue
-            yield f"event: step\ndata: {line}\n\n".encode()
+            yield f"event: steps\ndata: {line}\n\n".encode()
 
 
 def _latency(r) -> float | None:

@@ -62,11 +62,12 @@ def test_events_stream_steps_to_a_viewer_behind_the_key(serve):
             timeout=60)])
         sender.start()
         events = read_events(url, {"Authorization": "Bearer secret"},
-                             lambda ev: sum(len(d.get("done", ())) for _, d in ev) >= 3)
+                             lambda ev: sum(len(d["done"]) for k, b in ev if k == "steps" for d in b) >= 3)
         sender.join()
         kinds = [k for k, _ in events]
         assert kinds[0] == "hello" and events[0][1]["model"]["name"] and events[0][1]["max_batch_size"] == 4
-        steps = [d for k, d in events if k == "step"]
+        assert set(kinds[1:]) == {"steps"}
+        steps = [d for k, batch in events[1:] for d in batch]
         joined = {i for d in steps for i in d["joined"]}
         assert len(joined) == 3
         rows = [r for d in steps for r in d["rows"]]

@@ -95,7 +95,7 @@ async function connectEvents() {
     setStatus(true);
     for await (const {event, data} of sse(answer)) {
       if (event === "hello") hello(data);
-      else if (event === "step") step(data);
+      else if (event === "steps") data.forEach(step);
     }
   } catch (e) { /* the stream broke: reconnect below */ }
   setStatus(false);
