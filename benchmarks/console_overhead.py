@@ -5,8 +5,8 @@ the live batch view connected (/v1/engine/events), side by side on one server.
    hand it to the viewer's loop) for a step of 8 requests, timed in process.
 2. `stepserve serve` on the model (its default strategy), then `stepserve bench --target` measures its capacity.
 3. Rounds of one Poisson trace at --rate-frac of it, alternating: no viewer, then N viewers (each a separate
-   process at the lowest CPU priority that reads and parses every step record as the page does: a viewer's own
-   CPU is normally another machine's), then no viewer... (the order flips every round).
+   process at the lowest CPU priority that reads and parses every batch of step records as the page does: a
+   viewer's own CPU is normally another machine's), then no viewer... (the order flips every round).
 4. Per run: the engine's mean step time from /metrics (stepserve_step_latency_seconds sum / count over the run)
    and the bench's p50 / p95; printed as medians over the rounds, with the viewer runs' ratios.
 
@@ -23,7 +23,15 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from common import ROOT, add_run_args, free_port, stepserve, stop_server, summaries, wait_until_healthy
+from common import (
+    ROOT,
+    add_run_args,
+    free_port,
+    stepserve,
+    stop_server,
+    summaries,
+    wait_until_healthy,
+)
 
 
 def step_totals(url: str) -> tuple[float, float]:
@@ -47,8 +55,8 @@ signal.signal(signal.SIGTERM, done)
 with httpx.stream("GET", sys.argv[1] + "/v1/engine/events", timeout=None) as answer:
     for line in answer.iter_lines():
         if line.startswith("data:"):
-            json.loads(line[5:])
-            records += 1
+            batch = json.loads(line[5:])
+            records += len(batch) if isinstance(batch, list) else 0
 """
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from common import ROOT, free_port, stop_server, wait_until_healthy  # noqa: E402
+from common import ROOT, free_port, stop_server, wait_until_healthy
 
 
 def main() -> None:

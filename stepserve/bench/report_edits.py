@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .metrics import spread
-from .results import BenchResults
 from .report_format import fmt, table
+from .results import BenchResults
 
 
 def by_kind(results: BenchResults) -> list[str]:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tiny_sd import SCHEDULER_CLASS
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
-from tiny_sd import SCHEDULER_CLASS
 
 pytestmark = pytest.mark.usefixtures("batching_pays")
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-
 from extras import require
 
 CHROMIUM = os.environ.get("STEPSERVE_CHROMIUM", "/usr/bin/chromium")
