@@ -11,12 +11,14 @@ from . import clip_tokenizer
 
 
 def build_tiny_sdxl(path: str | Path, seed: int = 0, channels: tuple[int, int] = (32, 64), sample_size: int = 8,
-                    scheduler: str = "EulerDiscreteScheduler", force_zeros_for_empty_prompt: bool = True) -> Path:
+                    scheduler: str = "EulerDiscreteScheduler", force_zeros_for_empty_prompt: bool = True,
+                    inpainting: bool = False) -> Path:
     """Write the folder and return its path. `channels`: the UNet's block widths (raise them for benchmarks, where
     the denoiser must cost enough for batching to show); `sample_size`: the UNet's native latent size (images are
-    twice that: the VAE has two blocks)."""
+    twice that: the VAE has two blocks); `inpainting`: a 9-channel inpainting UNet, saved as a
+    StableDiffusionXLInpaintPipeline."""
     import diffusers
-    from diffusers import AutoencoderKL, StableDiffusionXLPipeline, UNet2DConditionModel
+    from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     path = Path(path)
@@ -28,7 +30,8 @@ def build_tiny_sdxl(path: str | Path, seed: int = 0, channels: tuple[int, int] =
     text_encoder = CLIPTextModel(CLIPTextConfig(**text_config))
     text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**text_config))
     unet = UNet2DConditionModel(
-        sample_size=sample_size, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=channels,
+        sample_size=sample_size, in_channels=9 if inpainting else 4, out_channels=4, layers_per_block=1,
+        block_out_channels=channels,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
         attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
         addition_time_embed_dim=8, transformer_layers_per_block=(1, 2),
@@ -40,7 +43,8 @@ def build_tiny_sdxl(path: str | Path, seed: int = 0, channels: tuple[int, int] =
     sched = getattr(diffusers, scheduler)(
         num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
         steps_offset=1, timestep_spacing="leading")
-    pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+    pipeline = diffusers.StableDiffusionXLInpaintPipeline if inpainting else diffusers.StableDiffusionXLPipeline
+    pipe = pipeline(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
                                      tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=unet, scheduler=sched,
                                      force_zeros_for_empty_prompt=force_zeros_for_empty_prompt,
                                      add_watermarker=False)

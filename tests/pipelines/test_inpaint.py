@@ -104,6 +104,18 @@ def test_sdxl_blending_alone_equals_diffusers(sdxl_path, strength):
     assert np.abs(pixels(got.image) - want).max() <= 1
 
 
+def test_sdxl_inpainting_unet_alone_equals_diffusers(tmp_path):
+    from stepserve.tiny.sdxl import build_tiny_sdxl
+
+    path = build_tiny_sdxl(tmp_path / "pipe", inpainting=True)
+    engine = Engine.from_pretrained(str(path), strategy="continuous")
+    assert engine.model_info.inpaint == "channels"
+    for strength in (None, 0.6):
+        p = inpaint(4, "euler", strength, steps=6)
+        got = engine.generate([p])[0]
+        assert np.abs(pixels(got.image) - reference(path, p, "StableDiffusionXLInpaintPipeline")).max() <= 1
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_mixed_with_generations_and_edits(tiny_sd_path, strategy):
     engine = Engine.from_pretrained(str(tiny_sd_path), strategy=strategy, max_batch_size=6, max_queue_delay_ms=1)
