@@ -6,7 +6,7 @@ without an image and a mask are refused naming the field."""
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from edit_images import mask_image, pixels, start_image
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
@@ -14,22 +14,10 @@ from stepserve.scheduling import STRATEGIES
 pytestmark = pytest.mark.usefixtures("batching_pays")
 
 
-def pixels(image) -> np.ndarray:
-    return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
-def start_image(seed: int, size: int = 32) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    base = np.linspace(0, 255, size)[:, None, None] * np.ones((1, size, 3))
-    return Image.fromarray(np.clip(base + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8))
 
 
-def mask_image(seed: int, size: int = 32) -> Image.Image:
-    rng = np.random.default_rng(2000 + seed)
-    m = np.full((size, size), 30, dtype=np.uint8)
-    top, left = rng.integers(0, size // 2, 2)
-    m[top : top + size // 2, left : left + size // 2] = 230
-    return Image.fromarray(m, mode="L")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +41,7 @@ def reference(path, p: SamplingParams) -> np.ndarray:
 
 def fill(i, strength=None, steps=4, guidance=None):
     return SamplingParams(prompt=f"a red cube {i}", seed=900 + i, num_inference_steps=steps, guidance_scale=guidance,
-                          image=start_image(i), mask_image=mask_image(i), strength=strength)
+                          image=start_image(i, 32, vertical=True), mask_image=mask_image(i, 32), strength=strength)
 
 
 @pytest.mark.parametrize("strength,guidance", [(None, None), (0.6, 3.5)])

@@ -6,23 +6,17 @@ strategy, each image is the one it gets alone. Bad images and strengths fail tha
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from edit_images import pixels, start_image
+from tiny_sd import SCHEDULER_CLASS
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
-from tiny_sd import SCHEDULER_CLASS
 
 pytestmark = pytest.mark.usefixtures("batching_pays")
 
 
-def pixels(image) -> np.ndarray:
-    return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
-def start_image(seed: int, size: int = 16) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    base = np.linspace(0, 255, size)[None, :, None] * np.ones((size, 1, 3))
-    return Image.fromarray(np.clip(base + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8))
 
 
 def reference(path, p: SamplingParams) -> np.ndarray:

@@ -7,7 +7,7 @@ Bad masks fail that request alone, naming the field."""
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from edit_images import mask_image, pixels, start_image
 from tiny_sd import SCHEDULER_CLASS
 
 from stepserve import Engine, SamplingParams, ValidationError
@@ -16,23 +16,10 @@ from stepserve.scheduling import STRATEGIES
 pytestmark = pytest.mark.usefixtures("batching_pays")
 
 
-def pixels(image) -> np.ndarray:
-    return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
-def start_image(seed: int, size: int = 16) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    base = np.linspace(0, 255, size)[None, :, None] * np.ones((size, 1, 3))
-    return Image.fromarray(np.clip(base + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8))
 
 
-def mask_image(seed: int, size: int = 16) -> Image.Image:
-    """A grey-level mask (the processor binarises it at 0.5): a random rectangle to repaint."""
-    rng = np.random.default_rng(1000 + seed)
-    m = np.zeros((size, size), dtype=np.uint8) + 40
-    top, left = rng.integers(0, size // 2, 2)
-    m[top : top + size // 2, left : left + size // 2] = 220
-    return Image.fromarray(m, mode="L")
 
 
 @pytest.fixture(scope="module")
