@@ -1,7 +1,7 @@
 """The web console in a real browser (headless Chromium, driven by Playwright) against a live server on the
 embedded model: a prompt submitted in the playground comes back as an image; lanes join and leave the live view
 while a small background load runs; with an API key set the page refuses until the key is entered. Screenshots
-go to $STEPSERVE_TEST_ARTIFACTS/console (or the test's temporary folder)."""
+are kept in $STEPSERVE_TEST_ARTIFACTS/console, else test-artifacts/console."""
 
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ def embedded():
 
 
 @pytest.fixture
-def shots(tmp_path):
-    root = os.environ.get("STEPSERVE_TEST_ARTIFACTS")
-    folder = Path(root) / "console" if root else tmp_path
+def shots():
+    """Where the screenshots are kept: $STEPSERVE_TEST_ARTIFACTS/console, else test-artifacts/console in the
+    repository (ignored by git), so a run's pictures can be looked at afterwards."""
+    root = os.environ.get("STEPSERVE_TEST_ARTIFACTS") or Path(__file__).resolve().parents[2] / "test-artifacts"
+    folder = Path(root) / "console"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
