@@ -50,6 +50,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
                         access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
     events = EngineEvents(engine)
+    state.events = events  # start_drain ends its streams
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -106,6 +107,8 @@ def start_drain(app: FastAPI) -> None:
     state: ServerState = app.state.server
     state.draining = True
     state.engine.accepting = False
+    if state.events is not None:  # the console's event streams never end by themselves
+        state.events.close()
 
 
 def is_idle(app: FastAPI) -> bool:

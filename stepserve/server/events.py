@@ -48,6 +48,7 @@ class EngineEvents:
         self._attached = False
         self._pending: list[str] = []  # records built since the last flush (engine thread -> event loop)
         self._flush_due = False
+        self.closed = False  # the server is draining: every stream ends, and a new one ends after its hello
         engine.on_step.append(self.remember)
 
     # --- the engine thread ---------------------------------------------------------------------------------------
@@ -126,6 +127,15 @@ class EngineEvents:
                 self.engine.on_step.remove(self.on_step)
                 self._attached = False
 
+    def close(self) -> None:
+        """End every viewer's stream (any thread): the server is shutting down, and an open stream would hold
+        uvicorn's graceful shutdown for its whole timeout."""
+        with self._lock:
+            self.closed = True
+            viewers = list(self._viewers)
+        for loop, queue in viewers:
+            loop.call_soon_threadsafe(_offer, queue, None)
+
     @property
     def viewers(self) -> int:
         return len(self._viewers)
@@ -148,12 +158,14 @@ class EngineEvents:
         """The SSE body for the viewer of `queue` (from subscribe): hello, then step records, with a comment line
         as keep-alive when the engine is idle. The response unsubscribes it when the stream ends."""
         yield f"event: hello\ndata: {json.dumps(self.hello())}\n\n".encode()
-        while True:
+        while not self.closed:
             try:
                 line = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
             except asyncio.TimeoutError:
                 yield b": keep-alive\n\n"
                 continue
+            if line is None:  # close(): the server is shutting down
+                return
             yield f"event: steps\ndata: {line}\n\n".encode()
 
 

@@ -43,6 +43,7 @@ class ServerState:
     draining: bool = False
     recent_request_s: float = 1.0  # smoothed engine time per request, for Retry-After
     access_log: bool = True  # one INFO line per image request on the "stepserve.access" logger
+    events: Any = None  # the engine's steps for the console (server/events.py), ended when draining starts
 
     def request_done(self, outcome: str, status: int, started: float, results: Sequence[Any] = ()) -> None:
         """Every image request ends here, once: its metrics and its access-log line (method, path, status,

@@ -98,3 +98,30 @@ def test_the_dashboard_names_only_exported_metrics(serve):
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("outcome", "latency", "queue", "batch", "step time", "refusals", "deadline"):
         assert topic in titles
+
+
+def test_draining_ends_the_event_streams(serve):
+    """An events stream never ends by itself; when the server starts draining it must, or it would hold the
+    graceful shutdown for its whole timeout."""
+    from stepserve.server.app import start_drain
+
+    with serve(strategy="continuous") as server:
+        hub = server.app.state.server.events
+        ended = threading.Event()
+
+        def viewer():
+            with httpx.stream("GET", server.url + "/v1/engine/events", timeout=30) as answer:
+                for _ in answer.iter_lines():
+                    pass
+            ended.set()
+
+        threading.Thread(target=viewer, daemon=True).start()
+        for _ in range(200):
+            if hub.viewers:
+                break
+            time.sleep(0.02)
+        assert hub.viewers == 1 and not ended.is_set()
+        start_drain(server.app)
+        assert ended.wait(5)
+        late = read_events(server.url + "/v1/engine/events", {}, lambda ev: False, timeout_s=10)
+        assert [k for k, _ in late] == ["hello"]  # a viewer arriving while draining gets its hello, then the end
