@@ -26,3 +26,11 @@ def mask_image(seed: int, size: int = 16) -> Image.Image:
     top, left = rng.integers(0, size // 2, 2)
     m[top : top + size // 2, left : left + size // 2] = 220
     return Image.fromarray(m, mode="L")
+
+
+def assert_each_its_own(engine, requests) -> None:
+    """Served together in one engine, every request gets the image it gets alone (uint8 within 1)."""
+    alone = [engine.generate([p])[0] for p in requests]
+    together = engine.generate(requests)
+    for a, b in zip(alone, together):
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1

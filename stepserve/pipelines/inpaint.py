@@ -68,7 +68,6 @@ def start(adapter, params, generator: torch.Generator, schedule: sampling.Schedu
     """(the request's starting latents, its Inpaint state). `image_latents`: the image as the family's inpaint
     pipeline encodes it (`adapter.inpaint_latents`, sampled from the request's generator first) where
     encodes_image says so, else None."""
-    pixels = adapter.image_pixels(params).float()  # the pipelines keep the preprocessed image in float32
     noise = None
     if adapter.inpaint_from_image:  # Flux Fill: its img2img start (noise drawn next, mixed at the step's level)
         latents = adapter.start_latents(generator, schedule, step, image_latents)
@@ -80,8 +79,8 @@ def start(adapter, params, generator: torch.Generator, schedule: sampling.Schedu
         else:
             latents = add_noise(schedule, image_latents, noise, step)
     mask_full = mask_pixels(params, adapter.vae_scale_factor * adapter.image_processor_scale).to(adapter.device)
-    masked = (pixels * (mask_full < 0.5)).to(adapter.dtype)
-    if adapter.info.inpaint == "channels":
+    if adapter.info.inpaint == "channels":  # the pipelines keep the preprocessed image in float32 until here
+        masked = (adapter.image_pixels(params).float() * (mask_full < 0.5)).to(adapter.dtype)
         masked_latents = adapter.inpaint_latents(masked, generator).to(adapter.dtype)
         return latents, Inpaint(extra=adapter.inpaint_channels(mask_full, masked_latents))
     mask = torch.nn.functional.interpolate(mask_full, size=tuple(noise.shape[-2:])).to(adapter.dtype)

@@ -6,7 +6,7 @@ without an image and a mask are refused naming the field."""
 import numpy as np
 import pytest
 import torch
-from edit_images import mask_image, pixels, start_image
+from edit_images import assert_each_its_own, mask_image, pixels, start_image
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
@@ -58,10 +58,7 @@ def test_alone_equals_diffusers_flux_fill(fill_path, strength, guidance):
 def test_mixed_strengths_steps_and_guidance(fill_path, strategy):
     engine = Engine.from_pretrained(str(fill_path), strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
     reqs = [fill(i, [None, 0.5, 0.75][i % 3], steps=[3, 5][i % 2], guidance=[None, 4.0][i % 2]) for i in range(5)]
-    alone = [engine.generate([p])[0] for p in reqs]
-    together = engine.generate(reqs)
-    for a, b in zip(alone, together):
-        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    assert_each_its_own(engine, reqs)
 
 
 def test_a_fill_model_needs_an_image_and_a_mask(fill_path):

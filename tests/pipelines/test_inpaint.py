@@ -7,7 +7,7 @@ Bad masks fail that request alone, naming the field."""
 import numpy as np
 import pytest
 import torch
-from edit_images import mask_image, pixels, start_image
+from edit_images import assert_each_its_own, mask_image, pixels, start_image
 from tiny_sd import SCHEDULER_CLASS
 
 from stepserve import Engine, SamplingParams, ValidationError
@@ -115,10 +115,7 @@ def test_mixed_with_generations_and_edits(tiny_sd_path, strategy):
             reqs.append(inpaint(i, ["dpmpp_2m", "euler_a"][i % 2], [0.5, 1.0][i % 2], steps=[6, 8][i % 2]))
         else:
             reqs.append(SamplingParams(**{**vars(inpaint(i, "euler", 0.75, steps=6)), "mask_image": None}))
-    alone = [engine.generate([p])[0] for p in reqs]
-    together = engine.generate(reqs)
-    for a, b in zip(alone, together):
-        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    assert_each_its_own(engine, reqs)
 
 
 @pytest.mark.parametrize("strategy", ["continuous", "dynamic", "slo"])
@@ -126,10 +123,7 @@ def test_inpainting_unet_mixed_strengths(inpainting_path, strategy):
     engine = Engine.from_pretrained(str(inpainting_path), strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
     reqs = [inpaint(i, ["dpmpp_2m", "euler"][i % 2], [1.0, 0.5, 0.75][i % 3], steps=[6, 8][i % 2],
                     guidance=[1.0, 4.0][i % 2]) for i in range(6)]
-    alone = [engine.generate([p])[0] for p in reqs]
-    together = engine.generate(reqs)
-    for a, b in zip(alone, together):
-        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    assert_each_its_own(engine, reqs)
 
 
 def test_bad_masks_name_the_field(tiny_sd_path, inpainting_path):
