@@ -10,7 +10,7 @@ from extras import require
 from leftovers import Command, gone_within
 
 from stepserve.deploy.triton.repository import RepositoryOptions, write_repository
-from stepserve.deploy.triton.server import free_port
+from stepserve.ports import free_ports
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,7 +29,7 @@ def test_sigterm_stops_tritonserver_and_its_stubs(embedded_onnx, tmp_path):
     require("pytriton", "triton")
     repo = write_repository(embedded_onnx, tmp_path / "repo", RepositoryOptions(mode="stepserve", max_batch_size=2,
                                                                                  threads=1), quiet=True)
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     command = Command([str(repo), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port",
                        str(ports[2])], tmp_path, module="stepserve.deploy.triton.server")
     try:

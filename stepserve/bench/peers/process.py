@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -28,12 +27,6 @@ KILL_WAIT_S = 10.0
 
 class PeerError(RuntimeError):
     """A peer did not start, or did not stop cleanly."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tagged_pids(tag: str) -> list[int]:

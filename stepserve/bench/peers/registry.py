@@ -16,8 +16,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ...ports import free_port, free_ports
 from .handler import HandlerOptions
-from .process import PeerProcess, file_ready, free_port, url_ready
+from .process import PeerProcess, file_ready, url_ready
 
 PEERS = ("triton", "ray", "litserve")
 DEFAULT_BATCH_SIZES = (4, 8)
@@ -163,7 +164,7 @@ def launch(setting: PeerSetting, ctx: PeerContext, index: int) -> Launch:
         argv = python + ["stepserve.bench.peers.litserve_peer", "--port", str(port), *wait, *h.argv()]
         url = f"http://127.0.0.1:{port}"
         return Launch(PeerProcess(setting.name, argv, url_ready(url + "/health"), log, env), "http", url)
-    ports, ready = [free_port() for _ in range(3)], run_dir / "ready"
+    ports, ready = free_ports(3), run_dir / "ready"
     argv = python + ["stepserve.bench.peers.triton_peer", "--repo", str(run_dir / "repo"), "--http-port",
                      str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--ready-file",
                      str(ready), *wait, *h.argv()]

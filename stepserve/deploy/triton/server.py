@@ -23,7 +23,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from ...api_key import resolve_api_key
 from ...interrupts import handle_sigterm_as_ctrl_c
+from ...ports import free_ports
 
 STOP_TIMEOUT_S = 20.0
 
@@ -48,12 +48,6 @@ class Ports:
     http: int
     grpc: int
     metrics: int
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pytriton_dir() -> Path:
@@ -101,7 +95,7 @@ class TritonServer:
     def __init__(self, repository: str | os.PathLike, ports: Ports | None = None, log_file: str | None = None,
                  host: str = "127.0.0.1", quiet: bool = False, api_key: str | None = None) -> None:
         self.repository = Path(repository).resolve()
-        self.ports = ports or Ports(free_port(), free_port(), free_port())
+        self.ports = ports or Ports(*free_ports(3))
         self.host = host
         self.quiet = quiet
         self.workdir = Path(tempfile.mkdtemp(prefix="stepserve-triton-"))
