@@ -35,7 +35,7 @@ from pathlib import Path
 from stepserve.bench.app import BenchConfig, live_testbed, run_bench
 from stepserve.bench.metrics import percentile
 from stepserve.bench.runner import measure_capacity, measure_idle
-from stepserve.bench.targets import Contender
+from stepserve.bench.targets import OK, Contender
 from stepserve.bench.trace_files import save_trace
 from stepserve.bench.workload import Mix, Trace, TraceItem, poisson_trace
 from stepserve.engine_config import EngineOptions
@@ -110,21 +110,44 @@ def config(mix: Mix, contenders: list[Contender], folder: Path, seed: int, **ext
 
 
 async def calibrate(regime: Regime, mix: Mix, contenders: list[Contender], batch: int, seed: int,
-                    live_capacity_s: float):
-    """Standalone latency per step count, and each contender's saturated capacity (req/s)."""
+                    live_capacity_s: float, rounds: int = 1):
+    """Standalone latency per step count, and each contender's saturated capacity (req/s).
+
+    Live, capacity is measured in `rounds` rounds, the contenders' order rotating each round, and each contender
+    gets the median of its rounds. A round's rate counts the denoising steps completed in the window, over the
+    mix's mean steps per request: the count of requests completed in a short window also varies with how many
+    long or short ones the draw put there (about 7% for 70 requests of 4/10/20 steps), which is not capacity."""
     with tempfile.TemporaryDirectory() as tmp:
         bed = regime.testbed(config(mix, contenders, Path(tmp), seed))
         idle = await measure_idle(bed.driver, bed.makers.reference, mix, progress=False, seed=seed)
         longest = max(i.latency_s for i in idle)
-        # a compute-bound full batch takes about `batch` lone requests: the window must hold several of them
-        duration = max(60.0, 5.0 * longest * batch) if regime.setup is not None else max(live_capacity_s,
-                                                                                          5.0 * longest)
-        warmup = 2.0 * longest * (batch if regime.setup is not None else 1)
-        capacity = {}
-        for c, maker in zip(contenders, bed.makers.contenders):
-            cap = await measure_capacity(bed.driver, maker, mix, 2 * batch, duration, warmup, seed, False)
-            capacity[c.name] = cap.rps
-    return {i.steps: i.latency_s for i in idle}, capacity
+        if regime.setup is not None:  # simulated: exact, one round
+            # a compute-bound full batch takes about `batch` lone requests: the window must hold several of them
+            duration, warmup = max(60.0, 5.0 * longest * batch), 2.0 * longest * batch
+            capacity = {}
+            for c, maker in zip(contenders, bed.makers.contenders):
+                cap = await measure_capacity(bed.driver, maker, mix, 2 * batch, duration, warmup, seed, False)
+                capacity[c.name] = cap.rps
+            return {i.steps: i.latency_s for i in idle}, capacity
+        duration, warmup = max(live_capacity_s, 5.0 * longest), 2.0 * longest
+        recorder = Recording(bed.driver)
+        pairs = list(zip(contenders, bed.makers.contenders))
+        mean_steps = sum(v * w for v, w in zip(mix.steps.values, mix.steps.weights)) / sum(mix.steps.weights)
+        rates: dict[str, list[float]] = {}
+        for k in range(rounds):
+            for c, maker in pairs[k % len(pairs):] + pairs[:k % len(pairs)]:
+                await measure_capacity(recorder, maker, mix, 2 * batch, duration, warmup, seed + k, False)
+                rates.setdefault(c.name, []).append(step_rate(recorder.results[maker.name][-1]) / mean_steps)
+        print("  capacity rounds (req/s of the mix): " + ", ".join(
+            f"{name} {' '.join(f'{r:.3g}' for r in rs)}" for name, rs in rates.items()), file=sys.stderr, flush=True)
+    return {i.steps: i.latency_s for i in idle}, {name: statistics.median(rs) for name, rs in rates.items()}
+
+
+def step_rate(result) -> float:
+    """Denoising steps of the requests completed inside the measured window, per second."""
+    lo, hi = result.window_start_s, result.window_end_s
+    done = [o for o in result.outcomes if o.status == OK and o.done_s is not None and lo <= o.done_s <= hi]
+    return sum(o.spec.num_inference_steps for o in done) / (hi - lo) if hi > lo else 0.0
 
 
 def cell_metrics(result, standalone: dict[int, float]) -> dict:
@@ -198,7 +221,7 @@ def run_regime(name: str, specs: list[str], args) -> list[dict]:
         labels = {s: c for s, c in labels.items() if s == "default" or c != labels["default"]}
     distinct = list({c.name: c for c in labels.values()}.values())
     standalone, capacity = asyncio.run(calibrate(regime, mix, distinct, args.max_batch_size, args.seed,
-                                                 args.live_capacity_s))
+                                                 args.live_capacity_s, args.repeats))
     best = max(capacity, key=capacity.get)
     repeats = args.repeats if regime.setup is None else 1  # a simulated run repeats itself exactly
     rows = []

@@ -80,6 +80,8 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     wrapper = BatchBucketedNetworks(inner, buckets, fixed_rows=fixed, fixed_other_rows=max_batch_size,
                                denoise_fn=denoise_fn, cuda_graphs=cuda_graphs, channels_last=channels_last)
     pipeline.networks = wrapper
+    if hasattr(pipeline, "fixed_text_length"):  # text of its own length per prompt (Qwen-Image): one fixed length
+        pipeline.fixed_text_length = pipeline.max_sequence_length
     log.info("fast path: %s denoiser at batch sizes %s%s%s", f"compiled ({options.compile_backend}, {mode})"
              if options.compile else "eager", ", ".join(map(str, wrapper.batch_buckets)),
              ", CUDA graphs" if cuda_graphs else "", ", deterministic" if options.deterministic else "")

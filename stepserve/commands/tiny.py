@@ -29,6 +29,7 @@ KINDS = {
     "flux-dev": ("flux", {"variant": "dev"}),
     "flux-schnell": ("flux", {"variant": "schnell"}),
     "flux-fill": ("flux", {"variant": "dev", "fill": True}),
+    "qwenimage": ("qwenimage", {}),
 }
 
 

@@ -21,6 +21,7 @@ FAMILIES: dict[str, str] = {
     "StableDiffusion3Pipeline": "stepserve.pipelines.sd3:SD3Adapter",
     "FluxPipeline": "stepserve.pipelines.flux:FluxAdapter",
     "FluxFillPipeline": "stepserve.pipelines.flux:FluxAdapter",
+    "QwenImagePipeline": "stepserve.pipelines.qwenimage:QwenImageAdapter",
 }
 
 # The families the exported backends (onnxruntime, TensorRT, Triton) serve: their graphs are SD 1/2's.
