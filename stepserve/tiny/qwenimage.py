@@ -66,8 +66,12 @@ def build_tiny_qwenimage(path: str | Path, *, seed: int = 0, heads: int = 2, lay
                          default_size: int = 32) -> Path:
     """Write a complete QwenImagePipeline folder with random weights to `path`; returns `path`. `heads` (of width
     16) and `layers` size the transformer; `default_size`: the served default image side (half to twice it)."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
-                           QwenImageTransformer2DModel)
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     path = Path(path)

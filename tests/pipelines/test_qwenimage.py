@@ -145,7 +145,10 @@ def test_model_info_and_validation(qwen):
 
 
 def test_encoding_latents_and_schedules_follow_the_pipeline(qwen):
-    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import (
+        calculate_shift,
+        retrieve_timesteps,
+    )
 
     from stepserve.pipelines.qwenimage import QwenImageAdapter
 
