@@ -30,6 +30,8 @@ KINDS = {
     "flux-schnell": ("flux", {"variant": "schnell"}),
     "flux-fill": ("flux", {"variant": "dev", "fill": True}),
     "qwenimage": ("qwenimage", {}),
+    "flux2-klein": ("flux2", {}),
+    "flux2-klein-distilled": ("flux2", {"distilled": True}),
 }
 
 

@@ -22,6 +22,7 @@ FAMILIES: dict[str, str] = {
     "FluxPipeline": "stepserve.pipelines.flux:FluxAdapter",
     "FluxFillPipeline": "stepserve.pipelines.flux:FluxAdapter",
     "QwenImagePipeline": "stepserve.pipelines.qwenimage:QwenImageAdapter",
+    "Flux2KleinPipeline": "stepserve.pipelines.flux2:Flux2Adapter",
 }
 
 # The families the exported backends (onnxruntime, TensorRT, Triton) serve: their graphs are SD 1/2's.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import string
 
-FAMILY_MODULES = ("sd", "sdxl", "sd3", "flux")  # probed by benchmarks/families.py; a missing module is skipped
+FAMILY_MODULES = ("sd", "sdxl", "sd3", "flux", "qwenimage", "flux2")  # probed by benchmarks/families.py; a missing module is skipped
 
 
 def clip_tokenizer(max_length: int = 77, pad_token: str | None = None):
@@ -20,3 +20,32 @@ def clip_tokenizer(max_length: int = 77, pad_token: str | None = None):
         vocab.setdefault(c + "</w>", len(vocab))
     extra = {} if pad_token is None else {"pad_token": pad_token}
     return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length, **extra)
+
+
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+
+
+def byte_symbols() -> list[str]:
+    """The 256 printable symbols byte-level BPE writes the bytes 0..255 as (GPT-2's table, which Qwen2 uses)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, extra = {b: b for b in kept}, 0
+    for b in range(256):
+        if b not in symbols:
+            symbols[b] = 256 + extra
+            extra += 1
+    return [chr(symbols[b]) for b in range(256)]
+
+
+def qwen_tokenizer(chat_template: str | None = None):
+    """A Qwen2 tokenizer (byte-level BPE, no merges: one token per byte) with Qwen's chat tokens, built offline;
+    `chat_template`: a Jinja chat template for apply_chat_template."""
+    from transformers import Qwen2Tokenizer
+
+    vocab = {s: i for i, s in enumerate(byte_symbols())}
+    for token in ("<|endoftext|>", *CHAT_TOKENS):
+        vocab[token] = len(vocab)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
+    tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer

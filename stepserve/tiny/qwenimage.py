@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
+from . import qwen_tokenizer
+
 LATENT_CHANNELS = 4
 TEXT_WIDTH = 16  # = the transformer's joint_attention_dim (3584 in Qwen-Image)
-CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 # Qwen/Qwen-Image's scheduler/scheduler_config.json
 SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_image_seq_len=256,
                         max_image_seq_len=8192, base_shift=0.5, max_shift=0.9, shift_terminal=0.02,
@@ -37,29 +38,6 @@ SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shiftin
 
 # The size benchmarks use: a wider transformer at 64x64 images.
 BENCH_OPTIONS = {"heads": 8, "layers": 4, "default_size": 64}
-
-
-def byte_symbols() -> list[str]:
-    """The 256 printable symbols byte-level BPE writes the bytes 0..255 as (GPT-2's table, which Qwen2 uses)."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    symbols, extra = {b: b for b in kept}, 0
-    for b in range(256):
-        if b not in symbols:
-            symbols[b] = 256 + extra
-            extra += 1
-    return [chr(symbols[b]) for b in range(256)]
-
-
-def qwen_tokenizer():
-    """A Qwen2 tokenizer (byte-level BPE, no merges: one token per byte) with the chat tokens, built offline."""
-    from transformers import Qwen2Tokenizer
-
-    vocab = {s: i for i, s in enumerate(byte_symbols())}
-    for token in ("<|endoftext|>", *CHAT_TOKENS):
-        vocab[token] = len(vocab)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
-    tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
-    return tokenizer
 
 
 def build_tiny_qwenimage(path: str | Path, *, seed: int = 0, heads: int = 2, layers: int = 2,

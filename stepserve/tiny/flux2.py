@@ -1,0 +1,84 @@
+"""A tiny random Flux.2 [klein] pipeline (diffusers `Flux2KleinPipeline`), built offline and saved as a diffusers
+folder.
+
+The shapes follow diffusers' own Flux.2 klein fast tests (tests/pipelines/flux2): a `Flux2Transformer2DModel` with
+one double- and one single-stream block, head dim 16 and four RoPE axes (4, 4, 4, 4); an `AutoencoderKLFlux2`
+whose latents are patchified 2x2 and normalised by its batch-norm statistics; a `Qwen3ForCausalLM` text encoder.
+What is this module's own:
+
+- the text encoder has 28 layers of width 16, so that the pipeline's default `text_encoder_out_layers` (9, 18, 27)
+  exist; the transformer's joint_attention_dim is 3 x 16 (the three layers stacked);
+- the tokenizer: a byte-level BPE with Qwen's chat tokens (stepserve.tiny.qwen_tokenizer) and a chat template that
+  writes what Qwen3's does for one user message with `enable_thinking=False`;
+- the VAE's batch-norm running mean and variance are set to values that are not 0 / 1, so that the decoder's
+  de-normalisation is exercised;
+- the transformer's matrices are redrawn from N(0, 1/fan_in) (LeCun normal), as the tiny Flux.1's;
+- `is_distilled` False by default (classifier-free guidance with the empty prompt, as the base klein models);
+  `distilled=True` writes a step-distilled one (guidance ignored).
+
+A `stepserve.json` narrows the served sizes to 16..64 pixels (default 32x32) and 8 steps by default.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from . import qwen_tokenizer
+
+LATENT_CHANNELS = 4  # 16 patchified channels (32 / 128 in the real model)
+TEXT_WIDTH = 16
+TEXT_LAYERS = 28
+# Qwen3's chat template, reduced to what Flux2KleinPipeline asks of it: user messages, a generation prompt, and the
+# empty think block Qwen3 writes when thinking is off.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_image_seq_len=256,
+                        max_image_seq_len=4096, base_shift=0.5, max_shift=1.15, time_shift_type="exponential")
+
+BENCH_OPTIONS = {"heads": 8, "layers": (2, 2), "default_size": 64}
+
+
+def build_tiny_flux2(path: str | Path, *, seed: int = 0, heads: int = 2, layers: tuple[int, int] = (1, 1),
+                     default_size: int = 32, distilled: bool = False) -> Path:
+    """Write a complete Flux2KleinPipeline folder with random weights to `path`; returns `path`. `heads` (of width
+    16) and `layers` (double-stream, single-stream blocks) size the transformer; `default_size`: the served default
+    image side (half to twice it); `distilled`: a step-distilled model (guidance ignored)."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    tokenizer = qwen_tokenizer(CHAT_TEMPLATE)
+    torch.manual_seed(seed)
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(
+        hidden_size=TEXT_WIDTH, intermediate_size=32, num_hidden_layers=TEXT_LAYERS, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, vocab_size=len(tokenizer), max_position_embeddings=1024)).eval()
+    torch.manual_seed(seed + 1)
+    transformer = Flux2Transformer2DModel(
+        patch_size=1, in_channels=LATENT_CHANNELS * 4, num_layers=layers[0], num_single_layers=layers[1],
+        attention_head_dim=16, num_attention_heads=heads, joint_attention_dim=3 * TEXT_WIDTH,
+        timestep_guidance_channels=256, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False)
+    with torch.no_grad():
+        for weight in (p for p in transformer.parameters() if p.ndim == 2):
+            weight.normal_(0.0, weight.shape[1] ** -0.5)
+    torch.manual_seed(seed + 2)
+    vae = AutoencoderKLFlux2(
+        sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+        latent_channels=LATENT_CHANNELS, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False)
+    with torch.no_grad():
+        channels = vae.bn.running_mean.shape[0]
+        vae.bn.running_mean.copy_(torch.linspace(-0.4, 0.3, channels))
+        vae.bn.running_var.copy_(torch.linspace(0.5, 3.0, channels))
+    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
+    pipe = Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              transformer=transformer, is_distilled=distilled)
+    pipe.save_pretrained(path)
+    serving = {"height": default_size, "width": default_size, "min_size": default_size // 2,
+               "max_size": default_size * 2, "default_steps": 8}
+    (path / "stepserve.json").write_text(json.dumps(serving, indent=2) + "\n")
+    return path
