@@ -48,7 +48,12 @@ def build_tiny_flux2(path: str | Path, *, seed: int = 0, heads: int = 2, layers:
     """Write a complete Flux2KleinPipeline folder with random weights to `path`; returns `path`. `heads` (of width
     16) and `layers` (double-stream, single-stream blocks) size the transformer; `default_size`: the served default
     image side (half to twice it); `distilled`: a step-distilled model (guidance ignored)."""
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2KleinPipeline,
+        Flux2Transformer2DModel,
+    )
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     path = Path(path)

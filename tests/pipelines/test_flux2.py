@@ -162,7 +162,10 @@ def test_model_info_and_validation(klein):
 
 
 def test_encoding_latents_and_schedules_follow_the_pipeline(klein):
-    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu, retrieve_timesteps
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import (
+        compute_empirical_mu,
+        retrieve_timesteps,
+    )
 
     from stepserve.pipelines.flux2 import Flux2Adapter
 
