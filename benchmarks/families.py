@@ -83,11 +83,20 @@ def mix_for(info) -> dict:
             "size": [f"{w}x{h}", f"{w}x{taller}"], "prompts": ["a lighthouse", "a red fox in snow", "night city"]}
 
 
-def trace_rate(info, per_image_b8_s: float, load: float) -> float:
+def guided_by_default(executor) -> bool:
+    """Whether a request at the default guidance (and no negative prompt, as the bench mix sends) runs an
+    unconditional row: the family's own answer (Qwen-Image guides only with a negative prompt)."""
+    info = executor.model_info
+    params = SamplingParams(prompt="a", seed=0, num_inference_steps=2, guidance_scale=info.default_guidance_scale,
+                            height=info.default_height, width=info.default_width, sampler=info.default_sampler)
+    return executor.pipeline.encode([params])[0].guided
+
+
+def trace_rate(guided: bool, per_image_b8_s: float, load: float) -> float:
     """Arrivals per second at `load` x the capacity estimated from the batch-8 cost: that cost is for 8 steps at
-    the default guidance; the mix averages (2 + 4 + 8) / 3 steps and (for CFG families) half its requests run
-    one row instead of two."""
-    rows = 0.75 if info.guidance == "cfg" and info.default_guidance_scale > 1 else 1.0
+    the default guidance; the mix averages (2 + 4 + 8) / 3 steps and (where the default guidance runs an
+    unconditional row) half its requests run one row instead of two."""
+    rows = 0.75 if guided else 1.0
     seconds_per_request = per_image_b8_s * (14 / 3) / 8 * rows
     return load / seconds_per_request
 
@@ -137,11 +146,12 @@ def main() -> None:
         info = executor.model_info
         b1, b8 = batch_cost(executor, args.rounds)
         n_params = denoiser_params(executor)
+        guided = guided_by_default(executor)
         print(f"{family}: {n_params / 1e6:.2f} M denoiser parameters ({size_note}), {info.default_width}x"
               f"{info.default_height}; per image at batch 1 {b1 * 1e3:.0f} ms, at batch 8 {b8 * 1e3:.0f} ms "
               f"(x{b8 / b1:.2f})", flush=True)
         del executor
-        summaries, load = strategy_p95(path, info, trace_rate(info, b8, args.load), args, root / family)
+        summaries, load = strategy_p95(path, info, trace_rate(guided, b8, args.load), args, root / family)
         p95 = {name: _seconds(summaries[name]["p95_s"]) for name in ("continuous", "dynamic")}
         p50 = {name: _seconds(summaries[name]["p50_s"]) for name in ("continuous", "dynamic")}
         print(f"{family}: {load}; p50 continuous {p50['continuous'] * 1e3:.0f} ms, dynamic "
