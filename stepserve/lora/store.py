@@ -53,7 +53,7 @@ class AdapterStore:
         self.module = getattr(pipeline.networks, module_name, None) if module_name else None
         if self.module is None:
             raise LoraError(f"{pipeline.info.family} on this backend serves no LoRA adapters (torch backend only, "
-                            f"families: sd, sdxl, sd3, flux)")
+                            f"families: sd, sdxl, sd3, flux, flux2, qwenimage)")
         mixin_path, self.module_name = spec
         self.networks = pipeline.networks
         module, _, cls = mixin_path.partition(":")

@@ -93,6 +93,7 @@ class Flux2Adapter(FamilyAdapter):
     """A loaded Flux.2 [klein] pipeline: the tokenizer, the networks (torch), configs."""
 
     family = "flux2"
+    lora_loader = ("diffusers.loaders.lora_pipeline:Flux2LoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real prompt is 512 x 7680 values
 
     def __init__(self, tokenizer, networks: Flux2TorchNetworks, *, distilled: bool, bn_mean: torch.Tensor,

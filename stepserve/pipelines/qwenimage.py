@@ -67,6 +67,19 @@ class QwenImageTorchNetworks:
                                 encoder_hidden_states_mask=encoder_hidden_states_mask,
                                 img_shapes=[[img_shape]] * sample.shape[0], return_dict=False)[0]
 
+    cache_policies = ("fbcache",)  # stepserve/caching (magcache's ratios are calibrated for Flux only)
+
+    @torch.no_grad()
+    def denoise_cached(self, sample: torch.Tensor, timestep: torch.Tensor, rows: list, *,
+                       encoder_hidden_states: torch.Tensor, img_shape: tuple[int, int, int],
+                       encoder_hidden_states_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """denoise, each row caching as `rows` says (stepserve/caching)."""
+        from ..caching.qwenimage import qwenimage_forward
+
+        return qwenimage_forward(self.transformer, sample, timestep, encoder_hidden_states=encoder_hidden_states,
+                                 img_shapes=[[img_shape]] * sample.shape[0],
+                                 encoder_hidden_states_mask=encoder_hidden_states_mask, rows=rows)
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """(B, C, 1, h, w) normalised latents -> (B, 3, H, W) images in [-1, 1] (the one frame)."""
@@ -77,6 +90,7 @@ class QwenImageAdapter(FamilyAdapter):
     """A loaded Qwen-Image pipeline: the tokenizer, the networks (torch), configs."""
 
     family = "qwenimage"
+    lora_loader = ("diffusers.loaders.lora_pipeline:QwenImageLoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real prompt is up to 512 x 3584 values
 
     def __init__(self, tokenizer, networks: QwenImageTorchNetworks, *, latents_mean: list[float],
@@ -188,15 +202,16 @@ class QwenImageAdapter(FamilyAdapter):
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, conditioning: dict,
                 cache: list | None = None) -> torch.Tensor:
         """One transformer forward over the rows (one size bucket: the rows share their patch grid)."""
-        if cache is not None:
-            raise ValueError("qwenimage denoise: step caching is not served for this family")
         kwargs = dict(conditioning)
         shape = kwargs.pop("img_shape")
         if not bool((shape == shape[:1]).all()):
             raise ValueError("qwenimage denoise: the rows of one forward must share an image size (one size bucket)")
         img_shape = tuple(int(v) for v in shape[0].tolist())
+        timestep = timestep.to(sample.dtype) / 1000
         with torch.no_grad():
-            return self.networks.denoise(sample, timestep.to(sample.dtype) / 1000, img_shape=img_shape, **kwargs)
+            if cache is not None:
+                return self.networks.denoise_cached(sample, timestep, cache, img_shape=img_shape, **kwargs)
+            return self.networks.denoise(sample, timestep, img_shape=img_shape, **kwargs)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, size: tuple[int, int]) -> list[Image.Image]:

@@ -14,6 +14,8 @@ _FAMILIES = {
     "StableDiffusionXLPipeline": ("unet", "UNet2DConditionModel", "unet_lora_layers"),
     "FluxPipeline": ("transformer", "FluxTransformer2DModel", "transformer_lora_layers"),
     "StableDiffusion3Pipeline": ("transformer", "SD3Transformer2DModel", "transformer_lora_layers"),
+    "QwenImagePipeline": ("transformer", "QwenImageTransformer2DModel", "transformer_lora_layers"),
+    "Flux2KleinPipeline": ("transformer", "Flux2Transformer2DModel", "transformer_lora_layers"),
 }
 DEFAULT_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 

@@ -58,6 +58,7 @@ def build_tiny_qwenimage(path: str | Path, *, seed: int = 0, heads: int = 2, lay
     text_encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
         text_config={"hidden_size": TEXT_WIDTH, "intermediate_size": 32, "num_hidden_layers": 2,
                      "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": len(tokenizer),
+                     "bos_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.pad_token_id,
                      "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
                      "rope_theta": 1000000.0},
         vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2,

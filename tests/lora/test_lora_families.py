@@ -1,4 +1,4 @@
-"""LoRA on SDXL and SD3 (the other families with a tiny builder): a request alone with one or two adapters equals
+"""LoRA on SDXL, SD3, Flux.2 klein and Qwen-Image (the other families with a tiny builder): a request alone with one or two adapters equals
 diffusers' pipeline after load_lora_weights + set_adapters (uint8 within 1); mixed with other adapters and plain
 rows in one batch, each image is the one it gets alone."""
 
@@ -30,9 +30,23 @@ def _sd3(path):
     return build_tiny_sd3(path)
 
 
+def _flux2(path):
+    from stepserve.tiny.flux2 import build_tiny_flux2
+
+    return build_tiny_flux2(path)
+
+
+def _qwenimage(path):
+    from stepserve.tiny.qwenimage import build_tiny_qwenimage
+
+    return build_tiny_qwenimage(path)
+
+
 FAMILIES = {  # builder, diffusers pipeline class, request size, sampler, extra pipeline kwargs
     "sdxl": (_sdxl, "StableDiffusionXLPipeline", 16, "euler", {"add_watermarker": False}),
     "sd3": (_sd3, "StableDiffusion3Pipeline", 32, "flow_euler", {}),
+    "flux2": (_flux2, "Flux2KleinPipeline", 32, "flow_euler", {}),
+    "qwenimage": (_qwenimage, "QwenImagePipeline", 32, "flow_euler", {}),  # guidance_scale: no negative prompt
 }
 
 
@@ -71,7 +85,7 @@ def test_alone_equals_diffusers_set_adapters(family, loras):
     for name, _ in loras:
         pipe.load_lora_weights(str(files[name]), adapter_name=name)
     pipe.set_adapters([n for n, _ in loras], [s for _, s in loras])
-    want = pipe(p.prompt, height=size, width=size, num_inference_steps=5, guidance_scale=4.0,
+    want = pipe(prompt=p.prompt, height=size, width=size, num_inference_steps=5, guidance_scale=4.0,
                 generator=torch.Generator("cpu").manual_seed(p.seed), output_type="np").images[0]
     assert np.abs(pixels(got.image) - (want * 255).round().astype(np.int16)).max() <= 1
     plain = engine.generate([params(0, (), size, sampler)])[0]
