@@ -29,10 +29,13 @@ def measured_guidance(model) -> float | None:
 
 def _run_once(executor: Executor, n: int, bucket: Bucket, tag: str) -> None:
     """One prepare + denoise + decode of `n` requests (at measured_guidance), then drop their tensors. Where the
-    model caches steps the requests do (fbcache keeps the most per request), so its state counts in the peak."""
+    model caches steps the requests do (fbcache keeps the most per request), so its state counts in the peak;
+    where it takes a negative prompt they carry one (Qwen-Image runs its unconditional row only with one)."""
     model = executor.model_info
     cache = "fbcache" if "fbcache" in model.cache_policies else "off"
-    requests = _dummy_requests(executor, n, bucket, measured_guidance(model), tag, cache=cache)
+    negative = "profile" if model.negative_prompt else ""
+    requests = _dummy_requests(executor, n, bucket, measured_guidance(model), tag, cache=cache,
+                               negative_prompt=negative)
     try:
         executor.prepare(requests)
         executor.denoise(requests)

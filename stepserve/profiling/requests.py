@@ -14,14 +14,16 @@ from ..validation import internal_params
 
 # --- dummy requests -----------------------------------------------------------------------------------------------
 def _dummy_requests(executor: Executor, n: int, bucket: Bucket, guidance_scale: float | None, tag: str,
-                    seed_base: int = 0, cache: Any = "off") -> list[Request]:
+                    seed_base: int = 0, cache: Any = "off", negative_prompt: str = "") -> list[Request]:
     """`n` requests as EngineCore.add_request makes them (resolved params, model defaults), admitted. Each has
-    its own prompt so the text encoder runs on n prompts, and a fixed seed; `cache`: their step caching."""
+    its own prompt so the text encoder runs on n prompts, and a fixed seed; `cache`: their step caching;
+    `negative_prompt`: theirs."""
     model = executor.model_info
     out = []
     for i in range(n):
         params = internal_params(model, prompt=f"profile {tag} {i}", seed=seed_base + i,
-                                 guidance_scale=guidance_scale, height=bucket[0], width=bucket[1], cache=cache)
+                                 guidance_scale=guidance_scale, height=bucket[0], width=bucket[1], cache=cache,
+                                 negative_prompt=negative_prompt)
         out.append(Request(
             request_id=f"profile-{tag}-{i}",
             params=params,

@@ -144,6 +144,27 @@ def test_model_info_and_validation(qwen):
         engine.generate([SamplingParams(prompt="a", sampler="dpmpp_2m")])
 
 
+def test_memory_probe_measures_the_guided_rows(qwen, monkeypatch):
+    """Qwen-Image runs its unconditional row only with a negative prompt: the memory cap's probe requests carry
+    one, so the peak it measures is that of two rows per request (and fbcache's state, which the family runs)."""
+    from stepserve import profiling
+    from stepserve.loading import load_executor
+
+    executor = load_executor(str(qwen))
+    seen = []
+    prepare = executor.prepare
+
+    def spy(requests):
+        out = prepare(requests)
+        seen.extend((r.conditioning.guided, r.params.cache) for r in requests)
+        return out
+
+    monkeypatch.setattr(executor, "prepare", spy)
+    profiling.measure_peak_memory(executor, [1, 2])
+    assert seen and all(guided for guided, _ in seen), seen
+    assert all(cache is not None and cache.policy == "fbcache" for _, cache in seen)
+
+
 def test_encoding_latents_and_schedules_follow_the_pipeline(qwen):
     from diffusers.pipelines.qwenimage.pipeline_qwenimage import (
         calculate_shift,
