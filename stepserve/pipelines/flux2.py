@@ -64,6 +64,17 @@ class Flux2TorchNetworks:
         self.text_encoder = text_encoder
         self.transformer = transformer
         self.vae = vae
+        self._ids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (grid, text length, device) -> ids
+
+    def _position_ids(self, grid: tuple[int, int], text_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image ids (0, row, column, 0), text ids (0, 0, 0, index)), built once per shape and device, not per
+        step."""
+        key = (grid, text_len, str(device))
+        if key not in self._ids:
+            one = torch.arange(1)
+            self._ids[key] = (torch.cartesian_prod(one, torch.arange(grid[0]), torch.arange(grid[1]), one).to(device),
+                              torch.cartesian_prod(one, one, one, torch.arange(text_len)).to(device))
+        return self._ids[key]
 
     @torch.no_grad()
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: tuple[int, ...]
@@ -77,9 +88,7 @@ class Flux2TorchNetworks:
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
                 grid: tuple[int, int]) -> torch.Tensor:
-        one = torch.arange(1)
-        img_ids = torch.cartesian_prod(one, torch.arange(grid[0]), torch.arange(grid[1]), one).to(sample.device)
-        txt_ids = torch.cartesian_prod(one, one, one, torch.arange(encoder_hidden_states.shape[1])).to(sample.device)
+        img_ids, txt_ids = self._position_ids(grid, encoder_hidden_states.shape[1], sample.device)
         return self.transformer(hidden_states=sample, timestep=timestep, guidance=None,
                                 encoder_hidden_states=encoder_hidden_states, txt_ids=txt_ids, img_ids=img_ids,
                                 return_dict=False)[0]

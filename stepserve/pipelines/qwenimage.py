@@ -102,8 +102,10 @@ class QwenImageAdapter(FamilyAdapter):
                              f"bound); got {max_sequence_length!r}")
         super().__init__(networks, **common)
         self.tokenizer = tokenizer
-        self.latents_mean = latents_mean
-        self.latents_std = latents_std
+        # QwenImagePipeline's decode: latents / (1 / latents_std) + latents_mean, per channel (1, C, 1, 1, 1)
+        shape = (1, len(latents_mean), 1, 1, 1)
+        self.latents_mean = torch.tensor(latents_mean).view(shape).to(self.device, self.dtype)
+        self.latents_inv_std = 1.0 / torch.tensor(latents_std).view(shape).to(self.device, self.dtype)
         self.max_sequence_length = max_sequence_length
         # set by the deterministic mode (backends/fast_path.py): every step's text padded to this many tokens, so
         # that no forward's shape depends on the other rows' prompts
@@ -216,10 +218,7 @@ class QwenImageAdapter(FamilyAdapter):
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, size: tuple[int, int]) -> list[Image.Image]:
         latents = self.unpack_latents(latents, size)[:, :, None].to(self.dtype)
-        c = self.latent_channels
-        mean = torch.tensor(self.latents_mean).view(1, c, 1, 1, 1).to(latents.device, latents.dtype)
-        inv_std = 1.0 / torch.tensor(self.latents_std).view(1, c, 1, 1, 1).to(latents.device, latents.dtype)
-        return to_pil(self.networks.decode(latents / inv_std + mean))
+        return to_pil(self.networks.decode(latents / self.latents_inv_std + self.latents_mean))
 
 
 def qwenimage_model_info(name: str, vae_scale: int, defaults: dict) -> ModelInfo:
