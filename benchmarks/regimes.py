@@ -48,6 +48,7 @@ REGIMES = {  # name: (latency model file, step counts of the mix)
     "gpu-512": ("gpu-512-sublinear.json", (20, 28, 50)),
     "gpu-sd15": ("gpu-sd15-512.json", (20, 28, 50)),
     "gpu-1024": ("gpu-1024-compute-bound.json", (20, 28, 50)),
+    "cpu-tinyflux": ("tinyflux-cpu.json", (4, 10, 20)),  # the live tiny Flux's curve, profiled on this CPU
 }
 # "default" is whatever EngineOptions defaults to; a new strategy joins the matrix by adding its name here.
 CONTENDERS = ("default", "none", "static", "dynamic:10", "dynamic:50", "continuous", "slo")
@@ -189,10 +190,10 @@ def run_cell(regime: Regime, mix, contenders, trace: Trace, warmup_s: float, see
             for name, results in bed.driver.results.items()}
 
 
-def load_regime(name: str, batch: int, workdir: Path) -> Regime:
+def load_regime(name: str, batch: int, workdir: Path, noise: float = 0.0) -> Regime:
     if name in REGIMES:
         file, steps = REGIMES[name]
-        return Regime(name, steps, setup=load_setup(MODELS / file))
+        return Regime(name, steps, setup=load_setup(MODELS / file, noise))
     model, steps = LIVE[name]
     if model == "tinyflux":  # built once (random weights, nothing downloaded): compute-bound at this size
         from stepserve.commands.tiny import quiet
@@ -214,7 +215,7 @@ def load_regime(name: str, batch: int, workdir: Path) -> Regime:
 
 
 def run_regime(name: str, specs: list[str], args) -> list[dict]:
-    regime = load_regime(name, args.max_batch_size, args.workdir)
+    regime = load_regime(name, args.max_batch_size, args.workdir, args.noise)
     mix = Mix.from_steps(list(args.steps or regime.steps))
     labels = {s: contender(s, args.max_batch_size) for s in specs}
     if "default" in labels:  # the contender the default resolves to is reported once, as the default
@@ -318,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-duration", type=float, default=60.0, help="simulated seconds per run at least")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="simulated: charge each stage with this much of its measured spread (1: as profiled)")
     p.add_argument("--json", type=Path, default=Path("regimes.json"))
     args = p.parse_args(argv)
     args.loads = [float(x) for x in args.loads.split(",")]

@@ -10,6 +10,12 @@ thermal limits, a different clock) is followed within a few dozen steps (`half_l
 stay in the fit with a small fixed weight: they give the curve its shape while the observations do not vary in
 b (e.g. every step at the same size), and they are outweighed as soon as the observations do.
 
+A decision to batch or not (efficient_batch) is judged against the fit's uncertainty: the line's standard errors
+at one request and at the batch size, from the residuals of the weighted fit. A slope read from a few probe steps
+among many noisy steps of one size is uncertain, and a decision only changes when the steps say with confidence
+that it is wrong (simulated: with step times spread 30% (lognormal) on a curve where batching gains 3%, the cap
+went to a full batch in a quarter of the steps; now in none, over 20 seeds).
+
 Pure arithmetic: no torch, no clock. The policy that reads it (scheduling/adaptive.py) is given the durations
 the executor measured; the simulator's fake executor reports its charges the same way.
 """
@@ -23,17 +29,69 @@ from .latency_model import Bucket, LatencyModel
 
 DEFAULT_HALF_LIFE_STEPS = 30.0
 PRIOR_WEIGHT = 0.05  # weight of each prior point against one observation
+CONFIDENCE = 3.0  # standard errors of the fit a batching decision must clear to change (efficient_batch); at 2,
+# a run of slow steps of one (a mean 3.5 standard errors high in 3,000 noisy steps) still flipped it
+
+
+def gain(a: float, c: float, n: int) -> float:
+    """Throughput of a batch of n over a batch of one on T(b) = a + c * b."""
+    if a <= 0:
+        return 1.0
+    return n * (a + c) / (a + c * n)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The fitted line as its centroid and slope, with the slope's standard error."""
+
+    mean_b: float  # the weighted mean batch size of the points
+    mean_t: float  # and of their step times
+    slope: float  # c, unclamped
+    slope_se: float  # its standard error (inf while too few points say anything)
+    level_se: float  # the standard error of the line at its centroid
+    origin_slope: float  # the slope of the line through the origin (when the fit's intercept comes out < 0)
+
+    def gain_bounds(self, n: int, spread: float) -> tuple[float, float]:
+        """(lowest, highest) throughput gain of a batch of n over a batch of one that the fit allows within
+        `spread` standard errors of the step times at 1 and at n."""
+        def at(b: int) -> tuple[float, float]:
+            return (self.mean_t + self.slope * (b - self.mean_b),
+                    spread * math.hypot(self.level_se, (b - self.mean_b) * self.slope_se))
+
+        (t1, e1), (tn, en) = at(1), at(n)
+        if not math.isfinite(e1 + en):
+            return 1.0, float(n)
+        low = n * max(t1 - e1, 0.0) / max(tn + en, 1e-12)
+        high = n * (t1 + e1) / max(tn - en, t1 + e1, 1e-12)
+        return min(max(low, 1.0), n), min(max(high, 1.0), n)
+
+    def line(self, slope: float | None = None) -> tuple[float, float]:
+        """(a, c) through the centroid at `slope` (default the fit's), kept physical: a step never gets cheaper
+        with more requests (c < 0: flat through the mean), nor costs less than nothing empty (a < 0: through
+        the origin)."""
+        c = self.slope if slope is None else slope
+        if c < 0:
+            return max(self.mean_t, 0.0), 0.0
+        a = self.mean_t - c * self.mean_b
+        if a < 0:
+            return 0.0, max(self.origin_slope if slope is None else self.mean_t / self.mean_b, 0.0)
+        return a, c
 
 
 @dataclass
 class _Sums:
-    """Weighted sums for a least-squares line through (b, t)."""
+    """Weighted sums for a least-squares line through (b, t), with what its uncertainty needs (t*t, and the sums of
+    the squared weights)."""
 
     w: float = 0.0
     b: float = 0.0
     bb: float = 0.0
     t: float = 0.0
     bt: float = 0.0
+    tt: float = 0.0
+    ww: float = 0.0
+    wwb: float = 0.0
+    wwbb: float = 0.0
 
     def add(self, b: float, t: float, weight: float = 1.0) -> None:
         self.w += weight
@@ -41,6 +99,10 @@ class _Sums:
         self.bb += weight * b * b
         self.t += weight * t
         self.bt += weight * b * t
+        self.tt += weight * t * t
+        self.ww += weight * weight
+        self.wwb += weight * weight * b
+        self.wwbb += weight * weight * b * b
 
     def merge(self, other: "_Sums") -> None:
         self.w += other.w
@@ -48,6 +110,10 @@ class _Sums:
         self.bb += other.bb
         self.t += other.t
         self.bt += other.bt
+        self.tt += other.tt
+        self.ww += other.ww
+        self.wwb += other.wwb
+        self.wwbb += other.wwbb
 
     def scale(self, factor: float) -> None:
         self.w *= factor
@@ -55,6 +121,11 @@ class _Sums:
         self.bb *= factor
         self.t *= factor
         self.bt *= factor
+        self.tt *= factor
+        squared = factor * factor  # the squared weights decay with the square of the factor
+        self.ww *= squared
+        self.wwb *= squared
+        self.wwbb *= squared
 
 
 @dataclass
@@ -67,6 +138,8 @@ class OnlineStepCurve:
     _seen: dict[Bucket, _Sums] = field(default_factory=dict)
     _prior: dict[Bucket, _Sums] = field(default_factory=dict)
     observations: int = 0
+    batching: dict[Bucket, bool] = field(default_factory=dict)  # the decision in force per bucket (decide())
+    _prior_cache: dict[tuple[Bucket, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.half_life_steps > 0:
@@ -77,7 +150,8 @@ class OnlineStepCurve:
         """One denoising step of `batch_size` requests of `bucket` took `seconds` (as the executor measured)."""
         if batch_size < 1 or not math.isfinite(seconds) or seconds < 0:
             return
-        sums = self._seen.setdefault(tuple(bucket), _Sums())
+        bucket = tuple(bucket)
+        sums = self._seen.setdefault(bucket, _Sums())
         sums.scale(self._decay)
         sums.add(batch_size, seconds)
         self.observations += 1
@@ -85,6 +159,12 @@ class OnlineStepCurve:
     def line(self, bucket: Bucket) -> tuple[float, float] | None:
         """(a, c): the fixed and per-request cost of one step of `bucket`, as the fit has them now; None while
         nothing tells them apart (no prior, and every step seen so far was of one size)."""
+        fit = self.fit(bucket)
+        return None if fit is None else fit.line()
+
+    def fit(self, bucket: Bucket) -> "Fit | None":
+        """The weighted least-squares line through the prior's points and the observed steps, with the standard
+        error of its slope; None while nothing tells the sizes apart."""
         total = _Sums()
         for part in (self._prior_sums(bucket), self._seen.get(tuple(bucket))):
             if part is not None:
@@ -97,40 +177,75 @@ class OnlineStepCurve:
             return None
         c = (total.bt / total.w - mean_b * mean_t) / var_b
         a = mean_t - c * mean_b
-        if c < 0:  # a step never gets cheaper with more requests: a flat curve through the mean
-            return max(mean_t, 0.0), 0.0
-        if a < 0:  # never less than nothing for an empty step: a line through the origin
-            return 0.0, max(total.bt / total.bb, 0.0)
-        return a, c
+        # The slope's uncertainty (weighted least squares with the weights as reliabilities): the residuals' spread
+        # over the effective number of points, and how far from the centroid the weight lies. A size seen once
+        # (a probe) among many steps of another leaves the slope uncertain, however the fit comes out.
+        rss = (total.tt - 2 * a * total.t - 2 * c * total.bt + a * a * total.w + 2 * a * c * total.b
+               + c * c * total.bb)
+        n_eff = total.w * total.w / total.ww if total.ww > 0 else 0.0
+        spread_b = total.wwbb - 2 * mean_b * total.wwb + mean_b * mean_b * total.ww  # sum of w^2 (b - mean)^2
+        if n_eff > 2:
+            sigma2 = max(rss, 0.0) / total.w * n_eff / (n_eff - 2)
+            slope_se = math.sqrt(sigma2 * max(spread_b, 0.0)) / (total.w * var_b)
+            level_se = math.sqrt(sigma2 / n_eff)
+        else:
+            slope_se = level_se = math.inf
+        return Fit(mean_b, mean_t, c, slope_se, level_se, total.bt / total.bb)
 
     def step_s(self, bucket: Bucket, batch_size: int) -> float | None:
         line = self.line(bucket)
         return None if line is None else line[0] + line[1] * batch_size
 
     def efficient_batch(self, bucket: Bucket, available: int, tolerance: float, min_gain: float,
-                        line: tuple[float, float] | None | str = "fit") -> int:
+                        fit: "Fit | None | str" = "fit", batching: bool | None = None) -> int:
         """How many of `available` requests one step should run. Throughput (requests stepped per second) grows
         with the batch on an affine curve; `gain` is how much more the largest batch gets than a batch of one.
         Below `min_gain`, batching buys almost nothing and only slows every batch-mate down: 1 (the requests then
         finish one after another, each sooner). Otherwise the smallest batch within `tolerance` of the largest's
-        throughput: near `available` when batching is cheap, smaller where the curve flattens. `line`: the fit
-        when the caller has it already (line(bucket)), so it is not made twice."""
+        throughput: near `available` when batching is cheap, smaller where the curve flattens.
+
+        `batching`: the decision in force (whether the last cap batched), for hysteresis. The gain is then judged
+        at the edge of its uncertainty (the step times at 1 and at `available`, each +- CONFIDENCE standard
+        errors of the fit): a decision changes only when the steps say with confidence that it is wrong. A slope read from a few probe steps among noisy steps of one
+        size (a shared CPU: steps vary by 20-30%) otherwise makes the cap flip to a full batch and back, and
+        every flip runs the requests of a compute-bound model side by side, each slowed by all the others.
+        None: the point estimate decides. `fit`: the fit when the caller has it already (fit(bucket))."""
         if available <= 1:
             return max(available, 0)
-        if line == "fit":
-            line = self.line(bucket)
-        if line is None:  # nothing known yet: batch them all (which shows what a batch costs)
+        if fit == "fit":
+            fit = self.fit(bucket)
+        if fit is None:  # nothing known yet: batch them all (which shows what a batch costs)
             return available
-        a, c = line
-        if a <= 0:  # proportional: no batching gain at all
+        a, c = fit.line()
+        if batching is None:
+            pays = gain(a, c, available) > 1.0 + min_gain
+        else:  # batching now: stop only when even the best gain the steps allow is too little; and vice versa
+            low, high = fit.gain_bounds(available, CONFIDENCE)
+            pays = (high if batching else low) > 1.0 + min_gain
+        if not pays:
             return 1
+        if gain(a, c, available) <= 1.0 + min_gain:  # batching in force, and not yet shown wrong: all of them
+            return available
         best = available / (a + c * available)
-        if best <= (1.0 + min_gain) / (a + c):
-            return 1
         for b in range(1, available + 1):
             if b / (a + c * b) >= (1.0 - tolerance) * best:
                 return b
         return available
+
+    def decide(self, bucket: Bucket, available: int, tolerance: float, min_gain: float) -> int:
+        """efficient_batch with the decision in force for `bucket`, which it updates (hysteresis)."""
+        cap = self.efficient_batch(bucket, available, tolerance, min_gain,
+                                   batching=self.batching.get(tuple(bucket)))
+        if available > 1:
+            self.batching[tuple(bucket)] = cap > 1
+        return cap
+
+    def _prior_at(self, bucket: Bucket, batch_size: int) -> float:
+        key = (bucket, batch_size)
+        t = self._prior_cache.get(key)
+        if t is None:
+            t = self._prior_cache[key] = self.prior.step_s(batch_size, bucket)
+        return t
 
     def _prior_sums(self, bucket: Bucket) -> _Sums | None:
         if self.prior is None:
@@ -139,6 +254,6 @@ class OnlineStepCurve:
         if bucket not in self._prior:
             sums = _Sums()
             for b in range(1, self.max_batch_size + 1):
-                sums.add(b, self.prior.step_s(b, bucket), PRIOR_WEIGHT)
+                sums.add(b, self._prior_at(bucket, b), PRIOR_WEIGHT)
             self._prior[bucket] = sums
         return self._prior[bucket]

@@ -40,9 +40,12 @@ class ContinuousBatchingPolicy:
         bucket = self._turns.pick(running, queue, free)
         if bucket is None:
             return StepPlan()
-        return self.step_plan(bucket, in_bucket(running, bucket), queue.head(bucket, free))
+        joining = queue.head(bucket, free)
+        return self.step_plan(bucket, in_bucket(running, bucket), joining, queue.count(bucket) - len(joining))
 
-    def step_plan(self, bucket: tuple[int, int], holders: list[Request], joining: list[Request]) -> StepPlan:
+    def step_plan(self, bucket: tuple[int, int], holders: list[Request], joining: list[Request],
+                  queued: int = 0) -> StepPlan:
         """The step for the bucket picked: its slot holders and the waiting requests the free slots admit, all
-        of them (a cost-aware subclass runs fewer: scheduling/adaptive.py)."""
+        of them (a cost-aware subclass runs fewer: scheduling/adaptive.py). `queued`: the bucket's requests that
+        stay waiting for a slot."""
         return StepPlan(admit=joining, run=holders + joining)

@@ -139,7 +139,7 @@ class SLOPolicy(SLOFrontEnd):
         key = self._key(now)
         pool, rest = self._service_order(*groups[bucket], key, room[bucket])
         others = [self._backlog_s(b, *groups[b], key, now) for b in groups if b != bucket]
-        return self._run(bucket, pool, self._choose_cap(pool, rest, bucket, others, now), give_up)
+        return self._run(bucket, pool, self._choose_cap(pool, rest, bucket, others, now), give_up, len(rest))
 
     def _plain_step(self, queue: WaitingQueue, running: Sequence[Request]) -> StepPlan:
         """schedule() when no request has a deadline or a priority: the service order is then arrival order,
@@ -161,14 +161,15 @@ class SLOPolicy(SLOFrontEnd):
         room = {b: min(free, max(q - len(held.get(b, ())), 0)) for b, q in self._quotas(demand).items()}
         bucket = self._pick_bucket([b for b in demand if held.get(b) or room[b]])
         pool = sorted(held.get(bucket, []) + queue.head(bucket, room[bucket]), key=lambda r: r.arrival_time)
-        return self._run(bucket, pool, self.max_batch_size, [])
+        return self._run(bucket, pool, self.max_batch_size, [], queue.count(bucket) - room[bucket])
 
-    def _run(self, bucket: Bucket, pool: list[Request], cap: int, give_up: list[Request]) -> StepPlan:
+    def _run(self, bucket: Bucket, pool: list[Request], cap: int, give_up: list[Request],
+             queued: int = 0) -> StepPlan:
         """The step's plan: the first `cap` of `pool` (slot holders in service order), bounded by the cost-aware
-        cap; the rest pause."""
+        cap (`queued`: the bucket's requests left waiting for a slot); the rest pause."""
         if self.cost_aware:
             self._steps += 1
-            self.cap[bucket] = max(cost_aware_cap(self.curve, bucket, len(pool), self._steps), 1)
+            self.cap[bucket] = max(cost_aware_cap(self.curve, bucket, len(pool), self._steps, queued=queued), 1)
             cap = min(cap, self.cap[bucket])
         batch = pool[:cap]
         self._charge(bucket, self.latency_model.step_s(len(batch), bucket))

@@ -97,19 +97,22 @@ class ServerMetrics:
 
         for bucket in caps:
             name = f"{bucket[1]}x{bucket[0]}"
-            line = self.policy.curve.line(bucket)  # fitted once per step here, and reused for the bound
-            cap = self.policy.curve.efficient_batch(bucket, self.policy.max_batch_size,
-                                                    getattr(self.policy, "tolerance", DEFAULT_TOLERANCE),
-                                                    getattr(self.policy, "min_gain", DEFAULT_MIN_GAIN), line=line)
+            curve = self.policy.curve
+            fit = curve.fit(bucket)  # fitted once per step here, and reused for the bound
+            line = None if fit is None else fit.line()
+            cap = curve.efficient_batch(bucket, self.policy.max_batch_size,
+                                        getattr(self.policy, "tolerance", DEFAULT_TOLERANCE),
+                                        getattr(self.policy, "min_gain", DEFAULT_MIN_GAIN), fit=fit,
+                                        batching=curve.batching.get(bucket))
             self.batch_cap.labels(name).set(cap)
             if line is not None:
                 self.step_curve.labels(name, "fixed").set(line[0])
                 self.step_curve.labels(name, "per_request").set(line[1])
             if self._caps.get(bucket) != cap:
                 self._caps[bucket] = cap
-                curve = ("unknown yet" if line is None
+                shown = ("unknown yet" if line is None
                          else f"{line[0] * 1000:.1f} ms + {line[1] * 1000:.1f} ms per request")
-                log.info("batch bound for %s: at most %d per step (step curve %s)", name, cap, curve)
+                log.info("batch bound for %s: at most %d per step (step curve %s)", name, cap, shown)
 
     def request_done(self, outcome: str, seconds: float, images: int = 0) -> None:
         self.requests.labels(outcome).inc()
