@@ -60,6 +60,8 @@ class SamplingParams:
     # inpainting: a mask of the image's size (PIL or array; white repaints, black keeps; resolved: a grayscale PIL
     # image), only with `image`; the default strength is then the family's inpaint pipeline's
     mask_image: Any = None
+    # video: how many frames (a video model only; 1, the default there, is a still image). None on an image model
+    num_frames: int | None = None
 
 
 @dataclass
@@ -138,7 +140,7 @@ class Request:
     request_id: str
     params: SamplingParams  # resolved: every field set (model defaults filled in, seed drawn)
     arrival_time: float
-    bucket: tuple[int, int]  # the shape bucket (height, width): only requests of one shape bucket share a forward
+    bucket: Bucket  # the shape bucket (bucket_of): only requests of one shape bucket share a forward
     num_inference_steps: int
     deadline: float | None = None
     priority: int = 0  # from SamplingParams.priority: higher is served first by priority-aware policies
@@ -153,7 +155,8 @@ class Request:
     conditioning: Any = None  # the family adapter's Conditioning (pipelines/family.py): cond and optional uncond row
     sampler_state: Any = None
     preview_latents: Any = None  # the denoised estimate (x0) after a step listed in preview_steps
-    image: Any = None  # PIL.Image once decoded
+    image: Any = None  # PIL.Image once decoded (a video: its first frame)
+    frames: Any = None  # a video model's request: its frames once decoded (a list of PIL images; one for an image)
     step_cache: Any = None  # the step-caching state of this request (stepserve/caching.RowState); freed at the end
     inpaint: Any = None  # an inpainting request's mask and known region (pipelines/inpaint.Inpaint)
 
@@ -180,11 +183,12 @@ class GenerationResult:
 
     request_id: str
     status: RequestStatus
-    image: Any  # PIL.Image when completed, else None
+    image: Any  # PIL.Image when completed, else None (a video: its first frame)
     params: SamplingParams  # as resolved: defaults filled in, seed drawn
     timing: RequestTiming
     finish_reason: FinishReason | None
     error: str | None = None
+    frames: Any = None  # a video model's request, completed: every frame (a list of PIL images)
 
     @property
     def ok(self) -> bool:
@@ -192,7 +196,7 @@ class GenerationResult:
 
     @classmethod
     def from_request(cls, r: "Request") -> "GenerationResult":
-        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error)
+        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error, r.frames)
 
 
 @dataclass
@@ -257,3 +261,76 @@ class ModelInfo:
     # every request must bring an image and a mask)
     inpaint: str = ""
     default_inpaint_strength: float = 1.0  # its strength when an inpainting request gives none
+    # video (a latent time axis): the most frames a request may ask for (1: an image model), num_frames - 1 must be
+    # a multiple of frame_step (a video VAE packs that many frames into one latent frame), and what the videos
+    # endpoint uses when a request does not say (frames, frames per second)
+    max_frames: int = 1
+    frame_step: int = 1
+    default_frames: int = 1
+    default_fps: int = 16
+
+    @property
+    def video(self) -> bool:
+        return self.max_frames > 1
+
+
+# --- shape buckets ------------------------------------------------------------------------------------------------
+# Requests of one shape bucket share a denoising forward. An image model's bucket is (height, width); a video
+# model's is (frames, height, width) for every request (frames 1: a still image). Whatever derives a size or a cost
+# from a bucket goes through these helpers, so that a video counts its frames.
+Bucket = tuple[int, ...]
+
+
+def bucket_of(params: SamplingParams) -> Bucket:
+    """The shape bucket of resolved params: (frames, height, width) when num_frames is set (a video model), else
+    (height, width)."""
+    if params.num_frames is None:
+        return (params.height, params.width)
+    return (params.num_frames, params.height, params.width)
+
+
+def bucket_frames(bucket: Bucket) -> int:
+    return bucket[0] if len(bucket) == 3 else 1
+
+
+def bucket_size(bucket: Bucket) -> tuple[int, int]:
+    """(height, width) of a bucket."""
+    return (bucket[-2], bucket[-1])
+
+
+def bucket_pixels(bucket: Bucket) -> int:
+    """Pixels a request of the bucket makes: height x width, times its frames for a video bucket. The costs of an
+    unmeasured bucket scale with it (a video VAE compresses frames in time as well, so a video's latents grow
+    more slowly than its frames: counting every frame is the conservative choice)."""
+    h, w = bucket_size(bucket)
+    return h * w if len(bucket) == 2 else bucket[0] * h * w
+
+
+def bucket_name(bucket: Bucket) -> str:
+    """'WxH' (as the HTTP API's "size"), with 'xF' appended for a video bucket's frames ('64x32x17')."""
+    h, w = bucket_size(bucket)
+    return f"{w}x{h}" if len(bucket) == 2 else f"{w}x{h}x{bucket[0]}"
+
+
+def bucket_fields(bucket: Bucket) -> dict[str, int]:
+    """The SamplingParams fields that make a request of the bucket (height, width, and num_frames for video)."""
+    h, w = bucket_size(bucket)
+    return {"height": h, "width": w} if len(bucket) == 2 else {"height": h, "width": w, "num_frames": bucket[0]}
+
+
+def is_bucket(value: Any) -> bool:
+    """(height, width) or (frames, height, width) in positive integers."""
+    return (isinstance(value, (list, tuple)) and len(value) in (2, 3)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value))
+
+
+def default_bucket(model: ModelInfo) -> Bucket:
+    """The bucket of a request with the model's defaults (a video model: its default frames)."""
+    size = (model.default_height, model.default_width)
+    return (model.default_frames, *size) if model.video else size
+
+
+def largest_bucket(model: ModelInfo) -> Bucket:
+    """The costliest bucket the model serves: max_size square, with max_frames on a video model."""
+    size = (model.max_size, model.max_size)
+    return (model.max_frames, *size) if model.video else size

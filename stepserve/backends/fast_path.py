@@ -123,12 +123,12 @@ def warm_up(executor: Any, wrapper: BatchBucketedNetworks, progress: bool = True
     bucket runs three times: torch.compile's cudagraph trees run a new shape eagerly once, then record, then
     replay."""
     from ..progress import progress as progress_bar
-    from ..types import Request
+    from ..types import Request, bucket_of
     from ..validation import internal_params
 
     model = executor.model_info
     params = internal_params(model, prompt="warm-up", seed=0, num_inference_steps=2, guidance_scale=1.0)
-    bucket = (params.height, params.width)
+    bucket = bucket_of(params)
     with progress_bar(len(wrapper.batch_buckets), "warm-up", "batch size", disable=not progress) as bar:
         for size in wrapper.batch_buckets:
             requests = [Request(f"warm-up-{size}-{i}", params, 0.0, bucket, params.num_inference_steps)

@@ -11,7 +11,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..types import FinishReason, StepReport
+from ..types import FinishReason, StepReport, bucket_name
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class ServerMetrics:
         from ..scheduling.adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
 
         for bucket in caps:
-            name = f"{bucket[1]}x{bucket[0]}"
+            name = bucket_name(bucket)
             line = self.policy.curve.line(bucket)  # fitted once per step here, and reused for the bound
             cap = self.policy.curve.efficient_batch(bucket, self.policy.max_batch_size,
                                                     getattr(self.policy, "tolerance", DEFAULT_TOLERANCE),
