@@ -82,6 +82,8 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     pipeline.networks = wrapper
     if hasattr(pipeline, "fixed_text_length"):  # text of its own length per prompt (Qwen-Image): one fixed length
         pipeline.fixed_text_length = pipeline.max_sequence_length
+    if options.deterministic and hasattr(inner, "whole_batch_experts"):  # Wan 2.2: rows split between two experts
+        inner.whole_batch_experts = True
     log.info("fast path: %s denoiser at batch sizes %s%s%s", f"compiled ({options.compile_backend}, {mode})"
              if options.compile else "eager", ", ".join(map(str, wrapper.batch_buckets)),
              ", CUDA graphs" if cuda_graphs else "", ", deterministic" if options.deterministic else "")
