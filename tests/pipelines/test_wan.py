@@ -10,6 +10,7 @@ import torch
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
+from wan_reference import reference_video, wan_pipe
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -31,31 +32,8 @@ def wan22(tmp_path_factory):
     return build_tiny_wan(tmp_path_factory.mktemp("wan22") / "pipe", seed=1, wan22=True)
 
 
-_PIPES: dict = {}
-
-
 def _pipe(path):
-    from diffusers import WanPipeline
-
-    if str(path) not in _PIPES:
-        pipe = WanPipeline.from_pretrained(path)
-        pipe.set_progress_bar_config(disable=True)
-        _PIPES[str(path)] = (pipe, dict(pipe.scheduler.config))
-    return _PIPES[str(path)]
-
-
-def reference_video(path, p: SamplingParams) -> np.ndarray:
-    """(frames, H, W, 3) from WanPipeline with the diffusers scheduler the request's sampler reproduces."""
-    from stepserve.pipelines.wan import flow_scheduler_config
-    from stepserve.sampling import reference_scheduler
-
-    pipe, config = _pipe(path)
-    pipe.scheduler = reference_scheduler(p.sampler, flow_scheduler_config(config))
-    frames = pipe(prompt=p.prompt, negative_prompt=p.negative_prompt or None, height=p.height, width=p.width,
-                  num_frames=p.num_frames, num_inference_steps=p.num_inference_steps,
-                  guidance_scale=p.guidance_scale, generator=torch.Generator("cpu").manual_seed(p.seed),
-                  output_type="np").frames[0]
-    return (frames * 255).round().astype(np.int16)
+    return wan_pipe(path)
 
 
 def as_video(result) -> np.ndarray:
