@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from .executor.base import Executor
 from .scheduling import Policy
 from .scheduling.queue import Deadlines, WaitingQueue
-from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, bucket_of, next_request_id
+from .buckets import bucket_of
+from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from .validation import first_denoising_step, resolve_params
 
 log = logging.getLogger(__name__)

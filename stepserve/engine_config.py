@@ -193,7 +193,8 @@ def warm_up(executor: Any) -> float:
     session, the allocator's growth, kernel selection. Returns the seconds it took."""
     import time
 
-    from .types import Request, bucket_of
+    from .buckets import bucket_of
+    from .types import Request
     from .validation import internal_params
 
     t0 = time.perf_counter()

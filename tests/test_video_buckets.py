@@ -10,8 +10,9 @@ import pytest
 
 from stepserve.costs.cost_model import CostModel
 from stepserve.costs.latency_model import Curve, LatencyModel
-from stepserve.types import (ModelInfo, Request, bucket_fields, bucket_name, bucket_of, bucket_pixels, default_bucket,
-                             largest_bucket)
+from stepserve.buckets import (bucket_fields, bucket_name, bucket_of, bucket_pixels, default_bucket,
+                               largest_bucket)
+from stepserve.types import ModelInfo, Request
 from stepserve.validation import ValidationError, resolve_params
 
 IMAGE = ModelInfo(name="m", default_sampler="ddim", default_steps=4, default_guidance_scale=1.0, default_height=32,
@@ -45,7 +46,8 @@ def test_an_unmeasured_video_bucket_costs_its_frames():
     cost = CostModel()
     one = Request("a", resolve_params(_params(), VIDEO), 0.0, (1, 32, 32), 4)
     five = Request("b", resolve_params(_params(num_frames=5), VIDEO), 0.0, (5, 32, 32), 4)
-    assert cost.decode_s([five]) - cost.decode_fixed_s == pytest.approx(5 * (cost.decode_s([one]) - cost.decode_fixed_s))
+    per_item = [cost.decode_s([r]) - cost.decode_fixed_s for r in (one, five)]
+    assert per_item[1] == pytest.approx(5 * per_item[0])
 
 
 def test_the_memory_cap_probes_the_longest_video(tmp_path):

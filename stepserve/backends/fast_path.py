@@ -125,7 +125,8 @@ def warm_up(executor: Any, wrapper: BatchBucketedNetworks, progress: bool = True
     bucket runs three times: torch.compile's cudagraph trees run a new shape eagerly once, then record, then
     replay."""
     from ..progress import progress as progress_bar
-    from ..types import Request, bucket_of
+    from ..buckets import bucket_of
+    from ..types import Request
     from ..validation import internal_params
 
     model = executor.model_info

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..loading import available_cores
-from ..types import bucket_name
+from ..buckets import bucket_name
 from ..words import plural
 from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from
 

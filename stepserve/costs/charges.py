@@ -28,7 +28,8 @@ import math
 import random
 from collections.abc import Mapping
 
-from ..types import Request, bucket_pixels
+from ..buckets import bucket_pixels
+from ..types import Request
 from .guidance import GuidanceCurves, Spread, by_guidance_rows, spread_by_bucket
 from .latency_model import Bucket, Curve, LatencyModel
 

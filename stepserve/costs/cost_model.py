@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..types import Request, bucket_pixels
+from ..buckets import bucket_pixels
+from ..types import Request
 
 
 @dataclass

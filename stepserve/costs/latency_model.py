@@ -8,10 +8,11 @@ Rules:
   between them and linearly past the first and last (the nearest segment extended; never below 0 s). A curve of
   a single point is taken as proportional to the count (no batching gain is assumed). A count of 0 costs 0 s.
 - A denoising step is measured per shape bucket ((height, width); (frames, height, width) for a video model), as
-  the model was run: guidance rows included
-  (a request with classifier-free guidance is two rows of the forward pass, and the points say what was run).
+  the model was run: guidance rows included (a request with classifier-free guidance is two rows of the forward
+  pass, and the points say what was run).
 - A bucket that was not measured costs what the measured bucket nearest in pixel count costs, scaled by the ratio
-  of pixel counts (types.bucket_pixels: a video bucket counts every frame). Decoding works the same way; text encoding does not depend on the image size.
+  of pixel counts (buckets.bucket_pixels: a video bucket counts every frame). Decoding works the same way; text
+  encoding does not depend on the image size.
 - Files are JSON with a format name and version; free-form metadata (device, dtype, library versions, spread of
   the measurements) travels with the numbers.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..types import Bucket, bucket_pixels, is_bucket
+from ..buckets import Bucket, bucket_pixels, is_bucket
 
 _BUCKET_SHAPE = "(height, width) or (frames, height, width) in positive integers"
 

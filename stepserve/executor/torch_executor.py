@@ -21,7 +21,8 @@ from ..lora.rows import adapter_rows, every_row
 from ..pipelines import inpaint
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
-from ..types import Bucket, Request
+from ..buckets import Bucket
+from ..types import Request
 
 
 def _sync(device: torch.device) -> None:

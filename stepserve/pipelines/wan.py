@@ -29,7 +29,8 @@ import os
 import torch
 from PIL import Image
 
-from ..types import ModelInfo, SamplingParams, bucket_frames, bucket_size
+from ..buckets import bucket_frames, bucket_size
+from ..types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter, to_pil
 from .folder import PipelineFolder, serving_info
 

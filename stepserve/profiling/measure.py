@@ -14,7 +14,8 @@ from typing import Any
 from ..costs.guidance import METADATA_KEY, guidance_entry
 from ..costs.latency_model import Bucket, Curve, LatencyModel
 from ..executor.base import Executor
-from ..types import Request, bucket_fields, default_bucket
+from ..buckets import bucket_fields, default_bucket
+from ..types import Request
 from ..validation import internal_params
 from .requests import (
     _advance,

@@ -8,7 +8,8 @@ from typing import Any
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
-from ..types import Request, RequestStatus, bucket_fields, bucket_of
+from ..buckets import bucket_fields, bucket_of
+from ..types import Request, RequestStatus
 from ..validation import internal_params
 
 

@@ -11,7 +11,8 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..types import FinishReason, StepReport, bucket_name
+from ..buckets import bucket_name
+from ..types import FinishReason, StepReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ the queue is full), in the same batches as other requests of its (frames, height
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -64,13 +65,13 @@ FIELDS = tuple(VideoRequest.model_fields)
 
 
 def parse_video_body(raw: bytes) -> VideoRequest:
-    import json
-
+    """Strict, as the images body: a JSON object of VideoRequest's fields, or a 400 naming what is wrong."""
     try:
         data = json.loads(raw, parse_constant=_no_constants)
     except (ValueError, RecursionError) as exc:
         raise invalid(f"the body is not valid JSON ({exc}); send a JSON object such as "
-                      '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}', code="invalid_json") from None
+                      '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}',
+                      code="invalid_json") from None
     if not isinstance(data, dict):
         raise invalid(f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     try:
