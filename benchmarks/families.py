@@ -1,11 +1,13 @@
 """Per model family (every `stepserve.tiny.<family>` builder that exists): what batching buys on its pipeline.
 
 1. Per-image cost at batch 8 against batch 1: the same 8 requests (one size, 8 steps, the family's default
-   guidance) generated with continuous batching at max_batch_size 8 and at max_batch_size 1; seconds per image
-   (encode + denoise + decode), rounds alternated, medians reported.
+   guidance; a video family's default frames, so a sample is a video) generated with continuous batching at
+   max_batch_size 8 and at max_batch_size 1; seconds per sample (encode + denoise + decode), rounds alternated,
+   medians reported.
 2. Continuous against dynamic batching on one mixed open-loop trace: `stepserve bench` (Poisson arrivals at
    --load x the capacity estimated from the batch-8 cost, steps 2/4/8, guidance off or on, two size buckets;
-   dynamic with a 50 ms queue delay), p50/p95.
+   dynamic with a 50 ms queue delay), p50/p95. The trace goes to the images endpoint: on a video family (wan) its
+   requests are one frame long.
 
 The tiny test models are so small that a forward costs about the same at any batch size, which would make batching
 look free. Each family is built at the size its module's BENCH_OPTIONS gives (wider UNets, larger native size for
@@ -64,8 +66,9 @@ def per_image_s(executor, params: list[SamplingParams], batch: int) -> float:
 
 def batch_cost(executor, rounds: int) -> tuple[float, float]:
     info = executor.model_info
+    frames = info.default_frames if info.video else None  # a video family's sample is a video
     params = [SamplingParams(prompt=f"a picture number {i}", seed=i, num_inference_steps=8,
-                             guidance_scale=info.default_guidance_scale) for i in range(8)]
+                             guidance_scale=info.default_guidance_scale, num_frames=frames) for i in range(8)]
     per_image_s(executor, params[:2], 2)  # warm-up
     costs: dict[int, list[float]] = {1: [], 8: []}
     for k in range(rounds):
@@ -147,8 +150,9 @@ def main() -> None:
         b1, b8 = batch_cost(executor, args.rounds)
         n_params = denoiser_params(executor)
         guided = guided_by_default(executor)
+        frames = f"x{info.default_frames} frames" if info.video else ""
         print(f"{family}: {n_params / 1e6:.2f} M denoiser parameters ({size_note}), {info.default_width}x"
-              f"{info.default_height}; per image at batch 1 {b1 * 1e3:.0f} ms, at batch 8 {b8 * 1e3:.0f} ms "
+              f"{info.default_height}{frames}; per sample at batch 1 {b1 * 1e3:.0f} ms, at batch 8 {b8 * 1e3:.0f} ms "
               f"(x{b8 / b1:.2f})", flush=True)
         del executor
         summaries, load = strategy_p95(path, info, trace_rate(guided, b8, args.load), args, root / family)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from .executor.base import Executor
 from .scheduling import Policy
 from .scheduling.queue import Deadlines, WaitingQueue
+from .buckets import bucket_of
 from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from .validation import first_denoising_step, resolve_params
 
@@ -99,7 +100,7 @@ class EngineCore:
             request_id=request_id or next_request_id(),
             params=resolved,
             arrival_time=now,
-            bucket=(resolved.height, resolved.width),
+            bucket=bucket_of(resolved),
             num_inference_steps=resolved.num_inference_steps,
             deadline=None if resolved.timeout_s is None else now + resolved.timeout_s - self.answer_margin_s,
             priority=resolved.priority,
@@ -326,6 +327,7 @@ class EngineCore:
         r.timing.finished = t
         if status is not RequestStatus.COMPLETED:
             r.image = None
+            r.frames = None
         r.release_tensors()
 
 

@@ -193,12 +193,13 @@ def warm_up(executor: Any) -> float:
     session, the allocator's growth, kernel selection. Returns the seconds it took."""
     import time
 
+    from .buckets import bucket_of
     from .types import Request
     from .validation import internal_params
 
     t0 = time.perf_counter()
     params = internal_params(executor.model_info, prompt="warm-up", seed=0, num_inference_steps=2)
-    request = Request("warm-up", params, 0.0, (params.height, params.width), params.num_inference_steps)
+    request = Request("warm-up", params, 0.0, bucket_of(params), params.num_inference_steps)
     executor.prepare([request])
     executor.denoise([request])
     executor.decode([request])

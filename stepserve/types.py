@@ -11,6 +11,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from .buckets import Bucket
+
 
 # Each sampler and the diffusers scheduler class it reproduces (and reads its tables from).
 SCHEDULER_CLASSES = {
@@ -60,6 +62,8 @@ class SamplingParams:
     # inpainting: a mask of the image's size (PIL or array; white repaints, black keeps; resolved: a grayscale PIL
     # image), only with `image`; the default strength is then the family's inpaint pipeline's
     mask_image: Any = None
+    # video: how many frames (a video model only; 1, the default there, is a still image). None on an image model
+    num_frames: int | None = None
 
 
 @dataclass
@@ -138,7 +142,7 @@ class Request:
     request_id: str
     params: SamplingParams  # resolved: every field set (model defaults filled in, seed drawn)
     arrival_time: float
-    bucket: tuple[int, int]  # the shape bucket (height, width): only requests of one shape bucket share a forward
+    bucket: Bucket  # the shape bucket (bucket_of): only requests of one shape bucket share a forward
     num_inference_steps: int
     deadline: float | None = None
     priority: int = 0  # from SamplingParams.priority: higher is served first by priority-aware policies
@@ -153,7 +157,8 @@ class Request:
     conditioning: Any = None  # the family adapter's Conditioning (pipelines/family.py): cond and optional uncond row
     sampler_state: Any = None
     preview_latents: Any = None  # the denoised estimate (x0) after a step listed in preview_steps
-    image: Any = None  # PIL.Image once decoded
+    image: Any = None  # PIL.Image once decoded (a video: its first frame)
+    frames: Any = None  # a video model's request: its frames once decoded (a list of PIL images; one for an image)
     step_cache: Any = None  # the step-caching state of this request (stepserve/caching.RowState); freed at the end
     inpaint: Any = None  # an inpainting request's mask and known region (pipelines/inpaint.Inpaint)
 
@@ -180,11 +185,12 @@ class GenerationResult:
 
     request_id: str
     status: RequestStatus
-    image: Any  # PIL.Image when completed, else None
+    image: Any  # PIL.Image when completed, else None (a video: its first frame)
     params: SamplingParams  # as resolved: defaults filled in, seed drawn
     timing: RequestTiming
     finish_reason: FinishReason | None
     error: str | None = None
+    frames: Any = None  # a video model's request, completed: every frame (a list of PIL images)
 
     @property
     def ok(self) -> bool:
@@ -192,7 +198,7 @@ class GenerationResult:
 
     @classmethod
     def from_request(cls, r: "Request") -> "GenerationResult":
-        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error)
+        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error, r.frames)
 
 
 @dataclass
@@ -257,3 +263,14 @@ class ModelInfo:
     # every request must bring an image and a mask)
     inpaint: str = ""
     default_inpaint_strength: float = 1.0  # its strength when an inpainting request gives none
+    # video (a latent time axis): the most frames a request may ask for (1: an image model), num_frames - 1 must be
+    # a multiple of frame_step (a video VAE packs that many frames into one latent frame), and what the videos
+    # endpoint uses when a request does not say (frames, frames per second)
+    max_frames: int = 1
+    frame_step: int = 1
+    default_frames: int = 1
+    default_fps: int = 16
+
+    @property
+    def video(self) -> bool:
+        return self.max_frames > 1

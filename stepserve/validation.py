@@ -143,6 +143,23 @@ def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
     return image, float(strength), mask
 
 
+def _frames(value: object, model: ModelInfo) -> int | None:
+    """A request's num_frames as resolved: None on an image model (which takes 1 or none), else 1 (a still image)
+    when unset, or 1 + a multiple of frame_step up to max_frames."""
+    if not model.video:
+        if value not in (None, 1) or isinstance(value, bool):
+            raise ValidationError("num_frames", f"{model.name} ({model.family}) makes images, not videos; allowed: "
+                                                f"1 or unset, got {value!r}")
+        return None
+    if value is None:
+        return 1
+    if not _is_int(value) or not 1 <= value <= model.max_frames or (value - 1) % model.frame_step:
+        raise ValidationError("num_frames", f"must be 1 + a multiple of {model.frame_step} from 1 to "
+                                            f"{model.max_frames} (1: a still image; the video VAE packs "
+                                            f"{model.frame_step} frames into one latent frame), got {value!r}")
+    return value
+
+
 def internal_params(model: ModelInfo, **fields) -> ResolvedParams:
     """A request the engine makes for itself (warm-up, profiles, the memory probe) resolved against `model`. On an
     inpainting model, whose every request brings an image and a mask, it carries a grey image and a mask that
@@ -228,6 +245,8 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
             problem = f": {name} {value!r} {problem}"
         raise SizeError(name, width, height, problem, allowed)
 
+    frames = _frames(p.num_frames, model)
+
     if p.timeout_s is not None and (not _is_number(p.timeout_s) or not math.isfinite(p.timeout_s)
                                     or not p.timeout_s > 0):
         raise ValidationError("timeout_s", f"must be a positive, finite number of seconds, got {p.timeout_s!r}")
@@ -249,5 +268,5 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
                 "priority": priority, "cache": cache, "loras": loras, "image": image, "strength": strength,
-                "mask_image": mask}
+                "mask_image": mask, "num_frames": frames}
     return ResolvedParams(**{**vars(p), **resolved})

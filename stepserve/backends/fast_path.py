@@ -82,6 +82,8 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     pipeline.networks = wrapper
     if hasattr(pipeline, "fixed_text_length"):  # text of its own length per prompt (Qwen-Image): one fixed length
         pipeline.fixed_text_length = pipeline.max_sequence_length
+    if options.deterministic and hasattr(inner, "whole_batch_experts"):  # Wan 2.2: rows split between two experts
+        inner.whole_batch_experts = True
     log.info("fast path: %s denoiser at batch sizes %s%s%s", f"compiled ({options.compile_backend}, {mode})"
              if options.compile else "eager", ", ".join(map(str, wrapper.batch_buckets)),
              ", CUDA graphs" if cuda_graphs else "", ", deterministic" if options.deterministic else "")
@@ -123,12 +125,13 @@ def warm_up(executor: Any, wrapper: BatchBucketedNetworks, progress: bool = True
     bucket runs three times: torch.compile's cudagraph trees run a new shape eagerly once, then record, then
     replay."""
     from ..progress import progress as progress_bar
+    from ..buckets import bucket_of
     from ..types import Request
     from ..validation import internal_params
 
     model = executor.model_info
     params = internal_params(model, prompt="warm-up", seed=0, num_inference_steps=2, guidance_scale=1.0)
-    bucket = (params.height, params.width)
+    bucket = bucket_of(params)
     with progress_bar(len(wrapper.batch_buckets), "warm-up", "batch size", disable=not progress) as bar:
         for size in wrapper.batch_buckets:
             requests = [Request(f"warm-up-{size}-{i}", params, 0.0, bucket, params.num_inference_steps)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..loading import available_cores
+from ..buckets import bucket_name
 from ..words import plural
 from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from
 
@@ -33,16 +34,17 @@ def _guidance(text: str) -> float:
     return value
 
 
-def _sizes(text: str) -> list[tuple[int, int]]:
+def _sizes(text: str) -> list[tuple[int, ...]]:
     """'32x32,64x48' -> [(32, 32), (48, 64)]: WIDTHxHEIGHT as everywhere in stepserve (the HTTP API's "size"), as
-    (height, width) shape buckets."""
+    (height, width) shape buckets; a video model's WIDTHxHEIGHTxFRAMES ('64x32x17') -> (frames, height, width)."""
     out = []
     for part in text.split(","):
-        w, sep, h = part.strip().lower().partition("x")
-        if not sep or not h.isdigit() or not w.isdigit() or int(h) < 1 or int(w) < 1:
-            raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT[,WIDTHxHEIGHT...] in positive integers, "
-                                             f"e.g. 32x32,64x48; got {text!r}")
-        out.append((int(h), int(w)))
+        sides = part.strip().lower().split("x")
+        if len(sides) not in (2, 3) or not all(s.isdigit() and int(s) >= 1 for s in sides):
+            raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT[xFRAMES][,...] in positive integers, "
+                                             f"e.g. 32x32,64x48 (a video model: 64x32x17); got {text!r}")
+        w, h, *frames = (int(s) for s in sides)
+        out.append((*frames, h, w))
     if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"each size once, got {text!r}")
     return out
@@ -55,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int_from(1), default=8,
                    help="largest batch measured (every size up to 16, then a geometric series; default %(default)s)")
     p.add_argument("--sizes", type=_sizes, default=None, metavar="WxH[,WxH...]",
-                   help="shape buckets to measure (default: the model's default size)")
+                   help="shape buckets to measure, WxH (a video model: WxHxFRAMES; default: the model's default "
+                        "size)")
     p.add_argument("--guidance-scale", type=_guidance, default=None,
                    help="scale of the measurement with guidance rows (default: the model's default if > 1, else 2)")
     p.add_argument("--repeats", type=int_from(1), default=5, help="recorded runs per point and round (default 5)")
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ref = latency.reference_bucket
     n = args.max_batch_size
-    print(f"{PROG}: wrote {out} ({latency.metadata.get('model')}, size {ref[1]}x{ref[0]}: step "
+    print(f"{PROG}: wrote {out} ({latency.metadata.get('model')}, size {bucket_name(ref)}: step "
           f"{latency.step_s(1) * 1000:.2f} ms at batch 1, {latency.step_s(n) * 1000:.2f} ms at batch {n}; "
           f"measured in {latency.metadata.get('wall_s')} s)", file=sys.stderr)
     return 0

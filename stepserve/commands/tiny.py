@@ -32,6 +32,8 @@ KINDS = {
     "qwenimage": ("qwenimage", {}),
     "flux2-klein": ("flux2", {}),
     "flux2-klein-distilled": ("flux2", {"distilled": True}),
+    "wan": ("wan", {}),
+    "wan2.2": ("wan", {"wan22": True}),
 }
 
 

@@ -28,6 +28,7 @@ import math
 import random
 from collections.abc import Mapping
 
+from ..buckets import bucket_pixels
 from ..types import Request
 from .guidance import GuidanceCurves, Spread, by_guidance_rows, spread_by_bucket
 from .latency_model import Bucket, Curve, LatencyModel
@@ -141,12 +142,12 @@ def _bucket_s(curves: Mapping[Bucket, Curve], bucket: Bucket, count: float) -> f
     if curve is not None:
         return curve(count)
     near = _nearest(curves, bucket)
-    return curves[near](count) * bucket[0] * bucket[1] / (near[0] * near[1])
+    return curves[near](count) * bucket_pixels(bucket) / bucket_pixels(near)
 
 
 def _nearest(curves: Mapping[Bucket, object], bucket: Bucket) -> Bucket:
-    pixels = bucket[0] * bucket[1]
-    return min(curves, key=lambda b: (abs(b[0] * b[1] - pixels), -(b[0] * b[1])))
+    pixels = bucket_pixels(bucket)
+    return min(curves, key=lambda b: (abs(bucket_pixels(b) - pixels), -bucket_pixels(b)))
 
 
 def _ratios(curves: Mapping, spread: Mapping, bucket: Bucket | None, n: int) -> tuple[float, float]:

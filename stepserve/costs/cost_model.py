@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..buckets import bucket_pixels
 from ..types import Request
 
 
 @dataclass
 class CostModel:
-    """Seconds per stage as a function of batch size and pixels: fixed cost + per-item cost."""
+    """Seconds per stage as a function of batch size and pixels (a video's frames counted): fixed cost + per-item
+    cost."""
 
     step_fixed_s: float = 0.010
     step_per_item_s: float = 0.003
@@ -24,8 +26,7 @@ class CostModel:
     reference_pixels: int = 32 * 32
 
     def _scale(self, requests: list[Request]) -> float:
-        h, w = requests[0].bucket
-        return (h * w) / self.reference_pixels
+        return bucket_pixels(requests[0].bucket) / self.reference_pixels
 
     def step_s(self, requests: list[Request]) -> float:
         cfg_rows = sum(2 if r.params.guidance_scale > 1 else 1 for r in requests)

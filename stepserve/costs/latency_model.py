@@ -7,10 +7,12 @@ Rules:
 - A curve maps a count (batch size, or number of prompts / images) to seconds through measured points, linearly
   between them and linearly past the first and last (the nearest segment extended; never below 0 s). A curve of
   a single point is taken as proportional to the count (no batching gain is assumed). A count of 0 costs 0 s.
-- A denoising step is measured per shape bucket (height, width), as the model was run: guidance rows included
-  (a request with classifier-free guidance is two rows of the forward pass, and the points say what was run).
+- A denoising step is measured per shape bucket ((height, width); (frames, height, width) for a video model), as
+  the model was run: guidance rows included (a request with classifier-free guidance is two rows of the forward
+  pass, and the points say what was run).
 - A bucket that was not measured costs what the measured bucket nearest in pixel count costs, scaled by the ratio
-  of pixel counts. Decoding works the same way; text encoding does not depend on the image size.
+  of pixel counts (buckets.bucket_pixels: a video bucket counts every frame). Decoding works the same way; text
+  encoding does not depend on the image size.
 - Files are JSON with a format name and version; free-form metadata (device, dtype, library versions, spread of
   the measurements) travels with the numbers.
 """
@@ -25,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-Bucket = tuple[int, int]
+from ..buckets import Bucket, bucket_pixels, is_bucket
+
+_BUCKET_SHAPE = "(height, width) or (frames, height, width) in positive integers"
 
 FORMAT_NAME = "stepserve-latency-model"
 FORMAT_VERSION = 1
@@ -99,8 +103,8 @@ class LatencyModel:
         if not self.decode:
             raise ValueError("a latency model needs the decode cost of at least one bucket")
         for b in list(self.step) + list(self.decode):
-            if not _is_bucket(b):
-                raise ValueError(f"a bucket is (height, width) in positive integers, got {b!r}")
+            if not is_bucket(b):
+                raise ValueError(f"a bucket is {_BUCKET_SHAPE}, got {b!r}")
         ref = self.reference_bucket if self.reference_bucket is not None else next(iter(self.step))
         if tuple(ref) not in self.step:
             raise ValueError(f"reference_bucket {ref!r} is not one of the measured buckets {list(self.step)}")
@@ -142,11 +146,11 @@ class LatencyModel:
         rows = 2 if guidance else 1
         buckets = [tuple(b) for b in buckets]
         step, decode = {}, {}
-        for h, w in buckets:
-            scale = (h * w) / cost.reference_pixels
-            step[(h, w)] = Curve(tuple((n, cost.step_fixed_s + cost.step_per_item_s * rows * n * scale)
-                                       for n in (1, 2)))
-            decode[(h, w)] = Curve(tuple((n, cost.decode_fixed_s + cost.decode_per_item_s * n * scale)
+        for b in buckets:
+            scale = bucket_pixels(b) / cost.reference_pixels
+            step[b] = Curve(tuple((n, cost.step_fixed_s + cost.step_per_item_s * rows * n * scale)
+                                  for n in (1, 2)))
+            decode[b] = Curve(tuple((n, cost.decode_fixed_s + cost.decode_per_item_s * n * scale)
                                          for n in (1, 2)))
         encode = Curve(tuple((n, cost.encode_fixed_s + cost.encode_per_item_s * n) for n in (1, 2)))
         return cls(step=step, encode=encode, decode=decode, reference_bucket=reference_bucket,
@@ -202,14 +206,16 @@ class LatencyModel:
         def per_bucket(key: str) -> dict[Bucket, Curve]:
             entries = data[key]
             if not isinstance(entries, list) or not entries:
-                raise bad(f"{key}: expected a non-empty list of {{'bucket': [height, width], 'points': [...]}}")
+                raise bad(f"{key}: expected a non-empty list of {{'bucket': [height, width] (video: [frames, "
+                          f"height, width]), 'points': [...]}}")
             out: dict[Bucket, Curve] = {}
             for i, e in enumerate(entries):
                 where = f"{key}[{i}]"
                 if not isinstance(e, dict) or "bucket" not in e or "points" not in e:
                     raise bad(f"{where}: expected an object with 'bucket' and 'points'")
-                if not _is_bucket(e["bucket"]):
-                    raise bad(f"{where}.bucket: expected [height, width] in positive integers, got {e['bucket']!r}")
+                if not is_bucket(e["bucket"]):
+                    raise bad(f"{where}.bucket: expected [height, width] (video: [frames, height, width]) in "
+                              f"positive integers, got {e['bucket']!r}")
                 b = tuple(e["bucket"])
                 if b in out:
                     raise bad(f"{where}.bucket: {list(b)} is listed twice")
@@ -221,7 +227,7 @@ class LatencyModel:
         encode = curve(data["encode"], "encode")
         ref = data.get("reference_bucket")
         if ref is not None:
-            if not _is_bucket(ref) or tuple(ref) not in step:
+            if not is_bucket(ref) or tuple(ref) not in step:
                 raise bad(f"reference_bucket {ref!r} is not one of the buckets in 'step'")
             ref = tuple(ref)
         metadata = data.get("metadata", {})
@@ -251,17 +257,13 @@ class LatencyModel:
         return cls.from_json(text, source)
 
 
-def _is_bucket(b: Any) -> bool:
-    return (isinstance(b, (list, tuple)) and len(b) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in b))
-
-
 def _at(curves: Mapping[Bucket, Curve], bucket: Bucket, n: int) -> float:
-    """A measured bucket's curve at n, or the curve of the measured bucket nearest in pixels, scaled by pixels."""
+    """A measured bucket's curve at n, or the curve of the measured bucket nearest in pixels (bucket_pixels: frames
+    counted), scaled by pixels."""
     curve = curves.get(bucket)
     if curve is not None:
         return curve(n)
-    pixels = bucket[0] * bucket[1]
+    pixels = bucket_pixels(bucket)
     # nearest pixel count; on a tie the larger bucket (the more conservative prediction)
-    near = min(curves, key=lambda b: (abs(b[0] * b[1] - pixels), -(b[0] * b[1])))
-    return curves[near](n) * pixels / (near[0] * near[1])
+    near = min(curves, key=lambda b: (abs(bucket_pixels(b) - pixels), -bucket_pixels(b)))
+    return curves[near](n) * pixels / bucket_pixels(near)

@@ -21,6 +21,7 @@ from ..lora.rows import adapter_rows, every_row
 from ..pipelines import inpaint
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
+from ..buckets import Bucket
 from ..types import Request
 
 
@@ -185,16 +186,19 @@ class TorchExecutor:
             r.latents = new[i : i + 1]
 
     def _decode(self, requests: list[Request]) -> None:
-        buckets: dict[tuple[int, int], list[Request]] = {}
+        buckets: dict[Bucket, list[Request]] = {}
         for r in requests:  # one decode per size bucket (finished requests may come from several)
             buckets.setdefault(r.bucket, []).append(r)
         for bucket, group in buckets.items():
             images = self.pipeline.decode(torch.cat([r.latents for r in group]), bucket)
             for r, image in zip(group, images):
+                if len(bucket) == 3:  # a video bucket decodes to a list of frames per request
+                    r.frames, image = image, image[0]
                 r.image = image
 
     def preview(self, request: Request):
-        """A preview image: the decoded x0 estimate of the last step if one was kept, else the current latents."""
+        """A preview image: the decoded x0 estimate of the last step if one was kept, else the current latents (a
+        video's first frame: pipeline.preview)."""
         latents = request.preview_latents if request.preview_latents is not None else request.latents
         request.preview_latents = None
-        return self.pipeline.decode(latents, request.bucket)[0]
+        return self.pipeline.preview(latents, request.bucket)

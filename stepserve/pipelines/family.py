@@ -296,8 +296,13 @@ class FamilyAdapter:
         fast path's fixed-shape buckets."""
         return tuple(getattr(self.networks, "cache_policies", ()))
 
-    def decode(self, latents: Tensor, size: tuple[int, int]) -> list[Image.Image]:
+    def decode(self, latents: Tensor, size: tuple[int, ...]) -> list:
+        """A list of PIL images; a video family (size = (frames, height, width)): a list of frames per request."""
         raise NotImplementedError
+
+    def preview(self, latents: Tensor, size: tuple[int, ...]) -> Image.Image:
+        """One preview image of one request's latents (decoded; a video family: its first frame, cheaply)."""
+        return self.decode(latents, size)[0]
 
 
 def vae_scale_factor_of(vae_config) -> int:

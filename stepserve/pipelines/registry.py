@@ -23,6 +23,7 @@ FAMILIES: dict[str, str] = {
     "FluxFillPipeline": "stepserve.pipelines.flux:FluxAdapter",
     "QwenImagePipeline": "stepserve.pipelines.qwenimage:QwenImageAdapter",
     "Flux2KleinPipeline": "stepserve.pipelines.flux2:Flux2Adapter",
+    "WanPipeline": "stepserve.pipelines.wan:WanAdapter",
 }
 
 # The families the exported backends (onnxruntime, TensorRT, Triton) serve: their graphs are SD 1/2's.

@@ -14,6 +14,7 @@ from typing import Any
 from ..costs.guidance import METADATA_KEY, guidance_entry
 from ..costs.latency_model import Bucket, Curve, LatencyModel
 from ..executor.base import Executor
+from ..buckets import bucket_fields, default_bucket
 from ..types import Request
 from ..validation import internal_params
 from .requests import (
@@ -111,17 +112,18 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     model = executor.model_info
-    default_bucket = (model.default_height, model.default_width)
-    buckets = [default_bucket] if buckets is None else [tuple(b) for b in buckets]
+    default = default_bucket(model)
+    buckets = [default] if buckets is None else [tuple(b) for b in buckets]
     if not buckets:
-        raise ValueError("buckets: give at least one (height, width), or None for the model's default size")
+        raise ValueError("buckets: give at least one (height, width) (video: (frames, height, width)), or None for "
+                         "the model's default size")
     if len(set(buckets)) != len(buckets):
         raise ValueError(f"buckets: each bucket once, got {buckets}")
     # validate every bucket and the guidance scale up front (a ValidationError names the field)
-    probe = [internal_params(model, prompt="profile", seed=0, guidance_scale=guidance_scale, height=h, width=w)
-             for h, w in buckets]
+    probe = [internal_params(model, prompt="profile", seed=0, guidance_scale=guidance_scale, **bucket_fields(b))
+             for b in buckets]
     settings = probe[0]
-    reference = default_bucket if default_bucket in buckets else buckets[0]
+    reference = default if default in buckets else buckets[0]
 
     step_s: dict[tuple[Bucket, int], list[float]] = {(b, n): [] for b in buckets for n in sizes}
     decode_s: dict[tuple[Bucket, int], list[float]] = {(b, n): [] for b in buckets for n in sizes}
@@ -138,7 +140,7 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         with _no_prompt_cache(executor):
             for r in range(rounds):
                 for bucket in buckets:
-                    key = f"{bucket[0]}x{bucket[1]}"
+                    key = "x".join(map(str, bucket))
                     for n in sizes:
                         requests: list[Request] = []
                         encoded = []

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
+from ..buckets import bucket_name, default_bucket, largest_bucket
 from .budget import memory_budget
 from .requests import _device_of, _dummy_requests, _no_prompt_cache, _release
 
@@ -87,7 +88,7 @@ def _cpu_peak_bytes(executor: Executor, n: int, bucket: Bucket, tag: str) -> int
 def measure_peak_memory(executor: Executor, batch_sizes: Iterable[int], bucket: Bucket | None = None
                         ) -> dict[int, int]:
     """Peak bytes needed by one prepare + denoise + decode of each batch size (requests of `bucket`, default the
-    model's default size, with the model's default settings but a guidance scale that runs the most rows:
+    model's default size (and frames), with the model's default settings but a guidance scale that runs the most rows:
     measured_guidance), on top of what was allocated before (the weights).
 
     CUDA: torch.cuda.max_memory_allocated over the run, less what was allocated before it. CPU: the bytes the
@@ -118,7 +119,7 @@ def _iter_peaks(executor: Executor, sizes: Sequence[int], bucket: Bucket | None)
         raise ValueError(f"peak memory is measured on torch CPU or CUDA executors; {type(executor).__name__} "
                          f"has device {device!r}")
     model = executor.model_info
-    bucket = (model.default_height, model.default_width) if bucket is None else tuple(bucket)
+    bucket = default_bucket(model) if bucket is None else tuple(bucket)
     import torch
 
     with _no_prompt_cache(executor):
@@ -211,7 +212,8 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
     unsupported device) the request is kept and the explanation says why.
 
     The peak is measured (measure_peak_memory) at batch sizes 1, 2 and 4 (those up to `requested_max`) for
-    `bucket` — default the largest size the model serves, since any batch may be of it — and extrapolated
+    `bucket` — default the largest size the model serves (with its most frames on a video model: a video request
+    is charged as what it costs), since any batch may be of it — and extrapolated
     linearly; the budget is memory_budget(), of which `headroom` is kept free. `share`: the fraction of that
     budget this engine may use, when engines share the device or host (Ray Serve replicas: EngineConfig.memory_share).
     `reserve_bytes`: kept out of the budget for what the engine holds beside its batches (LoRA adapters).
@@ -224,8 +226,8 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
         raise ValueError(f"share must be in (0, 1], got {share!r}")
     model = executor.model_info
     if bucket is None:
-        bucket = (model.max_size, model.max_size)
-    where = f"{bucket[1]}x{bucket[0]}"
+        bucket = largest_bucket(model)
+    where = bucket_name(bucket)
     kind = _memory_kind(executor)
     if kind is None:
         return requested_max, (f"max_batch_size {requested_max} kept: {type(executor).__name__} has no torch "

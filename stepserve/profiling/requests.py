@@ -8,6 +8,7 @@ from typing import Any
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
+from ..buckets import bucket_fields, bucket_of
 from ..types import Request, RequestStatus
 from ..validation import internal_params
 
@@ -22,13 +23,13 @@ def _dummy_requests(executor: Executor, n: int, bucket: Bucket, guidance_scale: 
     out = []
     for i in range(n):
         params = internal_params(model, prompt=f"profile {tag} {i}", seed=seed_base + i,
-                                 guidance_scale=guidance_scale, height=bucket[0], width=bucket[1], cache=cache,
+                                 guidance_scale=guidance_scale, cache=cache, **bucket_fields(bucket),
                                  negative_prompt=negative_prompt)
         out.append(Request(
             request_id=f"profile-{tag}-{i}",
             params=params,
             arrival_time=0.0,
-            bucket=(params.height, params.width),
+            bucket=bucket_of(params),
             num_inference_steps=params.num_inference_steps,
             deadline=None,
             priority=params.priority,
@@ -41,6 +42,7 @@ def _release(requests: Iterable[Request]) -> None:
     for r in requests:
         r.release_tensors()
         r.image = None
+        r.frames = None
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from ..buckets import Bucket
 from ..types import Request, StepPlan
 from .queue import WaitingQueue, as_queue
 
@@ -27,15 +28,15 @@ class Policy(Protocol):
         ...
 
 
-def in_bucket(requests: Sequence[Request], bucket: tuple[int, int]) -> list[Request]:
+def in_bucket(requests: Sequence[Request], bucket: Bucket) -> list[Request]:
     return [r for r in requests if r.bucket == bucket]
 
 
-def buckets_by_age(waiting: Sequence[Request] | WaitingQueue) -> list[tuple[int, int]]:
+def buckets_by_age(waiting: Sequence[Request] | WaitingQueue) -> list[Bucket]:
     """Buckets that have waiting requests, ordered by their oldest waiting request."""
     if isinstance(waiting, WaitingQueue):
         return waiting.buckets()
-    seen: dict[tuple[int, int], None] = {}
+    seen: dict[Bucket, None] = {}
     for r in waiting:
         seen.setdefault(r.bucket, None)
     return list(seen)
@@ -83,11 +84,11 @@ class BucketTurns:
     ties keep running before waiting, then the age of the oldest waiting request. No bucket starves."""
 
     def __init__(self) -> None:
-        self._last_run: dict[tuple[int, int], int] = {}  # bucket -> step counter when it last ran
+        self._last_run: dict[Bucket, int] = {}  # bucket -> step counter when it last ran
         self._steps = 0
 
-    def pick(self, running: Sequence[Request], queue, free: int) -> tuple[int, int] | None:
-        active: dict[tuple[int, int], None] = {}
+    def pick(self, running: Sequence[Request], queue, free: int) -> Bucket | None:
+        active: dict[Bucket, None] = {}
         for r in running:
             active.setdefault(r.bucket, None)
         if free:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..buckets import Bucket
 from .base import BucketTurns, in_bucket
 from .queue import WaitingQueue, as_queue
 from ..types import Request, StepPlan
@@ -43,7 +44,7 @@ class ContinuousBatchingPolicy:
         joining = queue.head(bucket, free)
         return self.step_plan(bucket, in_bucket(running, bucket), joining, queue.count(bucket) - len(joining))
 
-    def step_plan(self, bucket: tuple[int, int], holders: list[Request], joining: list[Request],
+    def step_plan(self, bucket: Bucket, holders: list[Request], joining: list[Request],
                   queued: int = 0) -> StepPlan:
         """The step for the bucket picked: its slot holders and the waiting requests the free slots admit, all
         of them (a cost-aware subclass runs fewer: scheduling/adaptive.py). `queued`: the bucket's requests that

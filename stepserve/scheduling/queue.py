@@ -21,9 +21,8 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
+from ..buckets import Bucket
 from ..types import Request
-
-Bucket = tuple[int, int]
 
 
 class WaitingQueue:

@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI-compatible image generation over an AsyncEngine, plus models, health and metrics.
+"""The FastAPI app: OpenAI-compatible image generation over an AsyncEngine (and video generation for a video model:
+videos.py), plus models, health and metrics.
 
 create_app() takes an engine that has not been started; the app starts it when the server starts and shuts it
 down (letting in-flight work finish within the grace period) when the server stops.
@@ -27,6 +28,8 @@ from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
 from .streaming import EventStreamResponse, StreamJob, image_events
+from .video_jobs import VideoJobs
+from .videos import video_routes
 
 REPLICA_HEADER = "X-Stepserve-Replica"
 CLIENT_GONE = 499  # never read by anyone: the client has disconnected
@@ -51,6 +54,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     engine.on_step.append(state.metrics.on_step)
     events = EngineEvents(engine)
     state.events = events  # start_drain ends its streams
+    jobs = VideoJobs(engine, state.limits.max_video_jobs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -59,6 +63,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
             yield
         finally:
             await engine.shutdown(shutdown_grace_s)
+            jobs.close()
 
     app = FastAPI(title="stepserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
@@ -69,6 +74,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(event_routes(events), prefix="/v1", dependencies=protected)
     app.include_router(lora_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(video_routes(state, jobs), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
     app.include_router(_schema_route(app), dependencies=protected)
     app.add_middleware(UnexpectedErrors)  # innermost: its 500 passes the middleware below on the way out

@@ -11,6 +11,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..buckets import bucket_name
 from ..types import FinishReason, StepReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -96,7 +97,7 @@ class ServerMetrics:
         from ..scheduling.adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
 
         for bucket in caps:
-            name = f"{bucket[1]}x{bucket[0]}"
+            name = bucket_name(bucket)
             curve = self.policy.curve
             fit = curve.fit(bucket)  # fitted once per step here, and reused for the bound
             line = None if fit is None else fit.line()

@@ -29,6 +29,7 @@ class ServerLimits:
     max_n: int = 8
     max_body_bytes: int = 64 * 1024
     default_timeout_s: float | None = None  # applied when a request has no timeout_s of its own
+    max_video_jobs: int = 64  # video jobs kept in memory (POST /v1/videos); the oldest finished one goes first
 
 
 class ImageGenerationRequest(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import string
 
-FAMILY_MODULES = ("sd", "sdxl", "sd3", "flux", "qwenimage", "flux2")  # probed by benchmarks/families.py; a missing module is skipped
+FAMILY_MODULES = ("sd", "sdxl", "sd3", "flux", "qwenimage", "flux2", "wan")  # probed by benchmarks/families.py; a missing module is skipped
 
 
 def clip_tokenizer(max_length: int = 77, pad_token: str | None = None):

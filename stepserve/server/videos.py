@@ -1,0 +1,192 @@
+"""The videos endpoint, OpenAI-style, for a video model (Wan):
+
+- POST /v1/videos: create a job (JSON body, VideoRequest) -> the video object, status "queued"; with
+  "stream": true, the job's events instead (as GET .../events);
+- GET /v1/videos: the kept jobs, newest first; GET /v1/videos/{id}: the video object (status, progress 0-100);
+- GET /v1/videos/{id}/content: the MP4 once completed;
+- GET /v1/videos/{id}/events: server-sent events, one per change (`video.queued`, `video.in_progress` with
+  progress, then `video.completed` or `video.failed`), each carrying the video object. Leaving the stream does not
+  cancel the job; DELETE does;
+- DELETE /v1/videos/{id}: cancel (when unfinished) and forget.
+
+A request becomes one engine request of num_frames frames (from num_frames, or seconds x fps rounded to what the
+model makes, or the model's default), admitted as an image request is (400 for bad input, 429 with Retry-After when
+the queue is full), in the same batches as other requests of its (frames, height, width) bucket. Jobs: video_jobs.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+from pydantic import ValidationError as PydanticValidationError
+
+from ..types import ModelInfo, SamplingParams
+from ..validation import MAX_SEED
+from . import errors
+from .errors import invalid
+from .images import ServerState, submit_all
+from .mp4 import EncoderMissing, check_encoder
+from .schemas import _no_constants, request_size
+from .streaming import EventStreamResponse, sse
+from .video_jobs import VideoJob, VideoJobs, event_name
+
+MAX_FPS = 60
+
+
+class VideoRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    # OpenAI fields (seconds: a string there, "4"; a number is taken too)
+    prompt: str
+    model: str | None = None
+    size: str | None = None
+    seconds: str | int | float | None = None
+    input_reference: str | None = None
+    user: str | None = None
+    # stepserve fields
+    num_frames: int | None = None
+    fps: int | None = None
+    stream: bool | None = None
+    negative_prompt: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    sampler: str | None = None
+    timeout_s: float | None = None
+    priority: int | None = None
+
+
+FIELDS = tuple(VideoRequest.model_fields)
+
+
+def parse_video_body(raw: bytes) -> VideoRequest:
+    """Strict, as the images body: a JSON object of VideoRequest's fields, or a 400 naming what is wrong."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise invalid(f"the body is not valid JSON ({exc}); send a JSON object such as "
+                      '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}',
+                      code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise invalid(f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    try:
+        return VideoRequest.model_validate(data)
+    except PydanticValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first.get("loc") else None
+        if first["type"] == "extra_forbidden":
+            raise invalid(f"unknown field {field!r}; allowed fields: {', '.join(FIELDS)}", field,
+                          "unknown_field") from None
+        if first["type"] == "missing":
+            raise invalid(f"{field} is required", field, "missing_field") from None
+        raise invalid(f"{field}: {first['msg'].lower()}, got {str(first.get('input'))[:60]!r}", field,
+                      "invalid_type") from None
+
+
+def video_params(req: VideoRequest, model: ModelInfo, default_timeout_s: float | None) -> tuple[SamplingParams, int]:
+    """(the engine request, frames per second). Frames: num_frames, else seconds x fps to the nearest length the
+    model makes (1 + a multiple of frame_step), else the model's default."""
+    if not model.video:
+        raise invalid(f"model: {model.name} ({model.family} family) makes images, not videos; /v1/videos needs a "
+                      f"video model (wan); use /v1/images/generations", "model", "model_not_video")
+    if req.input_reference is not None:
+        raise invalid("input_reference: image to video is not served; allowed: text to video (leave it out)",
+                      "input_reference")
+    fps = model.default_fps if req.fps is None else req.fps
+    if not 1 <= fps <= MAX_FPS:
+        raise invalid(f"fps: must be an integer from 1 to {MAX_FPS}, got {fps}", "fps")
+    if req.seed is not None and not 0 <= req.seed <= MAX_SEED:
+        raise invalid(f"seed: must be an integer in [0, {MAX_SEED}], got {req.seed}", "seed")
+    frames = req.num_frames
+    if req.seconds is not None:
+        if frames is not None:
+            raise invalid("seconds: give seconds or num_frames, not both", "seconds")
+        frames = frames_for(req.seconds, fps, model)
+    width, height = request_size(req.size)
+    return SamplingParams(
+        prompt=req.prompt, negative_prompt=req.negative_prompt or "", seed=req.seed,
+        num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale, sampler=req.sampler,
+        height=height, width=width, num_frames=model.default_frames if frames is None else frames,
+        timeout_s=req.timeout_s if req.timeout_s is not None else default_timeout_s, priority=req.priority), fps
+
+
+def frames_for(seconds: str | int | float, fps: int, model: ModelInfo) -> int:
+    longest = f"{(model.max_frames - 1) / fps:g}"
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= (model.max_frames - 1) / fps:
+        raise invalid(f"seconds: must be a number from 0 to {longest} ({model.max_frames} frames at {fps} fps), got "
+                      f"{seconds!r}", "seconds")
+    step = model.frame_step
+    return 1 + step * round(value * fps / step)
+
+
+def video_routes(state: ServerState, jobs: VideoJobs) -> APIRouter:
+    from .app import _check_json, _read_body  # the images routes' body rules
+
+    router = APIRouter()
+
+    @router.post("/videos")
+    async def create(request: Request) -> Response:
+        _check_json(request)
+        req = parse_video_body(await _read_body(request, state.limits.max_body_bytes))
+        params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
+        try:
+            check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
+        except EncoderMissing as exc:
+            raise errors.APIError(501, str(exc), type="server_error", code="video_encoder_missing") from None
+        jobs.make_room()
+        handle, = await submit_all(state, [params], stream=True)
+        job = jobs.start(handle, fps)
+        if req.stream:
+            return EventStreamResponse(job_events(job), lambda: None)
+        return JSONResponse(job.body())
+
+    @router.get("/videos")
+    async def listing() -> dict:
+        return {"object": "list", "data": [j.body() for j in reversed(jobs.jobs.values())]}
+
+    @router.get("/videos/{video_id}")
+    async def status(video_id: str) -> dict:
+        return jobs.get(video_id).body()
+
+    @router.get("/videos/{video_id}/content")
+    async def content(video_id: str) -> Response:
+        job = jobs.get(video_id)
+        if job.status != "completed":
+            raise errors.APIError(409, f"video {video_id!r} is {job.status}; its content exists once it is "
+                                       f"completed (GET /v1/videos/{video_id} says when)", code="video_not_ready")
+        return Response(job.mp4, media_type="video/mp4")
+
+    @router.get("/videos/{video_id}/events")
+    async def events(video_id: str) -> Response:
+        return EventStreamResponse(job_events(jobs.get(video_id)), lambda: None)
+
+    @router.delete("/videos/{video_id}")
+    async def delete(video_id: str) -> dict:
+        job = jobs.delete(video_id)
+        return {"id": job.id, "object": "video.deleted", "deleted": True}
+
+    return router
+
+
+async def job_events(job: VideoJob) -> AsyncIterator[bytes]:
+    """The job as it is now, then every change, until it is finished."""
+    queue: asyncio.Queue = asyncio.Queue()
+    job.listeners.append(queue)
+    try:
+        body = job.body()
+        while True:
+            yield sse(event_name(body), body)
+            if body["status"] in ("completed", "failed"):
+                return
+            body = await queue.get()
+    finally:
+        job.listeners.remove(queue)

@@ -1,0 +1,212 @@
+"""The videos endpoint on a Wan server: a job's life (queued, in progress, completed; an MP4 of the right frames that
+shows WanPipeline's video), its progress as server-sent events, deletion, the bound on kept jobs, overload and bad
+input refused per request; and a video and image requests served at once by one server, each its own answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from extras import require
+from server_helpers import GENERATIONS, assert_error_shape, decode_png, pixels, wait_until
+from stepserve import SamplingParams
+from stepserve.async_engine import AsyncEngine
+from stepserve.server.app import create_app
+from stepserve.server.schemas import ServerLimits
+from wan_reference import reference_video
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    from stepserve.tiny.wan import build_tiny_wan
+
+    return build_tiny_wan(tmp_path_factory.mktemp("wan_http") / "pipe")
+
+
+@pytest.fixture(scope="module")
+def wan_executor(wan):
+    from stepserve.loading import load_executor
+
+    return load_executor(str(wan))
+
+
+def client(executor, limits=None, api_key=None, **options) -> TestClient:
+    options = {"strategy": "continuous", "max_batch_size": 4, **options}
+    return TestClient(create_app(AsyncEngine(executor, **options), api_key=api_key, limits=limits))
+
+
+def wait_done(c: TestClient, video_id: str, timeout_s: float = 60, headers=None) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = c.get(f"/v1/videos/{video_id}", headers=headers).json()
+        if body["status"] in ("completed", "failed") or time.monotonic() > deadline:
+            return body
+        time.sleep(0.02)
+
+
+def mp4_frames(data: bytes) -> np.ndarray:
+    """(frames, H, W, 3) decoded from MP4 bytes with the bundled ffmpeg."""
+    imageio_ffmpeg = require("imageio_ffmpeg", "video")
+    with tempfile.NamedTemporaryFile(suffix=".mp4", delete=False) as f:
+        f.write(data)
+    try:
+        reader = imageio_ffmpeg.read_frames(f.name)
+        meta = next(reader)
+        w, h = meta["size"]
+        return np.stack([np.frombuffer(b, np.uint8).reshape(h, w, 3) for b in reader]).astype(np.int16)
+    finally:
+        os.unlink(f.name)
+
+
+def as_mp4(video: np.ndarray, fps: int = 16) -> np.ndarray:
+    """A reference video as it looks through the same (lossy) encoder: what the MP4 of that video decodes to."""
+    from PIL import Image
+
+    from stepserve.server.mp4 import encode_mp4
+
+    return mp4_frames(encode_mp4([Image.fromarray(f.astype(np.uint8)) for f in video], fps))
+
+
+def test_a_video_job_from_creation_to_mp4(wan, wan_executor):
+    require("imageio_ffmpeg", "video")
+    body = {"prompt": "a red fox running", "size": "32x48", "seconds": "0.25", "seed": 11,
+            "num_inference_steps": 3, "guidance_scale": 4.0, "negative_prompt": "blurry", "sampler": "flow_euler"}
+    with client(wan_executor) as c:
+        created = c.post("/v1/videos", json=body)
+        assert created.status_code == 200, created.text
+        job = created.json()
+        assert job["object"] == "video" and job["id"].startswith("video_")
+        assert job["status"] in ("queued", "in_progress") and 0 <= job["progress"] < 100
+        assert (job["model"], job["size"], job["seconds"]) == ("pipe", "32x48", "0.25")
+        assert job["stepserve"]["num_frames"] == 5 and job["stepserve"]["fps"] == 16
+        done = wait_done(c, job["id"])
+        assert (done["status"], done["progress"], done["error"]) == ("completed", 100, None), done
+        content = c.get(f"/v1/videos/{job['id']}/content")
+        assert content.status_code == 200 and content.headers["content-type"] == "video/mp4"
+        assert content.content[4:8] == b"ftyp"
+        listed = c.get("/v1/videos").json()
+        assert [v["id"] for v in listed["data"]] == [job["id"]]
+        deleted = c.delete(f"/v1/videos/{job['id']}").json()
+        assert deleted == {"id": job["id"], "object": "video.deleted", "deleted": True}
+        assert_error_shape(c.get(f"/v1/videos/{job['id']}"), 404)
+    frames = mp4_frames(content.content)
+    assert frames.shape == (5, 48, 32, 3)
+    p = SamplingParams(prompt=body["prompt"], negative_prompt="blurry", seed=11, num_inference_steps=3,
+                       guidance_scale=4.0, sampler="flow_euler", height=48, width=32, num_frames=5)
+    want, other = reference_video(wan, p), reference_video(wan, SamplingParams(**{**vars(p), "seed": 12}))
+    near, far = np.abs(frames - as_mp4(want)).mean(), np.abs(frames - as_mp4(other)).mean()
+    assert near < 0.5 and far > 1, (near, far)
+
+
+def test_progress_streams_as_server_sent_events(wan_executor):
+    require("imageio_ffmpeg", "video")
+    with client(wan_executor) as c:
+        with c.stream("POST", "/v1/videos", json={"prompt": "a boat", "num_frames": 5, "seed": 2, "stream": True,
+                                                  "num_inference_steps": 4, "guidance_scale": 1.0}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = [(e.split("\n")[0][len("event: "):], json.loads(e.split("\n")[1][len("data: "):]))
+                      for e in r.read().decode().strip().split("\n\n")]
+    names = [name for name, _ in events]
+    assert names[0] in ("video.queued", "video.in_progress") and names[-1] == "video.completed", names
+    progress = [body["progress"] for _, body in events]
+    assert progress == sorted(progress) and progress[-1] == 100 and len(set(progress)) >= 3, progress
+
+
+def test_a_video_and_images_at_once_each_get_their_own_answer(wan, wan_executor):
+    """One Wan server: a 5-frame video job and a 1-frame request on /v1/images/generations run in the same engine
+    at the same time (in their own (frames, height, width) buckets); the image equals WanPipeline's one-frame
+    output, the video its video."""
+    require("imageio_ffmpeg", "video")
+    steps: list[set] = []
+    with client(wan_executor) as c:
+        engine = c.app.state.server.engine
+        engine.on_step.append(lambda report: steps.append({r.params.num_frames for r in report.progressed}))
+        video = c.post("/v1/videos", json={"prompt": "a lighthouse", "size": "32x32", "num_frames": 5,
+                                           "seed": 3, "num_inference_steps": 30, "guidance_scale": 4.0}).json()
+        images = {}
+
+        def post_images():
+            images["answer"] = c.post(GENERATIONS, json={"prompt": "seven", "size": "32x32", "n": 2, "seed": 40,
+                                                         "num_inference_steps": 3, "guidance_scale": 3.0,
+                                                         "negative_prompt": "dark"})
+
+        thread = threading.Thread(target=post_images)
+        thread.start()
+        thread.join(60)
+        done = wait_done(c, video["id"])
+        assert done["status"] == "completed", done
+        mp4 = c.get(f"/v1/videos/{video['id']}/content").content
+    answer = images["answer"]
+    assert answer.status_code == 200, answer.text
+    video_steps = [i for i, s in enumerate(steps) if 5 in s]
+    image_steps = [i for i, s in enumerate(steps) if 1 in s]
+    # served at once: the image steps and the video steps interleave (each step runs one bucket)
+    assert video_steps[0] < image_steps[-1] and image_steps[0] < video_steps[-1], (video_steps, image_steps)
+    for k, item in enumerate(answer.json()["data"]):
+        p = SamplingParams(prompt="seven", negative_prompt="dark", seed=40 + k, num_inference_steps=3,
+                           guidance_scale=3.0, sampler="dpmpp_2m", height=32, width=32, num_frames=1)
+        assert np.abs(pixels(decode_png(item["b64_json"])) - reference_video(wan, p)[0]).max() <= 1
+    p = SamplingParams(prompt="a lighthouse", seed=3, num_inference_steps=30, guidance_scale=4.0,
+                       sampler="dpmpp_2m", height=32, width=32, num_frames=5)
+    assert np.abs(mp4_frames(mp4) - as_mp4(reference_video(wan, p))).mean() < 0.5
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"prompt": "a", "num_frames": 4}, "num_frames", "1 + a multiple of 4 from 1 to 9"),
+    ({"prompt": "a", "seconds": "2"}, "seconds", "from 0 to 0.5 (9 frames at 16 fps)"),
+    ({"prompt": "a", "seconds": "0.25", "num_frames": 5}, "seconds", "not both"),
+    ({"prompt": "a", "sampler": "unipc"}, "sampler", "allowed: dpmpp_2m, flow_euler"),
+    ({"prompt": "a", "size": "40x32"}, "size", "multiple of 16"),
+    ({"prompt": "a", "fps": 0}, "fps", "from 1 to 60"),
+    ({"prompt": "a", "input_reference": "x"}, "input_reference", "not served"),
+    ({"prompt": "a", "frames": 5}, "frames", "unknown field"),
+])
+def test_bad_video_requests_are_400_naming_the_field(wan_executor, body, param, says):
+    require("imageio_ffmpeg", "video")
+    with client(wan_executor) as c:
+        error = assert_error_shape(c.post("/v1/videos", json=body), 400)
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_job_states_bounds_overload_and_the_api_key(wan_executor):
+    require("imageio_ffmpeg", "video")
+    slow = {"prompt": "a", "num_frames": 9, "num_inference_steps": 200}
+    with client(wan_executor, limits=ServerLimits(max_video_jobs=2), api_key="k", max_batch_size=1,
+                max_queue=1) as c:
+        assert_error_shape(c.post("/v1/videos", json=slow), 401)
+        auth = {"Authorization": "Bearer k"}
+        first = c.post("/v1/videos", json=slow, headers=auth).json()
+        second = c.post("/v1/videos", json=slow, headers=auth).json()  # waits in the queue
+        error = assert_error_shape(c.get(f"/v1/videos/{first['id']}/content", headers=auth), 409)
+        assert error["code"] == "video_not_ready"
+        full = c.post("/v1/videos", json=slow, headers=auth)  # two jobs kept, both running
+        assert_error_shape(full, 429)
+        assert "still running" in full.json()["error"]["message"] and int(full.headers["retry-after"]) >= 1
+        c.delete(f"/v1/videos/{second['id']}", headers=auth)
+        c.post("/v1/videos", json=slow, headers=auth)  # takes the queue's one place
+        queue_full = c.post("/v1/videos", json=slow, headers=auth)
+        assert_error_shape(queue_full, 429)
+        assert queue_full.json()["error"]["code"] == "queue_full" and "retry-after" in queue_full.headers
+        for job in c.get("/v1/videos", headers=auth).json()["data"]:
+            c.delete(f"/v1/videos/{job['id']}", headers=auth)
+        engine = c.app.state.server.engine  # deleted jobs leave the engine at its next step
+        assert wait_until(lambda: engine.queue_depth == 0 and engine.running_count == 0, 30)
+        quick = c.post("/v1/videos", json={"prompt": "b", "num_inference_steps": 2}, headers=auth).json()
+        assert wait_done(c, quick["id"], headers=auth)["status"] == "completed"
+        later = [c.post("/v1/videos", json={"prompt": "b", "num_inference_steps": 2}, headers=auth).json()
+                 for _ in range(2)]  # the store is full again: the oldest finished job makes room
+        assert_error_shape(c.get(f"/v1/videos/{quick['id']}", headers=auth), 404)
+        assert all(wait_done(c, v["id"], headers=auth)["status"] == "completed" for v in later)
+
+
+def test_an_image_model_refuses_videos(tiny_executor):
+    with client(tiny_executor) as c:
+        error = assert_error_shape(c.post("/v1/videos", json={"prompt": "a", "num_frames": 5}), 400)
+    assert error["code"] == "model_not_video" and "makes images, not videos" in error["message"]
