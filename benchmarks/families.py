@@ -6,8 +6,8 @@
    medians reported.
 2. Continuous against dynamic batching on one mixed open-loop trace: `stepserve bench` (Poisson arrivals at
    --load x the capacity estimated from the batch-8 cost, steps 2/4/8, guidance off or on, two size buckets;
-   dynamic with a 50 ms queue delay), p50/p95. The trace goes to the images endpoint: on a video family (wan) its
-   requests are one frame long.
+   dynamic with a 50 ms queue delay), p50/p95; in process, so a video family's requests are videos of its default
+   frames (the mix's `frames`), as the per-sample cost is.
 
 The tiny test models are so small that a forward costs about the same at any batch size, which would make batching
 look free. Each family is built at the size its module's BENCH_OPTIONS gives (wider UNets, larger native size for
@@ -78,12 +78,16 @@ def batch_cost(executor, rounds: int) -> tuple[float, float]:
 
 
 def mix_for(info) -> dict:
-    """Steps 2/4/8, guidance off or the default, two size buckets: the default and one bucket larger."""
+    """Steps 2/4/8, guidance off or the default, two size buckets: the default and one bucket larger (a video
+    family's at its default frames)."""
     h, w = info.default_height, info.default_width
     taller = min(h + 2 * info.size_multiple, info.max_size)
     guidance = [1.0, info.default_guidance_scale] if info.guidance == "cfg" else [info.default_guidance_scale]
-    return {"steps": [2, 4, 8], "guidance_scale": guidance, "sampler": info.default_sampler,
-            "size": [f"{w}x{h}", f"{w}x{taller}"], "prompts": ["a lighthouse", "a red fox in snow", "night city"]}
+    mix = {"steps": [2, 4, 8], "guidance_scale": guidance, "sampler": info.default_sampler,
+           "size": [f"{w}x{h}", f"{w}x{taller}"], "prompts": ["a lighthouse", "a red fox in snow", "night city"]}
+    if info.video:
+        mix["frames"] = [info.default_frames]
+    return mix
 
 
 def guided_by_default(executor) -> bool:

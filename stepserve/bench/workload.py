@@ -11,6 +11,9 @@ A mix file (YAML or JSON) gives each field as a scalar, a list (uniform choice) 
 A trace is a list of (arrival offset, request); it is drawn in advance from a seed, so every contender gets the
 identical arrivals and requests. Traces are saved and loaded as CSV or JSONL (one request per line; trace_files.py).
 
+Videos: `frames: [5, 9]` gives each request a frame count (a video model's; drawn from the request's own seed, so
+the trace is otherwise the one without it). Such requests run in process only: the images endpoint makes images.
+
 Edits: `edit: {none: 1, image: 1}` with `strength: [0.3, 0.5, 0.8]` makes half the requests image-to-image edits of
 a pooled image (`inpaint`: with a mask; bench/edits.py); such a mix needs `size`.
 
@@ -58,12 +61,13 @@ class RequestSpec:
     edit: str | None = None  # "image" (image to image) or "inpaint" (with a mask); None: a generation (bench/edits)
     strength: float | None = None  # an edit's strength; None: the model's default
     image: int | None = None  # an edit's image: its index in the bench's image pool (bench/edits.py)
+    num_frames: int | None = None  # a video model's frames; None: the model's default (an image)
 
     def to_params(self) -> SamplingParams:
         params = SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
                                 num_inference_steps=self.num_inference_steps, guidance_scale=self.guidance_scale,
                                 sampler=self.sampler, height=self.height, width=self.width, timeout_s=self.timeout_s,
-                                cache=self.cache, loras=self.loras)
+                                cache=self.cache, loras=self.loras, num_frames=self.num_frames)
         if self.edit is not None:
             from .edits import edit_images
 
@@ -73,6 +77,9 @@ class RequestSpec:
 
     def to_http(self) -> dict[str, Any]:
         """The body of POST /v1/images/generations (OpenAI fields plus stepserve's own)."""
+        if self.num_frames is not None:
+            raise ValueError(f"a video request ({self.num_frames} frames) runs in process only: the images endpoint "
+                             "makes images")
         body: dict[str, Any] = {"prompt": self.prompt, "n": 1, "response_format": "b64_json", "seed": self.seed}
         if self.height is not None and self.width is not None:
             body["size"] = f"{self.width}x{self.height}"
@@ -113,7 +120,7 @@ class Choice:
 
 
 MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache", "lora", "edit",
-              "strength")
+              "strength", "frames")
 
 
 @dataclass
@@ -133,6 +140,8 @@ class Mix:
     # at a strength drawn from `strength` (None: the model's default); drawn from the request's own seed
     edit: Choice = field(default_factory=lambda: Choice([None], [1.0]))
     strength: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    # a video model's frames per request, drawn from the request's own seed; None: the model's default
+    frames: Choice = field(default_factory=lambda: Choice([None], [1.0]))
 
     @classmethod
     def from_steps(cls, steps: list[int]) -> "Mix":
@@ -148,6 +157,9 @@ class Mix:
         for v in mix.size.values:
             if v is not None:
                 parse_size(v)
+        if any(not (v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1))
+               for v in mix.frames.values):
+            raise ValueError(f"mix field 'frames': {mix.frames.values!r}; allowed: whole numbers >= 1")
         from .edits import EDIT_KINDS
 
         edits = {v for v in mix.edit.values if v not in (None, "none")}
@@ -189,7 +201,15 @@ class Mix:
                 strength = self.strength.draw(edits)
                 spec.edit, spec.image = str(kind), edits.randrange(POOL_SIZE)
                 spec.strength = None if strength is None else float(strength)
+        if self.frames.values != [None]:
+            frames = self.frames.draw(random.Random(f"frames-{spec.seed}"))
+            spec.num_frames = None if frames is None else int(frames)
         return spec
+
+    @property
+    def videos(self) -> bool:
+        """Whether the mix gives requests a frame count (in process only)."""
+        return self.frames.values != [None]
 
     def heaviest(self, steps: int) -> RequestSpec:
         """A request with these steps and the costliest other settings of the mix (largest size, with guidance)."""
@@ -197,8 +217,10 @@ class Mix:
         width, height = max(sizes, key=lambda s: s.width * s.height) if sizes else (None, None)
         scales = [g for g in self.guidance_scale.values if g is not None]
         guidance = max(scales) if scales else None
+        frames = [f for f in self.frames.values if f is not None]
         return RequestSpec(prompt=str(self.prompts.values[0]), seed=0, num_inference_steps=steps,
-                           guidance_scale=guidance, sampler=self.sampler.values[0], height=height, width=width)
+                           guidance_scale=guidance, sampler=self.sampler.values[0], height=height, width=width,
+                           num_frames=max(frames) if frames else None)
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:

@@ -202,6 +202,9 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         mix = Mix.load(args.mix) if args.mix else Mix.from_steps([int(s) for s in _floats(args.steps, "--steps")])
     except (OSError, ValueError) as exc:
         raise UsageError(f"--mix/--steps: {exc}") from None
+    if mix.videos and (args.target or peers):
+        raise UsageError("a mix with `frames` (video requests) runs in process: the images endpoint of --target and "
+                         "the peers make images; drop the mix's frames field (or --target/--peers)")
     if peers and set(mix.edit.values) - {None, "none"}:
         raise UsageError("--peers: the peers serve text to image only; drop the mix's edit field (or --peers)")
     model = args.model
