@@ -116,8 +116,10 @@ def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
                                            f"and a mask_image")
         return None, None, None
     if not model.img2img:
+        # e.g. Flux.2's reference images or Qwen-Image edits: not served, so say where image to image is
         raise ValidationError("image", f"{model.name} ({model.family} family) does not start from an image here; "
-                                       f"image to image needs the torch backend")
+                                       f"allowed: no image (image to image is served for the sd, sdxl, sd3 and "
+                                       f"flux families on the torch backend)")
     image = _as_image("image", p.image).convert("RGB")
     mask = None
     if p.mask_image is not None:

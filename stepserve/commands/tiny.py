@@ -32,6 +32,7 @@ KINDS = {
     "qwenimage": ("qwenimage", {}),
     "flux2-klein": ("flux2", {}),
     "flux2-klein-distilled": ("flux2", {"distilled": True}),
+    "flux2-dev": ("flux2", {"variant": "dev"}),
     "wan": ("wan", {}),
     "wan2.2": ("wan", {"wan22": True}),
 }

@@ -1,10 +1,12 @@
-"""Flux.2 [klein] (diffusers `Flux2KleinPipeline`): a `Flux2Transformer2DModel` (double- and single-stream MMDiT
-blocks with 4-axis RoPE), a Qwen3 text encoder whose intermediate hidden states are stacked into the token
-embeddings, and `AutoencoderKLFlux2`, whose latents are patchified 2x2 and normalised by the VAE's batch-norm
-statistics. Loaded from a local folder; nothing is downloaded.
+"""Flux.2 (diffusers `Flux2KleinPipeline` and `Flux2Pipeline`): a `Flux2Transformer2DModel` (double- and
+single-stream MMDiT blocks with 4-axis RoPE), a text encoder whose intermediate hidden states are stacked into the
+token embeddings (no pooled output), and `AutoencoderKLFlux2`, whose latents are patchified 2x2 and normalised by
+the VAE's batch-norm statistics. Loaded from a local folder; nothing is downloaded.
 
-Every rule below is diffusers 0.42's `Flux2KleinPipeline`, so that a served image equals the pipeline's:
-- text (`_get_qwen3_prompt_embeds`): the prompt as one user message through the tokenizer's chat template
+This module is Flux.2 [klein] (`Flux2Adapter`) and everything both variants share; flux2_dev.py is [dev]
+(`Flux2DevAdapter`: a Mistral-3 encoder with a system message, guidance embedded in the transformer). Every rule
+below is diffusers 0.42's pipelines, so that a served image equals the pipeline's:
+- text (klein, `_get_qwen3_prompt_embeds`): the prompt as one user message through the tokenizer's chat template
   (`add_generation_prompt=True, enable_thinking=False`), padded to `max_sequence_length` (512) with a mask; the
   hidden states of layers 9, 18 and 27 (`text_encoder_out_layers`) stacked per token, (L, 3 x width). No pooled
   input, no negative prompt: classifier-free guidance runs with the empty prompt as the unconditional one, when
@@ -15,13 +17,14 @@ Every rule below is diffusers 0.42's `Flux2KleinPipeline`, so that a served imag
   tokens (0, 0, 0, index), shared by the rows of a size bucket.
 - timesteps: `set_timesteps(sigmas=np.linspace(1, 1/n, n), mu=compute_empirical_mu(image tokens, n))`: the shift
   depends on the image size and on the step count.
-- the transformer gets `timestep / 1000` in the latents' dtype; decode: tokens back to (4C, h/2, w/2),
-  `x * sqrt(bn.running_var + eps) + bn.running_mean`, unpatchify, the VAE.
+- the transformer gets `timestep / 1000` in the latents' dtype (and, on [dev], the guidance value per row);
+  decode: tokens back to (4C, h/2, w/2), `x * sqrt(bn.running_var + eps) + bn.running_mean`, unpatchify, the VAE.
 """
 
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import torch
 from PIL import Image
@@ -33,8 +36,8 @@ from .flux import latent_grid
 from .folder import PipelineFolder, serving_info
 
 PIPELINE_CLASSES = ("Flux2KleinPipeline",)
-MAX_SEQUENCE_LENGTH = 512  # __call__'s max_sequence_length default
-TEXT_LAYERS = (9, 18, 27)  # __call__'s text_encoder_out_layers default
+MAX_SEQUENCE_LENGTH = 512  # __call__'s max_sequence_length default (both pipelines)
+TEXT_LAYERS = (9, 18, 27)  # Flux2KleinPipeline.__call__'s text_encoder_out_layers default
 DEFAULT_SAMPLE_SIZE = 128  # default height/width = 128 * vae_scale_factor
 DEFAULT_STEPS = 50
 DEFAULT_GUIDANCE = 4.0
@@ -87,9 +90,10 @@ class Flux2TorchNetworks:
 
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
-                grid: tuple[int, int]) -> torch.Tensor:
+                grid: tuple[int, int], guidance: torch.Tensor | None = None) -> torch.Tensor:
+        """`guidance`: (rows,) float32 values for a guidance-embedding transformer ([dev]); None on klein."""
         img_ids, txt_ids = self._position_ids(grid, encoder_hidden_states.shape[1], sample.device)
-        return self.transformer(hidden_states=sample, timestep=timestep, guidance=None,
+        return self.transformer(hidden_states=sample, timestep=timestep, guidance=guidance,
                                 encoder_hidden_states=encoder_hidden_states, txt_ids=txt_ids, img_ids=img_ids,
                                 return_dict=False)[0]
 
@@ -99,49 +103,80 @@ class Flux2TorchNetworks:
 
 
 class Flux2Adapter(FamilyAdapter):
-    """A loaded Flux.2 [klein] pipeline: the tokenizer, the networks (torch), configs."""
+    """A loaded Flux.2 [klein] pipeline: the tokenizer, the networks (torch), configs. The base of Flux.2 [dev]'s
+    adapter (flux2_dev.py), which changes what the class attributes and the methods marked "per variant" say."""
 
     family = "flux2"
     lora_loader = ("diffusers.loaders.lora_pipeline:Flux2LoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real prompt is 512 x 7680 values
+    # per variant: the diffusers pipeline class, its default text_encoder_out_layers, how guidance_scale acts
+    pipeline_classes: ClassVar[tuple[str, ...]] = PIPELINE_CLASSES
+    default_text_layers: ClassVar[tuple[int, ...]] = TEXT_LAYERS
+    guidance_mode: ClassVar[str] = "cfg"
 
-    def __init__(self, tokenizer, networks: Flux2TorchNetworks, *, distilled: bool, bn_mean: torch.Tensor,
-                 bn_std: torch.Tensor, text_layers: tuple[int, ...] = TEXT_LAYERS,
+    def __init__(self, tokenizer, networks: Flux2TorchNetworks, *, bn_mean: torch.Tensor, bn_std: torch.Tensor,
+                 distilled: bool = False, text_layers: tuple[int, ...] | None = None,
                  max_sequence_length: int = MAX_SEQUENCE_LENGTH, **common) -> None:
         """`common`: FamilyAdapter's keywords (scheduler_config, info, latent_channels (the patchified channels the
-        transformer takes), vae_scale_factor, device, dtype); `bn_mean` / `bn_std`: the VAE's latent statistics."""
+        transformer takes), vae_scale_factor, device, dtype); `bn_mean` / `bn_std`: the VAE's latent statistics;
+        `distilled`: a step-distilled klein (no guidance); `text_layers`: default the variant's."""
         super().__init__(networks, **common)
         self.tokenizer = tokenizer
         self.distilled = distilled
         self.bn_mean = bn_mean
         self.bn_std = bn_std
-        self.text_layers = text_layers
+        self.text_layers = tuple(text_layers or self.default_text_layers)
         self.max_sequence_length = max_sequence_length
 
+    # --- per variant -------------------------------------------------------------------------------------------
+    @classmethod
+    def text_parts(cls, folder: PipelineFolder) -> dict[str, type]:
+        """The classes the folder's `tokenizer` and `text_encoder` load with."""
+        from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+        return {"tokenizer": AutoTokenizer, "text_encoder": Qwen3ForCausalLM}
+
+    @classmethod
+    def check_transformer(cls, name: str, config) -> None:
+        """Klein's transformer takes no guidance value; one that embeds it is [dev]'s, whose pipeline feeds it."""
+        if config.guidance_embeds:
+            raise ValueError(f"{name}: a guidance-embedding Flux.2 transformer in a Flux2KleinPipeline folder; "
+                             "allowed: guidance_embeds false (klein), or a Flux2Pipeline folder (dev)")
+
+    def tokenize(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask), (1, max_sequence_length): Flux2KleinPipeline's chat formatting."""
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                  add_generation_prompt=True, enable_thinking=False)
+        tokens = self.tokenizer(text, return_tensors="pt", padding="max_length", truncation=True,
+                                max_length=self.max_sequence_length)
+        return tokens["input_ids"], tokens["attention_mask"]
+
+    # --- loading -----------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
                         dtype: torch.dtype = torch.float32) -> "Flux2Adapter":
         from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-        from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-        folder = PipelineFolder.open(model, PIPELINE_CLASSES)
+        folder = PipelineFolder.open(model, cls.pipeline_classes)
         device = torch.device(device)
         tokenizer, text_encoder, transformer, vae = folder.load(
-            dtype, tokenizer=AutoTokenizer, text_encoder=Qwen3ForCausalLM, transformer=Flux2Transformer2DModel,
-            vae=AutoencoderKLFlux2)
-        if transformer.config.guidance_embeds:
-            raise ValueError(f"{folder.name}: a guidance-embedding Flux.2 transformer is Flux2Pipeline's (Mistral "
-                             "text encoder), not served; allowed: Flux2KleinPipeline folders (guidance_embeds false)")
+            dtype, **cls.text_parts(folder), transformer=Flux2Transformer2DModel, vae=AutoencoderKLFlux2)
+        cls.check_transformer(folder.name, transformer.config)
         text_encoder, transformer, vae = (m.to(device).eval() for m in (text_encoder, transformer, vae))
         scheduler_config = folder.scheduler_config()
         defaults = folder.serving_defaults()
         vae_scale = vae_scale_factor_of(vae.config)
-        # Flux2KleinPipeline.__call__: latents * sqrt(running_var + eps) + running_mean, (1, 4C, 1, 1)
+        # both pipelines' __call__: latents * sqrt(running_var + eps) + running_mean, (1, 4C, 1, 1)
         bn_mean = vae.bn.running_mean.view(1, -1, 1, 1).to(device, dtype)
         bn_std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(device, dtype)
-        layers = tuple(int(k) for k in defaults.get("text_encoder_out_layers", TEXT_LAYERS))
+        layers = tuple(int(k) for k in defaults.get("text_encoder_out_layers", cls.default_text_layers))
+        # a missing layer would fail at the first prompt with an IndexError; say so at load, with what exists
+        depth = text_encoder.config.get_text_config().num_hidden_layers
+        if not layers or not all(0 <= k <= depth for k in layers):
+            raise ValueError(f"{folder.name}: text_encoder_out_layers {list(layers)}: the text encoder has {depth} "
+                             f"layers; allowed: one or more of 0..{depth} (0: the token embeddings)")
         return cls(tokenizer, Flux2TorchNetworks(text_encoder, transformer, vae), scheduler_config=scheduler_config,
-                   info=flux2_model_info(folder.name, vae_scale, scheduler_config, defaults),
+                   info=flux2_model_info(folder.name, vae_scale, scheduler_config, defaults, cls.guidance_mode),
                    latent_channels=transformer.config.in_channels, vae_scale_factor=vae_scale,
                    distilled=bool(folder.index.get("is_distilled", False)), bn_mean=bn_mean, bn_std=bn_std,
                    text_layers=layers,
@@ -153,11 +188,9 @@ class Flux2Adapter(FamilyAdapter):
         """(L, 3 x width) embeddings per prompt, each prompt encoded alone (as the pipeline encodes one request)."""
         out = []
         for prompt in prompts:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True, enable_thinking=False)
-            tokens = self.tokenizer(text, return_tensors="pt", padding="max_length", truncation=True,
-                                    max_length=self.max_sequence_length).to(self.device)
-            hidden = self.networks.encode_text(tokens["input_ids"], tokens["attention_mask"], self.text_layers)
+            input_ids, attention_mask = self.tokenize(prompt)
+            hidden = self.networks.encode_text(input_ids.to(self.device), attention_mask.to(self.device),
+                                               self.text_layers)
             out.append(hidden[0].to(self.dtype))
         return out
 
@@ -168,8 +201,7 @@ class Flux2Adapter(FamilyAdapter):
         embeds = self.encode_prompts([p.prompt for p in params] + ([""] if any(guided) else []))
         empty = embeds[-1] if any(guided) else None
         for p, e, g in zip(params, embeds, guided):
-            h, w = self.grid(p.height, p.width)
-            grid = torch.tensor([[h // 2, w // 2]], dtype=torch.int64)
+            grid = self.token_grid(p)
             out.append(Conditioning({"encoder_hidden_states": e[None], "grid": grid},
                                     {"encoder_hidden_states": empty[None], "grid": grid} if g else None))
         return out
@@ -177,6 +209,12 @@ class Flux2Adapter(FamilyAdapter):
     # --- schedule and latents ----------------------------------------------------------------------------------
     def grid(self, height: int, width: int) -> tuple[int, int]:
         return latent_grid(height, width, self.vae_scale_factor)
+
+    def token_grid(self, params: SamplingParams) -> torch.Tensor:
+        """(1, 2): the rows and columns of the request's image tokens (a conditioning row: denoise builds the
+        position ids from it, once per size bucket)."""
+        h, w = self.grid(params.height, params.width)
+        return torch.tensor([[h // 2, w // 2]], dtype=torch.int64)
 
     def schedule_options(self, params: SamplingParams) -> dict:
         """The pipeline's sigmas (np.linspace(1, 1/n, n)) and, with use_dynamic_shifting, mu from the request's
@@ -224,10 +262,12 @@ class Flux2Adapter(FamilyAdapter):
         return to_pil(self.networks.decode(x))
 
 
-def flux2_model_info(name: str, vae_scale: int, scheduler_config: dict, defaults: dict) -> ModelInfo:
+def flux2_model_info(name: str, vae_scale: int, scheduler_config: dict, defaults: dict,
+                     guidance: str = "cfg") -> ModelInfo:
     """Sizes: multiples of 2 * vae_scale (2x2 patches of latents); default 128 * vae_scale (1024), a quarter to
     twice that unless stepserve.json narrows them. Samplers: flow_euler, and DPM-Solver++(2M) in flow mode when the
-    schedule shifts (the pipeline hands the scheduler `mu`). guidance_scale: CFG against the empty prompt."""
+    schedule shifts (the pipeline hands the scheduler `mu`). guidance_scale (default 4.0 in both pipelines):
+    "cfg" (klein: against the empty prompt) or "embedded" (dev: the transformer's guidance input)."""
     multiple = 2 * vae_scale
     default_size = DEFAULT_SAMPLE_SIZE * vae_scale
     samplers = ("flow_euler", "dpmpp_2m") if sampling.uses_dynamic_shifting(scheduler_config) else ("flow_euler",)
@@ -235,4 +275,4 @@ def flux2_model_info(name: str, vae_scale: int, scheduler_config: dict, defaults
                         min_size=max(multiple, default_size // 4), max_size=default_size * 2,
                         default_sampler="flow_euler", default_steps=DEFAULT_STEPS,
                         default_guidance_scale=DEFAULT_GUIDANCE, samplers=samplers, family="flux2",
-                        negative_prompt=False, guidance="cfg")
+                        negative_prompt=False, guidance=guidance)

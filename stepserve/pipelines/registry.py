@@ -23,6 +23,7 @@ FAMILIES: dict[str, str] = {
     "FluxFillPipeline": "stepserve.pipelines.flux:FluxAdapter",
     "QwenImagePipeline": "stepserve.pipelines.qwenimage:QwenImageAdapter",
     "Flux2KleinPipeline": "stepserve.pipelines.flux2:Flux2Adapter",
+    "Flux2Pipeline": "stepserve.pipelines.flux2_dev:Flux2DevAdapter",
     "WanPipeline": "stepserve.pipelines.wan:WanAdapter",
 }
 

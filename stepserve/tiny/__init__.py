@@ -36,16 +36,36 @@ def byte_symbols() -> list[str]:
     return [chr(symbols[b]) for b in range(256)]
 
 
-def qwen_tokenizer(chat_template: str | None = None):
-    """A Qwen2 tokenizer (byte-level BPE, no merges: one token per byte) with Qwen's chat tokens, built offline;
-    `chat_template`: a Jinja chat template for apply_chat_template."""
+def byte_tokenizer(special: tuple[str, ...], chat_template: str | None = None, **roles: str):
+    """A byte-level BPE tokenizer (the Qwen2 tokenizer class, no merges: one token per byte) built offline, with
+    `special` tokens after the 256 byte symbols; `roles`: which of them are the unk/bos/eos/pad tokens (the Qwen2
+    class's keyword names); `chat_template`: a Jinja chat template for apply_chat_template."""
     from transformers import Qwen2Tokenizer
 
     vocab = {s: i for i, s in enumerate(byte_symbols())}
-    for token in ("<|endoftext|>", *CHAT_TOKENS):
+    for token in special:
         vocab[token] = len(vocab)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
-    tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_TOKENS)})
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], **roles)
+    named = set(tokenizer.all_special_tokens)  # the roles' tokens (the class's defaults included) are special already
+    tokenizer.add_special_tokens({"additional_special_tokens": [t for t in special if t not in named]})
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def qwen_tokenizer(chat_template: str | None = None):
+    """A Qwen2 tokenizer (byte-level BPE, no merges: one token per byte) with Qwen's chat tokens, built offline;
+    `chat_template`: a Jinja chat template for apply_chat_template."""
+    return byte_tokenizer(("<|endoftext|>", *CHAT_TOKENS), chat_template)
+
+
+# Mistral's control tokens: the chat's system and instruction brackets, and the image tokens a Pixtral processor
+# looks up (a tokenizer standing in for one keeps them, though no image is ever sent).
+MISTRAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                  "[IMG]", "[IMG_BREAK]", "[IMG_END]")
+
+
+def mistral_tokenizer(chat_template: str | None = None):
+    """A byte-level tokenizer with Mistral's control tokens and roles (<s>, </s>, <pad>, <unk>), built offline."""
+    return byte_tokenizer(MISTRAL_TOKENS, chat_template, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                          pad_token="<pad>")

@@ -16,6 +16,7 @@ _FAMILIES = {
     "StableDiffusion3Pipeline": ("transformer", "SD3Transformer2DModel", "transformer_lora_layers"),
     "QwenImagePipeline": ("transformer", "QwenImageTransformer2DModel", "transformer_lora_layers"),
     "Flux2KleinPipeline": ("transformer", "Flux2Transformer2DModel", "transformer_lora_layers"),
+    "Flux2Pipeline": ("transformer", "Flux2Transformer2DModel", "transformer_lora_layers"),
 }
 DEFAULT_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 

@@ -1,6 +1,6 @@
-"""LoRA on SDXL, SD3, Flux.2 klein and Qwen-Image (the other families with a tiny builder): a request alone with one or two adapters equals
-diffusers' pipeline after load_lora_weights + set_adapters (uint8 within 1); mixed with other adapters and plain
-rows in one batch, each image is the one it gets alone."""
+"""LoRA on SDXL, SD3, Flux.2 klein and dev, and Qwen-Image (the other families with a tiny builder): a request
+alone with one or two adapters equals diffusers' pipeline after load_lora_weights + set_adapters (uint8 within 1);
+mixed with other adapters and plain rows in one batch, each image is the one it gets alone."""
 
 import numpy as np
 import pytest
@@ -36,6 +36,12 @@ def _flux2(path):
     return build_tiny_flux2(path)
 
 
+def _flux2_dev(path):
+    from stepserve.tiny.flux2 import build_tiny_flux2
+
+    return build_tiny_flux2(path, variant="dev")
+
+
 def _qwenimage(path):
     from stepserve.tiny.qwenimage import build_tiny_qwenimage
 
@@ -46,6 +52,7 @@ FAMILIES = {  # builder, diffusers pipeline class, request size, sampler, extra 
     "sdxl": (_sdxl, "StableDiffusionXLPipeline", 16, "euler", {"add_watermarker": False}),
     "sd3": (_sd3, "StableDiffusion3Pipeline", 32, "flow_euler", {}),
     "flux2": (_flux2, "Flux2KleinPipeline", 32, "flow_euler", {}),
+    "flux2-dev": (_flux2_dev, "Flux2Pipeline", 32, "flow_euler", {}),  # guidance embedded: any value is one row
     "qwenimage": (_qwenimage, "QwenImagePipeline", 32, "flow_euler", {}),  # guidance_scale: no negative prompt
 }
 

@@ -6,6 +6,15 @@ the pipeline's; a step-distilled folder ignores guidance; validation says what a
 import numpy as np
 import pytest
 import torch
+from flux2_reference import (
+    as_array,
+    check,
+    executor,
+    flux2_pipe,
+    flux2_scheduler,
+    reference_image,
+    shared_engine,
+)
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
@@ -30,45 +39,6 @@ def klein_distilled(tmp_path_factory):
     return build_tiny_flux2(tmp_path_factory.mktemp("flux2_distilled") / "pipe", seed=1, distilled=True)
 
 
-_PIPES: dict = {}
-
-
-def _pipe(path):
-    from diffusers import Flux2KleinPipeline
-
-    if str(path) not in _PIPES:
-        pipe = Flux2KleinPipeline.from_pretrained(path)
-        pipe.set_progress_bar_config(disable=True)
-        _PIPES[str(path)] = (pipe, dict(pipe.scheduler.config))
-    return _PIPES[str(path)]
-
-
-def _scheduler(sampler: str, config: dict):
-    """flow_euler: the folder's FlowMatchEulerDiscreteScheduler; dpmpp_2m: DPM-Solver++(2M) with flow sigmas and
-    velocity prediction from the same config (its dynamic shifting carried over), as for Flux.1."""
-    import diffusers
-
-    if sampler == "flow_euler":
-        return diffusers.FlowMatchEulerDiscreteScheduler.from_config(config)
-    return diffusers.DPMSolverMultistepScheduler(
-        num_train_timesteps=config["num_train_timesteps"], use_flow_sigmas=True, prediction_type="flow_prediction",
-        flow_shift=config["shift"], use_dynamic_shifting=config["use_dynamic_shifting"], solver_order=2,
-        algorithm_type="dpmsolver++", solver_type="midpoint")
-
-
-def reference_image(path, p: SamplingParams) -> np.ndarray:
-    pipe, config = _pipe(path)
-    pipe.scheduler = _scheduler(p.sampler, config)
-    image = pipe(prompt=p.prompt, height=p.height, width=p.width, num_inference_steps=p.num_inference_steps,
-                 guidance_scale=p.guidance_scale, generator=torch.Generator("cpu").manual_seed(p.seed),
-                 output_type="np").images[0]
-    return (image * 255).round().astype(np.int16)
-
-
-def as_array(image) -> np.ndarray:
-    return np.asarray(image.convert("RGB"), dtype=np.int16)
-
-
 def requests(n=10):
     return [SamplingParams(
         prompt=PROMPTS[i % len(PROMPTS)] + f" {i}",
@@ -85,50 +55,29 @@ def references(klein):
     return [reference_image(klein, p) for p in requests()]
 
 
-_EXECUTORS: dict = {}
-
-
-def _engine(path, strategy):
-    from stepserve.loading import load_executor
-
-    if str(path) not in _EXECUTORS:
-        _EXECUTORS[str(path)] = load_executor(str(path))
-    return Engine(_EXECUTORS[str(path)], strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
-
-
-def _check(results, params, references, strategy):
-    assert all(r.ok for r in results), [r.error for r in results]
-    if strategy != "none":
-        assert max(max(r.timing.batch_sizes) for r in results) > 1, "the requests never shared a batch"
-    for r, p, ref in zip(results, params, references):
-        assert r.image.size == (p.width, p.height)
-        diff = np.abs(as_array(r.image) - ref)
-        assert diff.max() <= 1, (p, diff.max())
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_gives_flux2_klein_pipeline_image(klein, references, strategy):
     params = requests()
-    _check(_engine(klein, strategy).generate(params), params, references, strategy)
+    check(shared_engine(klein, strategy).generate(params), params, references, strategy)
 
 
 def test_distilled_ignores_guidance(klein_distilled):
     params = [SamplingParams(prompt=PROMPTS[i], seed=40 + i, num_inference_steps=[2, 4, 3][i],
                              guidance_scale=[1.0, 4.0, 6.0][i], sampler="flow_euler", height=32, width=32)
               for i in range(3)]
-    results = _engine(klein_distilled, "continuous").generate(params)
-    _check(results, params, [reference_image(klein_distilled, p) for p in params], "continuous")
-    assert not any(c.guided for c in _EXECUTORS[str(klein_distilled)].pipeline.encode(params))
+    results = shared_engine(klein_distilled, "continuous").generate(params)
+    check(results, params, [reference_image(klein_distilled, p) for p in params], "continuous")
+    assert not any(c.guided for c in executor(klein_distilled).pipeline.encode(params))
 
 
 @pytest.mark.parametrize("strategy", ["continuous", "slo", "dynamic"])
 def test_batch_invariance(klein, strategy):
-    engine = _engine(klein, strategy)
+    served = shared_engine(klein, strategy)
     target = SamplingParams(prompt="seven", seed=5, num_inference_steps=4, guidance_scale=4.0, sampler="dpmpp_2m",
                             height=48, width=32)
-    alone = engine.generate([target])[0]
+    alone = served.generate([target])[0]
     crowd = requests(7)
-    amid = engine.generate(crowd[:3] + [target] + crowd[3:])[3]
+    amid = served.generate(crowd[:3] + [target] + crowd[3:])[3]
     assert max(amid.timing.batch_sizes) > 1
     diff = np.abs(as_array(alone.image) - as_array(amid.image))
     assert diff.max() <= 1 and diff.mean() < 0.01
@@ -170,7 +119,7 @@ def test_encoding_latents_and_schedules_follow_the_pipeline(klein):
     from stepserve.pipelines.flux2 import Flux2Adapter
 
     adapter = Flux2Adapter.from_pretrained(klein)
-    pipe, config = _pipe(klein)
+    pipe, config = flux2_pipe(klein)
     for prompt, embeds in zip(["a", PROMPTS[2]], adapter.encode_prompts(["a", PROMPTS[2]])):
         want, text_ids = pipe.encode_prompt(prompt, device="cpu")
         assert embeds.shape == (512, 48) and torch.equal(embeds, want[0])
@@ -187,7 +136,7 @@ def test_encoding_latents_and_schedules_follow_the_pipeline(klein):
         assert torch.equal(adapter.unpack_latents(got, (height, width)),
                            pipe._unpack_latents_with_ids(want, want_ids, h // 2, w // 2))
         mu = compute_empirical_mu(want.shape[1], steps)
-        scheduler = _scheduler("flow_euler", config)
+        scheduler = flux2_scheduler("flow_euler", config)
         timesteps, _ = retrieve_timesteps(scheduler, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
         schedule = adapter.schedule(params)
         assert schedule.timesteps == tuple(timesteps.tolist()) and schedule.mu == mu
