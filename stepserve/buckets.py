@@ -7,15 +7,12 @@ Plain data, no torch: the scheduling and cost layers use them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .types import ModelInfo, SamplingParams
+from typing import Any
 
 Bucket = tuple[int, ...]  # (height, width), or (frames, height, width) on a video model
 
 
-def bucket_of(params: SamplingParams) -> Bucket:
+def bucket_of(params: Any) -> Bucket:  # resolved SamplingParams (types.py imports this module)
     """The shape bucket of resolved params: (frames, height, width) when num_frames is set (a video model), else
     (height, width)."""
     if params.num_frames is None:
@@ -58,13 +55,13 @@ def is_bucket(value: Any) -> bool:
             and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value))
 
 
-def default_bucket(model: ModelInfo) -> Bucket:
+def default_bucket(model: Any) -> Bucket:  # a ModelInfo
     """The bucket of a request with the model's defaults (a video model: its default frames)."""
     size = (model.default_height, model.default_width)
     return (model.default_frames, *size) if model.video else size
 
 
-def largest_bucket(model: ModelInfo) -> Bucket:
+def largest_bucket(model: Any) -> Bucket:  # a ModelInfo
     """The costliest bucket the model serves: max_size square, with max_frames on a video model."""
     size = (model.max_size, model.max_size)
     return (model.max_frames, *size) if model.video else size

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 
 from ..async_engine import AsyncEngine
 from . import errors
+from .bodies import JSON, check_json, read_body
 from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
 from .console import event_routes, page_routes
@@ -33,7 +34,6 @@ from .videos import video_routes
 
 REPLICA_HEADER = "X-Stepserve-Replica"
 CLIENT_GONE = 499  # never read by anyone: the client has disconnected
-JSON = "application/json"
 log = logging.getLogger("stepserve.server")
 
 
@@ -216,8 +216,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
     @router.post("/images/generations", openapi_extra=_BODY_SCHEMA)
     async def generate(request: Request) -> Response:
         async def read():
-            _check_json(request)
-            req = parse_body(await _read_body(request, state.limits.max_body_bytes), state.limits)
+            check_json(request)
+            req = parse_body(await read_body(request, state.limits.max_body_bytes), state.limits)
             return req, engine_params(req, state.limits)
 
         return await answer(state, request, read)
@@ -269,29 +269,3 @@ async def answer(state: ServerState, request: Request, read) -> Response:
     finally:
         if not streaming:
             state.inflight -= 1
-
-
-def _check_json(request: Request) -> None:
-    """A POST body must be declared JSON: a web page cannot send that cross-origin without a CORS preflight, which
-    only --cors-origin lets pass."""
-    declared = request.headers.get("content-type", "")
-    if declared.split(";", 1)[0].strip().lower() != JSON:
-        raise errors.unsupported_media_type(declared)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than {limit // 1024} KiB; shorten the prompt",
-                    code="body_too_large")

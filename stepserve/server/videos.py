@@ -28,6 +28,7 @@ from pydantic import ValidationError as PydanticValidationError
 from ..types import ModelInfo, SamplingParams
 from ..validation import MAX_SEED
 from . import errors
+from .bodies import check_json, read_body
 from .errors import invalid
 from .images import ServerState, submit_all
 from .mp4 import EncoderMissing, check_encoder
@@ -129,14 +130,12 @@ def frames_for(seconds: str | int | float, fps: int, model: ModelInfo) -> int:
 
 
 def video_routes(state: ServerState, jobs: VideoJobs) -> APIRouter:
-    from .app import _check_json, _read_body  # the images routes' body rules
-
     router = APIRouter()
 
     @router.post("/videos")
     async def create(request: Request) -> Response:
-        _check_json(request)
-        req = parse_video_body(await _read_body(request, state.limits.max_body_bytes))
+        check_json(request)
+        req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
         params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
         try:
             check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
