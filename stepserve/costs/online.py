@@ -65,17 +65,15 @@ class Fit:
         high = n * (t1 + e1) / max(tn - en, t1 + e1, 1e-12)
         return min(max(low, 1.0), n), min(max(high, 1.0), n)
 
-    def line(self, slope: float | None = None) -> tuple[float, float]:
-        """(a, c) through the centroid at `slope` (default the fit's), kept physical: a step never gets cheaper
-        with more requests (c < 0: flat through the mean), nor costs less than nothing empty (a < 0: through
-        the origin)."""
-        c = self.slope if slope is None else slope
-        if c < 0:
+    def line(self) -> tuple[float, float]:
+        """(a, c) through the centroid, kept physical: a step never gets cheaper with more requests (c < 0: flat
+        through the mean), nor costs less than nothing empty (a < 0: through the origin)."""
+        if self.slope < 0:
             return max(self.mean_t, 0.0), 0.0
-        a = self.mean_t - c * self.mean_b
+        a = self.mean_t - self.slope * self.mean_b
         if a < 0:
-            return 0.0, max(self.origin_slope if slope is None else self.mean_t / self.mean_b, 0.0)
-        return a, c
+            return 0.0, max(self.origin_slope, 0.0)
+        return a, self.slope
 
 
 @dataclass
@@ -217,14 +215,15 @@ class OnlineStepCurve:
         if fit is None:  # nothing known yet: batch them all (which shows what a batch costs)
             return available
         a, c = fit.line()
+        point = gain(a, c, available) > 1.0 + min_gain  # what the fit itself says
         if batching is None:
-            pays = gain(a, c, available) > 1.0 + min_gain
+            pays = point
         else:  # batching now: stop only when even the best gain the steps allow is too little; and vice versa
             low, high = fit.gain_bounds(available, CONFIDENCE)
             pays = (high if batching else low) > 1.0 + min_gain
         if not pays:
             return 1
-        if gain(a, c, available) <= 1.0 + min_gain:  # batching in force, and not yet shown wrong: all of them
+        if not point:  # batching in force, and not yet shown wrong: all of them
             return available
         best = available / (a + c * available)
         for b in range(1, available + 1):
