@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--noise", type=float, default=0.0,
                    help="simulated: charge each stage with this much of its measured spread (1: as profiled)")
-    p.add_argument("--json", type=Path, default=Path("regimes.json"))
+    p.add_argument("--json", type=Path, help="write the rows (and the regimes' metadata) to this file")
     args = p.parse_args(argv)
     args.loads = [float(x) for x in args.loads.split(",")]
     args.steps = [int(x) for x in args.steps.split(",")] if args.steps else None
@@ -340,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nthe default within the margins in {within} of {n} cells; >=10% better than every fixed alternative "
           f"in {better}")
     print(f"\nwall time {wall:.1f} s")
-    args.json.write_text(json.dumps({"argv": sys.argv[1:] if argv is None else argv, "wall_s": wall,
-                                     "deadline_x_standalone": DEADLINE_X, "regimes": metas, "rows": rows},
-                                    indent=1) + "\n")
+    if args.json:
+        args.json.write_text(json.dumps({"argv": sys.argv[1:] if argv is None else argv, "wall_s": wall,
+                                         "deadline_x_standalone": DEADLINE_X, "regimes": metas, "rows": rows},
+                                        indent=1) + "\n")
     return 0
 
 

@@ -22,12 +22,14 @@ LatencyModel alone:
   all, the size that saves the most (the larger on a tie).
 - Cost-aware bound. The cap is at most what the step-time curve says pays (scheduling/adaptive.py,
   cost_aware_cap: 1 where a batch of n costs about n steps of one, every candidate where batching is cheap, and a
-  probe of one more or one fewer now and then), the curve a prior (the latency model) corrected online by the
-  steps the executor reports (`observe`). While requests of the bucket wait for a slot, any gain over 1% pays
-  (throughput then sets their wait), unless a deadline or priority among them could be hurt: unless every deadline
-  would be met even with the bucket's work run one request at a time. Otherwise the deadline cap decides, since
-  batches formed for throughput slow requests toward their deadlines (live, the tiny Flux at 0.7 load with 3x
-  deadlines met 85% of them so, against 91% one at a time). `cost_aware=False` turns it off.
+  probe of one more or one fewer now and then; where that is 1, as many as lower the total latency of the slot
+  holders: a short request shares the steps of a longer one ahead), the curve a prior (the latency model)
+  corrected online by the steps the executor reports (`observe`). While requests of the bucket wait for a slot,
+  any gain over 1% pays (throughput then sets their wait), unless a deadline or priority among them could be
+  hurt: unless every deadline would be met even with the bucket's work run one request at a time. Otherwise the
+  deadline cap decides, since batches formed for throughput slow requests toward their deadlines (live, the tiny
+  Flux at 0.7 load with 3x deadlines met 85% of them so, against 91% one at a time). `cost_aware=False` turns it
+  off.
 - Give up. A request that would miss its deadline even alone at batch size 1 from now is returned in
   StepPlan.give_up; the engine ends it with a timeout error. Nothing else is ever given up.
 - Buckets. Requests of different shapes never share a forward. The bucket to run is chosen by deficit
@@ -175,7 +177,8 @@ class SLOPolicy(SLOFrontEnd):
         could be hurt: _loose); the rest pause."""
         if self.cost_aware:
             self._steps += 1
-            self.cap[bucket] = max(cost_aware_cap(self.curve, bucket, len(pool), self._steps, queued=queued), 1)
+            remaining = [r.num_inference_steps - r.step for r in pool]
+            self.cap[bucket] = max(cost_aware_cap(self.curve, bucket, remaining, self._steps, queued=queued), 1)
             cap = min(cap, self.cap[bucket])
         batch = pool[:cap]
         self._charge(bucket, self.latency_model.step_s(len(batch), bucket))

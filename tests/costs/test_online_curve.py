@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from stepserve.costs import CostModel, LatencyModel
 from stepserve.costs.online import OnlineStepCurve
 
@@ -60,7 +62,7 @@ def noisy_caps(curve: OnlineStepCurve, fixed_s: float, per_request_s: float, spr
     rng = random.Random(0)
     caps = []
     for step in range(1, steps + 1):
-        cap = cost_aware_cap(curve, B, available, step, queued=queued)
+        cap = cost_aware_cap(curve, B, [20] * available, step, queued=queued)  # equal work: no present-work gain
         caps.append(cap)
         curve.observe(B, cap, (fixed_s + per_request_s * cap) * rng.lognormvariate(0, spread))
     return caps
@@ -83,3 +85,19 @@ def test_a_queue_waiting_for_slots_makes_a_small_gain_pay():
     alone = noisy_caps(OnlineStepCurve(prior(0.004, 0.053), 8), 0.004, 0.053, spread=0.0, steps=200)
     queue = noisy_caps(OnlineStepCurve(prior(0.004, 0.053), 8), 0.004, 0.053, spread=0.0, steps=200, queued=5)
     assert max(alone) == 2 and min(queue) >= 4  # 4: within 1% of the best throughput (the tolerance)
+
+
+def test_step_costs_keep_the_priors_shape_on_the_observed_line():
+    """A prior whose batch of 3 runs better than its line (the tiny Flux on this CPU does): with no steps seen, the
+    costs are the prior's own points; once steps at twice the prior's times are seen at every size, twice them."""
+    from stepserve.costs.latency_model import Curve
+
+    points = ((1, 0.057), (2, 0.111), (3, 0.155), (4, 0.222), (5, 0.270), (6, 0.321), (7, 0.384), (8, 0.448))
+    model = LatencyModel(step={B: Curve(points)}, encode=Curve(((1, 0.0),)), decode={B: Curve(((1, 0.0),))})
+    curve = OnlineStepCurve(model, 8)
+    assert curve.step_costs(B, 8) == pytest.approx([t for _, t in points], rel=1e-9)
+    for i in range(400):
+        b = 1 + i % 8
+        curve.observe(B, b, 2 * points[b - 1][1])
+    assert curve.step_costs(B, 8) == pytest.approx([2 * t for _, t in points], rel=0.01)
+    assert OnlineStepCurve(None, 8).step_costs(B, 8) is None  # nothing known yet

@@ -96,6 +96,36 @@ def test_the_cap_rises_again_when_batching_becomes_cheap(strategy):
     assert settled_at - switched_at <= 30.0, (switched_at, settled_at)
 
 
+def test_least_total_latency_shares_steps_only_with_a_shorter_request_behind_a_longer_one():
+    """Compute-bound steps (a batch of b costs b steps of one): a 4-step request behind one with 15 steps left
+    finishes after 8 step-costs sharing instead of 19, the long one after 19 either way, so both run; behind a
+    shorter or an equal one, first come first served (sharing would only delay the first). Where batching is
+    cheap every cap is better with more."""
+    from stepserve.scheduling.adaptive import least_total_latency
+
+    bound = [float(b) for b in range(1, 9)]
+    assert least_total_latency(bound, [15, 4]) == 2
+    assert least_total_latency(bound, [4, 15]) == 1
+    assert least_total_latency(bound, [10, 10]) == 1
+    assert least_total_latency(bound, [20, 3, 3, 20]) == 2  # the short ones in turn beside the head: 104 against
+    # 115 one at a time, 107 all three together, 116 all four
+    assert least_total_latency([1.0 + 0.01 * b for b in range(1, 9)], [10, 10, 10]) == 3
+
+
+def test_a_short_request_shares_the_steps_of_a_long_one_on_a_compute_bound_curve():
+    """The same rule in the policies: the long request holds its slot with 15 steps left; a 4-step arrival runs
+    beside it, a 20-step one waits (paused) until it is done."""
+    model = LatencyModel.from_cost_model(CostModel(step_fixed_s=0.0005, step_per_item_s=0.035))
+    for name in ("adaptive", "slo"):
+        policy = make_policy(name, 8, latency_model=model)
+        long = request(0, steps=20, status=RequestStatus.RUNNING)
+        long.step = 5
+        short, longer = request(1, t=0.5, steps=4), request(2, t=0.5, steps=20)
+        assert {r.request_id for r in policy.schedule([short], [long], 1.0).run} == {"r0", "r1"}, name
+        plan = make_policy(name, 8, latency_model=model).schedule([longer], [long], 1.0)
+        assert [r.request_id for r in plan.run] == ["r0"], name
+
+
 def test_slo_takes_the_cost_aware_cap_too():
     """slo's deadline cap is bounded by the same cost-aware cap: compute-bound, no deadlines, one at a time;
     cheap batching, everyone (its decisions where batching pays are unchanged)."""
