@@ -354,3 +354,18 @@ def test_curves_are_made_non_decreasing_without_touching_monotone_ones():
     assert all(a <= b for a, b in zip(ys, ys[1:]))
     assert ys[4] == ys[5] == pytest.approx((9.9 + 8.6) / 2) and ys[:4] == [4.1, 5.9, 7.1, 7.5]
     assert sum(ys) == pytest.approx(4.1 + 5.9 + 7.1 + 7.5 + 9.9 + 8.6 + 9.9 + 13.0)  # pooling keeps the mean
+
+
+def test_a_model_that_embeds_guidance_is_measured_once_at_one_row_per_request():
+    """Flux.1 dev and Flux.2 dev read the scale as a value (ModelInfo.guidance "embedded"): a request is one row at
+    any scale, so the profile says so (guidance_rows 1) and does not measure a second, identical curve."""
+    from dataclasses import replace
+
+    from stepserve.costs.fake import FAKE_MODEL
+
+    executor = FakeExecutor(replace(FAKE_MODEL, guidance="embedded", default_guidance_scale=3.5), cost=COST)
+    measured = profiling.measure_with_and_without_guidance(executor, 2, progress=False)
+    assert measured.metadata["guidance"] == "embedded" and measured.metadata["guidance_rows"] == 1
+    assert "by_guidance_rows" not in measured.metadata
+    cfg = profiling.measure_with_and_without_guidance(FakeExecutor(cost=COST), 2, progress=False)
+    assert cfg.metadata["guidance"] == "cfg" and set(cfg.metadata["by_guidance_rows"]) == {"1", "2"}

@@ -2,7 +2,9 @@
 (FakeExecutor.charging), so the real EngineCore and policies run on a simulated clock at the speed of a profiled
 model and device: `stepserve profile` measures once, the simulator replays any trace on those numbers.
 
-What each stage charges, for a batch of n requests of which g have guidance (guidance_scale > 1):
+What each stage charges, for a batch of n requests of which g have guidance rows (guidance_scale > 1 on a model
+with classifier-free guidance; none on one that embeds the scale, `metadata["guidance"] == "embedded"`, as
+Flux.1 dev and Flux.2 dev do):
 - denoise: the step curve of the batch's bucket. With curves measured both with and without guidance rows
   (`metadata["by_guidance_rows"]`, stepserve.costs.guidance) a batch costs U(n) + (G(n) - U(n)) * g / n, U
   and G the curves without and with guidance: exact for batches of one kind, and linear in the number of
@@ -48,6 +50,7 @@ class LatencyCharges:
         self._unguided = curves.get(1)
         self._guided = curves.get(2)
         self._only = None if (self._unguided and self._guided) else next(iter(curves.values()))
+        self._embedded = latency.metadata.get("guidance") == "embedded"  # the scale adds no row
         spread = latency.metadata.get("spread") if isinstance(latency.metadata.get("spread"), dict) else {}
         self._decode_spread = spread_by_bucket(spread.get("decode", []), "metadata.spread.decode")
         if self.noise > 0 and not self._has_spread():
@@ -63,12 +66,12 @@ class LatencyCharges:
     def encode_s(self, requests: list[Request]) -> float:
         if not requests:
             return 0.0
-        return self._charge("encode", None, len(requests), _guided(requests))
+        return self._charge("encode", None, len(requests), 0 if self._embedded else _guided(requests))
 
     def step_s(self, requests: list[Request]) -> float:
         if not requests:
             return 0.0
-        return self._charge("step", requests[0].bucket, len(requests), _guided(requests))
+        return self._charge("step", requests[0].bucket, len(requests), 0 if self._embedded else _guided(requests))
 
     def decode_s(self, requests: list[Request]) -> float:
         counts: dict[Bucket, int] = {}

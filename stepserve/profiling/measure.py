@@ -197,7 +197,8 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
         "sampler": settings.sampler,
         "num_inference_steps": settings.num_inference_steps,
         "guidance_scale": settings.guidance_scale,
-        "guidance_rows": 2 if settings.guidance_scale > 1 else 1,
+        "guidance": model.guidance,  # "embedded": the scale is a value the denoiser reads, never an extra row
+        "guidance_rows": 2 if settings.guidance_scale > 1 and model.guidance == "cfg" else 1,
         "encode_bucket": list(reference),
         "prompt_cache": "off (every prompt encoded)",
         "spread": {  # [batch size, min s, max s] of the recorded durations of each point
@@ -222,8 +223,13 @@ def measure_with_and_without_guidance(executor: Executor, max_batch_size: int,
                                       statistic: str = "median") -> LatencyModel:
     """measure_latency_model twice: with guidance (`guidance_scale`, default the model's own when it is > 1, else
     2.0) and without (scale 1.0). The model's curves are those of the rows a request at the model's default
-    guidance runs; both measurements go to `metadata["by_guidance_rows"]` (see the module docstring)."""
+    guidance runs; both measurements go to `metadata["by_guidance_rows"]` (see the module docstring). A model whose
+    guidance is embedded (ModelInfo.guidance, e.g. Flux.1 dev) runs one row per request either way: measured
+    once."""
     model = executor.model_info
+    if model.guidance != "cfg":  # every request is one row whatever its scale: one measurement says it all
+        return measure_latency_model(executor, max_batch_size, buckets, guidance_scale, repeats, warmup, progress,
+                                     rounds=rounds, statistic=statistic)
     if guidance_scale is None:
         guidance_scale = model.default_guidance_scale if model.default_guidance_scale > 1 else 2.0
     if not guidance_scale > 1:

@@ -105,6 +105,19 @@ def test_a_single_curve_is_charged_by_rows_exactly_as_the_fake_cost_model(guided
     assert set(by_guidance_rows(model)) == {2}
 
 
+def test_embedded_guidance_adds_no_row():
+    """A model that embeds the guidance scale (Flux.1 dev, Flux.2 dev: metadata "guidance": "embedded") runs one
+    row per request whatever the scale, so a batch of guided requests costs the curve at its size; the same curve
+    on a classifier-free-guidance model charges each guided request its second row."""
+    step = {A: Curve(((1, 0.010), (4, 0.040), (8, 0.080)))}
+    common = dict(step=step, encode=Curve(((1, 0.002), (8, 0.009))), decode={A: Curve(((1, 0.003), (8, 0.010)))})
+    embedded = LatencyModel(**common, metadata={"guidance_rows": 1, "guidance": "embedded"})
+    cfg = LatencyModel(**common, metadata={"guidance_rows": 1, "guidance": "cfg"})
+    b = batch(4, 4, A)
+    assert executor(FAKE_MODEL, embedded).denoise(b) == pytest.approx(0.040)
+    assert executor(FAKE_MODEL, cfg).denoise(b) == pytest.approx(0.080)  # 8 rows
+
+
 def test_noise_is_deterministic_per_seed_and_within_the_spread():
     model = two_curve_model()
 
