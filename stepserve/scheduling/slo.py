@@ -59,10 +59,12 @@ predict.py, 200 requests queued): admission() about 0.55 ms (two replays per buc
 schedule() one replay when the deadlines are loose, and one per batch size tried when they are tight: 1.8 ms at
 max_batch_size 8 and 6 ms at 32 when every size has to be tried.
 
-Predictions are only as good as the latency model; `margin_s` keeps that much slack between a predicted finish
-and a deadline for admission and the cap (never for giving up). Without a measured model, make_policy uses
-LatencyModel.zero(): the ordering rules hold, nothing is refused or given up early, and the cost-aware cap learns
-its curve from the steps alone.
+Predictions are only as good as the latency model, which is read corrected by the step times the engine observes
+(costs/drift.py: the profile times observed over predicted, per bucket), so a machine that became slower or
+faster since the profile moves admission and give-up with it; `margin_s` keeps that much slack between a
+predicted finish and a deadline for admission and the cap (never for giving up). Without a measured model,
+make_policy uses LatencyModel.zero(): the ordering rules hold, nothing is refused or given up early, and the
+cost-aware cap learns its curve from the steps alone.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from ..costs.drift import DriftCorrected
 from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import OnlineStepCurve
 from ..types import Request, RequestStatus, StepPlan
@@ -109,7 +112,8 @@ class SLOPolicy(SLOFrontEnd):
         if not margin_s >= 0 or not math.isfinite(margin_s):
             raise ValueError(f"margin_s must be a finite number of seconds >= 0, got {margin_s}")
         self.max_batch_size = max_batch_size
-        self.latency_model = latency_model
+        # what every prediction reads: the profile, corrected by the step times observed (costs/drift.py)
+        self.latency_model = DriftCorrected(latency_model)
         self.order = order
         self.starvation_s = starvation_s
         self.margin_s = margin_s
@@ -188,6 +192,7 @@ class SLOPolicy(SLOFrontEnd):
     def observe(self, bucket: Bucket, batch_size: int, seconds: float) -> None:
         """A denoising step of `batch_size` requests of `bucket` took `seconds` (the executor's own measure)."""
         self.curve.observe(bucket, batch_size, seconds)
+        self.latency_model.observe(bucket, batch_size, seconds)
 
     def _loose(self, requests: list[Request], bucket: Bucket, now: float) -> bool:
         """Whether every deadline and priority among `requests` leaves throughput the only concern: no priority

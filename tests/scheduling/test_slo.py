@@ -165,6 +165,27 @@ def test_admission_refuses_what_cannot_be_met_even_alone_and_admits_no_deadline(
     assert policy.admission(relaxed, list(core.waiting), list(core.running), now) is None
 
 
+def test_admission_follows_the_step_times_it_observes_not_the_start_up_profile_alone():
+    """A profile taken when the machine was twice as slow refuses a request as hopeless that the machine, as it
+    runs now, serves in time; after the engine has run some steps at their true cost, the same request is
+    admitted (costs/drift.py), and served within its deadline."""
+    slow = CostModel(**{k: 2 * v for k, v in vars(COST).items() if k.endswith("_s")})
+    policy = SLOPolicy(4, LatencyModel.from_cost_model(slow, buckets=[(32, 32)]))
+    core = EngineCore(FakeExecutor(cost=COST), policy)
+    true_alone = earliest_finish(candidate(core, params(0, steps=20), 0.0), MODEL, 0.0)
+    timeout = 1.5 * true_alone  # makes it alone at the true cost, not at the profile's (2x)
+    assert "even alone" in policy.admission(candidate(core, params(1, steps=20, timeout=timeout), 0.0), [], [], 0.0)
+    for i in range(4):
+        core.add_request(params(10 + i, steps=20), 0.0)
+    now = run_until_idle(core, 0.0)
+    assert policy.latency_model.factor((32, 32)) == pytest.approx(0.5, rel=0.05)
+    later = candidate(core, params(2, steps=20, timeout=timeout), now)
+    assert policy.admission(later, [], [], now) is None
+    served = core.add_request(params(2, steps=20, timeout=timeout), now)  # raises if refused
+    run_until_idle(core, now)
+    assert served.status is RequestStatus.COMPLETED and served.timing.finished - now <= timeout
+
+
 def test_admission_protects_a_request_that_would_meet_its_deadline():
     core, policy, now = loaded_engine()
     first = core.running[0]
@@ -367,9 +388,9 @@ def test_every_request_ends_in_exactly_one_final_state(arrivals, max_batch, max_
 def test_make_policy_builds_slo_and_checks_its_settings():
     policy = make_policy("slo", 6, latency_model=MODEL)
     assert isinstance(policy, SLOPolicy) and policy.name == "slo" and policy.max_batch_size == 6
-    assert policy.latency_model is MODEL
+    assert policy.latency_model.prior is MODEL  # read corrected by the steps it observes (costs/drift.py)
     default = make_policy("slo", 3)  # no model: the zero model, which predicts no misses
-    assert default.latency_model == LatencyModel.zero()
+    assert default.latency_model.prior == LatencyModel.zero()
     with pytest.raises(ValueError, match="max_batch_size"):
         make_policy("slo", 0)
     with pytest.raises(ValueError, match="order: 'fifo' is not supported; allowed: edf, srs"):

@@ -159,7 +159,7 @@ def test_the_simulator_runs_the_servers_engine_and_policies(latency_file):
     assert core.policy.max_batch_size == 4 and isinstance(core.executor, FakeExecutor)
     assert isinstance(core.executor.cost, LatencyCharges) and core.executor.cost.latency is latency
     slo = make_core(setup, Contender("slo"), 0)
-    assert type(slo.policy) is SLOPolicy and slo.policy.latency_model is latency
+    assert type(slo.policy) is SLOPolicy and slo.policy.latency_model.prior is latency
 
 
 def test_nothing_is_lost_under_overload_deadlines_and_a_queue_bound(latency_file):
