@@ -68,6 +68,9 @@ class ServerMetrics:
         self.step_curve = Gauge("stepserve_step_curve_seconds", "The adaptive policy's step curve per shape bucket: "
                                 "part=fixed (a step of any size) and part=per_request (one more request)",
                                 ["bucket", "part"], registry=r)
+        self.profile_scale = Gauge("stepserve_profile_scale", "Observed over profiled step time per shape bucket: "
+                                   "what the slo policy multiplies its latency model's predictions by (admission, "
+                                   "give-up, the deadline cap)", ["bucket"], registry=r)
         self._caps: dict = {}
         for reason in ("queue_full", "deadline"):
             self.refused_at_admission.labels(reason)
@@ -96,8 +99,11 @@ class ServerMetrics:
         limited by the requests there are, which says nothing about the curve)."""
         from ..scheduling.adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
 
+        drift = getattr(self.policy.latency_model, "factor", None) if hasattr(self.policy, "latency_model") else None
         for bucket in caps:
             name = bucket_name(bucket)
+            if drift is not None:
+                self.profile_scale.labels(name).set(drift(bucket))
             curve = self.policy.curve
             fit = curve.fit(bucket)  # fitted once per step here, and reused for the bound
             line = None if fit is None else fit.line()

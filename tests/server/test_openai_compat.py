@@ -111,3 +111,13 @@ def test_the_adaptive_cap_and_step_curve_are_on_metrics(serve):
     caps = [line for line in text.splitlines() if line.startswith("stepserve_batch_cap{")]
     assert caps and all(1 <= float(line.rsplit(" ", 1)[1]) <= 4 for line in caps), caps
     assert 'part="fixed"' in text and 'part="per_request"' in text
+
+
+def test_the_slo_policys_profile_scale_is_on_metrics(serve):
+    """The default policy predicts with its profile corrected by the steps it observes: the correction is shown."""
+    with serve(strategy="slo", max_batch_size=4) as server:
+        r = httpx.post(server.url + GENERATIONS, json={"prompt": "x", "n": 2, "seed": 1, **FAST}, timeout=60)
+        assert r.status_code == 200, r.text
+        text = httpx.get(server.url + "/metrics").text
+    scales = [line for line in text.splitlines() if line.startswith("stepserve_profile_scale{")]
+    assert scales and all(float(line.rsplit(" ", 1)[1]) > 0 for line in scales), scales
