@@ -201,14 +201,17 @@ class OnlineStepCurve:
         line = self.line(bucket)
         return None if line is None else line[0] + line[1] * batch_size
 
-    def step_costs(self, bucket: Bucket, n: int, spread: float = 0.0) -> list[float] | None:
+    def step_costs(self, bucket: Bucket, n: int, spread: float = 0.0,
+                   fit: "Fit | None | str" = "fit") -> list[float] | None:
         """Seconds of a step of 1..n requests: the fitted line, times the prior's own departure from a line at
         each size (a batch size the hardware runs better or worse than the line says: the tiny Flux on this CPU
         costs 10% less per request at 3 than at 1, and 2.5% less at 8); None while the line is unknown.
 
         `spread` > 0: the line batching gains least on within that many standard errors (the step at 1 as low and
-        the step at n as high as the fit allows), for decisions that must not follow noise."""
-        fit = self.fit(bucket)
+        the step at n as high as the fit allows), for decisions that must not follow noise. `fit`: the fit when
+        the caller has it already."""
+        if fit == "fit":
+            fit = self.fit(bucket)
         if fit is None:
             return None
         if spread > 0 and n > 1:
@@ -270,9 +273,10 @@ class OnlineStepCurve:
                 return b
         return available
 
-    def decide(self, bucket: Bucket, available: int, tolerance: float, min_gain: float) -> int:
+    def decide(self, bucket: Bucket, available: int, tolerance: float, min_gain: float,
+               fit: "Fit | None | str" = "fit") -> int:
         """efficient_batch with the decision in force for `bucket`, which it updates (hysteresis)."""
-        cap = self.efficient_batch(bucket, available, tolerance, min_gain,
+        cap = self.efficient_batch(bucket, available, tolerance, min_gain, fit=fit,
                                    batching=self.batching.get(tuple(bucket)))
         if available > 1:
             self.batching[tuple(bucket)] = cap > 1

@@ -106,14 +106,15 @@ def cost_aware_cap(curve: OnlineStepCurve, bucket: Bucket, remaining: Sequence[i
     available = len(remaining)
     if queued > 0:
         min_gain = min(min_gain, BACKLOG_MIN_GAIN)
-    cap = curve.decide(bucket, available, tolerance, min_gain)  # all of them while the curve is unknown
+    fit = curve.fit(bucket)  # once per step: the decision, the present work and the probe read it
+    cap = curve.decide(bucket, available, tolerance, min_gain, fit=fit)  # all of them while the curve is unknown
     if cap == 1 and available > 1:
-        costs = curve.step_costs(bucket, available, CONFIDENCE)  # batching's gain at its least: noise-proof
+        costs = curve.step_costs(bucket, available, CONFIDENCE, fit=fit)  # batching's gain at its least
         if costs is not None:
             cap = least_total_latency(costs, remaining)
     if steps % probe_every or available <= 1:
         return cap
-    if curve.line(bucket) is None:  # a probe step: the curve is fitted again only here
+    if fit is None:  # the curve unknown: one fewer, so that the slope can be seen
         return available - 1
     return cap + 1 if cap < available else cap
 

@@ -99,7 +99,7 @@ class ServerMetrics:
         limited by the requests there are, which says nothing about the curve)."""
         from ..scheduling.adaptive import DEFAULT_MIN_GAIN, DEFAULT_TOLERANCE
 
-        drift = getattr(self.policy.latency_model, "factor", None) if hasattr(self.policy, "latency_model") else None
+        drift = getattr(getattr(self.policy, "latency_model", None), "factor", None)  # slo's correction
         for bucket in caps:
             name = bucket_name(bucket)
             if drift is not None:
