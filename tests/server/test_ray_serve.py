@@ -275,11 +275,12 @@ def test_a_client_that_hangs_up_frees_its_slots_in_the_replica(replicas):
 
 def test_ray_queue_limit_is_a_429_with_retry_after_and_replica_429s_pass_through(replicas):
     slow = {"prompt": "burst", "num_inference_steps": 20, "guidance_scale": 1.0}
-    # 100 at once: 2 replicas x 8 in flight + 40 in Ray's queue fit; the rest Ray refuses at once. The burst's
+    # 200 at once: 2 replicas x 8 in flight + 40 in Ray's queue fit; the rest Ray refuses at once. The burst's
     # requests are long (200 steps with guidance: two rows a step), so the replicas cannot drain the queue while a
-    # client slowed by the shared cores is still sending (150 steps without guidance drained in some runs).
+    # client slowed by the shared cores is still sending (150 steps without guidance drained in some runs, and a
+    # burst of 100 once never overflowed the queue in a full suite run: the client sent them too slowly).
     burst = {**slow, "num_inference_steps": 200, "guidance_scale": 3.0}
-    responses = asyncio.run(post_all(replicas.url, [burst] * 100))
+    responses = asyncio.run(post_all(replicas.url, [burst] * 200))
     codes = [getattr(r, "status_code", r) for r in responses]
     assert set(codes) <= {200, 429}, codes
     ray_429 = [r for r in responses if r.status_code == 429]
