@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regimes  # noqa: E402  (the matrix itself)
+import regimes_report  # noqa: E402
 
 
 def seeds(text: str) -> list[int]:
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 regimes.main(["--regimes", args.regimes, "--seed", str(seed), "--json", str(path)])
             rows = json.loads(path.read_text())["rows"]
-        text, within, better, n = regimes.verdict(rows)
+        text, within, better, n = regimes_report.verdict(rows)
         out[seed] = text.splitlines()[2:]  # the verdict per cell (the rows of seed 0 are docs/regimes.json)
         total["within"] += within
         total["better"] += better

@@ -31,6 +31,9 @@ def test_regimes_runs_a_tiny_matrix(tmp_path, capsys):
     for r in rows:
         assert r["measured"] > 0 and 0 <= r["attainment"] <= 1 and r["p95_s"] >= r["p50_s"] > 0
         assert r["slowdown_p95"] >= 1.0 and r["goodput_rps"] >= 0
+        assert r["done"] + r["refused"] + r["timed_out"] <= 1 + 1e-9
+        if r["deadline"] == "none":  # nothing to refuse as infeasible or to give up
+            assert r["refused"] == 0 and r["timed_out"] == 0
     meta = data["regimes"][0]
     assert meta["best_capacity"] in meta["capacity_rps"] and set(meta["standalone_s"]) == {"8", "20", "40"}
     printed = capsys.readouterr().out

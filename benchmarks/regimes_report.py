@@ -1,0 +1,117 @@
+"""The regime matrix's numbers: each cell's metrics from a bench result, the table of every row, and the verdict
+per cell by the acceptance test of the cost-regimes work (the default within 5% of the best contender on p95 and
+attainment and 10% on p50; and whether it is >= 10% better than every fixed alternative). Used by
+benchmarks/regimes.py and regimes_seeds.py."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from stepserve.bench.metrics import percentile
+from stepserve.bench.targets import OK, REJECTED, TIMEOUT
+
+DEADLINE_X = 3.0  # deadline cells: each request's deadline is this many times its own standalone latency
+
+
+def step_rate(result) -> float:
+    """Denoising steps of the requests completed inside the measured window, per second."""
+    lo, hi = result.window_start_s, result.window_end_s
+    done = [o for o in result.outcomes if o.status == OK and o.done_s is not None and lo <= o.done_s <= hi]
+    return sum(o.spec.num_inference_steps for o in done) / (hi - lo) if hi > lo else 0.0
+
+
+def cell_metrics(result, standalone: dict[int, float]) -> dict:
+    measured = result.measured
+    done = [o for o in measured if o.latency_s is not None]
+    lat = [o.latency_s for o in done]
+    slow = [o.latency_s / standalone[o.spec.num_inference_steps] for o in done]
+    good = [o for o in done if o.latency_s <= DEADLINE_X * standalone[o.spec.num_inference_steps]]
+    lo, hi = result.window_start_s, result.window_end_s
+    in_window = sum(1 for o in good if lo <= o.done_s <= hi)
+    return {"p50_s": percentile(lat, 50) if lat else None, "p95_s": percentile(lat, 95) if lat else None,
+            "p99_s": percentile(lat, 99) if lat else None,
+            "slowdown_p95": percentile(slow, 95) if slow else None,
+            "attainment": len(good) / len(measured) if measured else None,
+            "goodput_rps": in_window / (hi - lo) if hi > lo else None,
+            "done": len(done) / len(measured) if measured else None, "measured": len(measured),
+            # why the others did not complete: refused at admission (429 or deadline infeasible), or ended by a
+            # timeout (given up as hopeless, or past their deadline)
+            "refused": share(measured, REJECTED), "timed_out": share(measured, TIMEOUT),
+            "batch_seen": batch_seen(done)}
+
+
+def batch_seen(outcomes) -> float | None:
+    """The mean size of the forwards the requests' steps ran in (each step of each request counted once)."""
+    sizes = [b for o in outcomes for b in o.reply.batch_sizes]
+    return sum(sizes) / len(sizes) if sizes else None
+
+
+def share(outcomes, status: str) -> float | None:
+    return sum(1 for o in outcomes if o.status == status) / len(outcomes) if outcomes else None
+
+
+def median_metrics(runs: list[dict]) -> dict:
+    """Each metric's median over the repeats (None where a repeat has none), with every repeat's values."""
+    out = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = statistics.median(values) if values else None
+    out["repeats"] = runs
+    return out
+
+
+
+def fmt(v, kind: str) -> str:
+    if v is None or (isinstance(v, float) and math.isinf(v)):
+        return "-"
+    return {"s": f"{v:.2f}", "x": f"{v:.2f}x", "%": f"{100 * v:.0f}%", "r": f"{v:.3g}"}[kind]
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| regime | load | deadline | contender | p50 s | p95 s | p99 s | p95 slowdown | attainment | goodput/s "
+            "| done | refused, timed out |")
+    out = [head, "|" + "---|" * 12]
+    for r in rows:
+        out.append(f"| {r['regime']} | {r['load']:g} | {r['deadline']} | {r['contender']} | {fmt(r['p50_s'], 's')} "
+                   f"| {fmt(r['p95_s'], 's')} | {fmt(r['p99_s'], 's')} | {fmt(r['slowdown_p95'], 'x')} "
+                   f"| {fmt(r['attainment'], '%')} | {fmt(r['goodput_rps'], 'r')} | {fmt(r['done'], '%')} "
+                   f"| {fmt(r.get('refused'), '%')}, {fmt(r.get('timed_out'), '%')} |")
+    return "\n".join(out)
+
+
+FIXED = ("none", "static", "dynamic(10ms)", "dynamic(50ms)", "continuous")  # the fixed alternatives of issue's test
+
+
+def verdict(rows: list[dict]) -> tuple[str, int, int, int]:
+    """Per cell, the default against the best contender: within 5% on p95 and attainment and 10% on p50 (p50 and
+    p95 compared among the contenders that completed as many requests, within 1 point: they cover completions),
+    and whether it beats each fixed alternative by at least 10% on p95 (lower) or on attainment (higher; the
+    fixed alternative's p95 read as it is, whatever it completed). Returns the table,
+    the cells within margins, the cells strictly better, and the cells."""
+    out = ["| regime | load | deadline | p50 / best (best) | p95 / best (best) | attainment, best (best) | within "
+           "| >=10% better than every fixed |", "|" + "---|" * 8]
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        cells.setdefault((r["regime"], r["load"], r["deadline"]), []).append(r)
+    within = better = 0
+    for key, rs in cells.items():
+        d = next((r for r in rs if r["contender"].startswith("default")), None)
+        top = max(r["done"] or 0 for r in rs)
+        ok = [r for r in rs if r["p95_s"] is not None and (r["done"] or 0) >= top - 0.01]
+        if d is None or not ok or d not in ok:
+            out.append(f"| {key[0]} | {key[1]:g} | {key[2]} | - | - | - | no (completed fewer) | - |")
+            continue
+        b50, b95 = min(ok, key=lambda r: r["p50_s"]), min(ok, key=lambda r: r["p95_s"])
+        ba = max(rs, key=lambda r: r["attainment"] or 0)
+        att, best_att = d["attainment"] or 0, ba["attainment"] or 0
+        good = d["p95_s"] <= 1.05 * b95["p95_s"] and d["p50_s"] <= 1.10 * b50["p50_s"] and att >= 0.95 * best_att
+        fixed = [r for r in rs if r["contender"] in FIXED and r is not d]
+        wins = bool(fixed) and all((r["p95_s"] is None or d["p95_s"] <= 0.9 * r["p95_s"])
+                                   or att >= 1.1 * (r["attainment"] or 0) for r in fixed)
+        within, better = within + good, better + wins
+        out.append(f"| {key[0]} | {key[1]:g} | {key[2]} | {d['p50_s'] / b50['p50_s']:.2f}x ({b50['contender']}) "
+                   f"| {d['p95_s'] / b95['p95_s']:.2f}x ({b95['contender']}) "
+                   f"| {fmt(att, '%')}, {fmt(best_att, '%')} ({ba['contender']}) | {'yes' if good else 'no'} "
+                   f"| {'yes' if wins else 'no'} |")
+    return "\n".join(out), within, better, len(cells)
