@@ -3,6 +3,8 @@ when the step cost changes mid-run (simulated clock, the policy unchanged)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from stepserve.costs import CostModel, FakeExecutor, LatencyModel
@@ -135,3 +137,41 @@ def test_slo_takes_the_cost_aware_cap_too():
     waiting = [request(i, t=i * 0.1) for i in range(6)]
     assert len(bound.schedule(waiting, [], 1.0).run) == 1
     assert len(cheap.schedule(waiting, [], 1.0).run) == 6
+
+
+class Superlinear(CostModel):
+    """A step of b requests costs b steps of one and 10% more per request beyond the first (a batch that spills
+    out of a cache): batching loses throughput. Each step's time varies by 25% (lognormal), as on a shared CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rng = random.Random(0)
+
+    def step_s(self, requests):
+        b = len(requests)
+        return 0.025 * b * (1.0 + 0.1 * (b - 1)) * self.rng.lognormvariate(0.0, 0.25)
+
+
+@pytest.mark.parametrize("strategy", ["adaptive", "slo"])
+def test_a_full_batch_that_the_prior_wrongly_says_pays_is_seen_to_cost_under_saturation(strategy):
+    """Saturated (more requests than slots, all the time), every step runs about the same batch, and steps of
+    one size show little of the slope: the fit starts from the prior's. A profile that says batching is cheap,
+    on an engine where a batch costs more than its requests one at a time, must not keep the batch for ever:
+    the cap's own moves (the smallest batch near the best throughput, probes) show the slope, and the cap comes
+    down to one or two within 30 s and mostly stays there."""
+    prior = LatencyModel.from_cost_model(CHEAP, buckets=[B])
+    core = EngineOptions(strategy=strategy, max_batch_size=8, latency_model=prior).make_core(
+        FakeExecutor(cost=Superlinear()))
+    arrivals = [Arrival(0.0, SamplingParams(prompt=f"a{i}", seed=i, num_inference_steps=20, guidance_scale=1.0,
+                                            height=32, width=32)) for i in range(200)]
+    caps = []
+    result = simulate(core, arrivals, on_step=lambda report: caps.append(
+        (report.now + report.duration_s, max(core.policy.cap.values(), default=0))))
+    assert all(r.status is RequestStatus.COMPLETED for r in result.requests)
+    assert caps[0][1] == 8  # the prior's word: batch everyone
+    settled = next((t for t, cap in caps if cap <= 2), None)
+    assert settled is not None and settled <= 30.0, settled
+    late = [cap for t, cap in caps if t > settled + 10.0]
+    # noisy steps still make the decision flip back to a batch now and then (77% of the steps here are of one
+    # or two; without noise all of them)
+    assert late and sum(cap <= 2 for cap in late) >= 2 / 3 * len(late)
