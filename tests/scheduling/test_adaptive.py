@@ -175,3 +175,22 @@ def test_a_full_batch_that_the_prior_wrongly_says_pays_is_seen_to_cost_under_sat
     # noisy steps still make the decision flip back to a batch now and then (77% of the steps here are of one
     # or two; without noise all of them)
     assert late and sum(cap <= 2 for cap in late) >= 2 / 3 * len(late)
+
+
+@pytest.mark.xfail(strict=True, reason="known: the fit's uncertainty assumes step-time noise of one size in seconds "
+                   "at every batch size; noise that scales with the step (a shared CPU) puts batching's gain "
+                   "between 1x and 5-6x at 3 standard errors when every step is a full batch, so the decision in "
+                   "force (batch) is never overturned (live: the tiny Flux at saturation ran batches of 7.9 at 0.6x "
+                   "the throughput of one at a time)")
+def test_a_prior_that_says_batching_gains_a_little_is_overturned_under_saturation_and_noise():
+    """As above, with a prior whose batches gain 3% (the tiny Flux's profile): under backlog any gain above 1%
+    pays, so the cap starts at a full batch, and every step after is one (saturated). The steps say a batch of 8 costs
+    70% more per request than one at a time, with a 25% spread."""
+    prior = LatencyModel.from_cost_model(CostModel(step_fixed_s=0.0008, step_per_item_s=0.025), buckets=[B])
+    core = EngineOptions(strategy="slo", max_batch_size=8, latency_model=prior).make_core(
+        FakeExecutor(cost=Superlinear()))
+    arrivals = [Arrival(0.0, SamplingParams(prompt=f"a{i}", seed=i, num_inference_steps=20, guidance_scale=1.0,
+                                            height=32, width=32)) for i in range(200)]
+    caps = []
+    simulate(core, arrivals, on_step=lambda report: caps.append(max(core.policy.cap.values(), default=0)))
+    assert sum(cap <= 2 for cap in caps[100:]) >= 2 / 3 * len(caps[100:])
