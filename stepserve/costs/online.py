@@ -26,131 +26,13 @@ import math
 from dataclasses import dataclass, field
 
 from .latency_model import Bucket, LatencyModel
+from .line_fit import Fit, Sums, fit_line, gain, mean_se
 
 DEFAULT_HALF_LIFE_STEPS = 30.0
 PRIOR_WEIGHT = 0.05  # weight of each prior point against one observation
+SIZE_DECAY = 0.5 ** (1 / 10)  # each batch size's own steps: a half-life of 10 of them
 CONFIDENCE = 3.0  # standard errors of the fit a batching decision must clear to change (efficient_batch); at 2,
 # a run of slow steps of one (a mean 3.5 standard errors high in 3,000 noisy steps) still flipped it
-
-
-def gain(a: float, c: float, n: int) -> float:
-    """Throughput of a batch of n over a batch of one on T(b) = a + c * b."""
-    if a <= 0:
-        return 1.0
-    return n * (a + c) / (a + c * n)
-
-
-@dataclass(frozen=True)
-class Fit:
-    """The fitted line as its centroid and slope, with the slope's standard error."""
-
-    mean_b: float  # the weighted mean batch size of the points
-    mean_t: float  # and of their step times
-    slope: float  # c, unclamped
-    slope_se: float  # its standard error (inf while too few points say anything)
-    level_se: float  # the standard error of the line at its centroid
-    origin_slope: float  # the slope of the line through the origin (when the fit's intercept comes out < 0)
-
-    def at(self, b: int, spread: float) -> tuple[float, float]:
-        """(the fitted step time at batch size b, `spread` standard errors of it)."""
-        return (self.mean_t + self.slope * (b - self.mean_b),
-                spread * math.hypot(self.level_se, (b - self.mean_b) * self.slope_se))
-
-    def gain_bounds(self, n: int, spread: float) -> tuple[float, float]:
-        """(lowest, highest) throughput gain of a batch of n over a batch of one that the fit allows within
-        `spread` standard errors of the step times at 1 and at n."""
-        (t1, e1), (tn, en) = self.at(1, spread), self.at(n, spread)
-        if not math.isfinite(e1 + en):
-            return 1.0, float(n)
-        low = n * max(t1 - e1, 0.0) / max(tn + en, 1e-12)
-        high = n * (t1 + e1) / max(tn - en, t1 + e1, 1e-12)
-        return min(max(low, 1.0), n), min(max(high, 1.0), n)
-
-    def line(self) -> tuple[float, float]:
-        """(a, c) through the centroid, kept physical: a step never gets cheaper with more requests (c < 0: flat
-        through the mean), nor costs less than nothing empty (a < 0: through the origin)."""
-        if self.slope < 0:
-            return max(self.mean_t, 0.0), 0.0
-        a = self.mean_t - self.slope * self.mean_b
-        if a < 0:
-            return 0.0, max(self.origin_slope, 0.0)
-        return a, self.slope
-
-
-@dataclass
-class _Sums:
-    """Weighted sums for a least-squares line through (b, t), with what its uncertainty needs (t*t, and the sums of
-    the squared weights)."""
-
-    w: float = 0.0
-    b: float = 0.0
-    bb: float = 0.0
-    t: float = 0.0
-    bt: float = 0.0
-    tt: float = 0.0
-    ww: float = 0.0
-    wwb: float = 0.0
-    wwbb: float = 0.0
-
-    def add(self, b: float, t: float, weight: float = 1.0) -> None:
-        self.w += weight
-        self.b += weight * b
-        self.bb += weight * b * b
-        self.t += weight * t
-        self.bt += weight * b * t
-        self.tt += weight * t * t
-        self.ww += weight * weight
-        self.wwb += weight * weight * b
-        self.wwbb += weight * weight * b * b
-
-    def merge(self, other: "_Sums") -> None:
-        self.w += other.w
-        self.b += other.b
-        self.bb += other.bb
-        self.t += other.t
-        self.bt += other.bt
-        self.tt += other.tt
-        self.ww += other.ww
-        self.wwb += other.wwb
-        self.wwbb += other.wwbb
-
-    def scale(self, factor: float) -> None:
-        self.w *= factor
-        self.b *= factor
-        self.bb *= factor
-        self.t *= factor
-        self.bt *= factor
-        self.tt *= factor
-        squared = factor * factor  # the squared weights decay with the square of the factor
-        self.ww *= squared
-        self.wwb *= squared
-        self.wwbb *= squared
-
-
-def _fit(total: _Sums) -> Fit | None:
-    """The line through the points summed in `total` (OnlineStepCurve.fit)."""
-    if total.w <= 0:
-        return None
-    mean_b, mean_t = total.b / total.w, total.t / total.w
-    var_b = total.bb / total.w - mean_b * mean_b
-    if var_b <= 1e-9 * max(mean_b * mean_b, 1.0):  # every point at one size: no slope to see
-        return None
-    c = (total.bt / total.w - mean_b * mean_t) / var_b
-    a = mean_t - c * mean_b
-    # The slope's uncertainty (weighted least squares with the weights as reliabilities): the residuals' spread
-    # over the effective number of points, and how far from the centroid the weight lies. A size seen once
-    # (a probe) among many steps of another leaves the slope uncertain, however the fit comes out.
-    rss = (total.tt - 2 * a * total.t - 2 * c * total.bt + a * a * total.w + 2 * a * c * total.b
-           + c * c * total.bb)
-    n_eff = total.w * total.w / total.ww if total.ww > 0 else 0.0
-    spread_b = total.wwbb - 2 * mean_b * total.wwb + mean_b * mean_b * total.ww  # sum of w^2 (b - mean)^2
-    if n_eff > 2:
-        sigma2 = max(rss, 0.0) / total.w * n_eff / (n_eff - 2)
-        slope_se = math.sqrt(sigma2 * max(spread_b, 0.0)) / (total.w * var_b)
-        level_se = math.sqrt(sigma2 / n_eff)
-    else:
-        slope_se = level_se = math.inf
-    return Fit(mean_b, mean_t, c, slope_se, level_se, total.bt / total.bb)
 
 
 @dataclass
@@ -160,12 +42,13 @@ class OnlineStepCurve:
     prior: LatencyModel | None = None
     max_batch_size: int = 8
     half_life_steps: float = DEFAULT_HALF_LIFE_STEPS
-    _seen: dict[Bucket, _Sums] = field(default_factory=dict)
-    _prior: dict[Bucket, _Sums] = field(default_factory=dict)
+    _seen: dict[Bucket, Sums] = field(default_factory=dict)
+    _prior: dict[Bucket, Sums] = field(default_factory=dict)
     observations: int = 0
     batching: dict[Bucket, bool] = field(default_factory=dict)  # the decision in force per bucket (decide())
     _prior_cache: dict[tuple[Bucket, int], float] = field(default_factory=dict)
     _shape: dict[Bucket, list[float]] = field(default_factory=dict)
+    _sizes: dict[tuple[Bucket, int], Sums] = field(default_factory=dict)  # per batch size: its own steps' times
 
     def __post_init__(self) -> None:
         if not self.half_life_steps > 0:
@@ -177,9 +60,12 @@ class OnlineStepCurve:
         if batch_size < 1 or not math.isfinite(seconds) or seconds < 0:
             return
         bucket = tuple(bucket)
-        sums = self._seen.setdefault(bucket, _Sums())
+        sums = self._seen.setdefault(bucket, Sums())
         sums.scale(self._decay)
         sums.add(batch_size, seconds)
+        size = self._sizes.setdefault((bucket, batch_size), Sums())
+        size.scale(SIZE_DECAY)
+        size.add(batch_size, seconds)
         self.observations += 1
 
     def line(self, bucket: Bucket) -> tuple[float, float] | None:
@@ -191,11 +77,37 @@ class OnlineStepCurve:
     def fit(self, bucket: Bucket) -> "Fit | None":
         """The weighted least-squares line through the prior's points and the observed steps, with the standard
         error of its slope; None while nothing tells the sizes apart."""
-        total = _Sums()
+        total = Sums()
         for part in (self._prior_sums(bucket), self._seen.get(tuple(bucket))):
             if part is not None:
                 total.merge(part)
-        return _fit(total)
+        return fit_line(total)
+
+    def gain_unsettled(self, bucket: Bucket, n: int, min_gain: float, fit: "Fit | None") -> bool:
+        """Whether the steps seen leave it open if a batch of n gains more than `min_gain`: the fit's bounds
+        straddle it, and so do those of the steps seen at one and at n (or there are too few of those)."""
+        threshold = 1.0 + min_gain
+        if fit is not None:
+            low, high = fit.gain_bounds(n, CONFIDENCE)
+            if not low <= threshold < high:
+                return False
+        bounds = self.size_gain_bounds(bucket, n, CONFIDENCE)
+        return bounds is None or bounds[0] <= threshold < bounds[1]
+
+    def size_gain_bounds(self, bucket: Bucket, n: int, spread: float) -> tuple[float, float] | None:
+        """(lowest, highest) gain of a batch of n over one from the steps seen at those two sizes alone (each
+        size's mean and the standard error of its own steps, `spread` of them); None until each has a few. Its
+        noise is each size's own, where the fit's is one for all sizes: step times that spread in proportion
+        to the step (a shared CPU) leave the fit's bound wide however many steps of one size are seen."""
+        one, many = self._sizes.get((tuple(bucket), 1)), self._sizes.get((tuple(bucket), n))
+        stats = [mean_se(x) for x in (one, many)]
+        if any(st is None for st in stats):
+            return None
+        (t1, e1), (tn, en) = stats
+        e1, en = spread * e1, spread * en
+        low = n * max(t1 - e1, 0.0) / max(tn + en, 1e-12)
+        high = n * (t1 + e1) / max(tn - en, 1e-12)
+        return min(max(low, 1.0), n), min(max(high, 1.0), n)
 
     def step_s(self, bucket: Bucket, batch_size: int) -> float | None:
         line = self.line(bucket)
@@ -230,7 +142,7 @@ class OnlineStepCurve:
         if self.prior is None:
             return []
         if bucket not in self._shape:
-            fit = _fit(self._prior_sums(bucket))
+            fit = fit_line(self._prior_sums(bucket))
             a, c = fit.line() if fit is not None else (0.0, 0.0)
             points = [self._prior_at(bucket, b) for b in range(1, self.max_batch_size + 1)]
             self._shape[bucket] = [t / (a + c * b) if a + c * b > 0 else 1.0 for b, t in enumerate(points, 1)]
@@ -249,6 +161,8 @@ class OnlineStepCurve:
         errors of the fit): a decision changes only when the steps say with confidence that it is wrong. A slope read from a few probe steps among noisy steps of one
         size (a shared CPU: steps vary by 20-30%) otherwise makes the cap flip to a full batch and back, and
         every flip runs the requests of a compute-bound model side by side, each slowed by all the others.
+        While batching, the steps seen at one and at `available` themselves (size_gain_bounds) can also show that
+        it does not pay: each size is judged by its own noise, where the fit takes one noise for all sizes.
         None: the point estimate decides. `fit`: the fit when the caller has it already (fit(bucket))."""
         if available <= 1:
             return max(available, 0)
@@ -262,6 +176,9 @@ class OnlineStepCurve:
             pays = point
         else:  # batching now: stop only when even the best gain the steps allow is too little; and vice versa
             low, high = fit.gain_bounds(available, CONFIDENCE)
+            sizes = self.size_gain_bounds(bucket, available, CONFIDENCE) if batching else None
+            if sizes is not None:  # batching: the steps at 1 and at `available` themselves can show it does not pay
+                high = min(high, sizes[1])
             pays = (high if batching else low) > 1.0 + min_gain
         if not pays:
             return 1
@@ -289,12 +206,12 @@ class OnlineStepCurve:
             t = self._prior_cache[key] = self.prior.step_s(batch_size, bucket)
         return t
 
-    def _prior_sums(self, bucket: Bucket) -> _Sums | None:
+    def _prior_sums(self, bucket: Bucket) -> Sums | None:
         if self.prior is None:
             return None
         bucket = tuple(bucket)
         if bucket not in self._prior:
-            sums = _Sums()
+            sums = Sums()
             for b in range(1, self.max_batch_size + 1):
                 sums.add(b, self._prior_at(bucket, b), PRIOR_WEIGHT)
             self._prior[bucket] = sums

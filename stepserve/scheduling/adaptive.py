@@ -28,7 +28,11 @@ So each step, for the bucket it runs:
 - The curve. A prior (the latency model the engine was given, e.g. measured at start-up) corrected online by the
   step times the executor reports (`observe`, called by the engine after every step), so a curve that drifts is
   followed within a few dozen steps. Every `probe_every` steps the cap is raised by one when there is a request
-  to spare, so that a regime that became cheaper is seen too. While the curve is unknown (no prior, and
+  to spare, so that a regime that became cheaper is seen too. While it batches all of them and the steps have
+  not settled whether that pays, every fifth of that a step of one runs: saturated, every step is a full batch
+  and shows nothing of the slope, so a prior that wrongly says batching pays would otherwise stand (live, the
+  tiny Flux on a slower CPU ran full batches at 0.6x the throughput of one at a time; the steps at one and at a
+  full batch, each size judged by its own noise, overturn it: costs/online.py, size_gain_bounds). While the curve is unknown (no prior, and
   every step seen was of one size) the policy runs every candidate, as continuous batching does, and one fewer
   every `probe_every` steps (which shows what a request adds).
 - Buckets are taken in turn, least recently run first, as in continuous batching.
@@ -112,7 +116,14 @@ def cost_aware_cap(curve: OnlineStepCurve, bucket: Bucket, remaining: Sequence[i
         costs = curve.step_costs(bucket, available, CONFIDENCE, fit=fit)  # batching's gain at its least
         if costs is not None:
             cap = least_total_latency(costs, remaining)
-    if steps % probe_every or available <= 1:
+    if available <= 1:
+        return cap
+    if (cap == available and fit is not None and steps % max(probe_every // 5, 1) == 0
+            and curve.gain_unsettled(bucket, available, min_gain, fit)):
+        # batching all of them while the steps at one and at this many have not settled whether it pays (under
+        # saturation every step is a full batch, and nothing but the prior shows the slope): a step of one
+        return 1
+    if steps % probe_every:
         return cap
     if fit is None:  # the curve unknown: one fewer, so that the slope can be seen
         return available - 1
