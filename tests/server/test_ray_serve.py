@@ -280,7 +280,8 @@ def test_ray_queue_limit_is_a_429_with_retry_after_and_replica_429s_pass_through
     # client slowed by the shared cores is still sending (150 steps without guidance drained in some runs, and a
     # burst of 100 once never overflowed the queue in a full suite run: the client sent them too slowly).
     burst = {**slow, "num_inference_steps": 200, "guidance_scale": 3.0}
-    responses = asyncio.run(post_all(replicas.url, [burst] * 200))
+    # the 56 that fit run 200 guided steps each, 8 at a time per replica: minutes on a slow, shared 2-core machine
+    responses = asyncio.run(post_all(replicas.url, [burst] * 200, timeout=300))
     codes = [getattr(r, "status_code", r) for r in responses]
     assert set(codes) <= {200, 429}, codes
     ray_429 = [r for r in responses if r.status_code == 429]

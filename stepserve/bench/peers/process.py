@@ -73,7 +73,7 @@ class PeerProcess:
     started, and raises PeerError if anything survives a SIGKILL."""
 
     def __init__(self, name: str, argv: list[str], ready: Callable[[], bool], log_path: Path,
-                 env: dict[str, str] | None = None, start_timeout_s: float = 240.0) -> None:
+                 env: dict[str, str] | None = None, start_timeout_s: float = 660.0) -> None:
         self.name, self.argv, self.ready, self.log_path = name, argv, ready, Path(log_path)
         self.env = env or {}
         self.start_timeout_s = start_timeout_s

@@ -126,7 +126,7 @@ class TritonServer:
                 f"--metrics-port={self.ports.metrics}", "--exit-timeout-secs=10",
                 f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}", *restricted_flags(self.api_key)]
 
-    def start(self, timeout_s: float = 180.0) -> TritonServer:
+    def start(self, timeout_s: float = 600.0) -> TritonServer:  # a slow, shared machine loads models for minutes
         command = self.command()
         self._say(f"starting tritonserver on {self.repository} (http {self.http_url}, grpc {self.grpc_url}, "
                   f"log {self.log_path})")
