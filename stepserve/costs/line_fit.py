@@ -15,6 +15,14 @@ def gain(a: float, c: float, n: int) -> float:
     return n * (a + c) / (a + c * n)
 
 
+def gain_interval(t1: float, e1: float, tn: float, en: float, n: int) -> tuple[float, float]:
+    """(lowest, highest) throughput gain of a batch of n over one, the step at 1 taking t1 +- e1 seconds and the
+    step at n tn +- en, each kept within [1, n]."""
+    low = n * max(t1 - e1, 0.0) / max(tn + en, 1e-12)
+    high = n * (t1 + e1) / max(tn - en, t1 + e1, 1e-12)
+    return min(max(low, 1.0), n), min(max(high, 1.0), n)
+
+
 @dataclass(frozen=True)
 class Fit:
     """The fitted line as its centroid and slope, with the slope's standard error."""
@@ -37,9 +45,7 @@ class Fit:
         (t1, e1), (tn, en) = self.at(1, spread), self.at(n, spread)
         if not math.isfinite(e1 + en):
             return 1.0, float(n)
-        low = n * max(t1 - e1, 0.0) / max(tn + en, 1e-12)
-        high = n * (t1 + e1) / max(tn - en, t1 + e1, 1e-12)
-        return min(max(low, 1.0), n), min(max(high, 1.0), n)
+        return gain_interval(t1, e1, tn, en, n)
 
     def line(self) -> tuple[float, float]:
         """(a, c) through the centroid, kept physical: a step never gets cheaper with more requests (c < 0: flat

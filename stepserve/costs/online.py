@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from .latency_model import Bucket, LatencyModel
-from .line_fit import Fit, Sums, fit_line, gain, mean_se
+from .line_fit import Fit, Sums, fit_line, gain, gain_interval, mean_se
 
 DEFAULT_HALF_LIFE_STEPS = 30.0
 PRIOR_WEIGHT = 0.05  # weight of each prior point against one observation
@@ -104,10 +104,7 @@ class OnlineStepCurve:
         if any(st is None for st in stats):
             return None
         (t1, e1), (tn, en) = stats
-        e1, en = spread * e1, spread * en
-        low = n * max(t1 - e1, 0.0) / max(tn + en, 1e-12)
-        high = n * (t1 + e1) / max(tn - en, 1e-12)
-        return min(max(low, 1.0), n), min(max(high, 1.0), n)
+        return gain_interval(t1, spread * e1, tn, spread * en, n)
 
     def step_s(self, bucket: Bucket, batch_size: int) -> float | None:
         line = self.line(bucket)
@@ -158,8 +155,9 @@ class OnlineStepCurve:
 
         `batching`: the decision in force (whether the last cap batched), for hysteresis. The gain is then judged
         at the edge of its uncertainty (the step times at 1 and at `available`, each +- CONFIDENCE standard
-        errors of the fit): a decision changes only when the steps say with confidence that it is wrong. A slope read from a few probe steps among noisy steps of one
-        size (a shared CPU: steps vary by 20-30%) otherwise makes the cap flip to a full batch and back, and
+        errors of the fit): a decision changes only when the steps say with confidence that it is wrong. A slope
+        read from a few probe steps among noisy steps of one size (a shared CPU: steps vary by 20-30%) otherwise
+        makes the cap flip to a full batch and back, and
         every flip runs the requests of a compute-bound model side by side, each slowed by all the others.
         While batching, the steps seen at one and at `available` themselves (size_gain_bounds) can also show that
         it does not pay: each size is judged by its own noise, where the fit takes one noise for all sizes.

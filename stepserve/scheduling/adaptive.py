@@ -32,9 +32,9 @@ So each step, for the bucket it runs:
   not settled whether that pays, every fifth of that a step of one runs: saturated, every step is a full batch
   and shows nothing of the slope, so a prior that wrongly says batching pays would otherwise stand (live, the
   tiny Flux on a slower CPU ran full batches at 0.6x the throughput of one at a time; the steps at one and at a
-  full batch, each size judged by its own noise, overturn it: costs/online.py, size_gain_bounds). While the curve is unknown (no prior, and
-  every step seen was of one size) the policy runs every candidate, as continuous batching does, and one fewer
-  every `probe_every` steps (which shows what a request adds).
+  full batch, each size judged by its own noise, overturn it: costs/online.py, size_gain_bounds). While the
+  curve is unknown (no prior, and every step seen was of one size) the policy runs every candidate, as
+  continuous batching does, and one fewer every `probe_every` steps (which shows what a request adds).
 - Buckets are taken in turn, least recently run first, as in continuous batching.
 
 The policy is pure: no torch, no clock; the simulator runs it unchanged.
