@@ -42,7 +42,8 @@ from stepserve.engine_config import EngineOptions
 from stepserve.sim.bench import load_setup, simulated_testbed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from regimes_report import DEADLINE_X, batch_seen, cell_metrics, median_metrics, step_rate, table, verdict  # noqa: E402
+from regimes_report import (DEADLINE_X, batch_seen, cell_metrics, controls, median_metrics, step_rate,  # noqa: E402
+                            table, verdict)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "stepserve" / "models" / "latency"
@@ -65,7 +66,12 @@ LOADS = (0.3, 0.7, 0.9)
 
 
 def contender(spec: str, batch: int) -> Contender:
-    """'name', 'dynamic:DELAY_MS' or 'slo:ORDER'; 'default' is the engine's default strategy and settings."""
+    """'name', 'dynamic:DELAY_MS' or 'slo:ORDER'; 'default' is the engine's default strategy and settings. A
+    suffix '#2' makes a second copy of a contender under its own label: a control (an A/A pair), which shows how
+    far two runs of one strategy differ on this machine; it is left out of the verdict (regimes_report.controls)."""
+    spec, hash_, copy = spec.partition("#")
+    if hash_:
+        return replace(contender(spec, batch), label=f"{contender(spec, batch).name}#{copy}")
     name, _, setting = spec.partition(":")
     if name == "default":
         return Contender(EngineOptions().strategy, max_batch_size=batch)
@@ -232,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="live regimes: rounds per cell, contenders alternating")
     p.add_argument("--live-capacity-s", type=float, default=20.0, help="live regimes: capacity window per contender")
     p.add_argument("--workdir", type=Path, default=Path("bench-out/regimes"), help="live: where the tiny Flux is built")
-    p.add_argument("--contenders", default=",".join(CONTENDERS), help="names; dynamic:MS for a dynamic delay, slo:edf or slo:srs for slo's order")
+    p.add_argument("--contenders", default=",".join(CONTENDERS),
+                   help="names; dynamic:MS for a dynamic delay, slo:edf or slo:srs for slo's order; NAME#2 a second "
+                        "copy of NAME as a control (how far two runs of one strategy differ)")
     p.add_argument("--loads", default=",".join(map(str, LOADS)), help="fractions of the best capacity")
     p.add_argument("--steps", help="override every regime's step counts, e.g. 8,20")
     p.add_argument("--requests", type=int, default=200, help="about this many requests per run (sets the duration)")
@@ -257,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     text, within, better, n = verdict(rows)
     print(text)
+    gaps = controls(rows)
+    if gaps:
+        print("\n" + gaps)
     print(f"\nthe default within the margins in {within} of {n} cells; >=10% better than every fixed alternative "
           f"in {better}")
     print(f"\nwall time {wall:.1f} s")

@@ -93,6 +93,8 @@ def verdict(rows: list[dict]) -> tuple[str, int, int, int]:
            "| >=10% better than every fixed |", "|" + "---|" * 8]
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
+        if "#" in r["contender"]:  # a control copy (controls()): not a contender of its own
+            continue
         cells.setdefault((r["regime"], r["load"], r["deadline"]), []).append(r)
     within = better = 0
     for key, rs in cells.items():
@@ -115,3 +117,26 @@ def verdict(rows: list[dict]) -> tuple[str, int, int, int]:
                    f"| {fmt(att, '%')}, {fmt(best_att, '%')} ({ba['contender']}) | {'yes' if good else 'no'} "
                    f"| {'yes' if wins else 'no'} |")
     return "\n".join(out), within, better, len(cells)
+
+
+def controls(rows: list[dict]) -> str:
+    """Per cell, each control copy ('none#2') against its original ('none'): the ratio of their p50, p95 and
+    attainment. Two runs of one strategy on one trace differ only by the machine (the noise of a live run);
+    a gap between strategies no larger than this is not resolved by the run. '' without controls."""
+    out = []
+    for r in rows:
+        name, hash_, _ = r["contender"].partition("#")
+        if not hash_:
+            continue
+        orig = next((o for o in rows if o["contender"] == name and (o["regime"], o["load"], o["deadline"])
+                     == (r["regime"], r["load"], r["deadline"])), None)
+        if orig is None:
+            continue
+        ratio = [f"{a / b:.2f}x" if a is not None and b else "-"
+                 for a, b in ((r["p50_s"], orig["p50_s"]), (r["p95_s"], orig["p95_s"]))]
+        out.append(f"| {r['regime']} | {r['load']:g} | {r['deadline']} | {r['contender']} / {name} | {ratio[0]} "
+                   f"| {ratio[1]} | {fmt(r['attainment'], '%')}, {fmt(orig['attainment'], '%')} |")
+    if not out:
+        return ""
+    return "\n".join(["| regime | load | deadline | control | p50 ratio | p95 ratio | attainment (copy, original) |",
+                      "|" + "---|" * 7] + out)

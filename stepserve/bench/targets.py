@@ -59,9 +59,12 @@ class Contender:
     static_batch_size: int | None = None
     max_queue: int | None = None
     slo_order: str | None = None  # slo: its order within a priority (None: EngineOptions' default)
+    label: str | None = None  # a name of its own (a second copy of a contender, as a control); None: from settings
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         if self.strategy == "dynamic":
             return f"dynamic({self.max_queue_delay_ms:g}ms)"
         if self.strategy == "static" and self.static_batch_size:

@@ -74,3 +74,25 @@ def test_simulate_runs_on_every_shipped_gpu_model(tmp_path):
                                "--out", str(out)]) == 0
         results = json.loads((out / "results.json").read_text())
         assert results["capacity"]["completed"] >= 3 and all(s["completed"] > 0 for s in results["summaries"])
+
+
+def test_a_control_copy_runs_as_its_original_and_stays_out_of_the_verdict(tmp_path, capsys):
+    """'none#2' is `none` again under its own label: on the simulated clock (exact charges) it measures exactly
+    as the original, the control table says 1.00x, and the verdict's cells do not count it as a contender."""
+    r = regimes()
+    copy = r.contender("dynamic:50#2", 4)
+    assert copy.name == "dynamic(50ms)#2" and copy.max_queue_delay_ms == 50 and copy.strategy == "dynamic"
+    out = tmp_path / "r.json"
+    assert r.main(["--regimes", "cpu-embedded", "--contenders", "default,none,none#2", "--loads", "0.7",
+                   "--requests", "20", "--min-duration", "3", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    for deadline in ("none", "3x"):
+        none, twin = (next(x for x in rows if x["deadline"] == deadline and x["contender"] == name)
+                      for name in ("none", "none#2"))
+        assert {k: v for k, v in twin.items() if k != "contender"} == {k: v for k, v in none.items() if k != "contender"}
+    printed = capsys.readouterr().out
+    assert "| cpu-embedded | 0.7 | none | none#2 / none | 1.00x | 1.00x |" in printed
+    text, _, _, cells = r.verdict(rows)
+    assert cells == 2 and "#2" not in text
+    # the verdict without the copy is the verdict with it
+    assert r.verdict([x for x in rows if "#" not in x["contender"]]) == r.verdict(rows)
