@@ -210,7 +210,7 @@ def run_regime(name: str, specs: list[str], args) -> list[dict]:
         duration = max(args.min_duration, args.requests / rate)
         warmup = 0.1 * duration
         base = poisson_trace(mix, rate, warmup + duration, args.seed)
-        for deadline in (False, True):
+        for deadline in args.deadlines:
             items = base.items if not deadline else [
                 TraceItem(it.offset_s, replace(it.spec, timeout_s=DEADLINE_X * standalone[it.spec.num_inference_steps]))
                 for it in base.items]
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="names; dynamic:MS for a dynamic delay, slo:edf or slo:srs for slo's order; NAME#2 a second "
                         "copy of NAME as a control (how far two runs of one strategy differ)")
     p.add_argument("--loads", default=",".join(map(str, LOADS)), help="fractions of the best capacity")
+    p.add_argument("--deadlines", default="none,3x", help="which cells: none (no deadlines), 3x (deadlines of "
+                   "3x the standalone latency), or both")
     p.add_argument("--steps", help="override every regime's step counts, e.g. 8,20")
     p.add_argument("--requests", type=int, default=200, help="about this many requests per run (sets the duration)")
     p.add_argument("--min-duration", type=float, default=60.0, help="simulated seconds per run at least")
@@ -252,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the rows (and the regimes' metadata) to this file")
     args = p.parse_args(argv)
     args.loads = [float(x) for x in args.loads.split(",")]
+    allowed = {"none": False, f"{DEADLINE_X:g}x": True}
+    try:
+        args.deadlines = [allowed[x.strip()] for x in args.deadlines.split(",")]
+    except KeyError as exc:
+        p.error(f"--deadlines: {exc.args[0]!r} is not a cell; allowed: {', '.join(allowed)}")
     args.steps = [int(x) for x in args.steps.split(",")] if args.steps else None
     specs = [s.strip() for s in args.contenders.split(",") if s.strip()]
     t0 = time.monotonic()
