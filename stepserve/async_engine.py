@@ -20,63 +20,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .adapter_gate import AdapterGate
 from .clock import WallClock
 from .engine_config import EngineOptions, options_from
 from .executor.base import Executor
-from .types import (FinishReason, GenerationResult, Request, RequestStatus, RequestTiming, SamplingParams, StepReport,
-                    next_request_id)
+from .handles import (EngineDeadError, ProgressEvent, RequestHandle, ShuttingDownError, _ended, _failed,
+                      _post_event, _set_result)
+from .types import FinishReason, GenerationResult, Request, RequestStatus, SamplingParams, StepReport, next_request_id
+
+__all__ = ["AsyncEngine", "DEFAULT_ANSWER_MARGIN_S", "EngineDeadError", "ProgressEvent", "RequestHandle",
+           "ShuttingDownError"]
 
 log = logging.getLogger(__name__)
 
 # An answer needs a moment to cross from the engine thread to the caller's event loop: deadlines keep this much
 # slack (EngineOptions.answer_margin_s) unless the caller sets its own (the HTTP server adds encoding and sending).
 DEFAULT_ANSWER_MARGIN_S = 0.005
-EVENT_QUEUE_BOUND = 32  # progress events kept for a slow stream reader; previews and results are never dropped
-
-
-class ShuttingDownError(RuntimeError):
-    """The engine no longer accepts requests."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped after an internal error; nothing more can run in this engine."""
-
-
-@dataclass
-class ProgressEvent:
-    request_id: str
-    step: int  # denoising steps done
-    num_inference_steps: int
-    preview: Any = None  # a PIL image of the current latents, at the steps the caller asked previews for
-
-
-@dataclass
-class RequestHandle:
-    request_id: str
-    params: SamplingParams  # resolved
-    arrival: float  # on the engine's clock
-    preview_steps: frozenset[int] = frozenset()
-    stream: bool = False  # progress events are posted only for streaming handles
-    _future: asyncio.Future = field(default=None, repr=False)  # type: ignore[assignment]
-    _events: asyncio.Queue | None = field(default=None, repr=False)
-
-    async def result(self) -> GenerationResult:
-        return await asyncio.shield(self._future)
-
-    async def events(self) -> AsyncIterator[ProgressEvent | GenerationResult]:
-        """Progress events, then the final GenerationResult. Only for handles submitted with stream=True."""
-        if self._events is None:
-            raise RuntimeError("progress events need submit(..., stream=True); use result() otherwise")
-        while True:
-            item = await self._events.get()
-            yield item
-            if isinstance(item, GenerationResult):
-                return
 
 
 @dataclass
@@ -356,25 +319,3 @@ class AsyncEngine:
             return
         self._logged_kinds.add(kind)
         log.log(level, message + " (logged once)", *args, exc_info=exc_info)
-
-
-def _ended(handle: RequestHandle, status: RequestStatus, reason: FinishReason, message: str) -> GenerationResult:
-    return GenerationResult(handle.request_id, status, None, handle.params, RequestTiming(arrival=handle.arrival),
-                            reason, message)
-
-
-def _failed(handle: RequestHandle, message: str) -> GenerationResult:
-    return _ended(handle, RequestStatus.FAILED, FinishReason.ERROR, message)
-
-
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _post_event(queue: asyncio.Queue, event: ProgressEvent) -> None:
-    """Runs on the event loop. A reader that falls behind loses plain progress events (the next one supersedes
-    them), never a preview."""
-    if event.preview is None and queue.qsize() >= EVENT_QUEUE_BOUND:
-        return
-    queue.put_nowait(event)
