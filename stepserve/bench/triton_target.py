@@ -19,17 +19,19 @@ went, so queue/denoise/decode and batch sizes are left empty.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
-import re
-import struct
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .targets import FAILED, OK, REJECTED, TIMEOUT, Reply, StepSample
+from .targets import FAILED, OK, TIMEOUT, Reply, StepSample
+from .triton_stream import SharedStream
+from .triton_wire import (FALLBACK_DEFAULTS, ModelInputs, _array, _deadline_status, _is_final,
+                          error_reply, request_tensors, to_image)
 from .workload import RequestSpec
+
+__all__ = ["FALLBACK_DEFAULTS", "ModelInputs", "TritonAddress", "TritonTarget", "is_triton_target",
+           "parse_triton_target", "request_tensors"]
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +39,6 @@ TRITON_PREFIX = "triton"
 DEFAULT_MODEL = "pipeline"
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
 STREAM_MODES = ("shared", "per-request")  # decoupled models: one gRPC stream for all requests, or one each
-QUEUE_FULL = "queue_full"
-QUEUE_FULL_MESSAGES = ("queue full", "exceeds maximum queue size")  # stepserve's model; Triton's dynamic batcher
-_REQUEST_ID = re.compile(r"^\[request id: [^\]]*\]\s*")  # Triton's own errors start with it
-# Sent when a request leaves a field to the model's default but the model's config makes that input required:
-# the embedded model's serving defaults.
-FALLBACK_DEFAULTS = {"steps": 15, "guidance_scale": 3.0}
 
 
 @dataclass(frozen=True)
@@ -85,80 +81,6 @@ def parse_triton_target(text: str) -> TritonAddress:
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     url = f"{parts.scheme}://{host}:{port}/{model}"
     return TritonAddress(parts.scheme, f"{host}:{port}", model, label or f"{TRITON_PREFIX}={url}")
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    """What the model's config says about its inputs: names, which are optional, and whether it is decoupled."""
-
-    names: frozenset[str]
-    optional: frozenset[str]
-    decoupled: bool
-    max_batch_size: int
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelInputs:
-        inputs = config.get("input", [])
-        return cls(frozenset(i["name"] for i in inputs), frozenset(i["name"] for i in inputs if i.get("optional")),
-                   bool(config.get("model_transaction_policy", {}).get("decoupled")),
-                   int(config.get("max_batch_size", 0)))
-
-
-def request_tensors(spec: RequestSpec, model: ModelInputs) -> list[tuple[str, str, Any]]:
-    """(name, Triton datatype, value) for each input to send: fields left to the model's default are left out when
-    the model's input is optional (or absent), else sent as FALLBACK_DEFAULTS."""
-    fields = [("prompt", "BYTES", spec.prompt), ("negative_prompt", "BYTES", spec.negative_prompt or None),
-              ("seed", "INT64", spec.seed), ("steps", "INT32", spec.num_inference_steps),
-              ("guidance_scale", "FP32", spec.guidance_scale), ("sampler", "BYTES", spec.sampler),
-              ("height", "INT32", spec.height), ("width", "INT32", spec.width)]
-    out = []
-    for name, datatype, value in fields:
-        if value is None and (name in model.optional or name not in model.names or name not in FALLBACK_DEFAULTS):
-            continue
-        out.append((name, datatype, FALLBACK_DEFAULTS[name] if value is None else value))
-    return out
-
-
-_NUMPY = {"INT64": "int64", "INT32": "int32", "FP32": "float32"}
-
-
-def _array(datatype: str, value: Any):
-    import numpy as np
-
-    if datatype == "BYTES":
-        return np.array([[str(value).encode()]], dtype=object)
-    return np.array([[value]], dtype=_NUMPY[datatype])
-
-
-def _raw_bytes(datatype: str, value: Any) -> bytes:
-    """One element in KServe v2's raw tensor encoding (BYTES: 4-byte little-endian length, then the bytes)."""
-    if datatype == "BYTES":
-        data = str(value).encode()
-        return struct.pack("<I", len(data)) + data
-    return _array(datatype, value).tobytes()
-
-
-def to_image(array):
-    """The model's uint8 (1, H, W, C) (or (H, W, C)) output as a PIL image."""
-    import numpy as np
-    from PIL import Image
-
-    pixels = np.asarray(array, dtype=np.uint8)
-    if pixels.ndim == 4:
-        pixels = pixels[0]
-    if pixels.ndim == 3 and pixels.shape[-1] == 1:
-        pixels = pixels[..., 0]
-    return Image.fromarray(pixels)
-
-
-def error_reply(message: str, status: str | None = None, timed_out: bool = False) -> Reply:
-    """A Triton error as the load generator counts it."""
-    text = message or status or "unknown error"
-    if timed_out:
-        return Reply(TIMEOUT, error=f"deadline exceeded: {text}", reason="deadline_exceeded")
-    if _REQUEST_ID.sub("", text.strip()).lower().startswith(QUEUE_FULL_MESSAGES):
-        return Reply(REJECTED, error=text, reason=QUEUE_FULL)
-    return Reply(FAILED, error=f"[{status}] {text}" if status else text)
 
 
 class TritonTarget:
@@ -317,118 +239,3 @@ class TritonTarget:
             for batch in model.get("batch_stats", []):
                 total_ns += int(batch.get("compute_infer", {}).get("ns", 0))
         return total_ns / 1e9
-
-
-def _deadline_status(status: str | None) -> bool:
-    return status is not None and "DEADLINE_EXCEEDED" in status
-
-
-def _is_final(response) -> bool:
-    param = response.parameters.get("triton_final_response")
-    return param is not None and param.bool_param
-
-
-class SharedStream:
-    """One gRPC bidirectional stream for every request of a decoupled model; answers are matched by request id.
-
-    The stream is opened on the first request and again after it broke (its pending requests fail). A request
-    whose deadline passes is answered TIMEOUT here; the server is not told (one request on a shared stream cannot
-    be cancelled), and its late answer is dropped."""
-
-    def __init__(self, host_port: str, model: str) -> None:
-        self.host_port = host_port
-        self.model = model
-        self._ids = itertools.count()
-        self._pending: dict[str, tuple[asyncio.Future, list]] = {}
-        self._queue: asyncio.Queue | None = None
-        self._reader: asyncio.Task | None = None
-        self._channel = None
-
-    def _open(self) -> None:
-        import grpc
-        from tritonclient.grpc import service_pb2_grpc
-
-        if self._channel is None:
-            limit = 2**31 - 1
-            self._channel = grpc.aio.insecure_channel(self.host_port, options=[
-                ("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)])
-        self._queue = asyncio.Queue()
-        queue = self._queue
-
-        async def requests():
-            while True:
-                item = await queue.get()
-                if item is None:
-                    return
-                yield item
-
-        call = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelStreamInfer(requests())
-        self._reader = asyncio.create_task(self._read(call, queue))
-
-    async def _read(self, call, queue: asyncio.Queue) -> None:
-        import grpc
-
-        error = "the stream ended"
-        try:
-            async for message in call:
-                entry = self._pending.get(message.infer_response.id)
-                if entry is None:
-                    continue  # the request already gave up (deadline)
-                answers = entry[1]
-                if message.error_message:
-                    self._finish(message.infer_response.id, error_reply(message.error_message))
-                    continue
-                if any(o.name == "image" for o in message.infer_response.outputs):
-                    answers.append(message.infer_response)
-                if _is_final(message.infer_response):
-                    self._finish(message.infer_response.id, answers[-1] if answers else
-                                 Reply(FAILED, error="the final response came without an answer"))
-        except grpc.aio.AioRpcError as exc:
-            error = f"[{exc.code()}] {exc.details()}"
-        except asyncio.CancelledError:
-            error = "the stream was closed"
-            raise
-        finally:
-            if self._queue is queue:  # this stream is done: the next request opens another
-                self._queue = None
-            for request_id in list(self._pending):
-                self._finish(request_id, Reply(FAILED, error=f"gRPC stream broke: {error}"))
-
-    def _finish(self, request_id: str, outcome) -> None:
-        future, _ = self._pending.pop(request_id, (None, None))
-        if future is not None and not future.done():
-            future.set_result(outcome)
-
-    async def infer(self, tensors, timeout_s: float | None):
-        """The answer (an InferResult), or a Reply for an error or a missed deadline."""
-        from tritonclient.grpc import InferResult, service_pb2
-
-        if self._queue is None:
-            self._open()
-        request_id = str(next(self._ids))
-        request = service_pb2.ModelInferRequest(model_name=self.model, id=request_id)
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-        for name, datatype, value in tensors:
-            request.inputs.add(name=name, datatype=datatype, shape=[1, 1])
-            request.raw_input_contents.append(_raw_bytes(datatype, value))
-        request.outputs.add(name="image")
-        future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (future, [])
-        self._queue.put_nowait(request)
-        try:
-            outcome = await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            return error_reply(f"no answer within timeout_s {timeout_s:g} s", timed_out=True)
-        finally:
-            self._pending.pop(request_id, None)
-        return InferResult(outcome) if not isinstance(outcome, Reply) else outcome
-
-    async def close(self) -> None:
-        if self._queue is not None:
-            self._queue.put_nowait(None)
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._channel is not None:
-            await self._channel.close()
