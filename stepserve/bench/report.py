@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..words import plural
-from .metrics import ContenderSummary, Spread
+from .repeats import ContenderSummary, Spread
 from .quality import quality_lines
 from .report_edits import by_kind
 from .report_format import fmt, fmt_spread, table as _table

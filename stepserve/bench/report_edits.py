@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .metrics import spread
+from .repeats import spread
 from .report_format import fmt, table
 from .results import BenchResults
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .metrics import Spread
+from .repeats import Spread
 
 
 def fmt(value: float | None, kind: str) -> str:

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from .metrics import ContenderSummary, RunMetrics, StatusCounts
+from .metrics import RunMetrics, StatusCounts
+from .repeats import ContenderSummary
 from .resources import Environment
 from .targets import Contender
 

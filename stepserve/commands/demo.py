@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..bench.app import BenchConfig, BenchRun, run_bench, write_outputs
-from ..bench.metrics import ContenderSummary
+from ..bench.repeats import ContenderSummary
 from ..bench.report_format import fmt
 from ..bench.targets import Contender
 from ..bench.workload import Mix

@@ -10,7 +10,8 @@ from aiohttp import web
 from stepserve.commands.bench import UsageError, config_from_args, main
 from stepserve.scheduling import STRATEGIES
 from stepserve.bench.load import run_open_loop
-from stepserve.bench.metrics import Usage, summarize, summarize_repeats
+from stepserve.bench.metrics import Usage, summarize
+from stepserve.bench.repeats import summarize_repeats
 from stepserve.bench.runner import NO_DEADLINE_S
 from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, HttpTarget, Reply
 from stepserve.bench.trace_files import load_trace

@@ -4,7 +4,8 @@ import pytest
 
 from stepserve.bench.load import LoadResult, Outcome
 from stepserve.bench.metrics import (Usage, busy_in_window, latency_stats, p95_all, percentile, slo_attainment,
-                                     summarize, summarize_repeats, window_rates)
+                                     summarize, window_rates)
+from stepserve.bench.repeats import summarize_repeats
 from stepserve.bench.targets import FAILED, OK, REJECTED, UNFINISHED, Reply, StepSample
 from stepserve.bench.workload import RequestSpec
 
