@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..words import plural
-from .repeats import ContenderSummary, Spread
 from .quality import quality_lines
+from .repeats import ContenderSummary
 from .report_edits import by_kind
-from .report_format import fmt, fmt_spread, table as _table
+from .report_format import fmt, fmt_spread, ms, table as _table
+from .report_runs import batches, by_steps, refusals
 from .report_slo import deadlines_line, own_slo_note
 from .results import BenchResults, Knee
 
@@ -152,7 +153,7 @@ def deadline_text(results: BenchResults) -> list[str]:
         return []
     lines = []
     for s in results.summaries:
-        told = (f"; refusals told in p50 {_ms(s.refusal_p50_ms.median)}, max {_ms(s.refusal_max_ms.high)}"
+        told = (f"; refusals told in p50 {ms(s.refusal_p50_ms.median)}, max {ms(s.refusal_max_ms.high)}"
                 if s.rejected else "")
         lines.append(f"**Deadlines, {s.contender}**: {s.deadline_missed} of {s.offered} missed their deadline, "
                      f"{s.rejected} refused at arrival{told}.")
@@ -161,15 +162,9 @@ def deadline_text(results: BenchResults) -> list[str]:
             over = max((r.late_ok_max_over_ms for r in results.runs
                         if r.contender == s.contender and r.late_ok_max_over_ms is not None), default=None)
             lines.append(f"**late_ok, {s.contender}: {s.late_ok} request(s) answered OK after their deadline**, "
-                         f"the latest {_ms(over)} past it (from the send to the answer, on the benchmark's clock); "
+                         f"the latest {ms(over)} past it (from the send to the answer, on the benchmark's clock); "
                          "an engine that honours deadlines answers none.")
     return lines
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.2f} ms" if value < 10 else f"{value:.0f} ms"
 
 
 def single(results: BenchResults) -> list[str]:
@@ -247,7 +242,7 @@ def render(results: BenchResults) -> str:
             lines += ["Deadline missed: failed with a timeout (the engine gave up at the deadline); failed counts "
                       "every other failure. Late OK: answered OK more than timeout_s after being sent (must be 0).",
                       ""]
-        lines += _refusals(results)
+        lines += refusals(results)
         lines += ["## Throughput, goodput, utilisation", ""]
         frac = ["goodput / capacity"] if r.capacity else []
         attainment = "SLO attainment (per-request SLOs)" if st.own_slo_requests else "SLO attainment"
@@ -264,7 +259,7 @@ def render(results: BenchResults) -> str:
                         [[s.contender, fmt_spread(s.queue_p50_s, "time", reps),
                           fmt_spread(s.denoise_p50_s, "time", reps),
                           fmt_spread(s.decode_p50_s, "time", reps)] for s in r.summaries])
-        lines += _by_steps(results) + by_kind(results) + _batches(results)
+        lines += by_steps(results) + by_kind(results) + batches(results)
     if r.sweep:
         lines += ["## Rate sweep", ""]
         lines += ["Rate: the nominal Poisson rate (every contender gets the same trace at it); offered: the rate "
@@ -291,66 +286,6 @@ def render(results: BenchResults) -> str:
               "- Engine busy = time inside executor steps / wall time. Process CPU = CPU time / (wall x cores).",
               "- Timings on a shared machine are noisy: compare ratios, and mind the spread.", ""]
     return "\n".join(lines)
-
-
-def _refusals(results: BenchResults) -> list[str]:
-    """How quickly each contender told the requests it refused (only when something was refused)."""
-    if not any(s.rejected for s in results.summaries):
-        return []
-    reps = results.settings.repeats
-    reasons: dict[str, dict[str, int]] = {}
-    for run in results.runs:
-        mine = reasons.setdefault(run.contender, {})
-        for why, n in run.rejected_reasons.items():
-            mine[why] = mine.get(why, 0) + n
-    over = " (median over repeats [min-max])" if reps > 1 else ""
-    rows = [[s.contender, str(s.rejected),
-             ", ".join(f"{why} {n}" for why, n in reasons.get(s.contender, {}).items()) or "-",
-             _ms_spread(s.refusal_p50_ms, reps), _ms_spread(s.refusal_p99_ms, reps),
-             _ms_spread(s.refusal_max_ms, reps)] for s in results.summaries]
-    return ([f"## Refusals: how quickly they were told, from the actual send to the rejection{over}", ""]
-            + _table(["contender", "rejected", "why", "p50", "p99", "max"], rows))
-
-
-def _ms_spread(s: Spread, repeats: int) -> str:
-    if s.median is None:
-        return "n/a"
-    if repeats < 2:
-        return _ms(s.median)
-    return f"{_ms(s.median)} [{_ms(s.low)}-{_ms(s.high)}]"
-
-
-def _by_steps(results: BenchResults) -> list[str]:
-    first = {}
-    for run in results.runs:
-        first.setdefault(run.contender, run)
-    steps = sorted({b.steps for run in first.values() for b in run.latency_by_steps if b.steps is not None})
-    if len(steps) < 2:
-        return []
-    rows = []
-    for name, run in first.items():
-        cells = {b.steps: b.latency for b in run.latency_by_steps}
-        rows.append([name] + [f"{fmt(cells[s].p50, 'time')} / {fmt(cells[s].p95, 'time')}" if s in cells else "n/a"
-                              for s in steps])
-    header = ["contender"] + [f"{s} steps" for s in steps]
-    return ["## Latency by step count (p50 / p95, first repeat)", ""] + _table(header, rows)
-
-
-def _batches(results: BenchResults) -> list[str]:
-    first = {}
-    for run in results.runs:
-        first.setdefault(run.contender, run)
-    sizes = sorted({b.size for run in first.values() for b in run.batch_sizes})
-    if not sizes:
-        return []
-    rows = []
-    for name, run in first.items():
-        total = sum(b.count for b in run.batch_sizes) or 1
-        counts = {b.size: b.count for b in run.batch_sizes}
-        rows.append([name] + [f"{100 * counts.get(s, 0) / total:.0f}%" for s in sizes])
-    source = next(iter(first.values())).batch_size_source
-    header = ["contender"] + [str(s) for s in sizes]
-    return [f"## Batch sizes run (share of {source}, first repeat)", ""] + _table(header, rows)
 
 
 def write_report(results: BenchResults, path: Path) -> None:

@@ -31,3 +31,9 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return lines + [""]
+
+
+def ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2f} ms" if value < 10 else f"{value:.0f} ms"
