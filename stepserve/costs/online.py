@@ -190,9 +190,13 @@ class OnlineStepCurve:
 
     def decide(self, bucket: Bucket, available: int, tolerance: float, min_gain: float,
                fit: "Fit | None | str" = "fit") -> int:
-        """efficient_batch with the decision in force for `bucket`, which it updates (hysteresis)."""
+        """efficient_batch with the decision in force for `bucket`, which it updates (hysteresis). Before any
+        decision, not batching: batching must first be shown to pay (the least gain the fit allows above the
+        threshold), so a start-up profile whose small gain is within its own noise does not commit an engine that
+        starts saturated to full batches that the steps then cannot overturn (every step a full batch; live, the
+        tiny Flux on a slower CPU ran them at 0.7x the capacity of one at a time)."""
         cap = self.efficient_batch(bucket, available, tolerance, min_gain, fit=fit,
-                                   batching=self.batching.get(tuple(bucket)))
+                                   batching=self.batching.get(tuple(bucket), False))
         if available > 1:
             self.batching[tuple(bucket)] = cap > 1
         return cap

@@ -15,7 +15,10 @@ So each step, for the bucket it runs:
   throughput up to the number of candidates. It comes out at max_batch_size when batching is cheap and at 1
   when a batch of n costs about n steps of one; in between, where it pays. While requests of the bucket wait
   for a slot, any gain above 1% pays (throughput is then what shortens their wait). The decision changes only
-  when the steps show with confidence that it is wrong (hysteresis), so noisy steps do not flip it.
+  when the steps show with confidence that it is wrong (hysteresis), so noisy steps do not flip it; it starts
+  at one at a time, so batching must first be shown to pay (a profile's small gain within its own noise is not
+  enough: an engine that starts saturated would otherwise run full batches that no step of another size ever
+  questions).
 - Present work. Where that says one at a time, the cap is the one that minimises the candidates' total latency
   (least_total_latency: their remaining steps replayed on the curve, its batching gain taken at the least the
   fit allows): a short request behind a long one shares its steps (it finishes far sooner, the long one later

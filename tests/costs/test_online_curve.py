@@ -102,3 +102,27 @@ def test_step_costs_keep_the_priors_shape_on_the_observed_line():
         curve.observe(B, b, 2 * points[b - 1][1])
     assert curve.step_costs(B, 8) == pytest.approx([2 * t for _, t in points], rel=0.01)
     assert OnlineStepCurve(None, 8).step_costs(B, 8) is None  # nothing known yet
+
+
+def test_a_small_gain_within_the_profiles_own_noise_does_not_start_a_saturated_engine_batching():
+    """A start-up profile of the tiny Flux on a slower CPU (a batch of b costs 0.92-1.00x b steps of one, not on a
+    line): its line says a batch of 8 gains 10%, and its own departures from a line allow 1.0x to 1.5x. An engine
+    that starts saturated (requests waiting for slots: any gain above 1% pays) runs one at a time until the
+    steps show that batching pays; it used to take the line's word and batch five, and under saturation every
+    step after was a batch (live, 0.7x the capacity of one at a time). A profile whose gain is clear (the
+    embedded model's: 3x) batches everyone from the first step."""
+    from stepserve.costs.latency_model import Curve
+    from stepserve.costs.line_fit import gain
+
+    points = ((1, 0.1496), (2, 0.2840), (3, 0.4495), (4, 0.5813), (5, 0.7128), (6, 0.8623), (7, 1.0325), (8, 1.0995))
+    model = LatencyModel(step={B: Curve(points)}, encode=Curve(((1, 0.0),)), decode={B: Curve(((1, 0.0),))})
+    curve = OnlineStepCurve(model, 8)
+    assert gain(*curve.line(B), 8) == pytest.approx(1.10, abs=0.01)
+    assert curve.efficient_batch(B, 8, 0.01, 0.01, batching=None) == 5  # the line's word alone
+    assert curve.decide(B, 8, 0.01, 0.01) == 1 and curve.batching[B] is False
+    # on a machine where batching does pay (a batch of 8 gains 5.4x), the steps show it within a few dozen
+    shown = OnlineStepCurve(model, 8)
+    caps = noisy_caps(shown, 0.10, 0.05, spread=0.0, steps=400, queued=5)
+    assert caps[0] == 1 and all(cap == 8 for cap in caps[50:])
+    cheap = OnlineStepCurve(prior(0.010, 0.001), 8)
+    assert cheap.decide(B, 8, 0.01, 0.01) == 8
