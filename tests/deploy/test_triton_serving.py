@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.request
 
 import numpy as np
@@ -171,7 +172,14 @@ def test_classic_layout_batches_concurrent_requests_and_images_equal_stepserve(c
     pending = [client.async_infer("pipeline", inputs(httpclient, r)) for r in REQUESTS]
     for handle, want in zip(pending, expected):
         assert_same_image(handle.get_result(timeout=120).as_numpy("image"), want)
+    # Triton records a model's statistics after its execute returns, which can be after the client has the
+    # answers (seen on a slow machine: a count of 0 right after all four came back): wait for them to land
     stats = client.get_inference_statistics("pipeline")["model_stats"][0]
+    for _ in range(60):
+        if stats["inference_count"] >= len(REQUESTS):
+            break
+        time.sleep(0.5)
+        stats = client.get_inference_statistics("pipeline")["model_stats"][0]
     assert stats["inference_count"] == len(REQUESTS)
     assert stats["execution_count"] < len(REQUESTS), "Triton's dynamic batcher should have batched the requests"
     client.close()
