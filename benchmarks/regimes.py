@@ -71,7 +71,8 @@ def contender(spec: str, batch: int) -> Contender:
     far two runs of one strategy differ on this machine; it is left out of the verdict (regimes_report.controls)."""
     spec, hash_, copy = spec.partition("#")
     if hash_:
-        return replace(contender(spec, batch), label=f"{contender(spec, batch).name}#{copy}")
+        original = contender(spec, batch)
+        return replace(original, label=f"{original.name}#{copy}")
     name, _, setting = spec.partition(":")
     if name == "default":
         return Contender(EngineOptions().strategy, max_batch_size=batch)

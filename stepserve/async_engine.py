@@ -28,8 +28,8 @@ from .adapter_gate import AdapterGate
 from .clock import WallClock
 from .engine_config import EngineOptions, options_from
 from .executor.base import Executor
-from .handles import (EngineDeadError, ProgressEvent, RequestHandle, ShuttingDownError, _ended, _failed,
-                      _post_event, _set_result)
+from .handles import (EngineDeadError, ProgressEvent, RequestHandle, ShuttingDownError, ended_result,
+                      failed_result, post_event, set_result)
 from .types import FinishReason, GenerationResult, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 
 __all__ = ["AsyncEngine", "DEFAULT_ANSWER_MARGIN_S", "EngineDeadError", "ProgressEvent", "RequestHandle",
@@ -252,7 +252,8 @@ class AsyncEngine:
             self.core.enqueue(item.request)
         except Exception as exc:  # noqa: BLE001 - never dropped: anything here fails this one request
             self._log_once("add", "could not queue request %s", item.request.request_id, exc_info=exc)
-            self._resolve_locked(_failed(item.handle, f"could not queue the request: {type(exc).__name__}: {exc}"))
+            message = f"could not queue the request: {type(exc).__name__}: {exc}"
+            self._resolve_locked(failed_result(item.handle, message))
 
     def _publish(self, report: StepReport) -> None:
         with self._lock:  # one pass under the lock per step, not one per request
@@ -267,7 +268,7 @@ class AsyncEngine:
                     preview = self.executor.preview(r)
                 except Exception as exc:  # noqa: BLE001 - a preview is optional; never fail the request for it
                     self._log_once("preview", "preview failed; the stream goes on without it", exc_info=exc)
-            self._call(_post_event, handle._events, ProgressEvent(r.request_id, r.step, r.num_inference_steps, preview))
+            self._call(post_event, handle._events, ProgressEvent(r.request_id, r.step, r.num_inference_steps, preview))
 
     def _notify(self, report: StepReport) -> None:
         for callback in self.on_step:
@@ -284,7 +285,7 @@ class AsyncEngine:
             self._deliver(handle, GenerationResult.from_request(r))
 
     def _deliver(self, handle: RequestHandle, result: GenerationResult) -> None:
-        self._call(_set_result, handle._future, result)
+        self._call(set_result, handle._future, result)
         if handle._events is not None:
             self._call(handle._events.put_nowait, result)
 
@@ -302,7 +303,7 @@ class AsyncEngine:
             handles, self._handles = list(self._handles.values()), {}
             self._inbox = []
         for h in handles:
-            self._deliver(h, _ended(h, status, reason, message))
+            self._deliver(h, ended_result(h, status, reason, message))
 
     def _call(self, fn, *args) -> None:
         loop = self._loop

@@ -54,21 +54,22 @@ class RequestHandle:
                 return
 
 
-def _ended(handle: RequestHandle, status: RequestStatus, reason: FinishReason, message: str) -> GenerationResult:
+def ended_result(handle: RequestHandle, status: RequestStatus, reason: FinishReason,
+                 message: str) -> GenerationResult:
     return GenerationResult(handle.request_id, status, None, handle.params, RequestTiming(arrival=handle.arrival),
                             reason, message)
 
 
-def _failed(handle: RequestHandle, message: str) -> GenerationResult:
-    return _ended(handle, RequestStatus.FAILED, FinishReason.ERROR, message)
+def failed_result(handle: RequestHandle, message: str) -> GenerationResult:
+    return ended_result(handle, RequestStatus.FAILED, FinishReason.ERROR, message)
 
 
-def _set_result(future: asyncio.Future, value: Any) -> None:
+def set_result(future: asyncio.Future, value: Any) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _post_event(queue: asyncio.Queue, event: ProgressEvent) -> None:
+def post_event(queue: asyncio.Queue, event: ProgressEvent) -> None:
     """Runs on the event loop. A reader that falls behind loses plain progress events (the next one supersedes
     them), never a preview."""
     if event.preview is None and queue.qsize() >= EVENT_QUEUE_BOUND:

@@ -8,7 +8,7 @@ import contextlib
 import itertools
 
 from .targets import FAILED, Reply
-from .triton_wire import _is_final, _raw_bytes, error_reply
+from .triton_wire import error_reply, is_final, raw_bytes
 
 
 class SharedStream:
@@ -63,7 +63,7 @@ class SharedStream:
                     continue
                 if any(o.name == "image" for o in message.infer_response.outputs):
                     answers.append(message.infer_response)
-                if _is_final(message.infer_response):
+                if is_final(message.infer_response):
                     self._finish(message.infer_response.id, answers[-1] if answers else
                                  Reply(FAILED, error="the final response came without an answer"))
         except grpc.aio.AioRpcError as exc:
@@ -93,7 +93,7 @@ class SharedStream:
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         for name, datatype, value in tensors:
             request.inputs.add(name=name, datatype=datatype, shape=[1, 1])
-            request.raw_input_contents.append(_raw_bytes(datatype, value))
+            request.raw_input_contents.append(raw_bytes(datatype, value))
         request.outputs.add(name="image")
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, [])

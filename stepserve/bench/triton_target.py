@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from .targets import FAILED, OK, TIMEOUT, Reply, StepSample
 from .triton_stream import SharedStream
-from .triton_wire import (FALLBACK_DEFAULTS, ModelInputs, _array, _deadline_status, _is_final,
-                          error_reply, request_tensors, to_image)
+from .triton_wire import (FALLBACK_DEFAULTS, ModelInputs, deadline_status, error_reply, is_final, numpy_array,
+                          request_tensors, to_image)
 from .workload import RequestSpec
 
 __all__ = ["FALLBACK_DEFAULTS", "ModelInputs", "TritonAddress", "TritonTarget", "is_triton_target",
@@ -156,7 +156,7 @@ class TritonTarget:
         inputs = []
         for name, datatype, value in tensors:
             tensor = InferInput(name, [1, 1], datatype)
-            tensor.set_data_from_numpy(_array(datatype, value))
+            tensor.set_data_from_numpy(numpy_array(datatype, value))
             inputs.append(tensor)
         return inputs
 
@@ -176,7 +176,7 @@ class TritonTarget:
                                       outputs=[InferRequestedOutput("image", binary_data=True)])
             return await asyncio.wait_for(call, timeout_s)
         except InferenceServerException as exc:
-            return error_reply(exc.message(), exc.status(), _deadline_status(exc.status()))
+            return error_reply(exc.message(), exc.status(), deadline_status(exc.status()))
         except asyncio.TimeoutError:
             return error_reply(f"no answer within timeout_s {timeout_s:g} s", timed_out=True)
         except OSError as exc:  # the connection failed
@@ -201,11 +201,11 @@ class TritonTarget:
                     return error_reply(error.message(), error.status())
                 if result.get_output("image") is not None:
                     answer = result
-                if _is_final(result.get_response()):
+                if is_final(result.get_response()):
                     break
         except grpc.RpcError as exc:  # the stream itself failed: its deadline passed, or the connection broke
             status = str(exc.code())
-            return error_reply(exc.details(), status, _deadline_status(status))
+            return error_reply(exc.details(), status, deadline_status(status))
         finally:
             done.set()
             responses.cancel()

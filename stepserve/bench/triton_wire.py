@@ -54,7 +54,7 @@ def request_tensors(spec: RequestSpec, model: ModelInputs) -> list[tuple[str, st
 _NUMPY = {"INT64": "int64", "INT32": "int32", "FP32": "float32"}
 
 
-def _array(datatype: str, value: Any):
+def numpy_array(datatype: str, value: Any):
     import numpy as np
 
     if datatype == "BYTES":
@@ -62,12 +62,12 @@ def _array(datatype: str, value: Any):
     return np.array([[value]], dtype=_NUMPY[datatype])
 
 
-def _raw_bytes(datatype: str, value: Any) -> bytes:
+def raw_bytes(datatype: str, value: Any) -> bytes:
     """One element in KServe v2's raw tensor encoding (BYTES: 4-byte little-endian length, then the bytes)."""
     if datatype == "BYTES":
         data = str(value).encode()
         return struct.pack("<I", len(data)) + data
-    return _array(datatype, value).tobytes()
+    return numpy_array(datatype, value).tobytes()
 
 
 def to_image(array):
@@ -93,10 +93,10 @@ def error_reply(message: str, status: str | None = None, timed_out: bool = False
     return Reply(FAILED, error=f"[{status}] {text}" if status else text)
 
 
-def _deadline_status(status: str | None) -> bool:
+def deadline_status(status: str | None) -> bool:
     return status is not None and "DEADLINE_EXCEEDED" in status
 
 
-def _is_final(response) -> bool:
+def is_final(response) -> bool:
     param = response.parameters.get("triton_final_response")
     return param is not None and param.bool_param
