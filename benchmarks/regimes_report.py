@@ -38,7 +38,15 @@ def cell_metrics(result, standalone: dict[int, float]) -> dict:
             # why the others did not complete: refused at admission (429 or deadline infeasible), or ended by a
             # timeout (given up as hopeless, or past their deadline)
             "refused": share(measured, REJECTED), "timed_out": share(measured, TIMEOUT),
-            "batch_seen": batch_seen(done)}
+            "batch_seen": batch_seen(done),
+            # where the completed requests' time went (means, seconds): waiting for a slot, arrival to the first
+            # step done, the denoising steps (paused steps included), the decode
+            **{f"{stage}_mean_s": mean_of(done, f"{stage}_s") for stage in ("queue", "first_step", "denoise", "decode")}}
+
+
+def mean_of(outcomes, field: str) -> float | None:
+    values = [getattr(o.reply, field) for o in outcomes if getattr(o.reply, field) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def batch_seen(outcomes) -> float | None:

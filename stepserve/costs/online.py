@@ -8,7 +8,9 @@ small `a` (a DiT at 1024x1024) makes a batch of n cost about n steps of one. The
 least squares over the observed (b, seconds) pairs, so a curve that drifts (another process on the machine,
 thermal limits, a different clock) is followed within a few dozen steps (`half_life_steps`). The prior's points
 stay in the fit with a small fixed weight: they give the curve its shape while the observations do not vary in
-b (e.g. every step at the same size), and they are outweighed as soon as the observations do.
+b (e.g. every step at the same size), and they are outweighed as soon as the observations do. Where the steps
+seen at two sizes contradict the prior's gain between them, the prior is set aside and the line is the
+observations' alone: its points at the sizes never run would otherwise hold the slope against the probes.
 
 A decision to batch or not (efficient_batch) is judged against the fit's uncertainty: the line's standard errors
 at one request and at the batch size, from the residuals of the weighted fit. A slope read from a few probe steps
@@ -76,12 +78,33 @@ class OnlineStepCurve:
 
     def fit(self, bucket: Bucket) -> "Fit | None":
         """The weighted least-squares line through the prior's points and the observed steps, with the standard
-        error of its slope; None while nothing tells the sizes apart."""
+        error of its slope; None while nothing tells the sizes apart. Where the steps seen at one and at some
+        larger size contradict the prior (the gain they show, within CONFIDENCE standard errors of each size's
+        own steps, excludes the prior's), the line through the observed steps alone, when they tell the sizes
+        apart: the prior's points at the sizes never run would otherwise hold the line's slope whatever the
+        probes show (a profile that said a batch of n costs n steps of one kept an engine one at a time where
+        batching gained 5x)."""
+        prior, seen = self._prior_sums(bucket), self._seen.get(tuple(bucket))
         total = Sums()
-        for part in (self._prior_sums(bucket), self._seen.get(tuple(bucket))):
+        for part in (prior, seen):
             if part is not None:
                 total.merge(part)
-        return fit_line(total)
+        fit = fit_line(total)
+        if fit is None or prior is None or seen is None or not self._contradicted(tuple(bucket)):
+            return fit
+        return fit_line(seen) or fit
+
+    def _contradicted(self, bucket: Bucket) -> bool:
+        """Whether the steps seen at one and at some larger size n (each size's own mean and noise,
+        size_gain_bounds) put the gain of a batch of n outside what the prior says it is."""
+        one = self._prior_at(bucket, 1)
+        for n in range(2, self.max_batch_size + 1):
+            bounds = self.size_gain_bounds(bucket, n, CONFIDENCE) if (bucket, n) in self._sizes else None
+            if bounds is not None:
+                said = min(max(n * one / max(self._prior_at(bucket, n), 1e-12), 1.0), float(n))
+                if not bounds[0] - 1e-9 <= said <= bounds[1] + 1e-9:
+                    return True
+        return False
 
     def gain_unsettled(self, bucket: Bucket, n: int, min_gain: float, fit: "Fit | None") -> bool:
         """Whether the steps seen leave it open if a batch of n gains more than `min_gain`: the fit's bounds
