@@ -42,8 +42,8 @@ from stepserve.engine_config import EngineOptions
 from stepserve.sim.bench import load_setup, simulated_testbed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from regimes_report import (DEADLINE_X, batch_seen, cell_metrics, controls, median_metrics, step_rate,  # noqa: E402
-                            table, verdict)
+from regimes_report import (DEADLINE_X, batch_seen, cell_metrics, controls, median_metrics, standings,  # noqa: E402
+                            step_rate, table, verdict)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "stepserve" / "models" / "latency"
@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + gaps)
     print(f"\nthe default within the margins in {within} of {n} cells; >=10% better than every fixed alternative "
           f"in {better}")
+    print("within the margins of the best, per contender (cells of " + str(n) + "): " + ", ".join(
+        f"{name} {count}" for name, count in sorted(standings(rows).items(), key=lambda kv: -kv[1])))
     print(f"\nwall time {wall:.1f} s")
     if args.json:
         args.json.write_text(json.dumps({"argv": sys.argv[1:] if argv is None else argv, "wall_s": wall,

@@ -91,31 +91,51 @@ def table(rows: list[dict]) -> str:
 FIXED = ("none", "static", "dynamic(10ms)", "dynamic(50ms)", "continuous")  # the fixed alternatives of issue's test
 
 
-def verdict(rows: list[dict]) -> tuple[str, int, int, int]:
-    """Per cell, the default against the best contender: within 5% on p95 and attainment and 10% on p50 (p50 and
-    p95 compared among the contenders that completed as many requests, within 1 point: they cover completions),
-    and whether it beats each fixed alternative by at least 10% on p95 (lower) or on attainment (higher; the
-    fixed alternative's p95 read as it is, whatever it completed). Returns the table,
-    the cells within margins, the cells strictly better, and the cells."""
-    out = ["| regime | load | deadline | p50 / best (best) | p95 / best (best) | attainment, best (best) | within "
-           "| >=10% better than every fixed |", "|" + "---|" * 8]
+def _cells(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """The rows of each (regime, load, deadline) cell, control copies (controls()) left out."""
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
-        if "#" in r["contender"]:  # a control copy (controls()): not a contender of its own
-            continue
-        cells.setdefault((r["regime"], r["load"], r["deadline"]), []).append(r)
+        if "#" not in r["contender"]:
+            cells.setdefault((r["regime"], r["load"], r["deadline"]), []).append(r)
+    return cells
+
+
+def _comparable(rs: list[dict]) -> list[dict]:
+    """The rows of a cell whose p50 and p95 compare: those that completed as many requests (within 1 point)."""
+    top = max(r["done"] or 0 for r in rs)
+    return [r for r in rs if r["p95_s"] is not None and (r["done"] or 0) >= top - 0.01]
+
+
+def within_margins(r: dict, rs: list[dict]) -> bool:
+    """Whether row `r` is within the issue's margins of the best of its cell `rs`: 5% on p95 and attainment, 10% on
+    p50 (p50 and p95 among the comparable rows; a row that completed fewer is not within)."""
+    ok = _comparable(rs)
+    if r not in ok:
+        return False
+    b50, b95 = min(r_["p50_s"] for r_ in ok), min(r_["p95_s"] for r_ in ok)
+    best_att = max(r_["attainment"] or 0 for r_ in rs)
+    return r["p95_s"] <= 1.05 * b95 and r["p50_s"] <= 1.10 * b50 and (r["attainment"] or 0) >= 0.95 * best_att
+
+
+def verdict(rows: list[dict]) -> tuple[str, int, int, int]:
+    """Per cell, the default against the best contender (within_margins), and whether it beats each fixed
+    alternative by at least 10% on p95 (lower) or on attainment (higher; the fixed alternative's p95 read as it
+    is, whatever it completed). Returns the table, the cells within margins, the cells strictly better, and the
+    cells."""
+    out = ["| regime | load | deadline | p50 / best (best) | p95 / best (best) | attainment, best (best) | within "
+           "| >=10% better than every fixed |", "|" + "---|" * 8]
+    cells = _cells(rows)
     within = better = 0
     for key, rs in cells.items():
         d = next((r for r in rs if r["contender"].startswith("default")), None)
-        top = max(r["done"] or 0 for r in rs)
-        ok = [r for r in rs if r["p95_s"] is not None and (r["done"] or 0) >= top - 0.01]
-        if d is None or not ok or d not in ok:
+        ok = _comparable(rs)
+        if d is None or d not in ok:
             out.append(f"| {key[0]} | {key[1]:g} | {key[2]} | - | - | - | no (completed fewer) | - |")
             continue
         b50, b95 = min(ok, key=lambda r: r["p50_s"]), min(ok, key=lambda r: r["p95_s"])
         ba = max(rs, key=lambda r: r["attainment"] or 0)
         att, best_att = d["attainment"] or 0, ba["attainment"] or 0
-        good = d["p95_s"] <= 1.05 * b95["p95_s"] and d["p50_s"] <= 1.10 * b50["p50_s"] and att >= 0.95 * best_att
+        good = within_margins(d, rs)
         fixed = [r for r in rs if r["contender"] in FIXED and r is not d]
         wins = bool(fixed) and all((r["p95_s"] is None or d["p95_s"] <= 0.9 * r["p95_s"])
                                    or att >= 1.1 * (r["attainment"] or 0) for r in fixed)
@@ -125,6 +145,16 @@ def verdict(rows: list[dict]) -> tuple[str, int, int, int]:
                    f"| {fmt(att, '%')}, {fmt(best_att, '%')} ({ba['contender']}) | {'yes' if good else 'no'} "
                    f"| {'yes' if wins else 'no'} |")
     return "\n".join(out), within, better, len(cells)
+
+
+def standings(rows: list[dict]) -> dict[str, int]:
+    """For every contender, the cells in which it is within the margins of the best (within_margins): the
+    question a default answers is which one strategy is never far from the best, whatever the regime."""
+    counts: dict[str, int] = {}
+    for rs in _cells(rows).values():
+        for r in rs:
+            counts[r["contender"]] = counts.get(r["contender"], 0) + within_margins(r, rs)
+    return counts
 
 
 def controls(rows: list[dict]) -> str:

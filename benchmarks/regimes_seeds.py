@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the totals and every seed's verdict per cell to this file")
     args = p.parse_args(argv)
     total = {"within": 0, "better": 0, "cells": 0}
-    misses, out = [], {}
+    misses, out, standing = [], {}, {}  # standing: per contender, the cells within the margins of the best
     for seed in seeds(args.seeds):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "rows.json"
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                 regimes.main(["--regimes", args.regimes, "--seed", str(seed), "--json", str(path)])
             rows = json.loads(path.read_text())["rows"]
         text, within, better, n = regimes_report.verdict(rows)
+        for name, count in regimes_report.standings(rows).items():
+            standing[name] = standing.get(name, 0) + count
         out[seed] = text.splitlines()[2:]  # the verdict per cell (the rows of seed 0 are docs/regimes.json)
         total["within"] += within
         total["better"] += better
@@ -57,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal: within the margins {total['within']} of {total['cells']}; >=10% better than every fixed "
           f"alternative {total['better']} of {total['cells']}")
     print("missed: " + ("; ".join(misses) if misses else "none"))
+    print("within the margins of the best, per contender: " + ", ".join(
+        f"{name} {count}" for name, count in sorted(standing.items(), key=lambda kv: -kv[1])))
     if args.json:
         args.json.write_text(json.dumps({"argv": argv if argv is not None else sys.argv[1:], "totals": total,
-                                         "misses": misses, "verdicts": out}, indent=1) + "\n")
+                                         "standings": standing, "misses": misses, "verdicts": out}, indent=1) + "\n")
     return 0
 
 

@@ -96,3 +96,22 @@ def test_a_control_copy_runs_as_its_original_and_stays_out_of_the_verdict(tmp_pa
     assert cells == 2 and "#2" not in text
     # the verdict without the copy is the verdict with it
     assert r.verdict([x for x in rows if "#" not in x["contender"]]) == r.verdict(rows)
+
+
+def test_standings_count_the_cells_each_contender_is_within_the_margins_of_the_best():
+    """Per contender, the cells within 5% of the best p95 and attainment and 10% of the best p50 (the same test the
+    verdict applies to the default); a contender that completed fewer requests is not within, a control copy is
+    not counted."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import regimes_report
+
+    def row(load, contender, p50, p95, attainment, done=1.0):
+        return {"regime": "r", "load": load, "deadline": "none", "contender": contender, "p50_s": p50,
+                "p95_s": p95, "attainment": attainment, "done": done}
+
+    rows = [row(0.3, "default=slo", 1.0, 2.0, 0.9), row(0.3, "none", 1.05, 2.1, 0.9), row(0.3, "continuous", 1.2, 2.0, 0.9),
+            row(0.7, "default=slo", 1.0, 2.0, 0.9), row(0.7, "none", 1.0, 2.0, 0.8), row(0.7, "continuous", 0.5, 1.0, 1.0, 0.9),
+            row(0.7, "none#2", 1.0, 2.0, 0.9)]
+    assert regimes_report.standings(rows) == {"default=slo": 1, "none": 1, "continuous": 0}
+    _, within, _, cells = regimes_report.verdict(rows)
+    assert (within, cells) == (1, 2)
