@@ -216,7 +216,7 @@ ROOT_FLUX = Path(__file__).resolve().parent.parent / "stepserve" / "pipelines" /
 
 def strategies(args, executor, folder: Path, device: str, dtype: str, smoke: bool) -> list[dict]:
     """`stepserve bench` on the already compiled executor (its loader is pointed at it, so nothing recompiles)."""
-    from stepserve.bench import app
+    from stepserve.bench import live_bed
     from stepserve.bench.app import run_bench
     from stepserve.commands.bench import config_from_args
 
@@ -227,11 +227,11 @@ def strategies(args, executor, folder: Path, device: str, dtype: str, smoke: boo
             "--dynamic-delays-ms", "50"]
     argv += ["--rate", "4"] if smoke else ["--rate-frac", "0.7", "--capacity-duration", "6"]
     cfg = config_from_args(argv)
-    loader, app.load_model = app.load_model, lambda *a, **k: executor
+    loader, live_bed.load_model = live_bed.load_model, lambda *a, **k: executor
     try:
         run = asyncio.run(run_bench(cfg))
     finally:
-        app.load_model = loader
+        live_bed.load_model = loader
     return [{"strategy": s.contender, "images_per_s": s.throughput_rps.median or 0.0, "p50_s": s.p50_s.median,
              "p95_s": s.p95_s.median, "mean_batch": s.mean_batch_size.median or 0.0} for s in run.results.summaries]
 

@@ -33,7 +33,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stepserve.bench.app import BenchConfig, live_testbed, run_bench
+from stepserve.bench.app import run_bench
+from stepserve.bench.config import BenchConfig
+from stepserve.bench.live_bed import live_testbed
 from stepserve.bench.runner import measure_capacity, measure_idle
 from stepserve.bench.targets import OK, Contender
 from stepserve.bench.trace_files import save_trace

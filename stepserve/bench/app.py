@@ -8,148 +8,27 @@ with one latency model, measured once on the shared executor (or loaded from a f
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .repeats import summarize_repeats
-from .quality import add_quality, uncached_images
+from .quality import add_quality
 from .plots import (BATCH_SIZE_OVER_TIME, LATENCY_CDF, THROUGHPUT_VS_LATENCY, plot_batch_sizes, plot_latency_cdf,
                     plot_throughput_vs_latency)
 from .report import conclusions, write_report
 from .report_html import write_report_html
 from .resources import capture_environment
 from .results import BenchResults, BenchSettings, CdfSeries, Startup, write_json
-from .live import LiveDriver
-from .runner import ContenderRun, LoadPlan, TargetMaker, measure_capacity, measure_idle, rotate, run_contender
+from .runner import ContenderRun, LoadPlan, measure_capacity, measure_idle, rotate, run_contender
 from .sweep import SweepSpec, run_sweep
-from .testbed import Described, Makers, Testbed
-from .remote import server_target
-from .targets import Contender, EngineTarget
-from ..loading import default_threads
+from .config import BenchConfig
+from .live_bed import live_testbed
+from .testbed import Described, Testbed
 from .trace_files import load_trace, save_trace
-from .workload import Mix, poisson_trace
+from .workload import poisson_trace
 
 LATENCY_MODEL_FILE = "latency_model.json"  # in --out: the latency model the slo contenders predicted with
-
-
-@dataclass
-class BenchConfig:
-    argv: list[str]
-    mix: Mix
-    out: Path
-    targets: list[str] = field(default_factory=list)  # URLs; empty: in-process engines on `model`
-    model: str = "embedded"
-    device: str = "cpu"
-    dtype: str = "float32"
-    backend: str = "torch"  # in-process: torch | onnxruntime | tensorrt
-    fast_path: Any = None  # in-process torch: backends.fast_path.FastPathOptions (--compile, --deterministic)
-    contenders: list[Contender] = field(default_factory=list)
-    load: str = "poisson"  # poisson | closed | trace
-    rate: float | None = None
-    rate_frac: float | None = None
-    users: int = 8
-    trace_file: str | None = None
-    duration_s: float = 30.0
-    warmup_s: float = 5.0
-    drain_s: float | None = None  # default: max(5 s, 3 x SLO)
-    sweep: bool = False
-    sweep_rates: list[float] = field(default_factory=list)  # a fixed grid in req/s
-    sweep_fracs: list[float] = field(default_factory=list)  # a fixed grid as fractions of capacity
-    sweep_start_frac: float = 0.15  # search (no grid): start rate, factor, cap and bisection steps
-    sweep_factor: float = 1.5
-    sweep_max_frac: float = 1.5
-    sweep_refine: int = 3
-    sweep_duration_s: float | None = None
-    sweep_min_requests: int = 50
-    slo_p95_ms: float | None = None
-    slo_x_idle: float = 2.0
-    repeats: int = 1
-    seed: int = 0
-    capacity_duration_s: float = 10.0
-    api_key: str | None = None
-    progress: bool = True
-    keep_images: bool = False  # keep generated images on the runs (sample sheets)
-    quality: bool = False  # PSNR / SSIM of step-cached images against uncached ones (in process; bench/quality.py)
-    lora_dir: str | None = None  # in process: LoRA adapters loaded from this folder (a mix's `lora` names them)
-    threads: int | None = None  # torch CPU threads; None: all cores but one (that one runs the load generator)
-    timeout_s: float | None = None  # every request's deadline in seconds; None: no deadline (unless timeout_slo)
-    timeout_slo: bool = False  # every request's deadline is the run's SLO
-    latency_model: Any = None  # slo contenders: a LatencyModel, a file path, or None (measure it on the executor)
-    peers: list[Any] = field(default_factory=list)  # --peers: PeerSettings; the contenders then run as stepserve serve
-
-    @property
-    def has_deadlines(self) -> bool:
-        return self.timeout_s is not None or self.timeout_slo
-
-
-def live_testbed(cfg: BenchConfig) -> Testbed:
-    """In-process engines on `cfg.model`, servers (--target) or peers on loopback (--peers), on the wall clock."""
-    if not cfg.targets and not cfg.peers and cfg.model != "fake":
-        import torch
-
-        torch.set_num_threads(cfg.threads or default_threads())
-    startup = Startup(model_load_s=None)
-    makers = _makers(cfg, startup)
-    return Testbed(LiveDriver(), makers, _remote_kind(cfg.targets) if cfg.targets else cfg.device,
-                   _described(cfg), startup)
-
-
-def _makers(cfg: BenchConfig, startup: Startup) -> Makers:
-    if cfg.peers:  # every contender its own server on loopback (bench/peers), stepserve serve the reference
-        from .peers import peer_makers
-
-        return Makers(*peer_makers(cfg))
-    if cfg.targets:
-        makers = [TargetMaker(*server_target(t, cfg.api_key, cfg.keep_images)) for t in cfg.targets]
-        return Makers(makers, makers[0])
-    t0 = time.monotonic()
-    executor = load_model(cfg)
-    startup.model_load_s = time.monotonic() - t0
-    latency, source = _latency_model(cfg, executor, startup)
-    keep = cfg.keep_images or cfg.quality
-    makers = [TargetMaker(c.name, lambda c=c: EngineTarget(executor, c, keep, latency)) for c in cfg.contenders]
-    batch = max((c.max_batch_size for c in cfg.contenders), default=8)
-    reference = Contender("continuous", max_batch_size=batch)
-    return Makers(makers, TargetMaker(reference.name, lambda: EngineTarget(executor, reference)), latency, source,
-                  uncached=uncached_images(executor, batch))
-
-
-def _latency_model(cfg: BenchConfig, executor, startup: Startup):
-    """The one LatencyModel every slo contender predicts with, and where it came from; (None, None) when no
-    contender is slo. Given, loaded, or measured on the shared executor (engine_config.resolve_latency_model, as
-    every engine does); measuring it is start-up, timed into startup.latency_model_s, never inside a run."""
-    from ..engine_config import resolve_latency_model
-
-    slo = [c for c in cfg.contenders if c.strategy == "slo"]
-    if not slo:
-        return None, None
-    batch = max(c.max_batch_size for c in slo)
-    t0 = time.monotonic()
-    latency = resolve_latency_model(cfg.latency_model or "measure", executor, batch, progress=cfg.progress)
-    if cfg.latency_model is None:
-        startup.latency_model_s = time.monotonic() - t0
-        return latency, f"measured on the benchmark's executor up to batch size {batch}"
-    return latency, "given" if latency is cfg.latency_model else f"loaded from {cfg.latency_model}"
-
-
-def load_model(cfg: BenchConfig):
-    """The executor every in-process contender shares: built once (stepserve.engine_config), without the memory
-    cap (a contender's max_batch_size is what the run compares), with the fast path when asked; `fake` is the
-    sleeping fake executor (no model)."""
-    from ..engine_config import EngineConfig, EngineOptions, build_engine
-
-    fake = None
-    if cfg.model == "fake":
-        from ..costs import FakeExecutor
-
-        fake = FakeExecutor(sleep=True)  # the fake model on the wall clock: it sleeps what it charges
-    batch = max((c.max_batch_size for c in cfg.contenders), default=8)
-    config = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend, memory_cap=False,
-                          fast_path=cfg.fast_path if fake is None else None, lora_dir=cfg.lora_dir,
-                          options=EngineOptions(max_batch_size=batch))
-    return build_engine(config, executor=fake).executor
 
 
 @dataclass
@@ -283,24 +162,6 @@ def _plan(cfg: BenchConfig, capacity_rps: float | None, drain_s: float, timeout_
         trace.description += f" ({(cfg.rate_frac or 0.7) * 100:.0f}% of measured capacity {capacity_rps:.2f} req/s)"
     return LoadPlan("open", cfg.mix, cfg.seed, cfg.warmup_s, cfg.duration_s, drain_s,
                     trace=trace.with_timeout(timeout_s), rate_rps=rate, timeout_s=timeout_s)
-
-
-def _remote_kind(targets: list[str]) -> str:
-    """What the load went to: "http" (stepserve's API), "triton" (KServe v2), or both."""
-    from .triton_target import is_triton_target
-
-    kinds = sorted({"triton" if is_triton_target(t) else "http" for t in targets})
-    return "+".join(kinds)
-
-
-def _described(cfg: BenchConfig) -> Described:
-    target = ", ".join(cfg.targets) if cfg.targets else f"in-process engine, model {cfg.model}"
-    peers = []
-    if cfg.peers:
-        from .peers import peer_records
-
-        target, peers = f"servers on loopback (stepserve serve and peers), model {cfg.model}", peer_records(cfg)
-    return Described(target, None if cfg.targets else cfg.model, cfg.device, cfg.dtype, cfg.backend, peers)
 
 
 def _settings(cfg: BenchConfig, rate: float | None, drain_s: float, slo_rule: str,

@@ -18,7 +18,8 @@ import math
 import sys
 from pathlib import Path
 
-from ..bench.app import BenchConfig, run_bench, write_outputs
+from ..bench.app import run_bench, write_outputs
+from ..bench.config import BenchConfig
 from ..bench.targets import Contender
 from ..bench.triton_target import is_triton_target, parse_triton_target
 from ..bench.workload import Mix

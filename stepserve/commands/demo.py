@@ -14,7 +14,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from ..bench.app import BenchConfig, BenchRun, run_bench, write_outputs
+from ..bench.app import BenchRun, run_bench, write_outputs
+from ..bench.config import BenchConfig
 from ..bench.repeats import ContenderSummary
 from ..bench.report_format import fmt
 from ..bench.targets import Contender

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..async_engine import DEFAULT_ANSWER_MARGIN_S
-from ..bench.app import BenchConfig, BenchRun, run_bench
+from ..bench.app import BenchRun, run_bench
+from ..bench.config import BenchConfig
 from ..bench.load import LoadResult, Outcome
 from ..bench.metrics import Usage
 from ..bench.results import SIMULATED, Startup
