@@ -20,7 +20,9 @@ from PIL import Image
 from ..backends import Networks
 from ..backends.torch_networks import TorchNetworks
 from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo, SamplingParams
-from .family import Conditioning, FamilyAdapter, PromptCache, to_pil, vae_scale_factor_of
+from .family import Conditioning, FamilyAdapter
+from .prompt_cache import PromptCache
+from .vae import to_pil, vae_scale_factor_of
 from .folder import (  # noqa: F401  (EMBEDDED_PATH, resolve_model_path: imported from here by callers)
     EMBEDDED_PATH,
     SERVING_DEFAULTS_FILE,

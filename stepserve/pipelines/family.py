@@ -12,7 +12,7 @@ How to add a family (SD 1/2 in diffusers_sd.py and SDXL in sdxl.py are worked ex
      names what is allowed). folder.serving_info builds one from the family's own defaults (size, sampler,
      steps, guidance; list only samplers its scheduler fits) and the folder's stepserve.json;
      diffusers_sd.model_info_for is the UNet/VAE families' use of it;
-   - `latent_channels` and `vae_scale_factor` (see vae_scale_factor_of): the starting noise's layout.
+   - `latent_channels` and `vae_scale_factor` (see vae.vae_scale_factor_of): the starting noise's layout.
    The constructor keeps only what is the family's own beside that (tokenizers, VAE scaling, checks).
 2. Implement:
    - `from_pretrained(model, device, dtype)`: `model` is "embedded" or a local diffusers folder; load from local
@@ -37,7 +37,7 @@ How to add a family (SD 1/2 in diffusers_sd.py and SDXL in sdxl.py are worked ex
      can pad rows generically; what is the same for every row of a size bucket (Flux's image/text ids) is built
      inside the networks object from the shapes. The prediction has the sample's shape.
    - `decode(latents, size) -> list[PIL.Image]` for a batch of finished latents of one size bucket,
-     `size = (height, width)` (what unpacking needs); `to_pil` rounds as diffusers' image processor does.
+     `size = (height, width)` (what unpacking needs); `vae.to_pil` rounds as diffusers' image processor does.
    - Optionally `schedule_options(params)`: extra keywords for `sampling.build_schedule` (Flux: `mu` from the
      requested size), or override `schedule(params)` entirely; `collate(rows)` when rows of one step can differ
      in shape (pad + mask); `combine_guidance(cond, uncond, scale)` when CFG is not the plain formula.
@@ -60,13 +60,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
 
 from .. import sampling
 from ..types import ModelInfo, SamplingParams
+from .prompt_cache import PromptCache
 
 GUIDANCE_MODES = ("cfg", "embedded")
 ADAPTER_CACHE_SETS = 64  # LoRA adapter sets whose encoded prompts are kept (stepserve/lora)
@@ -87,66 +87,6 @@ class Conditioning:
 def stack_rows(rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Per-row keyword dicts -> one dict of tensors batched on dim 0 (in row order)."""
     return {key: torch.cat([row[key] for row in rows]) for key in rows[0]}
-
-
-def own_copy(value: Any) -> Any:
-    """`value` with every tensor in it (nested in tuples, lists and dicts) copied into storage of its own. A row
-    of a batched encoder output is a view that keeps the whole batch alive; a cached entry must not."""
-    if isinstance(value, Tensor):
-        return value.clone(memory_format=torch.contiguous_format)
-    if isinstance(value, dict):
-        return {k: own_copy(v) for k, v in value.items()}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
-        return type(value)(*(own_copy(v) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(own_copy(v) for v in value)
-    return value
-
-
-class PromptCache:
-    """A small LRU of prompt -> encoder output (any value), so repeated prompts skip the text encoders. Entries
-    are stored as copies (own_copy), so the encoder batch they came from can be freed."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, Any] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, prompt: str) -> Any:
-        value = self._items.get(prompt)
-        if value is not None:
-            self._items.move_to_end(prompt)
-            self.hits += 1
-        else:
-            self.misses += 1
-        return value
-
-    def put(self, prompt: str, value: Any) -> Any:
-        """Store a copy of `value` (own_copy) and return it."""
-        value = own_copy(value)
-        self._items[prompt] = value
-        self._items.move_to_end(prompt)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-        return value
-
-    def encode(self, prompts: list[str], encode_missing) -> list[Any]:
-        """Values for `prompts`, calling `encode_missing(list of distinct uncached prompts) -> list` once."""
-        out: dict[str, Any] = {}
-        missing: list[str] = []
-        for p in prompts:
-            if p in out or p in missing:
-                continue
-            cached = self.get(p)
-            if cached is None:
-                missing.append(p)
-            else:
-                out[p] = cached
-        if missing:
-            for p, value in zip(missing, encode_missing(missing)):
-                out[p] = self.put(p, value)
-        return [out[p] for p in prompts]
 
 
 class FamilyAdapter:
@@ -303,39 +243,3 @@ class FamilyAdapter:
     def preview(self, latents: Tensor, size: tuple[int, ...]) -> Image.Image:
         """One preview image of one request's latents (decoded; a video family: its first frame, cheaply)."""
         return self.decode(latents, size)[0]
-
-
-def vae_scale_factor_of(vae_config) -> int:
-    """How much the VAE downscales height and width: 2 per down block after the first."""
-    return 2 ** (len(vae_config.block_out_channels) - 1)
-
-
-def vae_dtype(vae_config, dtype: torch.dtype) -> torch.dtype:
-    """The dtype to keep the VAE in: float32 when a float16 pipeline's VAE says `force_upcast` (diffusers' SDXL
-    pipeline upcasts such a VAE for every decode because it overflows in float16), else the pipeline's dtype."""
-    return torch.float32 if dtype == torch.float16 and getattr(vae_config, "force_upcast", False) else dtype
-
-
-def vae_decode(vae, latents: Tensor) -> Tensor:
-    """Latents -> images in [-1, 1] as diffusers' SD/SDXL pipelines decode them: with the VAE's latents_mean/std
-    when its config has both, else divided by scaling_factor; decoded in the VAE's own dtype (see vae_dtype)."""
-    cfg = vae.config
-    mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
-    if mean is not None and std is not None:
-        view = (1, len(mean), 1, 1)
-        latents = (latents * torch.tensor(std).view(view).to(latents) / cfg.scaling_factor
-                   + torch.tensor(mean).view(view).to(latents))
-    else:
-        latents = latents / cfg.scaling_factor
-    with torch.no_grad():
-        return vae.decode(latents.to(vae.dtype), return_dict=False)[0]
-
-
-def to_pil(images: Tensor) -> list[Image.Image]:
-    """[-1, 1] NCHW -> PIL, rounding as diffusers' image processor does."""
-    images = (images / 2 + 0.5).clamp(0, 1)
-    arr = images.cpu().permute(0, 2, 3, 1).float().numpy()
-    arr = (arr * 255).round().astype(np.uint8)
-    if arr.shape[-1] == 1:
-        return [Image.fromarray(a[..., 0], mode="L") for a in arr]
-    return [Image.fromarray(a) for a in arr]

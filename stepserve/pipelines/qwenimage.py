@@ -29,7 +29,8 @@ from PIL import Image
 
 from .. import sampling
 from ..types import ModelInfo, SamplingParams
-from .family import Conditioning, FamilyAdapter, stack_rows, to_pil
+from .family import Conditioning, FamilyAdapter, stack_rows
+from .vae import to_pil
 from .flux import latent_grid, pack_latents, unpack_latents
 from .folder import PipelineFolder, serving_info
 

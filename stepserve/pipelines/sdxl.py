@@ -27,7 +27,8 @@ from PIL import Image
 
 from ..types import SamplingParams
 from .diffusers_sd import model_info_for
-from .family import Conditioning, FamilyAdapter, to_pil, vae_decode, vae_dtype, vae_scale_factor_of
+from .family import Conditioning, FamilyAdapter
+from .vae import to_pil, vae_decode, vae_dtype, vae_scale_factor_of
 from .folder import PipelineFolder
 from .inpaint import inpaint_mode
 

@@ -31,7 +31,8 @@ from PIL import Image
 
 from ..buckets import bucket_frames, bucket_size
 from ..types import ModelInfo, SamplingParams
-from .family import Conditioning, FamilyAdapter, to_pil
+from .family import Conditioning, FamilyAdapter
+from .vae import to_pil
 from .folder import PipelineFolder, serving_info
 
 PIPELINE_CLASSES = ("WanPipeline",)

@@ -10,7 +10,8 @@ import torch
 
 from stepserve import SamplingParams, ValidationError
 from stepserve.pipelines.diffusers_sd import StableDiffusionAdapter
-from stepserve.pipelines.family import Conditioning, PromptCache, stack_rows
+from stepserve.pipelines.family import Conditioning, stack_rows
+from stepserve.pipelines.prompt_cache import PromptCache
 from stepserve.pipelines.registry import (
     FAMILIES,
     UnsupportedModelError,

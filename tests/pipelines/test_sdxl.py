@@ -10,7 +10,7 @@ from tiny_sd import SCHEDULER_CLASS
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.loading import load_executor
-from stepserve.pipelines.family import vae_dtype
+from stepserve.pipelines.vae import vae_dtype
 from stepserve.pipelines.sdxl import StableDiffusionXLAdapter
 
 LONG = "a very long prompt about a lighthouse on a cliff over a stormy sea at night with rain and waves, " * 2
