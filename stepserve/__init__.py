@@ -1,7 +1,8 @@
 """stepserve: a serving engine for diffusion models built around step-level (continuous) batching."""
 
 from .api import Engine
-from .engine import AdmissionError, DeadlineRefusedError, EngineCore, QueueFullError
+from .admission_errors import AdmissionError, DeadlineRefusedError, QueueFullError
+from .engine import EngineCore
 from .types import FinishReason, GenerationResult, RequestStatus, SamplingParams
 from .validation import ValidationError
 from .version import __version__

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from .engine import QueueFullError
+from .admission_errors import QueueFullError
 from .lora import LoraError
 from .lora.store import LoraBudgetError
 from .validation import ValidationError

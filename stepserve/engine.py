@@ -17,6 +17,8 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from .admission_errors import (AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError,
+                               QueueFullError)
 from .executor.base import Executor
 from .scheduling import Policy
 from .scheduling.queue import Deadlines, WaitingQueue
@@ -25,27 +27,6 @@ from .types import FinishReason, Request, RequestStatus, SamplingParams, StepRep
 from .validation import first_denoising_step, resolve_params
 
 log = logging.getLogger(__name__)
-
-
-class AdmissionError(RuntimeError):
-    """The request was refused at admission and never queued; the caller should retry later (HTTP 429)."""
-
-    def __init__(self, message: str, request: Request | None = None, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.request = request  # in its final state (REJECTED) when it was created at all
-        self.retry_after_s = retry_after_s  # the policy's estimate of when a slot frees, when it has one
-
-
-class QueueFullError(AdmissionError):
-    """The waiting queue is at max_queue."""
-
-
-class DeadlineRefusedError(AdmissionError):
-    """The policy predicts the request cannot meet its deadline (timeout_s) under the current load."""
-
-
-class DeadlineInfeasibleError(DeadlineRefusedError):
-    """The request cannot meet its deadline even alone on an idle engine: a retry can never succeed (HTTP 400)."""
 
 
 class EngineCore:

@@ -6,7 +6,7 @@ import pytest
 
 from stepserve.async_engine import AsyncEngine, ShuttingDownError
 from stepserve.costs import FakeExecutor
-from stepserve.engine import QueueFullError
+from stepserve.admission_errors import QueueFullError
 from stepserve.types import FinishReason, RequestStatus, SamplingParams
 from stepserve.validation import ValidationError
 

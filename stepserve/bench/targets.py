@@ -127,7 +127,7 @@ class EngineTarget:
             self._steps.append(StepSample(report.now, report.duration_s, report.batch_size))
 
     async def send(self, spec: RequestSpec) -> Reply:
-        from ..engine import AdmissionError
+        from ..admission_errors import AdmissionError
 
         try:
             handle = self.engine.submit(spec.to_params())

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..api import GenerationResult
 from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
-from ..engine import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
+from ..admission_errors import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
 from ..types import FinishReason, RequestStatus, SamplingParams
 from ..validation import SizeError, ValidationError, resolve_params
 from . import errors

@@ -24,7 +24,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..engine import AdmissionError, EngineCore
+from ..admission_errors import AdmissionError
+from ..engine import EngineCore
 from ..types import Request, SamplingParams, StepReport
 from ..validation import ValidationError
 from .routers import Router
