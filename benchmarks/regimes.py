@@ -15,7 +15,9 @@ a cell here is a `stepserve simulate --load trace` run; this script only builds 
   and refused ones counted as misses, in every cell (with or without deadlines); goodput = those completions
   inside the measured window, per second; done = completed / measured; refused and timed out = the measured
   requests refused at admission and those ended by a timeout (given up as hopeless or past their deadline);
-  batch_seen (JSON only) = the mean size of the forwards the completed requests' steps ran in.
+  batch_seen (JSON only) = the mean size of the forwards the completed requests' steps ran in; queue_mean_s,
+  first_step_mean_s, denoise_mean_s, decode_mean_s (JSON only) = the completed requests' mean wait for a slot,
+  arrival to first step done, time in a slot denoising (paused steps included) and decode.
 
     python benchmarks/regimes.py [--regimes cpu-embedded,gpu-1024] [--contenders default,none,slo]
                                  [--requests 200] [--min-duration 60] [--json regimes.json]

@@ -1,5 +1,5 @@
 """What a benchmark runs against: the targets of the contenders and of the reference, the driver (the clock)
-they run on, and how the results describe them. bench.app builds the live one; stepserve.sim.bench the
+they run on, and how the results describe them. bench.live_bed builds the live one; stepserve.sim.bench the
 simulated one; run_bench takes either."""
 
 from __future__ import annotations

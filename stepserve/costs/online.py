@@ -9,8 +9,9 @@ least squares over the observed (b, seconds) pairs, so a curve that drifts (anot
 thermal limits, a different clock) is followed within a few dozen steps (`half_life_steps`). The prior's points
 stay in the fit with a small fixed weight: they give the curve its shape while the observations do not vary in
 b (e.g. every step at the same size), and they are outweighed as soon as the observations do. Where the steps
-seen at two sizes contradict the prior's gain between them, the prior is set aside and the line is the
-observations' alone: its points at the sizes never run would otherwise hold the slope against the probes.
+seen at one and at a larger size contradict the prior's gain between them, the prior's points are set aside and
+the line is the observations' alone (its shape at each size, step_costs, still applies): its points at the
+sizes never run would otherwise hold the slope against the probes.
 
 A decision to batch or not (efficient_batch) is judged against the fit's uncertainty: the line's standard errors
 at one request and at the batch size, from the residuals of the weighted fit. A slope read from a few probe steps
@@ -81,9 +82,10 @@ class OnlineStepCurve:
         error of its slope; None while nothing tells the sizes apart. Where the steps seen at one and at some
         larger size contradict the prior (the gain they show, within CONFIDENCE standard errors of each size's
         own steps, excludes the prior's), the line through the observed steps alone, when they tell the sizes
-        apart: the prior's points at the sizes never run would otherwise hold the line's slope whatever the
+        apart (else through each size's own recent steps: a size not run for long fades from the observations
+        sooner): the prior's points at the sizes never run would otherwise hold the line's slope whatever the
         probes show (a profile that said a batch of n costs n steps of one kept an engine one at a time where
-        batching gained 5x)."""
+        a batch of 8 gained 2.4x)."""
         prior, seen = self._prior_sums(bucket), self._seen.get(tuple(bucket))
         total = Sums()
         for part in (prior, seen):
@@ -92,7 +94,16 @@ class OnlineStepCurve:
         fit = fit_line(total)
         if fit is None or prior is None or seen is None or not self._contradicted(tuple(bucket)):
             return fit
-        return fit_line(seen) or fit
+        return fit_line(seen) or fit_line(self._size_sums(tuple(bucket))) or fit
+
+    def _size_sums(self, bucket: Bucket) -> Sums:
+        """Every batch size's own decayed steps of `bucket`, in one set of sums."""
+        total = Sums()
+        for n in range(1, self.max_batch_size + 1):
+            part = self._sizes.get((bucket, n))
+            if part is not None:
+                total.merge(part)
+        return total
 
     def _contradicted(self, bucket: Bucket) -> bool:
         """Whether the steps seen at one and at some larger size n (each size's own mean and noise,

@@ -109,9 +109,11 @@ def test_standings_count_the_cells_each_contender_is_within_the_margins_of_the_b
         return {"regime": "r", "load": load, "deadline": "none", "contender": contender, "p50_s": p50,
                 "p95_s": p95, "attainment": attainment, "done": done}
 
-    rows = [row(0.3, "default=slo", 1.0, 2.0, 0.9), row(0.3, "none", 1.05, 2.1, 0.9), row(0.3, "continuous", 1.2, 2.0, 0.9),
-            row(0.7, "default=slo", 1.0, 2.0, 0.9), row(0.7, "none", 1.0, 2.0, 0.8), row(0.7, "continuous", 0.5, 1.0, 1.0, 0.9),
-            row(0.7, "none#2", 1.0, 2.0, 0.9)]
-    assert regimes_report.standings(rows) == {"default=slo": 1, "none": 1, "continuous": 0}
+    rows = [row(0.3, "default=slo", 1.0, 2.0, 0.9), row(0.3, "none", 1.05, 2.08, 0.9),
+            row(0.3, "continuous", 1.2, 2.0, 0.9),  # p50 1.2x the best: not within
+            row(0.7, "default=slo", 1.0, 2.0, 0.9), row(0.7, "none", 1.0, 2.0, 0.8),  # attainment 0.89x the best
+            row(0.7, "continuous", 0.5, 1.0, 0.85, done=0.85),  # fastest, but completed fewer: not compared
+            row(0.7, "none#2", 1.0, 2.0, 0.95)]  # a control copy: neither counted nor the best
+    assert regimes_report.standings(rows) == {"default=slo": 2, "none": 1, "continuous": 0}
     _, within, _, cells = regimes_report.verdict(rows)
-    assert (within, cells) == (1, 2)
+    assert (within, cells) == (2, 2)
