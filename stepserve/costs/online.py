@@ -52,6 +52,7 @@ class OnlineStepCurve:
     _prior_cache: dict[tuple[Bucket, int], float] = field(default_factory=dict)
     _shape: dict[Bucket, list[float]] = field(default_factory=dict)
     _sizes: dict[tuple[Bucket, int], Sums] = field(default_factory=dict)  # per batch size: its own steps' times
+    _contradiction: dict[Bucket, bool] = field(default_factory=dict)  # _contradicted, until the next step observed
 
     def __post_init__(self) -> None:
         if not self.half_life_steps > 0:
@@ -69,6 +70,7 @@ class OnlineStepCurve:
         size = self._sizes.setdefault((bucket, batch_size), Sums())
         size.scale(SIZE_DECAY)
         size.add(batch_size, seconds)
+        self._contradiction.pop(bucket, None)
         self.observations += 1
 
     def line(self, bucket: Bucket) -> tuple[float, float] | None:
@@ -107,13 +109,24 @@ class OnlineStepCurve:
 
     def _contradicted(self, bucket: Bucket) -> bool:
         """Whether the steps seen at one and at some larger size n (each size's own mean and noise,
-        size_gain_bounds) put the gain of a batch of n outside what the prior says it is."""
+        size_gain_bounds) put the gain of a batch of n outside what the prior says it is. Kept until the next
+        step of `bucket` is observed (the policy reads the fit several times a step)."""
+        if bucket not in self._contradiction:
+            self._contradiction[bucket] = self._contradicts(bucket)
+        return self._contradiction[bucket]
+
+    def _contradicts(self, bucket: Bucket) -> bool:
+        ones = mean_se(self._sizes.get((bucket, 1)))  # as size_gain_bounds reads it, once for every n
+        if ones is None:
+            return False
+        t1, e1 = ones
         one = self._prior_at(bucket, 1)
         for n in range(2, self.max_batch_size + 1):
-            bounds = self.size_gain_bounds(bucket, n, CONFIDENCE) if (bucket, n) in self._sizes else None
-            if bounds is not None:
+            many = mean_se(self._sizes.get((bucket, n)))
+            if many is not None:
+                low, high = gain_interval(t1, CONFIDENCE * e1, many[0], CONFIDENCE * many[1], n)
                 said = min(max(n * one / max(self._prior_at(bucket, n), 1e-12), 1.0), float(n))
-                if not bounds[0] - 1e-9 <= said <= bounds[1] + 1e-9:
+                if not low - 1e-9 <= said <= high + 1e-9:
                     return True
         return False
 
