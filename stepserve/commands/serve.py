@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_flag(p)
     add_lora_flag(p)
     p.add_argument("--no-access-log", action="store_true",
-                   help="no log line per image request (method, path, status, outcome, latency, steps, batch sizes)")
+                   help="no log line per image or video request (method, path, status, outcome, latency, steps, "
+                        "batch sizes)")
     return p
 
 

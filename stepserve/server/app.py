@@ -47,14 +47,15 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
-    whose pages may call the API from a browser (none by default). access_log: one line per image request on the
-    "stepserve.access" logger (ServerState.request_done)."""
+    whose pages may call the API from a browser (none by default). access_log: one line per image or video request
+    on the "stepserve.access" logger (ServerState.request_done, video_done)."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
                         access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
     events = EngineEvents(engine)
     state.events = events  # start_drain ends its streams
-    jobs = VideoJobs(engine, state.limits.max_video_jobs)
+    jobs = VideoJobs(engine, state.limits.max_video_jobs, on_end=lambda job, outcome, result: state.video_done(
+        outcome, 200, job.started, result, job.id))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -131,23 +132,28 @@ def _auth(state: ServerState):
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if not header:
-            _count_refusal(state, request.url.path)
+            _count_refusal(state, request)
             raise errors.unauthorized("missing API key; send the header 'Authorization: Bearer <key>'")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            _count_refusal(state, request.url.path)
+            _count_refusal(state, request)
             raise errors.unauthorized("invalid API key; send the header 'Authorization: Bearer <key>' with the "
                                       "key the server was started with")
 
     return require_key
 
 
-def _count_refusal(state: ServerState, path: str) -> None:
-    """An image request refused for its key counts as an image request; a scrape or a look-up has its own counter."""
-    if path.endswith("/images/generations"):
-        state.request_done("unauthorized", 401, time.monotonic())
+def _count_refusal(state: ServerState, request: Request) -> None:
+    """An image request (generations, edits) or a video's creation refused for its key counts as one of those; a
+    scrape, a look-up or an event stream has its own counter."""
+    path, now = request.url.path, time.monotonic()
+    if path.endswith(("/images/generations", "/images/edits")):
+        state.request_done("unauthorized", 401, now, path=path)
+    elif path.endswith("/v1/videos") and request.method == "POST":
+        state.video_done("unauthorized", 401, now)
     else:
-        state.metrics.unauthorized.labels("metrics" if path == "/metrics" else "openapi" if path == "/openapi.json"
-                                          else "loras" if "/loras" in path else "models").inc()
+        state.metrics.unauthorized.labels(
+            "metrics" if path == "/metrics" else "openapi" if path == "/openapi.json" else "loras" if "/loras" in path
+            else "videos" if "/videos" in path else "events" if "/events" in path else "models").inc()
 
 
 def _open_routes(state: ServerState) -> APIRouter:
@@ -239,12 +245,12 @@ async def answer(state: ServerState, request: Request, read) -> Response:
         req, params = await read()
         handles = await submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
         if req.stream:
-            job = StreamJob(state, handles, started)
+            job = StreamJob(state, handles, started, request.url.path)
             streaming = True  # from here the stream owns the bookkeeping
             return EventStreamResponse(image_events(job, backstop_s(params)), job.close)
         results = await wait_all(state, handles, request.receive, backstop_s(params))
         if results is None:
-            state.request_done("cancelled", CLIENT_GONE, started)
+            state.request_done("cancelled", CLIENT_GONE, started, path=request.url.path)
             return Response(status_code=CLIENT_GONE)
         for r in results:
             check(r)
@@ -257,14 +263,13 @@ async def answer(state: ServerState, request: Request, read) -> Response:
         }
         for r in results:
             state.note_latency(r.timing.total_s or 0.0)
-        state.request_done("completed", 200, started, results)
+        state.request_done("completed", 200, started, results, request.url.path)
         return JSONResponse(body)
     except APIError as exc:
-        outcome = "invalid" if exc.status == 415 else outcome_of(exc)
-        state.request_done(outcome, exc.status, started)
+        state.request_done(outcome_of(exc), exc.status, started, path=request.url.path)
         return exc.response()
     except ClientDisconnect:
-        state.request_done("cancelled", CLIENT_GONE, started)
+        state.request_done("cancelled", CLIENT_GONE, started, path=request.url.path)
         return Response(status_code=CLIENT_GONE)
     finally:
         if not streaming:

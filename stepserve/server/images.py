@@ -26,6 +26,7 @@ from . import errors
 from .errors import APIError
 
 access = logging.getLogger("stepserve.access")
+GENERATIONS, VIDEOS = "/v1/images/generations", "/v1/videos"
 from .metrics import ServerMetrics
 from .schemas import ServerLimits
 
@@ -42,16 +43,29 @@ class ServerState:
     inflight: int = 0  # HTTP image requests being served (streams included)
     draining: bool = False
     recent_request_s: float = 1.0  # smoothed engine time per request, for Retry-After
-    access_log: bool = True  # one INFO line per image request on the "stepserve.access" logger
+    access_log: bool = True  # one INFO line per image or video request on the "stepserve.access" logger
     events: Any = None  # the engine's steps for the console (server/events.py), ended when draining starts
 
-    def request_done(self, outcome: str, status: int, started: float, results: Sequence[Any] = ()) -> None:
-        """Every image request ends here, once: its metrics and its access-log line (method, path, status,
-        outcome, latency, and per image the steps and the batch sizes it ran in)."""
+    def request_done(self, outcome: str, status: int, started: float, results: Sequence[Any] = (),
+                     path: str = GENERATIONS) -> None:
+        """Every image request (`path`: generations or edits) ends here, once: its metrics and its access-log
+        line (method, path, status, outcome, latency, and per image the steps and the batch sizes it ran in)."""
         seconds = time.monotonic() - started
         self.metrics.request_done(outcome, seconds, len(results))
         if self.access_log and access.isEnabledFor(logging.INFO):
-            access.info("POST /v1/images/generations %d %s %.3f s%s", status, outcome, seconds, _images(results))
+            access.info("POST %s %d %s %.3f s%s", path, status, outcome, seconds, _images(results))
+
+    def video_done(self, outcome: str, status: int, started: float, result: Any = None, job_id: str = "") -> None:
+        """Every POST /v1/videos ends here, once: refused at once (`status` the error's), or a job that ended
+        (`status` 200, the answer its creation got; `outcome` how the job ended): its metrics and its access-log
+        line, as request_done's, with the job's id."""
+        seconds = time.monotonic() - started
+        self.metrics.video_done(outcome, seconds)
+        if self.access_log and access.isEnabledFor(logging.INFO):
+            details = f" id={job_id}" if job_id else ""
+            if result is not None:
+                details += f" frames={result.params.num_frames}" + _images([result])
+            access.info("POST %s %d %s %.3f s%s", VIDEOS, status, outcome, seconds, details)
 
     def note_latency(self, seconds: float) -> None:
         self.recent_request_s = 0.8 * self.recent_request_s + 0.2 * seconds
@@ -208,7 +222,7 @@ def check(result: GenerationResult) -> None:
 
 
 def outcome_of(exc: APIError) -> str:
-    return {400: "invalid", 401: "unauthorized", 413: "invalid", 429: "rejected", 503: "shutting_down",
+    return {400: "invalid", 401: "unauthorized", 413: "invalid", 415: "invalid", 429: "rejected", 503: "shutting_down",
             504: "timeout"}.get(exc.status, "failed")
 
 

@@ -18,7 +18,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("completed", "invalid", "unauthorized", "rejected", "shutting_down", "timeout", "failed", "cancelled")
-UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi", "loras")
+UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi", "loras", "videos", "events")
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -62,6 +62,12 @@ class ServerMetrics:
         for route in UNAUTHORIZED_ROUTES:
             self.unauthorized.labels(route)
         self.images = Counter("stepserve_images_completed", "Images generated and returned", registry=r)
+        self.video_jobs = Counter("stepserve_video_jobs", "POST /v1/videos by outcome: refused at once (invalid, "
+                                  "unauthorized, rejected, shutting_down), or how the job it created ended",
+                                  ["outcome"], registry=r)
+        self.video_latency = Histogram("stepserve_video_job_seconds", "POST /v1/videos, arrival to the job's end "
+                                       "(MP4 made, or failed), by outcome", ["outcome"], buckets=_REQUEST_BUCKETS,
+                                       registry=r)
         self.policy = getattr(getattr(engine, "core", None), "policy", None)
         self.batch_cap = Gauge("stepserve_batch_cap", "Requests one step may run, per shape bucket (WxH): the cap the "
                                "cost-aware policy (adaptive) derives from its step curve", ["bucket"], registry=r)
@@ -79,6 +85,8 @@ class ServerMetrics:
         for outcome in OUTCOMES:  # export zeros from the start, so rates work before the first event
             self.requests.labels(outcome)
             self.request_latency.labels(outcome)
+            self.video_jobs.labels(outcome)
+            self.video_latency.labels(outcome)
 
     def on_step(self, report: StepReport) -> None:
         """Engine-thread callback, once per engine step."""
@@ -124,12 +132,21 @@ class ServerMetrics:
     def request_done(self, outcome: str, seconds: float, images: int = 0) -> None:
         self.requests.labels(outcome).inc()
         self.request_latency.labels(outcome).observe(seconds)
+        self._count(outcome)
+        if images:
+            self.images.inc(images)
+
+    def video_done(self, outcome: str, seconds: float) -> None:
+        self.video_jobs.labels(outcome).inc()
+        self.video_latency.labels(outcome).observe(seconds)
+        self._count(outcome)
+
+    def _count(self, outcome: str) -> None:
+        """The counters every request feeds, images and videos alike (every 429 sent is in `rejected`)."""
         counter = {"rejected": self.rejected, "cancelled": self.cancelled, "failed": self.failed,
                    "timeout": self.timed_out}.get(outcome)
         if counter is not None:
             counter.inc()
-        if images:
-            self.images.inc(images)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

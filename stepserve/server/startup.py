@@ -24,7 +24,7 @@ class ServeSettings:
     api_key_file: str | None = None  # where the key came from, when from a file (replicas read it there)
     cors_origins: tuple[str, ...] = ()  # web origins allowed to call the API from a browser
     api_key_required: bool = False  # a replica: a key must be found where it starts (never travels in here)
-    access_log: bool = True  # one line per image request (a replica leaves it to Ray Serve, which logs each)
+    access_log: bool = True  # one line per image or video request (a replica leaves it to Ray Serve, which logs each)
 
 
 def for_replicas(settings: ServeSettings) -> ServeSettings:

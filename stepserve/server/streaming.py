@@ -84,6 +84,7 @@ class StreamJob:
     state: ServerState
     handles: list[RequestHandle]
     started: float  # time.monotonic() at arrival
+    path: str  # the route it came on: generations or edits (the access log's)
     outcome: str = "cancelled"
     results: list = field(default_factory=list)  # the images completed so far (GenerationResults)
     finished: bool = False  # every image completed
@@ -96,7 +97,7 @@ class StreamJob:
         if not self.finished:
             abort_all(self.state.engine, self.handles)
         self.state.inflight -= 1
-        self.state.request_done(self.outcome, 200, self.started, self.results)
+        self.state.request_done(self.outcome, 200, self.started, self.results, self.path)
 
 
 async def image_events(job: StreamJob, deadline_s: float | None) -> AsyncIterator[bytes]:

@@ -5,7 +5,9 @@ progress events: `queued` until its first denoising step, then `in_progress` wit
 its steps done; 100 once the MP4 is made), and at the end `completed` (the MP4 is encoded off the event loop and
 kept) or `failed` with the error. Listeners (the event stream) hear every change. At most `max_jobs` are kept: a new
 job drops the oldest finished one, and when every kept job is still running the new one is refused (429).
-DELETE cancels a job that has not finished (its request is aborted in the engine) and forgets it.
+DELETE cancels a job that has not finished (its request is aborted in the engine) and forgets it. Every job's end
+(completed, failed with the error's outcome, cancelled, or cut short by shutdown) is told to `on_end` once: the
+server's metrics and access log.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +25,7 @@ from ..async_engine import AsyncEngine, ProgressEvent, RequestHandle
 from ..types import GenerationResult, SamplingParams
 from . import errors
 from .errors import APIError
-from .images import check
+from .images import check, outcome_of
 from .mp4 import encode_mp4
 
 log = logging.getLogger("stepserve.server")
@@ -40,6 +43,7 @@ class VideoJob:
     model: str
     params: SamplingParams  # resolved
     fps: int
+    started: float = field(default_factory=time.monotonic)  # time.monotonic() at the request's arrival
     created_at: int = field(default_factory=lambda: int(time.time()))
     status: str = "queued"
     progress: int = 0
@@ -74,11 +78,13 @@ class VideoJob:
 class VideoJobs:
     """The jobs this server keeps (see the module docstring), newest last."""
 
-    def __init__(self, engine: AsyncEngine, max_jobs: int = 64) -> None:
+    def __init__(self, engine: AsyncEngine, max_jobs: int = 64,
+                 on_end: Callable[[VideoJob, str, GenerationResult | None], None] | None = None) -> None:
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
         self.engine = engine
         self.max_jobs = max_jobs
+        self.on_end = on_end  # (job, outcome, its result when it has one), once per job
         self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
 
     def make_room(self) -> None:
@@ -91,10 +97,13 @@ class VideoJobs:
                                     f"keeps; retry once one finishes", 5)
         del self.jobs[oldest.id]
 
-    def start(self, handle: RequestHandle, fps: int) -> VideoJob:
-        """A job for an admitted request; its follower task starts now."""
+    def start(self, handle: RequestHandle, fps: int, started: float | None = None) -> VideoJob:
+        """A job for an admitted request (that arrived at `started`, time.monotonic()); its follower task starts
+        now."""
         job = VideoJob(f"video_{secrets.token_hex(12)}", self.engine.model_info.name, handle.params, fps,
                        handle=handle)
+        if started is not None:
+            job.started = started
         self.jobs[job.id] = job
         job.task = asyncio.ensure_future(self._follow(job))
         return job
@@ -115,14 +124,17 @@ class VideoJobs:
                 self.engine.abort(job.handle.request_id)
             if job.task is not None:
                 job.task.cancel()
-            self._fail(job, "cancelled", "the video was deleted before it finished")
+            self._fail(job, "cancelled", "the video was deleted before it finished", "cancelled")
         return job
 
     def close(self) -> None:
-        """At shutdown: stop following (the engine ends the requests itself)."""
+        """At shutdown: stop following (the engine ends the requests itself); a job not finished by then ends
+        as cut short."""
         for job in self.jobs.values():
             if job.task is not None:
                 job.task.cancel()
+            if not job.finished:
+                self._fail(job, "shutting_down", "the server shut down before the video finished", "shutting_down")
 
     async def _follow(self, job: VideoJob) -> None:
         handle = job.handle
@@ -138,23 +150,32 @@ class VideoJobs:
             raise
         except Exception as exc:  # noqa: BLE001 - a job fails alone; the server serves on
             log.exception("video job %s failed", job.id)
-            self._fail(job, "internal_error", f"{type(exc).__name__}: {exc}")
+            self._fail(job, "internal_error", f"{type(exc).__name__}: {exc}", "failed")
 
     async def _finish(self, job: VideoJob, result: GenerationResult) -> None:
         try:
             check(result)
         except APIError as exc:
-            self._fail(job, exc.code or "failed", exc.message)
+            self._fail(job, exc.code or "failed", exc.message, outcome_of(exc), result)
             return
         job.status, job.progress = "in_progress", 99
         job.mp4 = await asyncio.to_thread(encode_mp4, result.frames, job.fps)
         job.status, job.progress, job.completed_at = "completed", 100, int(time.time())
         job.changed()
+        self._ended(job, "completed", result)
 
-    @staticmethod
-    def _fail(job: VideoJob, code: str, message: str) -> None:
+    def _fail(self, job: VideoJob, code: str, message: str, outcome: str,
+              result: GenerationResult | None = None) -> None:
         job.status, job.error, job.completed_at = "failed", {"code": code, "message": message}, int(time.time())
         job.changed()
+        self._ended(job, outcome, result)
+
+    def _ended(self, job: VideoJob, outcome: str, result: GenerationResult | None) -> None:
+        if self.on_end is not None:
+            try:
+                self.on_end(job, outcome, result)
+            except Exception:  # noqa: BLE001 - bookkeeping never fails a job
+                log.exception("recording the end of video job %s failed", job.id)
 
 
 def event_name(body: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -30,7 +31,7 @@ from ..validation import MAX_SEED
 from . import errors
 from .bodies import check_json, read_body
 from .errors import invalid
-from .images import ServerState, submit_all
+from .images import ServerState, outcome_of, submit_all
 from .mp4 import EncoderMissing, check_encoder
 from .schemas import _no_constants, request_size
 from .streaming import EventStreamResponse, sse
@@ -134,16 +135,21 @@ def video_routes(state: ServerState, jobs: VideoJobs) -> APIRouter:
 
     @router.post("/videos")
     async def create(request: Request) -> Response:
-        check_json(request)
-        req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
-        params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
+        started = time.monotonic()
         try:
-            check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
-        except EncoderMissing as exc:
-            raise errors.APIError(501, str(exc), type="server_error", code="video_encoder_missing") from None
-        jobs.make_room()
-        handle, = await submit_all(state, [params], stream=True)
-        job = jobs.start(handle, fps)
+            check_json(request)
+            req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
+            params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
+            try:
+                check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
+            except EncoderMissing as exc:
+                raise errors.APIError(501, str(exc), type="server_error", code="video_encoder_missing") from None
+            jobs.make_room()
+            handle, = await submit_all(state, [params], stream=True)
+        except errors.APIError as exc:  # refused at once: its metrics and access-log line now (a job's: at its end)
+            state.video_done(outcome_of(exc), exc.status, started)
+            raise
+        job = jobs.start(handle, fps, started)
         if req.stream:
             return EventStreamResponse(job_events(job), lambda: None)
         return JSONResponse(job.body())

@@ -31,6 +31,24 @@ def test_each_image_request_logs_one_line_with_its_outcome(serve, caplog):
     assert re.fullmatch(r"POST /v1/images/generations 200 completed \d+\.\d{3} s n=1 steps=3 batch=\d-\d", lines[2])
 
 
+def test_an_edit_logs_its_own_path(serve, caplog):
+    import io
+
+    from PIL import Image
+
+    caplog.set_level(logging.INFO, logger="stepserve.access")
+    image = io.BytesIO()
+    Image.new("RGB", (16, 16), (120, 40, 200)).save(image, format="PNG")
+    with serve() as server:
+        ok = httpx.post(server.url + "/v1/images/edits", files={"image": ("in.png", image.getvalue(), "image/png")},
+                        data={"prompt": "x", "num_inference_steps": "4", "strength": "0.5"}, timeout=60)
+        bad = httpx.post(server.url + "/v1/images/edits", data={"prompt": "x"}, timeout=60)
+    assert (ok.status_code, bad.status_code) == (200, 415), (ok.text, bad.text)  # 415: not multipart
+    lines = access_lines(caplog)
+    assert re.fullmatch(r"POST /v1/images/edits 200 completed \d+\.\d{3} s n=1 steps=4 batch=\d-\d", lines[0]), lines
+    assert re.fullmatch(r"POST /v1/images/edits 415 invalid \d+\.\d{3} s", lines[1]), lines
+
+
 def test_the_access_log_can_be_turned_off(serve, caplog):
     caplog.set_level(logging.INFO, logger="stepserve.access")
     with serve(access_log=False) as server:

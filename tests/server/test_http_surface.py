@@ -75,6 +75,17 @@ def test_refused_scrapes_have_their_own_counter(keyed):
     assert sample(after, scrapes) - sample(before, scrapes) == 4
     assert sample(after, images) - sample(before, images) == 1  # only the image request
 
+    assert_error_shape(keyed.post("/v1/images/edits", data={"prompt": "a"}), 401)  # an image request too
+    assert_error_shape(keyed.post("/v1/videos", json={"prompt": "a"}), 401)  # a video's creation
+    assert_error_shape(keyed.get("/v1/videos/video_x"), 401)  # a look-up
+    assert_error_shape(keyed.get("/v1/engine/events"), 401)  # the console's event stream
+    last = keyed.get("/metrics", headers=AUTH).text
+    assert sample(last, images) - sample(after, images) == 1
+    assert sample(last, 'stepserve_video_jobs_total{outcome="unauthorized"}') == 1
+    for route in ("videos", "events"):
+        name = f'stepserve_unauthorized_calls_total{{route="{route}"}}'
+        assert sample(last, name) - sample(after, name) == 1
+
 
 def test_cors_is_off_by_default(keyed):
     r = keyed.options(GENERATIONS, headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})

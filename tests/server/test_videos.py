@@ -210,3 +210,39 @@ def test_an_image_model_refuses_videos(tiny_executor):
     with client(tiny_executor) as c:
         error = assert_error_shape(c.post("/v1/videos", json={"prompt": "a", "num_frames": 5}), 400)
     assert error["code"] == "model_not_video" and "makes images, not videos" in error["message"]
+
+
+def test_every_video_request_ends_in_the_metrics_and_the_access_log_once(wan_executor, caplog):
+    """A POST /v1/videos refused at once is counted and logged then; one that made a job, at the job's end (its
+    outcome how the job ended): completed, cancelled by DELETE; every 429 is in stepserve_rejected_total."""
+    import logging
+    import re
+
+    require("imageio_ffmpeg", "video")
+    caplog.set_level(logging.INFO, logger="stepserve.access")
+    slow = {"prompt": "a", "num_frames": 9, "num_inference_steps": 200}
+    with client(wan_executor, limits=ServerLimits(max_video_jobs=1), max_batch_size=1) as c:
+        quick = c.post("/v1/videos", json={"prompt": "b", "num_inference_steps": 2, "seed": 1}).json()
+        assert wait_done(c, quick["id"])["status"] == "completed"
+        assert c.post("/v1/videos", json={"prompt": "b", "num_frames": 4}).status_code == 400
+        running = c.post("/v1/videos", json=slow).json()  # drops the finished job: the store keeps one
+        assert c.post("/v1/videos", json=slow).status_code == 429  # the one kept is still running
+        c.delete(f"/v1/videos/{running['id']}")
+        metrics = c.get("/metrics").text
+
+    def sample(name: str) -> float:
+        return next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + " "))
+
+    jobs = {o: sample(f'stepserve_video_jobs_total{{outcome="{o}"}}')
+            for o in ("completed", "invalid", "rejected", "cancelled", "failed")}
+    assert jobs == {"completed": 1, "invalid": 1, "rejected": 1, "cancelled": 1, "failed": 0}, jobs
+    assert sample('stepserve_video_job_seconds_count{outcome="completed"}') == 1
+    assert sample("stepserve_rejected_total") == 1 and sample("stepserve_cancelled_total") == 1
+    assert sample('stepserve_requests_total{outcome="completed"}') == 0  # the image requests' series
+    lines = [r.getMessage() for r in caplog.records if r.name == "stepserve.access"]
+    assert len(lines) == 4, lines
+    assert re.fullmatch(rf"POST /v1/videos 200 completed \d+\.\d{{3}} s id={quick['id']} frames=\d+ n=1 steps=2 "
+                        r"batch=1-1", lines[0]), lines
+    assert re.fullmatch(r"POST /v1/videos 400 invalid \d+\.\d{3} s", lines[1]), lines
+    assert re.fullmatch(r"POST /v1/videos 429 rejected \d+\.\d{3} s", lines[2]), lines
+    assert re.fullmatch(rf"POST /v1/videos 200 cancelled \d+\.\d{{3}} s id={running['id']}", lines[3]), lines
