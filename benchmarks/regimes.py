@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noise", type=float, default=0.0,
                    help="simulated: charge each stage with this much of its measured spread (1: as profiled)")
     p.add_argument("--json", type=Path, help="write the rows (and the regimes' metadata) to this file")
+    p.add_argument("--png", type=Path, help="draw the matrix to this file (benchmarks/regimes_plot.py)")
     args = p.parse_args(argv)
     args.loads = [float(x) for x in args.loads.split(",")]
     allowed = {"none": False, f"{DEADLINE_X:g}x": True}
@@ -289,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"argv": sys.argv[1:] if argv is None else argv, "wall_s": wall,
                                          "deadline_x_standalone": DEADLINE_X, "regimes": metas, "rows": rows},
                                         indent=1) + "\n")
+    if args.png:
+        from regimes_plot import plot_regimes
+
+        plot_regimes(rows, args.png, simulated=all(m["clock"] == "simulated" for m in metas))
     return 0
 
 

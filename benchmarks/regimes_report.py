@@ -91,7 +91,7 @@ def table(rows: list[dict]) -> str:
 FIXED = ("none", "static", "dynamic(10ms)", "dynamic(50ms)", "continuous")  # the fixed alternatives of issue's test
 
 
-def _cells(rows: list[dict]) -> dict[tuple, list[dict]]:
+def cells_of(rows: list[dict]) -> dict[tuple, list[dict]]:
     """The rows of each (regime, load, deadline) cell, control copies (controls()) left out."""
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -100,7 +100,7 @@ def _cells(rows: list[dict]) -> dict[tuple, list[dict]]:
     return cells
 
 
-def _comparable(rs: list[dict]) -> list[dict]:
+def comparable(rs: list[dict]) -> list[dict]:
     """The rows of a cell whose p50 and p95 compare: those that completed as many requests (within 1 point)."""
     top = max(r["done"] or 0 for r in rs)
     return [r for r in rs if r["p95_s"] is not None and (r["done"] or 0) >= top - 0.01]
@@ -109,7 +109,7 @@ def _comparable(rs: list[dict]) -> list[dict]:
 def within_margins(r: dict, rs: list[dict]) -> bool:
     """Whether row `r` is within the issue's margins of the best of its cell `rs`: 5% on p95 and attainment, 10% on
     p50 (p50 and p95 among the comparable rows; a row that completed fewer is not within)."""
-    ok = _comparable(rs)
+    ok = comparable(rs)
     if r not in ok:
         return False
     b50, b95 = min(r_["p50_s"] for r_ in ok), min(r_["p95_s"] for r_ in ok)
@@ -124,11 +124,11 @@ def verdict(rows: list[dict]) -> tuple[str, int, int, int]:
     cells."""
     out = ["| regime | load | deadline | p50 / best (best) | p95 / best (best) | attainment, best (best) | within "
            "| >=10% better than every fixed |", "|" + "---|" * 8]
-    cells = _cells(rows)
+    cells = cells_of(rows)
     within = better = 0
     for key, rs in cells.items():
         d = next((r for r in rs if r["contender"].startswith("default")), None)
-        ok = _comparable(rs)
+        ok = comparable(rs)
         if d is None or d not in ok:
             out.append(f"| {key[0]} | {key[1]:g} | {key[2]} | - | - | - | no (completed fewer) | - |")
             continue
@@ -151,7 +151,7 @@ def standings(rows: list[dict]) -> dict[str, int]:
     """For every contender, the cells in which it is within the margins of the best (within_margins): the
     question a default answers is which one strategy is never far from the best, whatever the regime."""
     counts: dict[str, int] = {}
-    for rs in _cells(rows).values():
+    for rs in cells_of(rows).values():
         for r in rs:
             counts[r["contender"]] = counts.get(r["contender"], 0) + within_margins(r, rs)
     return counts

@@ -23,7 +23,9 @@ def regimes():
 def test_regimes_runs_a_tiny_matrix(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert regimes().main(["--regimes", "cpu-embedded", "--contenders", "default,dynamic:10", "--loads", "0.7",
-                           "--requests", "20", "--min-duration", "3", "--json", str(out)]) == 0
+                           "--requests", "20", "--min-duration", "3", "--json", str(out),
+                           "--png", str(tmp_path / "r.png")]) == 0
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert [(r["deadline"], r["contender"]) for r in rows] == [
@@ -117,3 +119,32 @@ def test_standings_count_the_cells_each_contender_is_within_the_margins_of_the_b
     assert regimes_report.standings(rows) == {"default=slo": 2, "none": 1, "continuous": 0}
     _, within, _, cells = regimes_report.verdict(rows)
     assert (within, cells) == (2, 2)
+
+
+def test_the_matrix_picture_draws_every_contender_against_the_best_of_its_cell(tmp_path):
+    """benchmarks/regimes_plot.py: per cell, p95 over the cell's best p95 (among those that completed as many) and
+    the attainment, the default first; a contender that completed fewer is drawn apart (hollow)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import regimes_plot
+
+    def row(regime, deadline, contender, p95, attainment, done=1.0):
+        return {"regime": regime, "load": 0.7, "deadline": deadline, "contender": contender, "p50_s": p95 / 2,
+                "p95_s": p95, "attainment": attainment, "done": done}
+
+    rows = [row("a", "none", "none", 3.0, 0.5), row("a", "none", "default=slo", 2.0, 0.8),
+            row("a", "3x", "default=slo", 1.0, 0.9), row("a", "3x", "none", 4.0, 0.6),
+            row("a", "3x", "continuous", 0.5, 0.4, done=0.5),  # completed fewer: not the best, drawn hollow
+            row("a", "none", "none#2", 1.0, 0.9)]  # a control copy: not drawn
+    out = tmp_path / "m.png"
+    fig = regimes_plot.plot_regimes(rows, out)
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    top, bottom = fig.axes
+    drawn = {ln.get_label(): list(zip(ln.get_xdata(), ln.get_ydata()))
+             for ln in top.lines if ln.get_label()[0] != "_"}
+    assert list(drawn) == ["default=slo", "none", "continuous"]
+    assert drawn["default=slo"] == [(0, 1.0), (1, 1.0)] and drawn["none"] == [(0, 1.5), (1, 4.0)]
+    assert drawn["continuous"] == []  # only hollow
+    hollow = [list(zip(ln.get_xdata(), ln.get_ydata())) for ln in top.lines if ln.get_label()[0] == "_"]
+    assert [(1, 0.5)] in hollow
+    attainment = [list(zip(ln.get_xdata(), ln.get_ydata())) for ln in bottom.lines]
+    assert [(0, 80.0), (1, 90.0)] in attainment and [(1, 40.0)] in attainment
