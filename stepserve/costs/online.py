@@ -116,17 +116,15 @@ class OnlineStepCurve:
         return self._contradiction[bucket]
 
     def _contradicts(self, bucket: Bucket) -> bool:
-        ones = mean_se(self._sizes.get((bucket, 1)))  # as size_gain_bounds reads it, once for every n
+        ones = mean_se(self._sizes.get((bucket, 1)))  # read once for every n
         if ones is None:
             return False
-        t1, e1 = ones
         one = self._prior_at(bucket, 1)
         for n in range(2, self.max_batch_size + 1):
-            many = mean_se(self._sizes.get((bucket, n)))
-            if many is not None:
-                low, high = gain_interval(t1, CONFIDENCE * e1, many[0], CONFIDENCE * many[1], n)
+            bounds = self.size_gain_bounds(bucket, n, CONFIDENCE, ones)
+            if bounds is not None:
                 said = min(max(n * one / max(self._prior_at(bucket, n), 1e-12), 1.0), float(n))
-                if not low - 1e-9 <= said <= high + 1e-9:
+                if not bounds[0] - 1e-9 <= said <= bounds[1] + 1e-9:
                     return True
         return False
 
@@ -141,17 +139,19 @@ class OnlineStepCurve:
         bounds = self.size_gain_bounds(bucket, n, CONFIDENCE)
         return bounds is None or bounds[0] <= threshold < bounds[1]
 
-    def size_gain_bounds(self, bucket: Bucket, n: int, spread: float) -> tuple[float, float] | None:
+    def size_gain_bounds(self, bucket: Bucket, n: int, spread: float,
+                         ones: tuple[float, float] | None = None) -> tuple[float, float] | None:
         """(lowest, highest) gain of a batch of n over one from the steps seen at those two sizes alone (each
         size's mean and the standard error of its own steps, `spread` of them); None until each has a few. Its
         noise is each size's own, where the fit's is one for all sizes: step times that spread in proportion
-        to the step (a shared CPU) leave the fit's bound wide however many steps of one size are seen."""
-        one, many = self._sizes.get((tuple(bucket), 1)), self._sizes.get((tuple(bucket), n))
-        stats = [mean_se(x) for x in (one, many)]
-        if any(st is None for st in stats):
+        to the step (a shared CPU) leave the fit's bound wide however many steps of one size are seen. `ones`:
+        the steps of one's (mean, standard error) when the caller has them already."""
+        if ones is None:
+            ones = mean_se(self._sizes.get((tuple(bucket), 1)))
+        many = mean_se(self._sizes.get((tuple(bucket), n)))
+        if ones is None or many is None:
             return None
-        (t1, e1), (tn, en) = stats
-        return gain_interval(t1, spread * e1, tn, spread * en, n)
+        return gain_interval(ones[0], spread * ones[1], many[0], spread * many[1], n)
 
     def step_s(self, bucket: Bucket, batch_size: int) -> float | None:
         line = self.line(bucket)
