@@ -66,6 +66,7 @@ def test_events_stream_steps_to_a_viewer_behind_the_key(serve):
         sender.join()
         kinds = [k for k, _ in events]
         assert kinds[0] == "hello" and events[0][1]["model"]["name"] and events[0][1]["max_batch_size"] == 4
+        assert events[0][1]["model"]["negative_prompt"] is server.engine.model_info.negative_prompt  # the form's field
         assert set(kinds[1:]) == {"steps"}
         steps = [d for k, batch in events[1:] for d in batch]
         joined = {i for d in steps for i in d["joined"]}

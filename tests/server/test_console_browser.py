@@ -75,7 +75,12 @@ def test_playground_and_live_lanes(serve, browser, embedded, shots):
         assert page.locator("#key-form").is_hidden()
         page.fill("#prompt", "a handwritten seven")
         page.fill("#seed", "7")
-        page.click("#generate")
+        assert page.locator("#negative").is_visible()  # the embedded model takes a negative prompt
+        page.fill("#negative", "a three")
+        with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
+            page.click("#generate")
+        body = sent.value.post_data_json
+        assert (body["prompt"], body["negative_prompt"], body["seed"]) == ("a handwritten seven", "a three", 7)
         final = page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
         assert final.get_attribute("src").startswith("data:image/png;base64,")
         assert "denoising" in page.inner_text(".result .timing")

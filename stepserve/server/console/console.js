@@ -123,6 +123,7 @@ function fillForm(m) {
   $("steps").max = m.max_steps;
   $("guidance").value = m.default_guidance_scale;
   $("guidance").max = m.max_guidance_scale;
+  $("negative-label").hidden = !m.negative_prompt;  // a family that takes none (e.g. distilled Flux) hides it
 }
 
 function lane(id, t) {
@@ -297,6 +298,7 @@ $("gen-form").addEventListener("submit", async (ev) => {
                 guidance_scale: Number($("guidance").value), sampler: $("sampler").value, stream: true,
                 partial_images: 2, response_format: "b64_json"};
   if ($("seed").value !== "") body.seed = Number($("seed").value);
+  if (!$("negative-label").hidden && $("negative").value.trim() !== "") body.negative_prompt = $("negative").value;
   const cards = Array.from({length: n}, (_, i) => card(n - 1 - i)).reverse();
   $("generate").disabled = true;
   try {
