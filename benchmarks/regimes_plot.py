@@ -1,7 +1,7 @@
 """The regime matrix as one picture: in every cell, how far each contender is from the best one.
 
 Top: p95 latency over the best p95 of the cell (log scale; among the contenders that completed as many requests,
-as the verdict compares them; a contender that completed fewer is drawn hollow at its own p95 over that best).
+as the verdict compares them; a contender that completed fewer is drawn faded at its own p95 over that best).
 Bottom: SLO attainment (requests completed within 3x their standalone latency; refused and unfinished ones are
 misses). The shaded band on top is the 5% margin of the acceptance test. Cells are grouped by regime; within a
 regime: loads 0.3, 0.7, 0.9 without deadlines, then the same loads with deadlines.
@@ -46,7 +46,7 @@ def plot_regimes(rows: list[dict], path: Path, simulated: bool = True):
                  "linestyle": "-" if default else "none"}
         if default:
             style.update(markerfacecolor="black", markersize=5)
-        xs, hollow, atts = [], [], []
+        xs, faded, atts = [], [], []
         for x, key in enumerate(keys):
             ok = comparable(cells[key])
             row = next((r for r in cells[key] if r["contender"] == name), None)
@@ -54,12 +54,12 @@ def plot_regimes(rows: list[dict], path: Path, simulated: bool = True):
                 continue
             best = min(r["p95_s"] for r in ok)
             if row["p95_s"] is not None:
-                (xs if row in ok else hollow).append((x, row["p95_s"] / best))
+                (xs if row in ok else faded).append((x, row["p95_s"] / best))
                 ratios.append(row["p95_s"] / best)
             atts.append((x, 100 * (row["attainment"] or 0)))
         top.plot([x for x, _ in xs], [y for _, y in xs], label=name, **style)
-        if hollow:
-            top.plot([x for x, _ in hollow], [y for _, y in hollow],
+        if faded:
+            top.plot([x for x, _ in faded], [y for _, y in faded],
                      **{**style, "linestyle": "none", "markerfacecolor": "none", "alpha": 0.5})
         bottom.plot([x for x, _ in atts], [y for _, y in atts], **style)
     log_axis(top, "y", ratios + [1.0, P95_MARGIN])

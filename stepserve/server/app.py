@@ -21,7 +21,8 @@ from ..async_engine import AsyncEngine
 from . import errors
 from .bodies import JSON, check_json, read_body
 from .errors import APIError, UnexpectedErrors, install_error_handlers
-from .images import ServerState, backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
+from .images import (CLIENT_GONE, ServerState, backstop_s, check, encode, image_info, outcome_of, size_of,
+                     submit_all, wait_all)
 from .console import event_routes, page_routes
 from .edits import read_edit
 from .events import EngineEvents
@@ -33,7 +34,6 @@ from .video_jobs import VideoJobs
 from .videos import video_routes
 
 REPLICA_HEADER = "X-Stepserve-Replica"
-CLIENT_GONE = 499  # never read by anyone: the client has disconnected
 log = logging.getLogger("stepserve.server")
 
 
@@ -64,7 +64,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
             yield
         finally:
             await engine.shutdown(shutdown_grace_s)
-            jobs.close()
+            await jobs.close()
 
     app = FastAPI(title="stepserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state

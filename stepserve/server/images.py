@@ -27,6 +27,7 @@ from .errors import APIError
 
 access = logging.getLogger("stepserve.access")
 GENERATIONS, VIDEOS = "/v1/images/generations", "/v1/videos"
+CLIENT_GONE = 499  # never read by anyone: the client has disconnected
 from .metrics import ServerMetrics
 from .schemas import ServerLimits
 

@@ -21,6 +21,7 @@ OUTCOMES = ("completed", "invalid", "unauthorized", "rejected", "shutting_down",
 UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi", "loras", "videos", "events")
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_VIDEO_BUCKETS = _REQUEST_BUCKETS + (600.0, 1200.0, 1800.0, 3600.0)  # a video job may take many minutes
 
 
 class ServerMetrics:
@@ -48,7 +49,8 @@ class ServerMetrics:
                                 registry=r)
         self.cancelled = Counter("stepserve_cancelled", "Requests cancelled because the client went away",
                                  registry=r)
-        self.failed = Counter("stepserve_failed", "Requests that failed in the model (500)", registry=r)
+        self.failed = Counter("stepserve_failed", "Requests that failed in the model (500; a video request also "
+                              "when this server has no video encoder, 501)", registry=r)
         self.timed_out = Counter("stepserve_timed_out", "Requests past their timeout_s (504)", registry=r)
         self.refused_at_admission = Counter(
             "stepserve_refused_at_admission", "Requests refused at arrival (429): the queue was full, or the "
@@ -63,10 +65,11 @@ class ServerMetrics:
             self.unauthorized.labels(route)
         self.images = Counter("stepserve_images_completed", "Images generated and returned", registry=r)
         self.video_jobs = Counter("stepserve_video_jobs", "POST /v1/videos by outcome: refused at once (invalid, "
-                                  "unauthorized, rejected, shutting_down), or how the job it created ended",
+                                  "unauthorized, rejected, shutting_down; failed: 501, no video encoder here), or how "
+                                  "the job it created ended",
                                   ["outcome"], registry=r)
         self.video_latency = Histogram("stepserve_video_job_seconds", "POST /v1/videos, arrival to the job's end "
-                                       "(MP4 made, or failed), by outcome", ["outcome"], buckets=_REQUEST_BUCKETS,
+                                       "(MP4 made, or failed), by outcome", ["outcome"], buckets=_VIDEO_BUCKETS,
                                        registry=r)
         self.policy = getattr(getattr(engine, "core", None), "policy", None)
         self.batch_cap = Gauge("stepserve_batch_cap", "Requests one step may run, per shape bucket (WxH): the cap the "

@@ -127,9 +127,13 @@ class VideoJobs:
             self._fail(job, "cancelled", "the video was deleted before it finished", "cancelled")
         return job
 
-    def close(self) -> None:
-        """At shutdown: stop following (the engine ends the requests itself); a job not finished by then ends
-        as cut short."""
+    async def close(self, wait_s: float = 5.0) -> None:
+        """At shutdown, once the engine has ended its requests: let the followers take their results (and make the
+        MP4 of a video that finished) for up to `wait_s`, then stop them; a job not finished by then ends as cut
+        short."""
+        following = [job.task for job in self.jobs.values() if job.task is not None and not job.task.done()]
+        if following:
+            await asyncio.wait(following, timeout=wait_s)
         for job in self.jobs.values():
             if job.task is not None:
                 job.task.cancel()

@@ -25,13 +25,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
+from starlette.requests import ClientDisconnect
 
 from ..types import ModelInfo, SamplingParams
 from ..validation import MAX_SEED
 from . import errors
 from .bodies import check_json, read_body
 from .errors import invalid
-from .images import ServerState, outcome_of, submit_all
+from .images import CLIENT_GONE, ServerState, outcome_of, submit_all
 from .mp4 import EncoderMissing, check_encoder
 from .schemas import _no_constants, request_size
 from .streaming import EventStreamResponse, sse
@@ -121,7 +122,7 @@ def frames_for(seconds: str | int | float, fps: int, model: ModelInfo) -> int:
     longest = f"{(model.max_frames - 1) / fps:g}"
     try:
         value = float(seconds)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or an integer too large for a float
         value = float("nan")
     if not 0 <= value <= (model.max_frames - 1) / fps:
         raise invalid(f"seconds: must be a number from 0 to {longest} ({model.max_frames} frames at {fps} fps), got "
@@ -148,6 +149,12 @@ def video_routes(state: ServerState, jobs: VideoJobs) -> APIRouter:
             handle, = await submit_all(state, [params], stream=True)
         except errors.APIError as exc:  # refused at once: its metrics and access-log line now (a job's: at its end)
             state.video_done(outcome_of(exc), exc.status, started)
+            raise
+        except ClientDisconnect:
+            state.video_done("cancelled", CLIENT_GONE, started)
+            return Response(status_code=CLIENT_GONE)
+        except Exception:  # answered 500 by the app's last resort; counted here all the same
+            state.video_done("failed", 500, started)
             raise
         job = jobs.start(handle, fps, started)
         if req.stream:

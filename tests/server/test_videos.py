@@ -161,6 +161,7 @@ def test_a_video_and_images_at_once_each_get_their_own_answer(wan, wan_executor)
 @pytest.mark.parametrize("body, param, says", [
     ({"prompt": "a", "num_frames": 4}, "num_frames", "1 + a multiple of 4 from 1 to 9"),
     ({"prompt": "a", "seconds": "2"}, "seconds", "from 0 to 0.5 (9 frames at 16 fps)"),
+    ({"prompt": "a", "seconds": 10 ** 400}, "seconds", "from 0 to 0.5"),  # too large for a float: still a 400
     ({"prompt": "a", "seconds": "0.25", "num_frames": 5}, "seconds", "not both"),
     ({"prompt": "a", "sampler": "unipc"}, "sampler", "allowed: dpmpp_2m, flow_euler"),
     ({"prompt": "a", "size": "40x32"}, "size", "multiple of 16"),
@@ -190,11 +191,13 @@ def test_job_states_bounds_overload_and_the_api_key(wan_executor):
         assert_error_shape(full, 429)
         assert "still running" in full.json()["error"]["message"] and int(full.headers["retry-after"]) >= 1
         c.delete(f"/v1/videos/{second['id']}", headers=auth)
-        c.post("/v1/videos", json=slow, headers=auth)  # takes the queue's one place
+        third = c.post("/v1/videos", json=slow, headers=auth)  # takes the queue's one place (unless the deleted
+        # job still holds it: the engine drops it at its next step)
         queue_full = c.post("/v1/videos", json=slow, headers=auth)
         assert_error_shape(queue_full, 429)
         assert queue_full.json()["error"]["code"] == "queue_full" and "retry-after" in queue_full.headers
-        for job in c.get("/v1/videos", headers=auth).json()["data"]:
+        kept = c.get("/v1/videos", headers=auth).json()["data"]
+        for job in kept:
             c.delete(f"/v1/videos/{job['id']}", headers=auth)
         engine = c.app.state.server.engine  # deleted jobs leave the engine at its next step
         assert wait_until(lambda: engine.queue_depth == 0 and engine.running_count == 0, 30)
@@ -204,12 +207,28 @@ def test_job_states_bounds_overload_and_the_api_key(wan_executor):
                  for _ in range(2)]  # the store is full again: the oldest finished job makes room
         assert_error_shape(c.get(f"/v1/videos/{quick['id']}", headers=auth), 404)
         assert all(wait_done(c, v["id"], headers=auth)["status"] == "completed" for v in later)
+        metrics = c.get("/metrics", headers=auth).text
+    # each request counted once by how it ended: the 401; every 429 (the store full; the engine's queue full, which
+    # alone is refused at admission); every job deleted before it finished; the three completed
+    refused = [r for r in (full, third, queue_full) if r.status_code == 429]
+    at_admission = [r for r in refused if "still running" not in r.json()["error"]["message"]]
+    assert third.status_code in (200, 429) and len(at_admission) == len(refused) - 1
+    deleted = 1 + len(kept)  # `second`, then the jobs kept (none of them finished: 200 steps each)
+    jobs = {o: sample(metrics, f'stepserve_video_jobs_total{{outcome="{o}"}}')
+            for o in ("unauthorized", "rejected", "cancelled", "completed")}
+    assert jobs == {"unauthorized": 1, "rejected": len(refused), "cancelled": deleted, "completed": 3}, jobs
+    assert sample(metrics, "stepserve_rejected_total") == len(refused)
+    assert sample(metrics, 'stepserve_refused_at_admission_total{reason="queue_full"}') == len(at_admission)
 
 
 def test_an_image_model_refuses_videos(tiny_executor):
     with client(tiny_executor) as c:
         error = assert_error_shape(c.post("/v1/videos", json={"prompt": "a", "num_frames": 5}), 400)
     assert error["code"] == "model_not_video" and "makes images, not videos" in error["message"]
+
+
+def sample(metrics: str, name: str) -> float:
+    return next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + " "))
 
 
 def test_every_video_request_ends_in_the_metrics_and_the_access_log_once(wan_executor, caplog):
@@ -230,15 +249,12 @@ def test_every_video_request_ends_in_the_metrics_and_the_access_log_once(wan_exe
         c.delete(f"/v1/videos/{running['id']}")
         metrics = c.get("/metrics").text
 
-    def sample(name: str) -> float:
-        return next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + " "))
-
-    jobs = {o: sample(f'stepserve_video_jobs_total{{outcome="{o}"}}')
+    jobs = {o: sample(metrics, f'stepserve_video_jobs_total{{outcome="{o}"}}')
             for o in ("completed", "invalid", "rejected", "cancelled", "failed")}
     assert jobs == {"completed": 1, "invalid": 1, "rejected": 1, "cancelled": 1, "failed": 0}, jobs
-    assert sample('stepserve_video_job_seconds_count{outcome="completed"}') == 1
-    assert sample("stepserve_rejected_total") == 1 and sample("stepserve_cancelled_total") == 1
-    assert sample('stepserve_requests_total{outcome="completed"}') == 0  # the image requests' series
+    assert sample(metrics, 'stepserve_video_job_seconds_count{outcome="completed"}') == 1
+    assert sample(metrics, "stepserve_rejected_total") == 1 and sample(metrics, "stepserve_cancelled_total") == 1
+    assert sample(metrics, 'stepserve_requests_total{outcome="completed"}') == 0  # the image requests' series
     lines = [r.getMessage() for r in caplog.records if r.name == "stepserve.access"]
     assert len(lines) == 4, lines
     assert re.fullmatch(rf"POST /v1/videos 200 completed \d+\.\d{{3}} s id={quick['id']} frames=\d+ n=1 steps=2 "
@@ -246,3 +262,32 @@ def test_every_video_request_ends_in_the_metrics_and_the_access_log_once(wan_exe
     assert re.fullmatch(r"POST /v1/videos 400 invalid \d+\.\d{3} s", lines[1]), lines
     assert re.fullmatch(r"POST /v1/videos 429 rejected \d+\.\d{3} s", lines[2]), lines
     assert re.fullmatch(rf"POST /v1/videos 200 cancelled \d+\.\d{{3}} s id={running['id']}", lines[3]), lines
+
+
+def test_a_job_past_its_deadline_and_one_cut_short_by_shutdown_each_end_once(wan_executor, caplog):
+    """A job whose request times out ends as `timeout` (counted in stepserve_timed_out_total too); a job still
+    running when the server shuts down ends once, whichever way (the engine's answer or the cut at close)."""
+    import logging
+
+    require("imageio_ffmpeg", "video")
+    caplog.set_level(logging.INFO, logger="stepserve.access")
+    slow = {"prompt": "a", "num_frames": 9, "num_inference_steps": 200}
+    app_client = TestClient(create_app(AsyncEngine(wan_executor, strategy="continuous", max_batch_size=1),
+                                       limits=ServerLimits(default_timeout_s=0.5), shutdown_grace_s=0.1))
+    with app_client as c:
+        late = c.post("/v1/videos", json=slow).json()
+        done = wait_done(c, late["id"])
+        assert done["status"] == "failed" and done["error"]["code"] == "deadline_exceeded", done
+        metrics = c.get("/metrics").text
+        assert sample(metrics, 'stepserve_video_jobs_total{outcome="timeout"}') == 1
+        assert sample(metrics, "stepserve_timed_out_total") == 1
+        running = c.post("/v1/videos", json={**slow, "timeout_s": 600}).json()
+        state = c.app.state.server
+        assert wait_until(lambda: state.engine.running_count == 1, 30)
+    lines = [r.getMessage() for r in caplog.records if r.name == "stepserve.access"]
+    assert len([ln for ln in lines if late["id"] in ln]) == 1 and " timeout " in lines[0], lines
+    ends = [ln for ln in lines if running["id"] in ln]
+    assert len(ends) == 1, lines
+    after = state.metrics.render().decode()
+    assert sum(sample(after, f'stepserve_video_jobs_total{{outcome="{o}"}}')
+               for o in ("completed", "failed", "timeout", "cancelled", "shutting_down")) == 2

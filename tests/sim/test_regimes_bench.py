@@ -123,7 +123,7 @@ def test_standings_count_the_cells_each_contender_is_within_the_margins_of_the_b
 
 def test_the_matrix_picture_draws_every_contender_against_the_best_of_its_cell(tmp_path):
     """benchmarks/regimes_plot.py: per cell, p95 over the cell's best p95 (among those that completed as many) and
-    the attainment, the default first; a contender that completed fewer is drawn apart (hollow)."""
+    the attainment, the default first; a contender that completed fewer is drawn apart (faded)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import regimes_plot
 
@@ -133,7 +133,7 @@ def test_the_matrix_picture_draws_every_contender_against_the_best_of_its_cell(t
 
     rows = [row("a", "none", "none", 3.0, 0.5), row("a", "none", "default=slo", 2.0, 0.8),
             row("a", "3x", "default=slo", 1.0, 0.9), row("a", "3x", "none", 4.0, 0.6),
-            row("a", "3x", "continuous", 0.5, 0.4, done=0.5),  # completed fewer: not the best, drawn hollow
+            row("a", "3x", "continuous", 0.5, 0.4, done=0.5),  # completed fewer: not the best, drawn faded
             row("a", "none", "none#2", 1.0, 0.9)]  # a control copy: not drawn
     out = tmp_path / "m.png"
     fig = regimes_plot.plot_regimes(rows, out)
@@ -143,8 +143,9 @@ def test_the_matrix_picture_draws_every_contender_against_the_best_of_its_cell(t
              for ln in top.lines if ln.get_label()[0] != "_"}
     assert list(drawn) == ["default=slo", "none", "continuous"]
     assert drawn["default=slo"] == [(0, 1.0), (1, 1.0)] and drawn["none"] == [(0, 1.5), (1, 4.0)]
-    assert drawn["continuous"] == []  # only hollow
-    hollow = [list(zip(ln.get_xdata(), ln.get_ydata())) for ln in top.lines if ln.get_label()[0] == "_"]
-    assert [(1, 0.5)] in hollow
+    assert drawn["continuous"] == []  # only faded
+    faded = [list(zip(ln.get_xdata(), ln.get_ydata())) for ln in top.lines if ln.get_label()[0] == "_"]
+    assert [(1, 0.5)] in faded
+    assert all(ln.get_alpha() == 0.5 for ln in top.lines if list(zip(ln.get_xdata(), ln.get_ydata())) == [(1, 0.5)])
     attainment = [list(zip(ln.get_xdata(), ln.get_ydata())) for ln in bottom.lines]
     assert [(0, 80.0), (1, 90.0)] in attainment and [(1, 40.0)] in attainment
