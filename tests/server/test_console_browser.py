@@ -129,3 +129,25 @@ def test_with_a_key_the_page_refuses_until_it_is_entered(serve, browser, embedde
         page.click("#generate")
         page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
         page.close()
+
+
+def test_a_model_without_negative_prompts_has_no_field_for_one(serve, browser, tmp_path):
+    """Flux.1 [dev] (guidance distilled into the transformer) takes no negative prompt: the playground hides the
+    field, and a request from it carries none even with text left in the field (the server would refuse one)."""
+    from stepserve.loading import load_executor
+    from stepserve.tiny.flux import build_tiny_flux
+
+    flux = load_executor(str(build_tiny_flux(tmp_path / "flux")))
+    assert flux.model_info.negative_prompt is False
+    with serve(strategy="continuous", executor=flux) as server:
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        page.wait_for_selector("#status.live", timeout=20_000)
+        assert page.locator("#negative").is_hidden()
+        page.evaluate("() => { document.getElementById('negative').value = 'left over'; }")  # text in the hidden field
+        page.fill("#steps", "2")
+        with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
+            page.click("#generate")
+        assert "negative_prompt" not in sent.value.post_data_json
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
+        page.close()
