@@ -238,19 +238,19 @@ def _v1_routes(state: ServerState) -> APIRouter:
 async def answer(state: ServerState, request: Request, read) -> Response:
     """One images request, generations or edits: `read()` -> (the body, its SamplingParams per image); then
     admission, the wait (or the event stream) and the answer, with the request's bookkeeping."""
-    started = time.monotonic()
+    started, path = time.monotonic(), request.url.path
     state.inflight += 1
     streaming = False
     try:
         req, params = await read()
         handles = await submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
         if req.stream:
-            job = StreamJob(state, handles, started, request.url.path)
+            job = StreamJob(state, handles, started, path)
             streaming = True  # from here the stream owns the bookkeeping
             return EventStreamResponse(image_events(job, backstop_s(params)), job.close)
         results = await wait_all(state, handles, request.receive, backstop_s(params))
         if results is None:
-            state.request_done("cancelled", CLIENT_GONE, started, path=request.url.path)
+            state.request_done("cancelled", CLIENT_GONE, started, path=path)
             return Response(status_code=CLIENT_GONE)
         for r in results:
             check(r)
@@ -263,13 +263,13 @@ async def answer(state: ServerState, request: Request, read) -> Response:
         }
         for r in results:
             state.note_latency(r.timing.total_s or 0.0)
-        state.request_done("completed", 200, started, results, request.url.path)
+        state.request_done("completed", 200, started, results, path)
         return JSONResponse(body)
     except APIError as exc:
-        state.request_done(outcome_of(exc), exc.status, started, path=request.url.path)
+        state.request_done(outcome_of(exc), exc.status, started, path=path)
         return exc.response()
     except ClientDisconnect:
-        state.request_done("cancelled", CLIENT_GONE, started, path=request.url.path)
+        state.request_done("cancelled", CLIENT_GONE, started, path=path)
         return Response(status_code=CLIENT_GONE)
     finally:
         if not streaming:

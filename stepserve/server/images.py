@@ -25,11 +25,12 @@ from ..validation import SizeError, ValidationError, resolve_params
 from . import errors
 from .errors import APIError
 
+from .metrics import ServerMetrics
+from .schemas import ServerLimits
+
 access = logging.getLogger("stepserve.access")
 GENERATIONS, VIDEOS = "/v1/images/generations", "/v1/videos"
 CLIENT_GONE = 499  # never read by anyone: the client has disconnected
-from .metrics import ServerMetrics
-from .schemas import ServerLimits
 
 
 @dataclass

@@ -101,9 +101,7 @@ class VideoJobs:
         """A job for an admitted request (that arrived at `started`, time.monotonic()); its follower task starts
         now."""
         job = VideoJob(f"video_{secrets.token_hex(12)}", self.engine.model_info.name, handle.params, fps,
-                       handle=handle)
-        if started is not None:
-            job.started = started
+                       started=time.monotonic() if started is None else started, handle=handle)
         self.jobs[job.id] = job
         job.task = asyncio.ensure_future(self._follow(job))
         return job
