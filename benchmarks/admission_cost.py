@@ -14,8 +14,8 @@ import random
 import time
 
 from stepserve.costs import CostModel, FakeExecutor, LatencyModel
-from stepserve.engine_config import EngineOptions
-from stepserve.types import SamplingParams
+from stepserve.engine.config import EngineOptions
+from stepserve.request.types import SamplingParams
 
 
 def decision_ms(queue: int, decisions: int, max_batch_size: int) -> float:

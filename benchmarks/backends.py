@@ -61,7 +61,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     engines = {}
     for backend in BACKENDS:
-        from stepserve.loading import load_executor
+        from stepserve.engine.loading import load_executor
 
         executor = load_executor(args.model, backend=backend, threads=args.threads)
         engines[backend] = {b: Engine(executor, strategy="static", max_batch_size=b, static_batch_size=b,

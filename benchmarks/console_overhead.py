@@ -79,11 +79,11 @@ def engine_thread_cost(rows: int = 8, steps: int = 20_000) -> float:
     import asyncio
     import time
 
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.async_engine import AsyncEngine
     from stepserve.costs.fake import FakeExecutor
     from stepserve.server.events import EngineEvents
-    from stepserve.types import SamplingParams, StepReport
-    from stepserve.validation import resolve_params
+    from stepserve.request.types import SamplingParams, StepReport
+    from stepserve.request.validation import resolve_params
 
     engine = AsyncEngine(FakeExecutor(), strategy="continuous")
     requests = [engine.core.new_request(resolve_params(SamplingParams(prompt=f"p{i}", seed=i), engine.model_info),

@@ -17,7 +17,7 @@ import time
 import torch
 
 from stepserve import Engine, SamplingParams
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import make_policy
 
 

@@ -23,7 +23,7 @@ import torch
 
 from stepserve import Engine, SamplingParams
 from stepserve import sampling
-from stepserve.loading import load_executor
+from stepserve.engine.loading import load_executor
 
 from common import pick_model
 

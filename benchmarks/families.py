@@ -31,7 +31,7 @@ import torch
 from common import stepserve
 
 from stepserve import Engine, SamplingParams
-from stepserve.loading import load_executor
+from stepserve.engine.loading import load_executor
 from stepserve.tiny import FAMILY_MODULES
 
 

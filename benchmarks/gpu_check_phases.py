@@ -62,8 +62,8 @@ class Recorder:
 
 def requests_for(executor, n: int, steps: int = 50):
     """n prepared throwaway requests without guidance (one denoiser row each), at the model's default size."""
-    from stepserve.types import Request, SamplingParams
-    from stepserve.validation import resolve_params
+    from stepserve.request.types import Request, SamplingParams
+    from stepserve.request.validation import resolve_params
 
     p = resolve_params(SamplingParams(prompt="a photograph", seed=1, num_inference_steps=steps, guidance_scale=1.0),
                        executor.model_info)

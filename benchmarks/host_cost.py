@@ -29,10 +29,10 @@ from stepserve.bench.targets import Contender
 from stepserve.bench.workload import Mix, poisson_trace
 from stepserve.costs import CostModel, LatencyModel
 from stepserve.costs.fake import FakeExecutor
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import make_policy
 from stepserve.sim.bench import SimSetup, SimulatedDriver, contender_maker
-from stepserve.types import SamplingParams
+from stepserve.request.types import SamplingParams
 
 FREE = CostModel(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from stepserve import Engine, SamplingParams
-    from stepserve.loading import load_executor
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.loading import load_executor
+    from stepserve.engine.async_engine import AsyncEngine
     from stepserve.server.app import create_app
 
     torch.set_num_threads(args.threads)

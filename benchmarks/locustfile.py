@@ -26,8 +26,8 @@ import random
 
 from locust import HttpUser, constant, task
 
-from stepserve.digits import DIGIT_PROMPTS
-from stepserve.validation import DRAWN_SEED_LIMIT
+from stepserve.util.digits import DIGIT_PROMPTS
+from stepserve.request.validation import DRAWN_SEED_LIMIT
 
 ENDPOINT = "/v1/images/generations"
 _user_numbers = itertools.count()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from stepserve.loading import load_executor
+from stepserve.engine.loading import load_executor
 from stepserve.profiling.requests import _dummy_requests, _release
 from stepserve.tiny.lora import build_tiny_lora
 

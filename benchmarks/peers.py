@@ -49,7 +49,7 @@ def bare_pipeline(ctx: PeerContext):
     import torch
 
     from stepserve import Engine
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     h = ctx.handler
     torch.set_num_threads(h.threads)

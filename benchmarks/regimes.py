@@ -42,7 +42,7 @@ from stepserve.bench.runner import measure_capacity, measure_idle
 from stepserve.bench.targets import OK, Contender
 from stepserve.bench.trace_files import save_trace
 from stepserve.bench.workload import Mix, Trace, TraceItem, poisson_trace
-from stepserve.engine_config import EngineOptions
+from stepserve.engine.config import EngineOptions
 from stepserve.sim.bench import load_setup, simulated_testbed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -188,8 +188,8 @@ def load_regime(name: str, batch: int, workdir: Path, noise: float = 0.0) -> Reg
             with quiet():
                 build_tiny_flux(folder, **BENCH_OPTIONS)
         model = str(folder)
-    from stepserve.engine_config import resolve_latency_model
-    from stepserve.loading import default_threads, load_executor
+    from stepserve.engine.config import resolve_latency_model
+    from stepserve.engine.loading import default_threads, load_executor
 
     import torch
 

@@ -17,9 +17,9 @@ import time
 import torch
 
 from stepserve import SamplingParams
-from stepserve.async_engine import AsyncEngine
-from stepserve.engine_config import resolve_latency_model
-from stepserve.loading import load_executor
+from stepserve.engine.async_engine import AsyncEngine
+from stepserve.engine.config import resolve_latency_model
+from stepserve.engine.loading import load_executor
 
 
 async def run(strat, seed):

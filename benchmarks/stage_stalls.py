@@ -38,7 +38,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def replay(executor, trace, bound: int | None, max_batch: int, warmup_s: float) -> Run:
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.async_engine import AsyncEngine
 
     run = Run(bound)
     engine = AsyncEngine(executor, strategy="continuous", max_batch_size=max_batch, max_decode_per_step=bound)
@@ -68,8 +68,8 @@ async def replay(executor, trace, bound: int | None, max_batch: int, warmup_s: f
 
 
 def make_trace(rate: float, duration: float, steps: list[int], seed: int):
-    from stepserve.digits import DIGIT_PROMPTS
-    from stepserve.types import SamplingParams
+    from stepserve.util.digits import DIGIT_PROMPTS
+    from stepserve.request.types import SamplingParams
 
     rng = random.Random(seed)
     t, out, i = 0.0, [], 0
@@ -121,7 +121,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     executor = load_executor(pick_model(args.model))
     bounds = [None if b == "none" else int(b) for b in args.bounds.split(",")]

@@ -1,10 +1,10 @@
 """stepserve: a serving engine for diffusion models built around step-level (continuous) batching."""
 
 from .api import Engine
-from .admission_errors import AdmissionError, DeadlineRefusedError, QueueFullError
-from .engine import EngineCore
-from .types import FinishReason, GenerationResult, RequestStatus, SamplingParams
-from .validation import ValidationError
+from .engine.admission_errors import AdmissionError, DeadlineRefusedError, QueueFullError
+from .engine.core import EngineCore
+from .request.types import FinishReason, GenerationResult, RequestStatus, SamplingParams
+from .request.validation import ValidationError
 from .version import __version__
 
 __all__ = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .clock import Clock, WallClock
-from .engine_config import EngineConfig, EngineOptions, build_engine, options_from
+from .engine.clock import Clock, WallClock
+from .engine.config import EngineConfig, EngineOptions, build_engine, options_from
 from .executor.base import Executor
-from .types import GenerationResult, Request, SamplingParams
+from .request.types import GenerationResult, Request, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class Engine:
                         deterministic: bool = False, fast_path: Any = None, threads: int | None | str = "auto",
                         cache: Any = None, lora_dir: str | None = None, lora_memory_mb: float | None = 1024.0,
                         **options: Any) -> "Engine":
-        """Load a model and build an engine (stepserve.engine_config.build_engine). With memory_cap,
+        """Load a model and build an engine (stepserve.engine.config.build_engine). With memory_cap,
         max_batch_size is lowered to what fits in the device's memory (the reason is logged; torch backend only).
         `compile` (the denoiser compiled per batch bucket) and `deterministic` (byte-identical images under any
         load) are the fast path of stepserve.backends.fast_path; `fast_path` takes its FastPathOptions whole.
@@ -64,8 +64,8 @@ class Engine:
         store = getattr(self.executor, "_adapters", None)
         if not names or store is None:
             return
-        from .lora import LoraError
-        from .validation import ValidationError
+        from .lora.errors import LoraError
+        from .request.validation import ValidationError
 
         try:
             store.ensure(names)
@@ -78,7 +78,7 @@ class Engine:
 
         A list longer than the queue (`max_queue`) is fed in as room frees up. If generate() is interrupted, the
         requests it queued are cancelled before it returns, so nothing of this call runs inside a later one."""
-        from .validation import resolve_params
+        from .request.validation import resolve_params
 
         core = self.core
         # resolve everything first: a bad request must not leave others half-submitted
@@ -87,7 +87,7 @@ class Engine:
         requests: list[Request] = []
         bar = None
         if progress:
-            from .progress import progress as progress_bar
+            from .util.progress import progress as progress_bar
 
             bar = progress_bar(len(to_feed), f"generate ({self.options.strategy})", "image")
         try:
@@ -115,6 +115,6 @@ class Engine:
 
 def _auto_threads() -> int:
     """from_pretrained's default CPU threads: the cores this process may use minus one (as `stepserve serve`)."""
-    from .loading import default_threads
+    from .engine.loading import default_threads
 
     return default_threads()

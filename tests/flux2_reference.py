@@ -53,7 +53,7 @@ def as_array(image) -> np.ndarray:
 
 def executor(path):
     """The folder's executor, loaded once (engines of every strategy share it)."""
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     if str(path) not in _EXECUTORS:
         _EXECUTORS[str(path)] = load_executor(str(path))

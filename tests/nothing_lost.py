@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.sim import Arrival, simulate
-from stepserve.types import RequestStatus, StepReport
+from stepserve.request.types import RequestStatus, StepReport
 
 FINAL = {RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.CANCELLED, RequestStatus.REJECTED}
 

@@ -3,9 +3,9 @@
 import pytest
 
 from stepserve.api import Engine
-from stepserve.clock import SimClock
+from stepserve.engine.clock import SimClock
 from stepserve.costs import FakeExecutor
-from stepserve.types import RequestStatus, SamplingParams
+from stepserve.request.types import RequestStatus, SamplingParams
 
 
 def test_a_list_longer_than_the_queue_waits_for_room_and_leaves_no_orphans():

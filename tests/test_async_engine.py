@@ -4,11 +4,11 @@ import asyncio
 
 import pytest
 
-from stepserve.async_engine import AsyncEngine, ShuttingDownError
+from stepserve.engine.async_engine import AsyncEngine, ShuttingDownError
 from stepserve.costs import FakeExecutor
-from stepserve.admission_errors import QueueFullError
-from stepserve.types import FinishReason, RequestStatus, SamplingParams
-from stepserve.validation import ValidationError
+from stepserve.engine.admission_errors import QueueFullError
+from stepserve.request.types import FinishReason, RequestStatus, SamplingParams
+from stepserve.request.validation import ValidationError
 
 
 class SlowFake(FakeExecutor):

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from stepserve.async_engine import AsyncEngine, EngineDeadError
+from stepserve.engine.async_engine import AsyncEngine, EngineDeadError
 from stepserve.costs import FakeExecutor
-from stepserve.types import FinishReason, RequestStatus, SamplingParams
+from stepserve.request.types import FinishReason, RequestStatus, SamplingParams
 
 WAIT_S = 10.0  # generous: the engine answers these in milliseconds; this only stops a hang
 
@@ -73,7 +73,7 @@ def test_failing_step_callback_is_logged_and_requests_still_complete(caplog):
         await engine.shutdown(1.0)
         return results, engine.healthy
 
-    with caplog.at_level(logging.ERROR, logger="stepserve.async_engine"):
+    with caplog.at_level(logging.ERROR, logger="stepserve.engine.async_engine"):
         results, healthy = run(main())
     assert all(r.status is RequestStatus.COMPLETED for r in results)
     assert healthy
@@ -126,7 +126,7 @@ def test_shutdown_says_when_the_engine_thread_did_not_stop(caplog):
         release.set()
         return stopped
 
-    with caplog.at_level(logging.WARNING, logger="stepserve.async_engine"):
+    with caplog.at_level(logging.WARNING, logger="stepserve.engine.async_engine"):
         stopped = run(main())
     assert stopped is False
     assert any("did not stop" in rec.getMessage() for rec in caplog.records)
@@ -178,7 +178,7 @@ def test_failing_preview_is_logged_once_and_the_stream_goes_on(caplog):
         await engine.shutdown(1.0)
         return streams
 
-    with caplog.at_level(logging.WARNING, logger="stepserve.async_engine"):
+    with caplog.at_level(logging.WARNING, logger="stepserve.engine.async_engine"):
         streams = run(main())
     assert all(s[-1].status is RequestStatus.COMPLETED for s in streams)
     assert all(e.preview is None for s in streams for e in s[:-1])
@@ -186,12 +186,12 @@ def test_failing_preview_is_logged_once_and_the_stream_goes_on(caplog):
 
 
 def test_executor_failure_is_logged_once_per_stage_and_kind(caplog):
-    from stepserve.engine import EngineCore
+    from stepserve.engine.core import EngineCore
     from stepserve.scheduling import make_policy
     from stepserve.sim import Arrival, simulate
 
     core = EngineCore(FakeExecutor(fault=lambda stage, requests: stage == "decode"), make_policy("continuous"))
-    with caplog.at_level(logging.ERROR, logger="stepserve.engine"):
+    with caplog.at_level(logging.ERROR, logger="stepserve.engine.core"):
         result = simulate(core, [Arrival(0.01 * i, params(i, steps=2)) for i in range(6)])
     assert all(r.finish_reason is FinishReason.ERROR for r in result.requests)
     assert sum("executor decode failed" in rec.getMessage() for rec in caplog.records) == 1

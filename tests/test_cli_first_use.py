@@ -23,7 +23,7 @@ def settings(*argv: str):
     (["--lora-dir", ".", "--deterministic"], "do not run with --compile/--deterministic"),
 ])
 def test_cache_and_lora_flags_fail_before_the_model_loads(argv, says, monkeypatch):
-    import stepserve.loading as loading
+    import stepserve.engine.loading as loading
 
     monkeypatch.setattr(loading, "load_executor", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(StartupError) as err:
@@ -35,7 +35,7 @@ def test_a_relative_lora_dir_is_taken_from_the_working_folder(tmp_path, monkeypa
     from extras import require
 
     require("peft", "lora")
-    from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
+    from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
     from stepserve.tiny.lora import build_tiny_lora
 
     build_tiny_lora("embedded", tmp_path / "loras" / "ink.safetensors", rank=4)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from stepserve import loading, scheduling
+from stepserve import scheduling
+from stepserve.engine import loading
 from stepserve.commands import bench as bench_cli
 from stepserve.bench.targets import Contender
 from stepserve.commands import serve as server_cli
@@ -32,7 +33,7 @@ def test_bench_cli_defaults_to_every_strategy_and_names_the_devices():
 
 def test_one_sampler_to_scheduler_map():
     import stepserve.sampling as sampling
-    from stepserve import types
+    from stepserve.request import types
     from stepserve.pipelines import diffusers_sd
     from tiny_sd import SCHEDULER_CLASS
 
@@ -46,7 +47,7 @@ def test_one_max_seed_the_one_the_http_docs_state():
     import re
     from pathlib import Path
 
-    from stepserve import validation
+    from stepserve.request import validation
     from stepserve.bench import workload
     from stepserve.server import schemas
 
@@ -65,7 +66,7 @@ def test_http_seed_bound_is_max_seed():
 
     from stepserve.server.errors import APIError
     from stepserve.server.schemas import ServerLimits, parse_body
-    from stepserve.validation import MAX_SEED
+    from stepserve.request.validation import MAX_SEED
 
     def body(**fields) -> bytes:
         return json.dumps({"prompt": "a", **fields}).encode()
@@ -83,7 +84,7 @@ def test_drawn_seeds_stay_below_one_limit():
     import random
 
     from stepserve.bench.workload import Mix
-    from stepserve.validation import DRAWN_SEED_LIMIT, MAX_SEED, draw_seed
+    from stepserve.request.validation import DRAWN_SEED_LIMIT, MAX_SEED, draw_seed
 
     assert DRAWN_SEED_LIMIT - 1 <= MAX_SEED
     assert all(0 <= draw_seed() < DRAWN_SEED_LIMIT for _ in range(100))
@@ -98,7 +99,7 @@ def test_one_size_parser_width_first():
 
     from stepserve.bench import workload
     from stepserve.server import schemas
-    from stepserve.validation import ValidationError, parse_size
+    from stepserve.request.validation import ValidationError, parse_size
 
     size = parse_size("48x32")
     assert size == (48, 32) and (size.width, size.height) == (48, 32)
@@ -115,7 +116,7 @@ def test_one_size_parser_width_first():
 def test_one_list_of_digit_prompts():
     from stepserve.commands import grid
     from stepserve.bench.workload import Mix
-    from stepserve.digits import DIGIT_PROMPTS, DIGIT_WORDS
+    from stepserve.util.digits import DIGIT_PROMPTS, DIGIT_WORDS
     from stepserve.training import data
 
     assert len(DIGIT_WORDS) == 10 and DIGIT_PROMPTS[7] == "a handwritten seven"

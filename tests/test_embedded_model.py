@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepserve.digits import DIGIT_PROMPTS
+from stepserve.util.digits import DIGIT_PROMPTS
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "stepserve" / "models" / "embedded"
 SEEDS = (0, 1, 2)

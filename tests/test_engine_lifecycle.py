@@ -6,11 +6,11 @@ from hypothesis import strategies as st
 from nothing_lost import assert_nothing_lost, every_nth_call_fails
 
 from stepserve.costs import FakeExecutor
-from stepserve.admission_errors import QueueFullError
-from stepserve.engine import EngineCore
+from stepserve.engine.admission_errors import QueueFullError
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import STRATEGIES, make_policy
 from stepserve.sim import Arrival
-from stepserve.types import FinishReason, RequestStatus, SamplingParams
+from stepserve.request.types import FinishReason, RequestStatus, SamplingParams
 
 arrival = st.builds(
     lambda t, steps, g, size, timeout, abort: (t, steps, g, size, timeout, abort),

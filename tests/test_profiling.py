@@ -9,7 +9,7 @@ import pytest
 from stepserve import profiling
 from stepserve.costs import CostModel, FakeExecutor
 from stepserve.costs.latency_model import LatencyModel
-from stepserve.validation import ValidationError
+from stepserve.request.validation import ValidationError
 
 COST = CostModel(step_fixed_s=0.0123, step_per_item_s=0.0041, encode_fixed_s=0.0031, encode_per_item_s=0.00071,
                  decode_fixed_s=0.0027, decode_per_item_s=0.0013)
@@ -185,7 +185,7 @@ def test_bad_settings_are_refused_before_anything_runs():
 # --- the tiny Stable Diffusion pipeline ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_executor(tiny_sd_path):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     return load_executor(str(tiny_sd_path))
 
@@ -291,7 +291,7 @@ def test_cap_keeps_the_request_for_an_executor_without_device_memory():
 def test_cuda_peaks_and_metadata(tiny_sd_path):
     import torch
 
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     executor = load_executor(str(tiny_sd_path), device="cuda")
     peaks = profiling.measure_peak_memory(executor, [1, 2, 4])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from stepserve.progress import LineProgress, progress
-from stepserve.words import plural
+from stepserve.util.progress import LineProgress, progress
+from stepserve.util.words import plural
 
 
 class FakeTerminal(io.StringIO):
@@ -78,7 +78,7 @@ def test_disabled_writes_nothing_and_a_terminal_gets_tqdm():
 
 def test_offline_generate_logs_two_lines_to_a_non_terminal_stderr(capsys):
     from stepserve import Engine, SamplingParams
-    from stepserve.clock import SimClock
+    from stepserve.engine.clock import SimClock
     from stepserve.costs import FakeExecutor
 
     engine = Engine(FakeExecutor(), clock=SimClock(), strategy="continuous", max_batch_size=8)

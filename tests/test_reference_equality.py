@@ -100,8 +100,8 @@ def _diffusers_x0_estimates(path, params) -> list:
 
 
 def test_previews_are_x0_estimates_and_do_not_change_the_image(tiny_sd_path):
-    from stepserve.loading import load_executor
-    from stepserve.engine import EngineCore
+    from stepserve.engine.loading import load_executor
+    from stepserve.engine.core import EngineCore
     from stepserve.scheduling import make_policy
 
     ex = load_executor(str(tiny_sd_path))

@@ -4,10 +4,10 @@ retries the batch in halves (bisection) until the culprit runs alone, so only th
 import pytest
 
 from stepserve.costs import FakeExecutor
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import STRATEGIES, make_policy
 from stepserve.sim import Arrival, simulate
-from stepserve.types import FinishReason, RequestStatus, SamplingParams
+from stepserve.request.types import FinishReason, RequestStatus, SamplingParams
 
 POISON = "poisoned"
 

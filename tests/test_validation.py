@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from stepserve.costs import FAKE_MODEL
-from stepserve.types import SamplingParams
-from stepserve.validation import SizeError, ValidationError, resolve_params
+from stepserve.request.types import SamplingParams
+from stepserve.request.validation import SizeError, ValidationError, resolve_params
 
 
 @pytest.mark.parametrize(
@@ -64,10 +64,10 @@ def test_a_request_is_resolved_once_where_it_enters():
     """The edge resolves (defaults filled, a seed drawn); the engine core and the offline API keep that object, so
     a drawn seed is the one that runs and nothing is checked twice."""
     from stepserve.api import Engine
-    from stepserve.engine import EngineCore
+    from stepserve.engine.core import EngineCore
     from stepserve.costs import FakeExecutor
     from stepserve.scheduling import make_policy
-    from stepserve.types import ResolvedParams
+    from stepserve.request.types import ResolvedParams
 
     resolved = resolve_params(SamplingParams(prompt="a digit"), FAKE_MODEL)
     assert isinstance(resolved, ResolvedParams) and resolved.seed is not None

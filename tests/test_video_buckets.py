@@ -10,10 +10,10 @@ import pytest
 
 from stepserve.costs.cost_model import CostModel
 from stepserve.costs.latency_model import Curve, LatencyModel
-from stepserve.buckets import (bucket_fields, bucket_name, bucket_of, bucket_pixels, default_bucket,
+from stepserve.request.buckets import (bucket_fields, bucket_name, bucket_of, bucket_pixels, default_bucket,
                                largest_bucket)
-from stepserve.types import ModelInfo, Request
-from stepserve.validation import ValidationError, resolve_params
+from stepserve.request.types import ModelInfo, Request
+from stepserve.request.validation import ValidationError, resolve_params
 
 IMAGE = ModelInfo(name="m", default_sampler="ddim", default_steps=4, default_guidance_scale=1.0, default_height=32,
                   default_width=48, size_multiple=16, min_size=16, max_size=64)
@@ -51,7 +51,7 @@ def test_an_unmeasured_video_bucket_costs_its_frames():
 
 
 def test_the_memory_cap_probes_the_longest_video(tmp_path):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
     from stepserve.profiling import cap_max_batch_size
     from stepserve.tiny.wan import build_tiny_wan
 
@@ -68,6 +68,6 @@ def test_profile_sizes_take_frames():
 
 
 def _params(**fields):
-    from stepserve.types import SamplingParams
+    from stepserve.request.types import SamplingParams
 
     return SamplingParams(prompt="a", seed=1, **fields)

@@ -47,7 +47,7 @@ def build_tiny_sd(path: Path, prediction_type: str = "epsilon", scheduler: str =
 
 
 # The tests' own statement of which diffusers class each sampler must match, written out independently of
-# stepserve.types.SCHEDULER_CLASSES (tests/test_constants.py checks that the two agree).
+# stepserve.request.types.SCHEDULER_CLASSES (tests/test_constants.py checks that the two agree).
 SCHEDULER_CLASS = {
     "ddim": "DDIMScheduler",
     "euler": "EulerDiscreteScheduler",

@@ -124,10 +124,10 @@ def warm_up(executor: Any, wrapper: BatchBucketedNetworks, progress: bool = True
     each, then a decode, so every compiled shape is built before the first request arrives. With CUDA graphs each
     bucket runs three times: torch.compile's cudagraph trees run a new shape eagerly once, then record, then
     replay."""
-    from ..progress import progress as progress_bar
-    from ..buckets import bucket_of
-    from ..types import Request
-    from ..validation import internal_params
+    from ..util.progress import progress as progress_bar
+    from ..request.buckets import bucket_of
+    from ..request.types import Request
+    from ..request.validation import internal_params
 
     model = executor.model_info
     params = internal_params(model, prompt="warm-up", seed=0, num_inference_steps=2, guidance_scale=1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ..loading import default_threads
+from ..engine.loading import default_threads
 from .config import BenchConfig
 from .live import LiveDriver
 from .quality import uncached_images
@@ -52,7 +52,7 @@ def _latency_model(cfg: BenchConfig, executor, startup: Startup):
     """The one LatencyModel every slo contender predicts with, and where it came from; (None, None) when no
     contender is slo. Given, loaded, or measured on the shared executor (engine_config.resolve_latency_model, as
     every engine does); measuring it is start-up, timed into startup.latency_model_s, never inside a run."""
-    from ..engine_config import resolve_latency_model
+    from ..engine.config import resolve_latency_model
 
     slo = [c for c in cfg.contenders if c.strategy == "slo"]
     if not slo:
@@ -67,10 +67,10 @@ def _latency_model(cfg: BenchConfig, executor, startup: Startup):
 
 
 def load_model(cfg: BenchConfig):
-    """The executor every in-process contender shares: built once (stepserve.engine_config), without the memory
+    """The executor every in-process contender shares: built once (stepserve.engine.config), without the memory
     cap (a contender's max_batch_size is what the run compares), with the fast path when asked; `fake` is the
     sleeping fake executor (no model)."""
-    from ..engine_config import EngineConfig, EngineOptions, build_engine
+    from ..engine.config import EngineConfig, EngineOptions, build_engine
 
     fake = None
     if cfg.model == "fake":

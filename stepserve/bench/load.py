@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..words import plural
+from ..util.words import plural
 from .targets import UNFINISHED, Reply, Target
 from .workload import RequestSpec, Trace
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..words import plural
+from ..util.words import plural
 from .quality import quality_lines
 from .repeats import ContenderSummary
 from .report_edits import by_kind

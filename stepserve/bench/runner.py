@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ..progress import progress as progress_bar
-from ..words import plural
+from ..util.progress import progress as progress_bar
+from ..util.words import plural
 from .load import LoadResult, Outcome
 from .metrics import RunMetrics, Usage, summarize, window_rates
 from .results import BatchTimeline, Capacity, IdleLatency

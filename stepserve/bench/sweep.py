@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..progress import progress as progress_bar
+from ..util.progress import progress as progress_bar
 from .results import Knee, SweepPoint
 from .runner import ContenderRun, Driver, LoadPlan, TargetMaker, run_contender
 from .workload import Mix, poisson_trace

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
-from ..types import FinishReason, RequestStatus
+from ..request.types import FinishReason, RequestStatus
 from .logs import warn_once
 from .workload import RequestSpec
 
@@ -112,7 +112,7 @@ class EngineTarget:
         self._busy = 0.0
 
     async def start(self) -> None:
-        from ..async_engine import AsyncEngine
+        from ..engine.async_engine import AsyncEngine
 
         options = self.contender.engine_options()
         if self.latency_model is not None and self.contender.strategy == "slo":
@@ -127,7 +127,7 @@ class EngineTarget:
             self._steps.append(StepSample(report.now, report.duration_s, report.batch_size))
 
     async def send(self, spec: RequestSpec) -> Reply:
-        from ..admission_errors import AdmissionError
+        from ..engine.admission_errors import AdmissionError
 
         try:
             handle = self.engine.submit(spec.to_params())

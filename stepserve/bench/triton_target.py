@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .targets import FAILED, OK, TIMEOUT, Reply, StepSample
+from .targets import FAILED, OK, Reply, StepSample
 from .triton_stream import SharedStream
 from .triton_wire import (FALLBACK_DEFAULTS, ModelInputs, deadline_status, error_reply, is_final, numpy_array,
                           request_tensors, to_image)

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..digits import DIGIT_PROMPTS
-from ..types import SamplingParams
-from ..validation import DRAWN_SEED_LIMIT, parse_size
+from ..util.digits import DIGIT_PROMPTS
+from ..request.types import SamplingParams
+from ..request.validation import DRAWN_SEED_LIMIT, parse_size
 
 
 @dataclass

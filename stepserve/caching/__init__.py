@@ -2,7 +2,7 @@
 whole denoiser or reuse work cached from its own earlier steps, and the rows that reuse leave the expensive part
 of the forward (the batch gathers only the rows that must run it).
 
-Policies (the request's CacheSpec, stepserve/cache_spec.py):
+Policies (the request's CacheSpec, stepserve/caching/spec.py):
 - fbcache, First-Block Cache (ParaAttention's FBCache; diffusers 0.42 `FirstBlockCacheConfig` is the reference
   definition on Flux): run the first block; when its residual changed by at most `threshold` (relative L1, a
   ratio of means) since the last full step, skip the rest and add the rest's residual cached at that step. On a
@@ -16,7 +16,3 @@ Policies (the request's CacheSpec, stepserve/cache_spec.py):
 State lives on the request (Request.step_cache, a RowState): one branch per row kind (the conditional row, and
 the unconditional row of classifier-free guidance), so a request's decisions never depend on its batch-mates.
 """
-
-from .rows import RowCache, RowState, row_caches, state_bytes
-
-__all__ = ["RowCache", "RowState", "row_caches", "state_bytes"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..types import CacheSpec
+from .spec import CacheSpec
 
 
 def magcache_schedule(spec: CacheSpec, num_steps: int) -> list[bool]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..types import CacheSpec, Request
+from .spec import CacheSpec
+
+Request = Any  # stepserve.request.types.Request (whose module imports this package's spec)
 
 
 @dataclass
@@ -51,10 +54,6 @@ def row_caches(requests: list[Request], guided: list[int]) -> list[RowCache | No
         return RowCache(spec, state.branches.setdefault(branch, {}), r.step, state.schedule)
 
     return [row(r, "cond") for r in requests] + [row(requests[i], "uncond") for i in guided]
-
-
-def state_bytes(requests: list[Request]) -> int:
-    return sum(r.step_cache.nbytes() for r in requests if r.step_cache is not None)
 
 
 def _schedule(spec: CacheSpec, num_steps: int) -> list[bool] | None:

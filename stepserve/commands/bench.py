@@ -23,7 +23,7 @@ from ..bench.config import BenchConfig
 from ..bench.targets import Contender
 from ..bench.triton_target import is_triton_target, parse_triton_target
 from ..bench.workload import Mix
-from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c
+from ..util.interrupts import INTERRUPTED, sigterm_as_ctrl_c
 from ..scheduling import DEFAULT_STRATEGY, STRATEGIES
 from .flags import DefaultsHelpFormatter, add_fast_path_flags, add_model_flags, fast_path_from_args
 

@@ -20,7 +20,7 @@ from ..bench.repeats import ContenderSummary
 from ..bench.report_format import fmt
 from ..bench.targets import Contender
 from ..bench.workload import Mix
-from ..interrupts import INTERRUPTED, sigterm_as_ctrl_c
+from ..util.interrupts import INTERRUPTED, sigterm_as_ctrl_c
 from ..scheduling import DEFAULT_STRATEGY
 from .flags import DefaultsHelpFormatter
 

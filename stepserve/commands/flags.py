@@ -3,7 +3,7 @@
 - `add_model_flags`: --model, --device, --dtype, --backend, --threads (serve, profile, bench);
 - `add_fast_path_flags`: --compile, --compile-buckets, --deterministic (serve, profile, bench);
 - `engine_config`: those flags (and a command's own EngineOptions) -> the EngineConfig that
-  stepserve.engine_config.build_engine builds, with the ONNX export cache resolved for --backend onnxruntime.
+  stepserve.engine.config.build_engine builds, with the ONNX export cache resolved for --backend onnxruntime.
 
 Each value type refuses a bad value with a message that says what is allowed (argparse turns it into
 `error: argument --flag: expected ..., got '...'`).
@@ -17,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..loading import BACKENDS, DEVICES, DTYPES, default_threads
+from ..engine.loading import BACKENDS, DEVICES, DTYPES, default_threads
 
 
 class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -165,8 +165,8 @@ def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
     if args.lora_dir and not Path(args.lora_dir).is_dir():
         raise StartupError(f"--lora-dir: {args.lora_dir!r} is not a folder")
     if args.cache and str(args.cache).lower() not in ("off", "none"):
-        from ..cache_spec import POLICIES, CacheSpecError, parse_cache
-        from ..types import ModelInfo
+        from ..caching.spec import POLICIES, CacheSpecError, parse_cache
+        from ..request.types import ModelInfo
 
         anything = ModelInfo(name="any model", default_sampler="euler", default_steps=1, default_guidance_scale=1.0,
                              default_height=8, default_width=8, size_multiple=8, min_size=8, max_size=8,
@@ -187,7 +187,7 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     """The EngineConfig of the model flags, the fast path flags and a command's EngineOptions. On --backend
     onnxruntime a diffusers folder becomes its cached ONNX export (exported once, on first use)."""
     from ..deploy.onnx_cache import serving_model
-    from ..engine_config import EngineConfig
+    from ..engine.config import EngineConfig
 
     model = serving_model(args.model, args.backend)
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,

@@ -7,7 +7,7 @@ import sys
 
 from PIL import Image, ImageDraw
 
-from ..digits import DIGIT_PROMPTS
+from ..util.digits import DIGIT_PROMPTS
 from .flags import DefaultsHelpFormatter
 
 
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--seeds must be >= 1")
 
     from ..api import Engine
-    from ..types import SamplingParams
-    from ..validation import ValidationError
+    from ..request.types import SamplingParams
+    from ..request.validation import ValidationError
 
     prompts = [p.strip() for p in args.prompts.split(",")] if args.prompts else list(DIGIT_PROMPTS)
     engine = Engine.from_pretrained(args.model, strategy="continuous", max_batch_size=16)

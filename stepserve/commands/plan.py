@@ -21,7 +21,7 @@ from pathlib import Path
 from ..scheduling import STRATEGIES
 from ..sim.plan import DEFAULT_STRATEGIES
 from ..sim.routers import ROUTERS
-from ..words import plural
+from ..util.words import plural
 from .flags import DefaultsHelpFormatter
 
 PLAN_JSON = "plan.json"
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"stepserve plan: {exc}", file=sys.stderr)
         return 2
-    from ..progress import is_terminal, progress
+    from ..util.progress import is_terminal, progress
     from ..sim.plan import (
         probe_lines,
         run_plan,

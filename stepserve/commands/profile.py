@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..loading import available_cores
-from ..buckets import bucket_name
-from ..words import plural
+from ..engine.loading import available_cores
+from ..request.buckets import bucket_name
+from ..util.words import plural
 from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from
 
 PROG = "stepserve profile"
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if not out.parent.is_dir():
         print(f"{PROG}: error: --out {args.out!r}: folder {str(out.parent)!r} does not exist", file=sys.stderr)
         return 2
-    from ..engine_config import EngineOptions, build_engine
-    from ..loading import check_model_argument
+    from ..engine.config import EngineOptions, build_engine
+    from ..engine.loading import check_model_argument
     from ..profiling.measure import measure_with_and_without_guidance
 
     try:

@@ -15,10 +15,10 @@ import sys
 
 import uvicorn
 
-from ..api_key import API_KEY_ENV, resolve_api_key
-from ..loading import available_cores
+from ..util.api_key import API_KEY_ENV, resolve_api_key
+from ..engine.loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
-from ..engine_config import EngineOptions
+from ..engine.config import EngineOptions
 from ..server.startup import ServeSettings, StartupError, start_engine
 from .flags import (OneLineParser, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
                     check_cache_and_lora_flags, engine_config, float_from, int_from)
@@ -186,7 +186,7 @@ def log_to_stderr(level: str) -> None:
 
 
 def check_model(model: str) -> None:
-    from ..loading import check_model_argument
+    from ..engine.loading import check_model_argument
 
     try:
         check_model_argument(model)

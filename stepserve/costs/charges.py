@@ -30,8 +30,8 @@ import math
 import random
 from collections.abc import Mapping
 
-from ..buckets import bucket_pixels
-from ..types import Request
+from ..request.buckets import bucket_pixels
+from ..request.types import Request
 from .guidance import GuidanceCurves, Spread, by_guidance_rows, spread_by_bucket
 from .latency_model import Bucket, Curve, LatencyModel
 

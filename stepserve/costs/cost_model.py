@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..buckets import bucket_pixels
-from ..types import Request
+from ..request.buckets import bucket_pixels
+from ..request.types import Request
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from ..types import SAMPLER_NAMES, ModelInfo, Request
+from ..request.types import SAMPLER_NAMES, ModelInfo, Request
 from .charges import LatencyCharges
 from .cost_model import CostModel
 from .latency_model import LatencyModel

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..buckets import Bucket, bucket_pixels, is_bucket
+from ..request.buckets import Bucket, bucket_pixels, is_bucket
 
 _BUCKET_SHAPE = "(height, width) or (frames, height, width) in positive integers"
 

@@ -1,6 +1,6 @@
 """The ONNX export of a diffusers folder, made once and kept in a cache: what `--backend onnxruntime` serves when
 a command is given a diffusers folder instead of an export folder. Commands resolve the model argument with
-`onnx_folder` before they build an engine; the engine side only ever loads export folders (stepserve.loading)."""
+`onnx_folder` before they build an engine; the engine side only ever loads export folders (stepserve.engine.loading)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..loading import is_export_dir
+from ..engine.loading import is_export_dir
 from ..pipelines.diffusers_sd import resolve_model_path
 from ..pipelines.registry import require_export_family
 from .onnx_export import export_onnx

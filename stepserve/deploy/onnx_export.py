@@ -27,7 +27,7 @@ from ..pipelines.diffusers_sd import (
     resolve_model_path,
 )
 from ..pipelines.registry import require_export_family
-from ..progress import progress
+from ..util.progress import progress
 from .onnx_networks import GraphSpec, example_inputs, graph_module, graph_specs
 
 MANIFEST_FILE = "manifest.json"

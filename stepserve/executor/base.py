@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..types import ModelInfo, Request
+from ..request.types import ModelInfo, Request
 
 
 class Executor(Protocol):

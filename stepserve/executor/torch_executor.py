@@ -14,15 +14,15 @@ from dataclasses import replace
 import torch
 
 from .. import sampling
-from ..cache_spec import with_default
-from ..caching import row_caches
+from ..caching.spec import with_default
+from ..caching.rows import row_caches
 from ..sampling.img2img import starting_at
 from ..lora.rows import adapter_rows, every_row
 from ..pipelines import inpaint
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
-from ..buckets import Bucket
-from ..types import Request
+from ..request.buckets import Bucket
+from ..request.types import Request
 
 
 def _sync(device: torch.device) -> None:
@@ -60,7 +60,7 @@ class TorchExecutor:
         come from, `budget_bytes`: their memory; both set on first use). Raises stepserve.lora.LoraError where the
         pipeline serves none."""
         if self._adapters is None:
-            from ..lora import AdapterStore
+            from ..lora.store import AdapterStore
 
             self._adapters = AdapterStore(self.pipeline, self.lock, root, budget_bytes)
         return self._adapters

@@ -5,9 +5,7 @@ Adapters are read and injected by diffusers' own LoRA loaders (every format they
 the whole batch, and a forward hook adds to each row the low-rank updates of that row's own adapters, weighted by
 the request's scales (as diffusers' `set_adapters` weights them), the rows that share an adapter in one matmul
 (Punica / S-LoRA style grouping). No weights are fused or unfused per step.
+
+The package's parts: `spec` (what a request asks for), `errors`, `gate` (admission waits for an adapter to load),
+`store` (loading, the memory budget, eviction) and `rows` (the per-row forward hook). This module imports no torch.
 """
-
-from .rows import adapter_rows
-from .store import AdapterStore, LoraError
-
-__all__ = ["AdapterStore", "LoraError", "adapter_rows"]

@@ -19,17 +19,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import LoraBudgetError, LoraError
 from .rows import bump_generation, hook
 
 MAX_ADAPTERS = 64  # adapters loaded at once (each adds its low-rank weights to every adapted layer)
-
-
-class LoraError(ValueError):
-    """An adapter that cannot be loaded or named; the message says which and why."""
-
-
-class LoraBudgetError(LoraError):
-    """The adapter memory (or count) is held by adapters that requests carry: retry later."""
 
 
 @dataclass(frozen=True)

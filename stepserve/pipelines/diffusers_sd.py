@@ -19,7 +19,7 @@ from PIL import Image
 
 from ..backends import Networks
 from ..backends.torch_networks import TorchNetworks
-from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo, SamplingParams
+from ..request.types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .prompt_cache import PromptCache
 from .vae import to_pil, vae_scale_factor_of

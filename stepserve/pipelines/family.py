@@ -65,7 +65,7 @@ from PIL import Image
 from torch import Tensor
 
 from .. import sampling
-from ..types import ModelInfo, SamplingParams
+from ..request.types import ModelInfo, SamplingParams
 from .prompt_cache import PromptCache
 
 GUIDANCE_MODES = ("cfg", "embedded")

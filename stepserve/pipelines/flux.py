@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from .. import sampling
-from ..types import ModelInfo, SamplingParams
+from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info

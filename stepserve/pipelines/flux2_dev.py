@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import torch
 
-from ..types import SamplingParams
+from ..request.types import SamplingParams
 from .family import Conditioning
 from .flux2 import Flux2Adapter
 from .folder import PipelineFolder

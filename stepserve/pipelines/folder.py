@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..types import ModelInfo
+from ..request.types import ModelInfo
 
 SERVING_DEFAULTS_FILE = "stepserve.json"
 EMBEDDED_PATH = Path(__file__).resolve().parent.parent / "models" / "embedded"

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from .. import sampling
-from ..types import ModelInfo, SamplingParams
+from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter, stack_rows
 from .vae import to_pil
 from .flux import latent_grid, pack_latents, unpack_latents

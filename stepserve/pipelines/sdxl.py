@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 from PIL import Image
 
-from ..types import SamplingParams
+from ..request.types import SamplingParams
 from .diffusers_sd import model_info_for
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_decode, vae_dtype, vae_scale_factor_of

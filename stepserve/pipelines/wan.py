@@ -29,8 +29,8 @@ import os
 import torch
 from PIL import Image
 
-from ..buckets import bucket_frames, bucket_size
-from ..types import ModelInfo, SamplingParams
+from ..request.buckets import bucket_frames, bucket_size
+from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil
 from .folder import PipelineFolder, serving_info

@@ -14,9 +14,9 @@ from typing import Any
 from ..costs.guidance import METADATA_KEY, guidance_entry
 from ..costs.latency_model import Bucket, Curve, LatencyModel
 from ..executor.base import Executor
-from ..buckets import bucket_fields, default_bucket
-from ..types import Request
-from ..validation import internal_params
+from ..request.buckets import bucket_fields, default_bucket
+from ..request.types import Request
+from ..request.validation import internal_params
 from .requests import (
     _advance,
     _device_of,
@@ -95,7 +95,7 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     non-decreasing in batch size by pooling adjacent violators (a dip is averaged with the point before it);
     a curve that was already non-decreasing (any real cost model, the fake executor's) is kept exactly.
 
-    `progress`: None or True shows progress (stepserve.progress: a bar on a terminal, a line per phase
+    `progress`: None or True shows progress (stepserve.util.progress: a bar on a terminal, a line per phase
     elsewhere); False is silent.
 
     Time: on the embedded model on CPU (2 threads), the model already loaded, this takes about 0.4 s with
@@ -132,7 +132,7 @@ def measure_latency_model(executor: Executor, max_batch_size: int, buckets: Sequ
     started = time.perf_counter()
     bar = None
     if progress is not False:
-        from ..progress import progress as progress_bar
+        from ..util.progress import progress as progress_bar
 
         # one measurement: one size at one batch size in one round (its warm-up and repeats included)
         bar = progress_bar(rounds * len(buckets) * len(sizes), f"profile {model.name}", "measurement")

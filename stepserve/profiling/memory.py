@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
-from ..buckets import bucket_name, default_bucket, largest_bucket
+from ..request.buckets import bucket_name, default_bucket, largest_bucket
 from .budget import memory_budget
 from .requests import _device_of, _dummy_requests, _no_prompt_cache, _release
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
-from ..buckets import bucket_fields, bucket_of
-from ..types import Request, RequestStatus
-from ..validation import internal_params
+from ..request.buckets import bucket_fields, bucket_of
+from ..request.types import Request, RequestStatus
+from ..request.validation import internal_params
 
 
 # --- dummy requests -----------------------------------------------------------------------------------------------

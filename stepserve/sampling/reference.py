@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..types import SAMPLER_NAMES, SCHEDULER_CLASSES
+from ..request.types import SAMPLER_NAMES, SCHEDULER_CLASSES
 from .flow_shift import SHIFT_DEFAULTS, flow_dpmpp_config, is_flow_config
 
 # Config values forced onto the class so that the sampler is what its name says, whatever the model shipped.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..types import SAMPLER_NAMES
+from ..request.types import SAMPLER_NAMES
 from .flow_shift import SIGMAS_CHOICES, is_flow_config, pipeline_sigmas
 from .reference import check_choice as _check_choice
 from .reference import reference_scheduler

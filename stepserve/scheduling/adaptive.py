@@ -51,7 +51,7 @@ from collections.abc import Sequence
 
 from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import CONFIDENCE, DEFAULT_HALF_LIFE_STEPS, OnlineStepCurve
-from ..types import Request, RequestStatus, StepPlan
+from ..request.types import Request, RequestStatus, StepPlan
 from .continuous import ContinuousBatchingPolicy
 
 DEFAULT_TOLERANCE = 0.01  # a batch within 1% of the best throughput is as good as the best

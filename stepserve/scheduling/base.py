@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..buckets import Bucket
-from ..types import Request, StepPlan
+from ..request.buckets import Bucket
+from ..request.types import Request, StepPlan
 from .queue import WaitingQueue, as_queue
 
 

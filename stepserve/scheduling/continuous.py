@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..buckets import Bucket
+from ..request.buckets import Bucket
 from .base import BucketTurns, in_bucket
 from .queue import WaitingQueue, as_queue
-from ..types import Request, StepPlan
+from ..request.types import Request, StepPlan
 
 
 class ContinuousBatchingPolicy:

@@ -5,7 +5,7 @@ the oldest of them has waited max_queue_delay. The batch then runs start to fini
 from __future__ import annotations
 
 from .base import RequestLevelPolicy
-from ..types import Request
+from ..request.types import Request
 
 
 class DynamicBatchingPolicy(RequestLevelPolicy):

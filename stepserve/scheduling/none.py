@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import RequestLevelPolicy
-from ..types import Request
+from ..request.types import Request
 
 
 class NoBatchingPolicy(RequestLevelPolicy):

@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from ..costs.latency_model import Bucket, LatencyModel
-from ..types import Request, RequestStatus
+from ..request.types import Request, RequestStatus
 
 
 def predict_finish_times(

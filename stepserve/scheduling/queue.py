@@ -21,8 +21,8 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-from ..buckets import Bucket
-from ..types import Request
+from ..request.buckets import Bucket
+from ..request.types import Request
 
 
 class WaitingQueue:

@@ -75,7 +75,7 @@ from collections.abc import Callable, Sequence
 from ..costs.drift import DriftCorrected
 from ..costs.latency_model import Bucket, LatencyModel
 from ..costs.online import OnlineStepCurve
-from ..types import Request, RequestStatus, StepPlan
+from ..request.types import Request, RequestStatus, StepPlan
 from .adaptive import cost_aware_cap
 from .predict import earliest_finish, interleave, predict_finish_times
 from .queue import WaitingQueue, as_queue, is_urgent

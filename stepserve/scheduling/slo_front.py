@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from ..costs.latency_model import Bucket
-from ..types import Request
+from ..request.types import Request
 from .predict import earliest_finish, interleave, predict_finish_times
 
 # Float rounding between a prediction and the engine's own sums: a prediction must beat a deadline by this much

@@ -7,7 +7,7 @@ traffic stops) or when the caller says no more requests will come (`draining`, o
 from __future__ import annotations
 
 from .base import RequestLevelPolicy
-from ..types import Request
+from ..request.types import Request
 
 DEFAULT_FLUSH_TIMEOUT_S = 2.0
 

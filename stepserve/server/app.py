@@ -17,12 +17,12 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from ..async_engine import AsyncEngine
+from ..engine.async_engine import AsyncEngine
 from . import errors
 from .bodies import JSON, check_json, read_body
 from .errors import APIError, UnexpectedErrors, install_error_handlers
-from .images import (CLIENT_GONE, ServerState, backstop_s, check, encode, image_info, outcome_of, size_of,
-                     submit_all, wait_all)
+from .images import backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
+from .state import CLIENT_GONE, ServerState
 from .console import event_routes, page_routes
 from .edits import read_edit
 from .events import EngineEvents

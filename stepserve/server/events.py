@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 
-from ..types import StepReport
+from ..request.types import StepReport
 
 RECENT = 500  # finished requests remembered for a viewer that connects later
 QUEUE = 256  # batches of records a viewer may fall behind by before the oldest are dropped

@@ -1,5 +1,4 @@
-"""The images endpoint's per-request work (POST /v1/images/generations), in the order a request meets it: the state
-the app holds, admission of all n images in one decision, waiting for the results while watching the client, what
+"""The images endpoint's per-request work (POST /v1/images/generations), in the order a request meets it: admission of all n images in one decision, waiting for the results while watching the client, what
 each result means in HTTP terms, and the PNG of each image.
 
 app.py routes a request through these; streaming.py sends the same results as server-sent events.
@@ -10,85 +9,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from ..api import GenerationResult
-from ..async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
-from ..admission_errors import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
-from ..types import FinishReason, RequestStatus, SamplingParams
-from ..validation import SizeError, ValidationError, resolve_params
+from ..engine.async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
+from ..engine.admission_errors import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
+from ..request.types import FinishReason, RequestStatus, SamplingParams
+from ..request.validation import SizeError, ValidationError, resolve_params
 from . import errors
 from .errors import APIError
 
-from .metrics import ServerMetrics
-from .schemas import ServerLimits
-
-access = logging.getLogger("stepserve.access")
-GENERATIONS, VIDEOS = "/v1/images/generations", "/v1/videos"
-CLIENT_GONE = 499  # never read by anyone: the client has disconnected
-
-
-@dataclass
-class ServerState:
-    """The state one app holds (plain data on app.state, no module globals) and its Retry-After estimate."""
-
-    engine: AsyncEngine
-    limits: ServerLimits
-    metrics: ServerMetrics
-    api_key: str | None = None
-    started_at: int = field(default_factory=lambda: int(time.time()))
-    inflight: int = 0  # HTTP image requests being served (streams included)
-    draining: bool = False
-    recent_request_s: float = 1.0  # smoothed engine time per request, for Retry-After
-    access_log: bool = True  # one INFO line per image or video request on the "stepserve.access" logger
-    events: Any = None  # the engine's steps for the console (server/events.py), ended when draining starts
-
-    def request_done(self, outcome: str, status: int, started: float, results: Sequence[Any] = (),
-                     path: str = GENERATIONS) -> None:
-        """Every image request (`path`: generations or edits) ends here, once: its metrics and its access-log
-        line (method, path, status, outcome, latency, and per image the steps and the batch sizes it ran in)."""
-        seconds = time.monotonic() - started
-        self.metrics.request_done(outcome, seconds, len(results))
-        if self.access_log and access.isEnabledFor(logging.INFO):
-            access.info("POST %s %d %s %.3f s%s", path, status, outcome, seconds, _images(results))
-
-    def video_done(self, outcome: str, status: int, started: float, result: Any = None, job_id: str = "") -> None:
-        """Every POST /v1/videos ends here, once: refused at once (`status` the error's), or a job that ended
-        (`status` 200, the answer its creation got; `outcome` how the job ended): its metrics and its access-log
-        line, as request_done's, with the job's id."""
-        seconds = time.monotonic() - started
-        self.metrics.video_done(outcome, seconds)
-        if self.access_log and access.isEnabledFor(logging.INFO):
-            details = f" id={job_id}" if job_id else ""
-            if result is not None:
-                details += f" frames={result.params.num_frames}" + _images([result])
-            access.info("POST %s %d %s %.3f s%s", VIDEOS, status, outcome, seconds, details)
-
-    def note_latency(self, seconds: float) -> None:
-        self.recent_request_s = 0.8 * self.recent_request_s + 0.2 * seconds
-
-    def retry_after_s(self) -> int:
-        """Whole seconds until a place is likely to free up: the batches queued ahead times a recent request's
-        time, between 1 and 60."""
-        batches_ahead = self.engine.queue_depth / max(1, self.engine.options.max_batch_size) + 1
-        return int(min(60, max(1, math.ceil(batches_ahead * self.recent_request_s))))
-
-
-def _images(results: Sequence[Any]) -> str:
-    """' n=2 steps=20 batch=1-4' for the access log: the images' steps and the smallest and largest batch each
-    of their steps ran in (empty for a request that produced none)."""
-    if not results:
-        return ""
-    steps = sorted({r.params.num_inference_steps for r in results})
-    sizes = [b for r in results for b in (r.timing.batch_sizes or [])]
-    batch = f" batch={min(sizes)}-{max(sizes)}" if sizes else ""
-    return f" n={len(results)} steps={','.join(map(str, steps))}{batch}"
-
+from .state import ServerState
 
 # Admission: from parsed request parameters to engine handles, all n images in one decision or none.
 

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ..lora import LoraError
+from ..lora.errors import LoraError
 from ..lora.store import LoraBudgetError
 from .errors import APIError, invalid
 

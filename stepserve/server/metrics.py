@@ -11,8 +11,8 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..buckets import bucket_name
-from ..types import FinishReason, StepReport
+from ..request.buckets import bucket_name
+from ..request.types import FinishReason, StepReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
-from ..types import SamplingParams
-from ..validation import MAX_SEED, ValidationError, draw_seed, parse_size
+from ..request.types import SamplingParams
+from ..request.validation import MAX_SEED, ValidationError, draw_seed, parse_size
 from .errors import APIError, invalid
 
 MAX_PARTIAL_IMAGES = 3

@@ -7,9 +7,9 @@ import os
 import sys
 from dataclasses import dataclass, replace
 
-from ..api_key import API_KEY_ENV, resolve_api_key
+from ..util.api_key import API_KEY_ENV, resolve_api_key
 
-from ..engine_config import EngineConfig, build_engine
+from ..engine.config import EngineConfig, build_engine
 from .schemas import ServerLimits
 
 
@@ -61,8 +61,8 @@ def say(line: str) -> None:
 
 def start_engine(config: EngineConfig):
     """An AsyncEngine (not yet started) over what `config` names. Raises StartupError with a one-line message."""
-    from ..async_engine import AsyncEngine
-    from ..loading import check_model_argument
+    from ..engine.async_engine import AsyncEngine
+    from ..engine.loading import check_model_argument
 
     try:
         check_model_argument(config.model)  # a one-line error before anything loads

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 from starlette.responses import Response
 
-from ..async_engine import ProgressEvent, RequestHandle
-from ..types import GenerationResult
+from ..engine.async_engine import ProgressEvent, RequestHandle
+from ..request.types import GenerationResult
 from .errors import APIError, deadline_passed
-from .images import ServerState, abort_all, check, encode, image_info, outcome_of, size_of, wait_disconnect
+from .state import ServerState
+from .images import abort_all, check, encode, image_info, outcome_of, size_of, wait_disconnect
 
 _OPENAI_FIXED = {"background": "opaque", "output_format": "png", "quality": "auto"}
 _NO_USAGE = {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": 0,

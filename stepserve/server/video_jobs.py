@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..async_engine import AsyncEngine, ProgressEvent, RequestHandle
-from ..types import GenerationResult, SamplingParams
+from ..engine.async_engine import AsyncEngine, ProgressEvent, RequestHandle
+from ..request.types import GenerationResult, SamplingParams
 from . import errors
 from .errors import APIError
 from .images import check, outcome_of

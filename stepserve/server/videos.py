@@ -27,12 +27,13 @@ from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import ClientDisconnect
 
-from ..types import ModelInfo, SamplingParams
-from ..validation import MAX_SEED
+from ..request.types import ModelInfo, SamplingParams
+from ..request.validation import MAX_SEED
 from . import errors
 from .bodies import check_json, read_body
 from .errors import invalid
-from .images import CLIENT_GONE, ServerState, outcome_of, submit_all
+from .images import outcome_of, submit_all
+from .state import CLIENT_GONE, ServerState
 from .mp4 import EncoderMissing, check_encoder
 from .schemas import _no_constants, request_size
 from .streaming import EventStreamResponse, sse

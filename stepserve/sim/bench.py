@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..async_engine import DEFAULT_ANSWER_MARGIN_S
+from ..engine.async_engine import DEFAULT_ANSWER_MARGIN_S
 from ..bench.app import BenchRun, run_bench
 from ..bench.config import BenchConfig
 from ..bench.load import LoadResult, Outcome
@@ -25,9 +25,9 @@ from ..bench.targets import Contender, Reply
 from ..bench.testbed import Described, Makers, Testbed
 from ..bench.workload import RequestSpec, Trace, TraceItem, user_requests
 from ..costs import FakeExecutor, LatencyModel, model_for
-from ..engine import EngineCore
-from ..engine_config import EngineOptions
-from ..words import plural
+from ..engine.core import EngineCore
+from ..engine.config import EngineOptions
+from ..util.words import plural
 from .drive import Driven, drive_closed, drive_open
 
 

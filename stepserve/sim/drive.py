@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from ..bench.load import Outcome
 from ..bench.targets import FAILED, REJECTED, UNFINISHED, Reply, StepSample, reply_of
 from ..bench.workload import RequestSpec, Trace
-from ..engine import EngineCore
-from ..types import Request, StepReport
-from ..validation import ValidationError
+from ..engine.core import EngineCore
+from ..request.types import Request, StepReport
+from ..request.validation import ValidationError
 from .loop import SimLoop
 
 REFUSED_RETRY_S = 0.001  # closed loop: a user whose request was refused (or invalid) sends again this much later

@@ -24,10 +24,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..admission_errors import AdmissionError
-from ..engine import EngineCore
-from ..types import Request, SamplingParams, StepReport
-from ..validation import ValidationError
+from ..engine.admission_errors import AdmissionError
+from ..engine.core import EngineCore
+from ..request.types import Request, SamplingParams, StepReport
+from ..request.validation import ValidationError
 from .routers import Router
 
 INF = math.inf

@@ -26,7 +26,7 @@ from ..bench.targets import Contender
 from ..bench.workload import Mix, poisson_trace
 from ..costs import LatencyModel
 from ..scheduling import DEFAULT_STRATEGY
-from ..words import noun_for
+from ..util.words import noun_for
 from .replicas import FleetResult, allowed_misses, run_replicas, summarize
 from .routers import make_router
 from .run import Arrival

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..bench.metrics import percentile
-from ..engine import EngineCore
-from ..types import Request, RequestStatus, StepReport
+from ..engine.core import EngineCore
+from ..request.types import Request, RequestStatus, StepReport
 from .loop import Arrival, SimLoop
 from .routers import Router
 

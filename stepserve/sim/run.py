@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..engine import EngineCore
-from ..types import Request, StepReport
+from ..engine.core import EngineCore
+from ..request.types import Request, StepReport
 from .loop import Arrival, SimLoop
 
 

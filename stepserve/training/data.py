@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..digits import DIGIT_WORDS
+from ..util.digits import DIGIT_WORDS
 
 # "{d}" is the numeral, "{w}" the word. The empty prompt (classifier-free guidance) is added by the sampler below.
 PROMPT_TEMPLATES = (

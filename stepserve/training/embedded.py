@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..progress import progress
+from ..util.progress import progress
 from . import data
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "models" / "embedded"

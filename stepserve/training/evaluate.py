@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..digits import DIGIT_PROMPTS
-from ..types import SCHEDULER_CLASSES
+from ..util.digits import DIGIT_PROMPTS
+from ..request.types import SCHEDULER_CLASSES
 
 
 def eval_prompts() -> list[tuple[str, int]]:

@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture
 def submitted(monkeypatch):
     """The SamplingParams every in-process engine was given, in order."""
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.async_engine import AsyncEngine
 
     seen = []
     original = AsyncEngine.submit

@@ -25,7 +25,7 @@ FAST = ["--model", "fake", "--steps", "2,4", "--duration", "0.8", "--warmup", "0
 @pytest.fixture
 def engine_models(monkeypatch):
     """(strategy, latency_model) of every in-process engine built."""
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.async_engine import AsyncEngine
 
     built = []
     original = AsyncEngine.__init__

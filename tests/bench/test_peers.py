@@ -164,7 +164,7 @@ def test_peer_bench_rows_versions_configs_and_images(peer_bench):
     # every contender answered every request with an image of the model's size, and the same image as
     # stepserve's for the same request (same networks and samplers; batching differs): uint8 within 1
     by_contender = {r.metrics.contender: {im.index: np.asarray(im.image) for im in r.images} for r in run.runs}
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     model = load_executor("embedded").model_info
     reference = by_contender["stepserve-slo"]

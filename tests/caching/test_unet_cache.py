@@ -10,7 +10,7 @@ import torch
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.caching.rows import RowCache
 from stepserve.caching.unet import unet_forward
-from stepserve.types import CacheSpec
+from stepserve.request.types import CacheSpec
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 

@@ -11,10 +11,10 @@ import pytest
 from stepserve.costs import FAKE_MODEL, CostModel, FakeExecutor, LatencyCharges
 from stepserve.costs.guidance import by_guidance_rows
 from stepserve.costs.latency_model import Curve, LatencyModel
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import make_policy
 from stepserve.sim import Arrival, simulate
-from stepserve.types import Request, RequestStatus, SamplingParams
+from stepserve.request.types import Request, RequestStatus, SamplingParams
 
 A, B = (32, 32), (64, 64)
 # with guidance (2 rows per request) and without (1 row), per bucket: seconds at batch sizes 1, 2, 4

@@ -6,7 +6,7 @@ import pytest
 
 from stepserve.costs import CostModel
 from stepserve.costs.latency_model import FORMAT_VERSION, Curve, LatencyModel
-from stepserve.types import Request, SamplingParams
+from stepserve.request.types import Request, SamplingParams
 
 
 def test_curve_interpolates_and_extrapolates_linearly():

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from stepserve.api import Engine
-from stepserve.loading import load_executor
+from stepserve.engine.loading import load_executor
 from stepserve.scheduling import STRATEGIES
-from stepserve.types import SamplingParams
+from stepserve.request.types import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -169,7 +169,7 @@ def test_the_export_command_writes_a_folder_and_refuses_a_bad_model(ort, tmp_pat
 def test_every_backend_is_warmed_up_at_start_up(embedded_onnx):
     """One throwaway request through encode, a step and decode before the first real one (onnxruntime's first
     session run is slow); unless turned off, and not on an executor handed in (a fake, or a shared one)."""
-    from stepserve.engine_config import EngineConfig, build_engine
+    from stepserve.engine.config import EngineConfig, build_engine
 
     for warm, backend, model in ((True, "onnxruntime", str(embedded_onnx)), (False, "onnxruntime", str(embedded_onnx)),
                                  (True, "torch", "embedded")):

@@ -43,8 +43,8 @@ def onnx_dir(embedded_onnx):
 def expected(onnx_dir):
     """stepserve's images for REQUESTS, one at a time, on the same ONNX export."""
     from stepserve.api import Engine
-    from stepserve.loading import load_executor
-    from stepserve.types import SamplingParams
+    from stepserve.engine.loading import load_executor
+    from stepserve.request.types import SamplingParams
 
     engine = Engine(load_executor(str(onnx_dir), backend="onnxruntime", threads=1), strategy="none")
     params = [SamplingParams(prompt=r["prompt"], seed=r["seed"], num_inference_steps=r["steps"],

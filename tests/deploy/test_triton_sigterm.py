@@ -10,7 +10,7 @@ from extras import require
 from leftovers import Command, gone_within
 
 from stepserve.deploy.triton.repository import RepositoryOptions, write_repository
-from stepserve.ports import free_ports
+from stepserve.util.ports import free_ports
 
 pytestmark = pytest.mark.timeout(300)
 

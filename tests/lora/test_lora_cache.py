@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from stepserve import Engine, SamplingParams
-from stepserve.async_engine import AsyncEngine
-from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
-from stepserve.lora import LoraError
+from stepserve.engine.async_engine import AsyncEngine
+from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
+from stepserve.lora.errors import LoraError
 from stepserve.server.app import create_app
 from stepserve.tiny.lora import build_tiny_lora
 

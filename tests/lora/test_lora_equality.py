@@ -174,7 +174,7 @@ def test_a_request_whose_adapter_was_unloaded_fails_alone(sd):
     error naming the adapter, its batch-mates complete."""
     engine, files = sd
     core = engine.core
-    from stepserve.validation import resolve_params
+    from stepserve.request.validation import resolve_params
 
     store = engine.executor.adapters()
     store.load("brief", files["a"])

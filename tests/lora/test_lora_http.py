@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from stepserve.async_engine import AsyncEngine
-from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
+from stepserve.engine.async_engine import AsyncEngine
+from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
 from stepserve.server.app import create_app
 from stepserve.tiny.lora import build_tiny_lora
 

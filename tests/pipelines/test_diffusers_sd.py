@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from stepserve import Engine, SamplingParams, ValidationError
-from stepserve.loading import load_executor
+from stepserve.engine.loading import load_executor
 from stepserve.pipelines.diffusers_sd import PromptCache, resolve_model_path
 from tiny_sd import reference_image
 

@@ -20,7 +20,7 @@ from stepserve.pipelines.registry import (
     pipeline_class_name,
     require_export_family,
 )
-from stepserve.validation import resolve_params
+from stepserve.request.validation import resolve_params
 
 
 def _with_class_name(src, dst, name):
@@ -53,7 +53,7 @@ def test_exported_backends_refuse_other_families(tiny_sd_path, tmp_path):
     with pytest.raises(UnsupportedModelError, match="backend 'onnxruntime' serves StableDiffusionPipeline folders "
                                                     "only; .* is a StableDiffusionXLPipeline"):
         require_export_family(folder, "onnxruntime")
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     with pytest.raises(UnsupportedModelError, match="StableDiffusionXLPipeline"):
         load_executor(str(folder), backend="onnxruntime")
@@ -119,7 +119,7 @@ def test_the_executor_guides_through_the_adapters_hooks(tiny_sd_path):
     import numpy as np
 
     from stepserve import Engine
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     executor = load_executor(str(tiny_sd_path))
     adapter = executor.pipeline

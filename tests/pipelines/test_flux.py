@@ -100,7 +100,7 @@ _EXECUTORS: dict = {}
 
 def _engine(path, strategy):
     """An engine on the folder's executor, loaded once per folder (Engine.from_pretrained is tested below)."""
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     if str(path) not in _EXECUTORS:
         _EXECUTORS[str(path)] = load_executor(str(path))
@@ -224,7 +224,7 @@ def test_latents_ids_and_schedules_follow_the_pipeline(flux_dev):
 def test_previews_unpack_the_packed_latents(flux_dev):
     """A preview decodes the packed x0 estimate at the request's own (non-square) size, and is much closer to the
     final image than a decode of the raw noisy latents."""
-    from stepserve.engine import EngineCore
+    from stepserve.engine.core import EngineCore
     from stepserve.scheduling import make_policy
 
     engine = _engine(flux_dev, "continuous")
@@ -291,7 +291,7 @@ def test_http_serves_flux(flux_dev):
     from fastapi.testclient import TestClient
     from PIL import Image
 
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.async_engine import AsyncEngine
     from stepserve.server.app import create_app
 
     _engine(flux_dev, "continuous")  # loads the shared executor

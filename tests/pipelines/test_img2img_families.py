@@ -76,7 +76,7 @@ def test_alone_equals_the_familys_img2img_pipeline(family):
                 width=size,
                 guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(p.seed),
                 output_type="np").images[0]
-    from stepserve.img2img_spec import first_step
+    from stepserve.request.img2img_spec import first_step
 
     assert len(got.timing.batch_sizes) == 6 - first_step(6, 0.7, engine.model_info.img2img_start)
     assert np.abs(pixels(got.image) - (want * 255).round().astype(np.int16)).max() <= 1

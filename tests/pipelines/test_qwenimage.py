@@ -71,7 +71,7 @@ _EXECUTORS: dict = {}
 
 
 def _engine(path, strategy):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     if str(path) not in _EXECUTORS:
         _EXECUTORS[str(path)] = load_executor(str(path))
@@ -148,7 +148,7 @@ def test_memory_probe_measures_the_guided_rows(qwen, monkeypatch):
     """Qwen-Image runs its unconditional row only with a negative prompt: the memory cap's probe requests carry
     one, so the peak it measures is that of two rows per request (and fbcache's state, which the family runs)."""
     from stepserve import profiling
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     executor = load_executor(str(qwen))
     seen = []
@@ -224,7 +224,7 @@ def test_http_serves_qwenimage_with_a_negative_prompt(qwen):
     from fastapi.testclient import TestClient
     from PIL import Image
 
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.async_engine import AsyncEngine
     from stepserve.server.app import create_app
 
     _engine(qwen, "continuous")

@@ -9,7 +9,7 @@ import torch
 from tiny_sd import SCHEDULER_CLASS
 
 from stepserve import Engine, SamplingParams, ValidationError
-from stepserve.loading import load_executor
+from stepserve.engine.loading import load_executor
 from stepserve.pipelines.vae import vae_dtype
 from stepserve.pipelines.sdxl import StableDiffusionXLAdapter
 

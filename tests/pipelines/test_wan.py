@@ -61,7 +61,7 @@ _EXECUTORS: dict = {}
 
 
 def _engine(path, strategy):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     if str(path) not in _EXECUTORS:
         _EXECUTORS[str(path)] = load_executor(str(path))

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 from stepserve import profiling
-from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
+from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
 
 
 @pytest.fixture(scope="module")
 def tiny_executor(tiny_sd_path):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     return load_executor(str(tiny_sd_path))
 

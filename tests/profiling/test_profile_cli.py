@@ -99,7 +99,7 @@ def test_a_size_the_model_refuses_exits_2(tiny_sd_path, tmp_path, capsys):
 
 
 def test_choices_are_the_loaders_and_the_command_is_registered():
-    from stepserve.loading import BACKENDS, DEVICES, DTYPES
+    from stepserve.engine.loading import BACKENDS, DEVICES, DTYPES
 
     actions = {a.dest: a for a in cli.build_parser()._actions}
     assert tuple(actions["backend"].choices) == BACKENDS

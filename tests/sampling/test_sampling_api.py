@@ -20,7 +20,7 @@ def test_public_names():
                               "is_flow_config", "flow_dpmpp_config", "reference_scheduler"}
     assert all(hasattr(S, name) for name in S.__all__)
     assert S.SAMPLER_NAMES == ("ddim", "euler", "euler_a", "dpmpp_2m", "flow_euler")
-    from stepserve import types
+    from stepserve.request import types
 
     assert tuple(types.SAMPLER_NAMES) == S.SAMPLER_NAMES
 

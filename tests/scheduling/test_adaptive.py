@@ -8,10 +8,10 @@ import random
 import pytest
 
 from stepserve.costs import CostModel, FakeExecutor, LatencyModel
-from stepserve.engine_config import EngineOptions
+from stepserve.engine.config import EngineOptions
 from stepserve.scheduling import AdaptiveBatchingPolicy, make_policy
 from stepserve.sim import Arrival, simulate
-from stepserve.types import Request, RequestStatus, SamplingParams
+from stepserve.request.types import Request, RequestStatus, SamplingParams
 
 B = (32, 32)
 

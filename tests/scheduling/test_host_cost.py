@@ -6,10 +6,10 @@ import weakref
 import pytest
 
 from stepserve.costs import FakeExecutor
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import make_policy
 from stepserve.scheduling.queue import WaitingQueue, as_queue
-from stepserve.types import Request, RequestStatus, SamplingParams
+from stepserve.request.types import Request, RequestStatus, SamplingParams
 
 
 class _Reads:

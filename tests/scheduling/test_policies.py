@@ -5,7 +5,7 @@ import random
 import pytest
 
 from stepserve.costs import CostModel, FakeExecutor, LatencyModel
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import (
     ContinuousBatchingPolicy,
     DynamicBatchingPolicy,
@@ -14,7 +14,7 @@ from stepserve.scheduling import (
     make_policy,
 )
 from stepserve.sim import Arrival, simulate
-from stepserve.types import RequestStatus, SamplingParams
+from stepserve.request.types import RequestStatus, SamplingParams
 
 
 def poisson_trace(seed, n=60, rate=40.0, sizes=((32, 32),), steps=(4, 10, 20)):

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from nothing_lost import FINAL, assert_nothing_lost, every_nth_call_fails
 
 from stepserve.costs import CostModel, FakeExecutor, LatencyModel
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling import SLOPolicy, make_policy
 from stepserve.scheduling.predict import earliest_finish, predict_finish_times
 from stepserve.sim import Arrival, simulate
-from stepserve.types import FinishReason, Request, RequestStatus, SamplingParams
-from stepserve.validation import resolve_params
+from stepserve.request.types import FinishReason, Request, RequestStatus, SamplingParams
+from stepserve.request.validation import resolve_params
 
 COST = CostModel()
 MODEL = LatencyModel.from_cost_model(COST, buckets=[(16, 16), (32, 32), (64, 64)])
@@ -441,7 +441,7 @@ def test_a_bucket_more_than_half_full_is_predicted_at_a_full_batch():
 
 
 def test_the_engine_options_choose_the_slo_order():
-    from stepserve.engine_config import EngineOptions
+    from stepserve.engine.config import EngineOptions
 
     core = EngineOptions(strategy="slo", slo_order="srs", latency_model=MODEL).make_core(FakeExecutor(cost=COST))
     assert core.policy.order == "srs"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepserve.async_engine import AsyncEngine
+from stepserve.engine.async_engine import AsyncEngine
 
 
 class ServerThread:
@@ -69,7 +69,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_executor(tiny_sd_path):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     return load_executor(str(tiny_sd_path))
 

@@ -26,7 +26,7 @@ def _images(server, bodies):
 
 
 def test_http_answers_on_onnxruntime_equal_torch(serve, onnx_dir):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     bodies = [{"prompt": p, "seed": s, "num_inference_steps": n, "guidance_scale": g}
               for p, s, n, g in (("a", 1, 3, 1.0), ("b", 2, 5, 4.0), ("a", 3, 4, 1.0))]
@@ -50,7 +50,7 @@ def test_serve_backend_flag_loads_onnxruntime_and_skips_the_torch_memory_cap(mon
         seen["max_batch_size"] = options.max_batch_size
         raise Stop
 
-    monkeypatch.setattr("stepserve.async_engine.AsyncEngine", fake_engine)
+    monkeypatch.setattr("stepserve.engine.async_engine.AsyncEngine", fake_engine)
     with pytest.raises(Stop):
         cli.main(["--model", str(onnx_dir), "--backend", "onnxruntime", "--max-batch-size", "16", "--threads", "1",
                   "--port", free_port()])

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from stepserve.async_engine import AsyncEngine
+from stepserve.engine.async_engine import AsyncEngine
 from stepserve.costs import FakeExecutor
-from stepserve.server.images import ServerState, wait_all
+from stepserve.server.images import wait_all
+from stepserve.server.state import ServerState
 from stepserve.server.metrics import ServerMetrics
 from stepserve.server.schemas import ServerLimits
-from stepserve.types import FinishReason, RequestStatus, SamplingParams
+from stepserve.request.types import FinishReason, RequestStatus, SamplingParams
 
 
 class SlowSteps(FakeExecutor):

@@ -25,7 +25,7 @@ def test_serve_caps_max_batch_size_at_start_up(monkeypatch, tiny_sd_path, flag, 
         raise Stop
 
     monkeypatch.setattr("stepserve.profiling.cap_max_batch_size", fake_cap)
-    monkeypatch.setattr("stepserve.async_engine.AsyncEngine", fake_engine)
+    monkeypatch.setattr("stepserve.engine.async_engine.AsyncEngine", fake_engine)
     with pytest.raises(Stop):
         cli.main(["--model", str(tiny_sd_path), "--max-batch-size", "64", "--threads", "1", "--port", free_port(),
                   *flag])

@@ -30,7 +30,7 @@ def test_default_follows_this_process_affinity_and_help_says_so(capsys):
 def test_serve_applies_the_default_before_loading_the_model(monkeypatch, capsys):
     import torch
 
-    import stepserve.loading
+    import stepserve.engine.loading
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(5)), raising=False)
     calls = []
@@ -39,7 +39,7 @@ def test_serve_applies_the_default_before_loading_the_model(monkeypatch, capsys)
     def no_model(*args, **kwargs):
         raise OSError("not loaded in this test")
 
-    monkeypatch.setattr(stepserve.loading, "load_executor", no_model)
+    monkeypatch.setattr(stepserve.engine.loading, "load_executor", no_model)
     assert cli.main(["--port", free_port()]) == 2
     assert calls == [4]
     assert "not loaded in this test" in capsys.readouterr().err

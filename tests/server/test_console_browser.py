@@ -35,7 +35,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def embedded():
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     return load_executor("embedded")
 
@@ -134,7 +134,7 @@ def test_with_a_key_the_page_refuses_until_it_is_entered(serve, browser, embedde
 def test_a_model_without_negative_prompts_has_no_field_for_one(serve, browser, tmp_path):
     """Flux.1 [dev] (guidance distilled into the transformer) takes no negative prompt: the playground hides the
     field, and a request from it carries none even with text left in the field (the server would refuse one)."""
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
     from stepserve.tiny.flux import build_tiny_flux
 
     flux = load_executor(str(build_tiny_flux(tmp_path / "flux")))

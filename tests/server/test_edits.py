@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from stepserve import Engine, SamplingParams
-from stepserve.async_engine import AsyncEngine
-from stepserve.loading import load_executor
+from stepserve.engine.async_engine import AsyncEngine
+from stepserve.engine.loading import load_executor
 from stepserve.server.app import create_app
 
 

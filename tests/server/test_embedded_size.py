@@ -10,7 +10,7 @@ from server_helpers import GENERATIONS, assert_error_shape, decode_png
 
 @pytest.fixture(scope="module")
 def embedded_executor():
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     return load_executor("embedded")
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_helpers import GENERATIONS
 
-from stepserve.async_engine import AsyncEngine
+from stepserve.engine.async_engine import AsyncEngine
 from stepserve.server.app import create_app
 from stepserve.server.schemas import ServerLimits
 

@@ -20,8 +20,8 @@ def documented_answer() -> dict:
 
 
 def test_the_documented_answer_is_the_servers():
-    from stepserve.async_engine import AsyncEngine
-    from stepserve.loading import load_executor
+    from stepserve.engine.async_engine import AsyncEngine
+    from stepserve.engine.loading import load_executor
     from stepserve.server.app import create_app
 
     doc = documented_answer()

@@ -10,7 +10,7 @@ import pytest
 from conftest import ServerThread
 from server_helpers import GENERATIONS, assert_error_shape
 
-from stepserve.async_engine import AsyncEngine
+from stepserve.engine.async_engine import AsyncEngine
 from stepserve.server.app import REPLICA_HEADER, create_app
 
 KEY = "s3cret-key"

@@ -15,7 +15,7 @@ from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode
 
 from stepserve.api import Engine
 from stepserve.scheduling import STRATEGIES
-from stepserve.types import SamplingParams
+from stepserve.request.types import SamplingParams
 from tiny_sd import SD_SAMPLERS as SAMPLERS
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)

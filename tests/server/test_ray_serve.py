@@ -182,8 +182,8 @@ def single_process_server_images() -> list:
     """CONFIGS through the single-process server (the same app, uvicorn in this process)."""
     from conftest import ServerThread
 
-    from stepserve.loading import load_executor
-    from stepserve.async_engine import AsyncEngine
+    from stepserve.engine.loading import load_executor
+    from stepserve.engine.async_engine import AsyncEngine
     from stepserve.server.app import create_app
 
     app = create_app(AsyncEngine(load_executor("embedded"), max_batch_size=4))

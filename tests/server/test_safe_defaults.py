@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stepserve.api_key import API_KEY_ENV
+from stepserve.util.api_key import API_KEY_ENV
 from stepserve.commands.serve import build_parser, serve_settings
 from stepserve.server.startup import StartupError, for_replicas, replica_api_key
 

@@ -9,9 +9,9 @@ import threading
 import time
 import types
 
-from stepserve.async_engine import AsyncEngine
+from stepserve.engine.async_engine import AsyncEngine
 from stepserve.costs import FakeExecutor
-from stepserve.types import RequestStatus, SamplingParams
+from stepserve.request.types import RequestStatus, SamplingParams
 
 
 class _Error:

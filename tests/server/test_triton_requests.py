@@ -10,7 +10,7 @@ from stepserve.server.triton.requests import BadRequest, parse_request, stack_im
 
 
 def model_info():
-    from stepserve.types import ModelInfo
+    from stepserve.request.types import ModelInfo
 
     return ModelInfo(name="m", default_sampler="dpmpp_2m", default_steps=15, default_guidance_scale=3.0,
                      default_height=32, default_width=32, size_multiple=8, min_size=32, max_size=32)

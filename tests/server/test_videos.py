@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from extras import require
 from server_helpers import GENERATIONS, assert_error_shape, decode_png, pixels, wait_until
 from stepserve import SamplingParams
-from stepserve.async_engine import AsyncEngine
+from stepserve.engine.async_engine import AsyncEngine
 from stepserve.server.app import create_app
 from stepserve.server.schemas import ServerLimits
 from wan_reference import reference_video
@@ -32,7 +32,7 @@ def wan(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wan_executor(wan):
-    from stepserve.loading import load_executor
+    from stepserve.engine.loading import load_executor
 
     return load_executor(str(wan))
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from stepserve.engine_config import EngineOptions
+from stepserve.engine.config import EngineOptions
 from stepserve.bench.workload import Mix, poisson_trace
 from stepserve.costs.latency_model import Curve, LatencyModel
 from stepserve.sim import Arrival, simulate

@@ -16,7 +16,7 @@ from stepserve.bench.runner import LoadPlan
 from stepserve.bench.targets import OK, REJECTED, TIMEOUT, Contender
 from stepserve.bench.workload import Mix, RequestSpec, Trace, TraceItem, poisson_trace
 from stepserve.costs import CostModel, LatencyModel
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.sim.bench import SimSetup, SimulatedDriver, contender_maker, make_core
 from stepserve.sim.drive import drive_open
 
@@ -92,7 +92,7 @@ def test_an_infeasible_request_arriving_mid_step_is_refused_at_its_arrival():
 
 def test_a_refusal_on_an_idle_engine_is_told_at_its_arrival_and_the_run_ends():
     from stepserve.sim import Arrival, simulate
-    from stepserve.types import RequestStatus, SamplingParams
+    from stepserve.request.types import RequestStatus, SamplingParams
 
     hopeless = SamplingParams(prompt="a seven", seed=0, num_inference_steps=40, timeout_s=0.01)
     core = _core("slo")

@@ -14,7 +14,7 @@ from stepserve.bench.targets import FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, C
 from stepserve.bench.workload import Mix, poisson_trace
 from stepserve.cli import main as stepserve_main
 from stepserve.costs import CostModel, FakeExecutor, LatencyCharges, LatencyModel
-from stepserve.engine import EngineCore
+from stepserve.engine.core import EngineCore
 from stepserve.scheduling.continuous import ContinuousBatchingPolicy
 from stepserve.scheduling.slo import SLOPolicy
 from stepserve.sim.bench import SimSetup, SimulatedDriver, contender_maker, make_core

@@ -43,7 +43,7 @@ def peer_records(cfg) -> list[dict[str, Any]]:
 
 
 def _handler(cfg):
-    from ...loading import default_threads
+    from ...engine.loading import default_threads
     from .handler import HandlerOptions
 
     return HandlerOptions(cfg.model, cfg.backend, cfg.device, cfg.dtype, cfg.threads or default_threads(),

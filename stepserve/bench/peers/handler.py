@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ...types import SamplingParams
+from ...request.types import SamplingParams
 
 IMAGES_PATH = "/v1/images/generations"
 
@@ -66,7 +66,7 @@ class BatchHandler:
 
     def __init__(self, options: HandlerOptions) -> None:
         from ...api import Engine
-        from ...engine_config import EngineConfig, EngineOptions, build_engine
+        from ...engine.config import EngineConfig, EngineOptions, build_engine
 
         batching = EngineOptions(strategy="static", max_batch_size=options.max_batch_size)
         built = build_engine(EngineConfig(model=options.model, device=options.device, dtype=options.dtype,
@@ -77,7 +77,7 @@ class BatchHandler:
     def parse(self, body: bytes | str | dict) -> list[SamplingParams]:
         from ...server.errors import APIError
         from ...server.schemas import ServerLimits, engine_params, parse_body
-        from ...validation import ValidationError, resolve_params
+        from ...request.validation import ValidationError, resolve_params
 
         raw = json.dumps(body).encode() if isinstance(body, dict) else body
         raw = raw.encode() if isinstance(raw, str) else raw

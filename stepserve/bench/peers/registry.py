@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ...ports import free_port, free_ports
+from ...util.ports import free_port, free_ports
 from .handler import HandlerOptions
 from .process import PeerProcess, file_ready, url_ready
 

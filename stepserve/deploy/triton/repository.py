@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ...loading import is_export_dir
+from ...engine.loading import is_export_dir
 from ...scheduling import DEFAULT_STRATEGY
 from ..onnx_export import export_onnx, read_manifest
 from .config import (

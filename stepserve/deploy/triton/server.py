@@ -32,9 +32,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...api_key import resolve_api_key
-from ...interrupts import handle_sigterm_as_ctrl_c
-from ...ports import free_ports
+from ...util.api_key import resolve_api_key
+from ...util.interrupts import handle_sigterm_as_ctrl_c
+from ...util.ports import free_ports
 
 STOP_TIMEOUT_S = 20.0
 

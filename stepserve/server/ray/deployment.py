@@ -23,10 +23,10 @@ from dataclasses import replace
 import ray
 from ray import serve
 
-from ...loading import available_cores
+from ...engine.loading import available_cores
 from ..app import create_app
-from ...api_key import API_KEY_ENV
-from ...words import plural
+from ...util.api_key import API_KEY_ENV
+from ...util.words import plural
 from ..startup import ServeSettings, StartupError, for_replicas, replica_api_key, start_engine
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings

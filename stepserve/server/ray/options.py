@@ -11,7 +11,7 @@ import argparse
 import math
 from dataclasses import dataclass, field, replace
 
-from ...words import plural
+from ...util.words import plural
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepserve.types import ModelInfo, SamplingParams
-from stepserve.validation import ValidationError, resolve_params
+from stepserve.request.types import ModelInfo, SamplingParams
+from stepserve.request.validation import ValidationError, resolve_params
 
 # Triton input -> SamplingParams field, and how one element is read
 _FIELDS = {

@@ -20,10 +20,10 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from stepserve.async_engine import DEFAULT_ANSWER_MARGIN_S, AsyncEngine
-from stepserve.admission_errors import AdmissionError, QueueFullError
-from stepserve.engine_config import EngineConfig, EngineOptions, build_engine
-from stepserve.loading import load_executor
+from stepserve.engine.async_engine import DEFAULT_ANSWER_MARGIN_S, AsyncEngine
+from stepserve.engine.admission_errors import AdmissionError, QueueFullError
+from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
+from stepserve.engine.loading import load_executor
 from stepserve.scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY
 
 from .requests import (

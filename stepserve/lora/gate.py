@@ -13,10 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from .admission_errors import QueueFullError
-from .lora import LoraError
-from .lora.store import LoraBudgetError
-from .validation import ValidationError
+from .errors import LoraError
 
 
 def _names(group) -> list[str]:
@@ -47,20 +44,15 @@ class AdapterGate:
     @contextlib.contextmanager
     def admitting(self, group) -> Iterator[None]:
         """Around a group's admission: its adapters loaded (the least recently used idle ones unloaded to make
-        room) and kept until it is queued. Raises ValidationError (an adapter that is no longer servable) or
-        QueueFullError (the adapter memory is held by adapters in use; retry later)."""
+        room) and kept until it is queued. Raises LoraError (an adapter that is no longer servable) or
+        LoraBudgetError (the adapter memory is held by adapters in use; retry later)."""
         names = _names(group)
         if not names:
             yield
             return
         store = self.executor.adapters()
         with self._lock:
-            try:
-                store.ensure(names, self.in_use())
-            except LoraBudgetError as exc:
-                raise QueueFullError(str(exc), retry_after_s=1.0) from None
-            except LoraError as exc:
-                raise ValidationError("loras", str(exc)) from None
+            store.ensure(names, self.in_use())
             yield
 
     def check(self, group) -> None:
@@ -69,8 +61,7 @@ class AdapterGate:
         gone = store.retired if store is not None else ()
         for name in _names(group):
             if name in gone:
-                raise ValidationError("loras", f"adapter {name!r} is being deleted; loaded: "
-                                               f"{', '.join(sorted(store.names)) or 'none'}")
+                raise LoraError(f"adapter {name!r} is being deleted; loaded: {', '.join(sorted(store.names)) or 'none'}")
 
     def track(self, group) -> None:
         """Under the admission lock, once `group` is admitted: its adapters are in use until its requests end."""

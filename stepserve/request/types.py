@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..caching.spec import CacheSpec
 from .buckets import Bucket
 
 
@@ -23,18 +24,6 @@ SCHEDULER_CLASSES = {
     "flow_euler": "FlowMatchEulerDiscreteScheduler",
 }
 SAMPLER_NAMES = tuple(SCHEDULER_CLASSES)
-
-
-@dataclass(frozen=True)
-class CacheSpec:
-    """A request's step-caching policy (stepserve/caching, docs/CACHING.md): which rule decides, per request and
-    per step, to reuse cached work instead of running the whole denoiser. Built by cache_spec.parse_cache."""
-
-    policy: str  # "fbcache" (first-block cache), "deepcache" (UNets) or "magcache" (Flux)
-    threshold: float | None = None  # fbcache: relative change that forces a full step; magcache: error budget
-    interval: int | None = None  # deepcache: a full forward every `interval` steps
-    max_skip_steps: int | None = None  # magcache: at most this many skipped steps in a row
-    retention_ratio: float | None = None  # magcache: the first fraction of the steps always runs in full
 
 
 @dataclass
@@ -69,7 +58,7 @@ class SamplingParams:
 @dataclass
 class ResolvedParams(SamplingParams):
     """SamplingParams checked against a model with every field set: model defaults filled in, seed drawn. Only
-    stepserve.validation.resolve_params makes one, at the edge that received the request (HTTP, the Python API,
+    stepserve.request.validation.resolve_params makes one, at the edge that received the request (HTTP, the Python API,
     Triton); everything after it (the engine core, the executor) takes it as it is, so a request is resolved once."""
 
 

@@ -3,7 +3,7 @@ the front ends turn into HTTP 429 (retry later) or 400 (it can never be met)."""
 
 from __future__ import annotations
 
-from .types import Request
+from ..request.types import Request
 
 
 class AdmissionError(RuntimeError):

@@ -5,7 +5,7 @@ Serve replicas, the model that runs inside tritonserver, `stepserve profile` and
 in order:
 
 1. torch's intra-op threads (`threads`, when given);
-2. the model argument -> an executor (stepserve.loading);
+2. the model argument -> an executor (stepserve.engine.loading);
 3. the memory cap: max_batch_size lowered to what fits (torch backend; stepserve.profiling.memory);
 4. the fast path: compiled batch buckets or the deterministic mode (stepserve.backends.fast_path);
 5. the latency model the slo policy predicts with (`resolve_latency_model`: given, loaded or measured).
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .engine import EngineCore
-from .costs import LatencyModel
-from .scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, make_policy
+from .core import EngineCore
+from ..costs import LatencyModel
+from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def resolve_latency_model(spec: LatencyModel | str | None, executor: Any, max_ba
     if spec is None or isinstance(spec, LatencyModel):
         return spec
     if spec == "measure":
-        from .profiling import measure_latency_model
+        from ..profiling import measure_latency_model
 
         return measure_latency_model(executor, max_batch_size, progress=progress)
     return LatencyModel.load(spec)
@@ -74,7 +74,7 @@ def resolve_latency_model(spec: LatencyModel | str | None, executor: Any, max_ba
 class EngineConfig:
     """What to serve and how: the model and where it runs, the start-up checks, and the batching options."""
 
-    model: str = "embedded"  # 'embedded', a local diffusers folder, or an export folder (stepserve.loading)
+    model: str = "embedded"  # 'embedded', a local diffusers folder, or an export folder (stepserve.engine.loading)
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "torch"  # torch | onnxruntime | tensorrt
@@ -85,7 +85,7 @@ class EngineConfig:
     memory_share: float = 1.0
     fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
     warm_up: bool = True  # one throwaway request at start-up, so the first real one is not slow (see warm_up)
-    cache: Any = None  # step caching for requests that do not say (stepserve/cache_spec.py forms); None: off
+    cache: Any = None  # step caching for requests that do not say (stepserve/caching/spec.py forms); None: off
     lora_dir: str | None = None  # LoRA adapters: every *.safetensors here is servable by name; POST /v1/loras reads here
     lora_memory_mb: float | None = 1024.0  # device memory for loaded adapters (least recently used unloaded first)
     options: EngineOptions = field(default_factory=EngineOptions)
@@ -118,7 +118,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if config.memory_cap and config.backend != "torch":
         say(f"no memory cap on backend {config.backend}: the check measures torch's allocator")
     elif config.memory_cap:
-        from .profiling import cap_max_batch_size
+        from ..profiling import cap_max_batch_size
 
         # LoRA adapters take up to --lora-memory-mb, and as much again for the per-layer stacks a mixed batch uses
         reserve = int(2 * config.lora_memory_mb * 2**20) if config.lora_dir and config.lora_memory_mb else 0
@@ -127,7 +127,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         options = replace(options, max_batch_size=capped)
         say(why)
     if config.fast_path is not None and config.fast_path.enabled:
-        from .backends.fast_path import apply_fast_path
+        from ..backends.fast_path import apply_fast_path
 
         apply_fast_path(executor, config.fast_path, options.max_batch_size)  # warms up every compiled bucket
     elif loaded and config.warm_up:
@@ -147,7 +147,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
 
 def _set_default_cache(executor: Any, cache: Any) -> None:
     """Requests that do not say cache as `cache` says; a ValueError names what this model and backend allow."""
-    from .cache_spec import CacheSpecError, parse_cache
+    from ..caching.spec import CacheSpecError, parse_cache
 
     if not hasattr(executor, "default_cache"):
         raise ValueError(f"cache {cache!r}: step caching needs the torch backend")
@@ -164,7 +164,7 @@ def _load_adapters(executor: Any, folder: str, memory_mb: float | None) -> str:
     file that failed."""
     from pathlib import Path
 
-    from .lora import LoraError
+    from ..lora.errors import LoraError
 
     root = Path(folder)
     if not root.is_dir():
@@ -193,9 +193,9 @@ def warm_up(executor: Any) -> float:
     session, the allocator's growth, kernel selection. Returns the seconds it took."""
     import time
 
-    from .buckets import bucket_of
-    from .types import Request
-    from .validation import internal_params
+    from ..request.buckets import bucket_of
+    from ..request.types import Request
+    from ..request.validation import internal_params
 
     t0 = time.perf_counter()
     params = internal_params(executor.model_info, prompt="warm-up", seed=0, num_inference_steps=2)

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
-from .types import CacheSpec, ModelInfo
+ModelInfo = Any  # stepserve.request.types.ModelInfo (that module imports this one)
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A request's step-caching policy (stepserve/caching, docs/CACHING.md): which rule decides, per request and
+    per step, to reuse cached work instead of running the whole denoiser. Built by parse_cache."""
+
+    policy: str  # "fbcache" (first-block cache), "deepcache" (UNets) or "magcache" (Flux)
+    threshold: float | None = None  # fbcache: relative change that forces a full step; magcache: error budget
+    interval: int | None = None  # deepcache: a full forward every `interval` steps
+    max_skip_steps: int | None = None  # magcache: at most this many skipped steps in a row
+    retention_ratio: float | None = None  # magcache: the first fraction of the steps always runs in full
+
 
 # policy -> its knobs with their defaults (diffusers 0.42's FirstBlockCacheConfig and MagCacheConfig defaults for
 # the two it defines; DeepCache's uniform interval 3 from Ma et al., CVPR 2024)

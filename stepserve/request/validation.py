@@ -7,8 +7,8 @@ import re
 import secrets
 from typing import NamedTuple
 
-from .cache_spec import CacheSpecError, parse_cache
-from .lora_spec import LoraSpecError, parse_loras
+from ..caching.spec import CacheSpecError, parse_cache
+from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
 from .types import ModelInfo, ResolvedParams, SamplingParams
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .types import FinishReason, GenerationResult, RequestStatus, RequestTiming, SamplingParams
+from ..request.types import FinishReason, GenerationResult, RequestStatus, RequestTiming, SamplingParams
 
 EVENT_QUEUE_BOUND = 32  # progress events kept for a slow stream reader; previews and results are never dropped
 

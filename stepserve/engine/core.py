@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .admission_errors import (AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError,
                                QueueFullError)
-from .executor.base import Executor
-from .scheduling import Policy
-from .scheduling.queue import Deadlines, WaitingQueue
-from .buckets import bucket_of
-from .types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
-from .validation import first_denoising_step, resolve_params
+from ..executor.base import Executor
+from ..scheduling import Policy
+from ..scheduling.queue import Deadlines, WaitingQueue
+from ..request.buckets import bucket_of
+from ..request.types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
+from ..request.validation import first_denoising_step, resolve_params
 
 log = logging.getLogger(__name__)
 

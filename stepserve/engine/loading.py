@@ -74,14 +74,14 @@ def load_executor(model: str | os.PathLike = "embedded", device: str = "cpu", dt
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' was asked for but no CUDA device is available; use --device cpu")
-    from .executor.torch_executor import TorchExecutor
+    from ..executor.torch_executor import TorchExecutor
 
     return TorchExecutor(_load_adapter(model, backend, device, getattr(torch, dtype), threads))
 
 
 def _load_adapter(model, backend: str, device: str, dtype, threads: int | None):
-    from .pipelines.diffusers_sd import StableDiffusionAdapter
-    from .pipelines.registry import load_family_adapter, require_export_family
+    from ..pipelines.diffusers_sd import StableDiffusionAdapter
+    from ..pipelines.registry import load_family_adapter, require_export_family
 
     if backend == "torch":  # the folder's model_index.json _class_name picks the family adapter
         return load_family_adapter(model, device=device, dtype=dtype)
@@ -93,7 +93,7 @@ def _load_adapter(model, backend: str, device: str, dtype, threads: int | None):
                          f"onnxruntime` export the model once into its cache (stepserve.deploy.onnx_cache.onnx_folder)")
     if backend == "onnxruntime":
         return StableDiffusionAdapter.from_onnx_dir(Path(model), threads=threads)
-    from .backends.tensorrt import load_tensorrt_networks
+    from ..backends.tensorrt import load_tensorrt_networks
 
     networks = load_tensorrt_networks(Path(model), device)
     return StableDiffusionAdapter.from_export_dir(model, networks, "tensorrt", device)

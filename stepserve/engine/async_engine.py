@@ -18,19 +18,24 @@ pending request with the error, marks the engine unhealthy (`failure`) and refus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .adapter_gate import AdapterGate
+from ..executor.base import Executor
+from ..lora.errors import LoraBudgetError, LoraError
+from ..lora.gate import AdapterGate
+from ..request.types import (FinishReason, GenerationResult, Request, RequestStatus, SamplingParams, StepReport,
+                             next_request_id)
+from ..request.validation import ValidationError
+from .admission_errors import QueueFullError
 from .clock import WallClock
-from .engine_config import EngineOptions, options_from
-from .executor.base import Executor
+from .config import EngineOptions, options_from
 from .handles import (EngineDeadError, ProgressEvent, RequestHandle, ShuttingDownError, ended_result,
                       failed_result, post_event, set_result)
-from .types import FinishReason, GenerationResult, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 
 __all__ = ["AsyncEngine", "DEFAULT_ANSWER_MARGIN_S", "EngineDeadError", "ProgressEvent", "RequestHandle",
            "ShuttingDownError"]
@@ -51,6 +56,18 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@contextlib.contextmanager
+def _adapter_errors() -> Iterator[None]:
+    """The adapter gate's errors as admission errors: memory held by adapters in use is a full queue (retry
+    later), an adapter that cannot be served is the request's own bad input."""
+    try:
+        yield
+    except LoraBudgetError as exc:
+        raise QueueFullError(str(exc), retry_after_s=1.0) from None
+    except LoraError as exc:
+        raise ValidationError("loras", str(exc)) from None
 
 
 class AsyncEngine:
@@ -178,7 +195,7 @@ class AsyncEngine:
         return [(self._loop.create_future(), asyncio.Queue() if stream else None) for _ in range(n)]
 
     def _admit(self, group: list[Request], outlets: list, stream: bool) -> list[RequestHandle]:
-        with self.adapter_gate.admitting(group), self._lock:
+        with _adapter_errors(), self.adapter_gate.admitting(group), self._lock:
             self._check_open()
             ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
             self.adapter_gate.check(group)
@@ -196,7 +213,7 @@ class AsyncEngine:
         return handles
 
     async def delete_adapter(self, name: str, wait_s: float = 60.0) -> None:
-        """Unload LoRA adapter `name` while serving (stepserve/adapter_gate.py). Raises stepserve.lora.LoraError."""
+        """Unload LoRA adapter `name` while serving (stepserve/lora/gate.py). Raises stepserve.lora.LoraError."""
         await self.adapter_gate.delete(name, wait_s)
 
     def _check_open(self) -> None:

@@ -1,0 +1,42 @@
+"""The errors of LoRA adapters: typed, so each front end maps them to its own status without reading messages.
+
+Every message says what was wrong and what is allowed. `param` names the field of a POST /v1/loras body (or of a
+request) that the error is about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class LoraError(ValueError):
+    """An adapter that cannot be loaded, named or served; the message says which and why (HTTP 400)."""
+
+    def __init__(self, message: str, param: str = "name") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class LoraUnsupportedError(LoraError):
+    """This model or backend serves no LoRA adapters, or the server has no adapter folder (HTTP 400)."""
+
+
+class LoraNotFoundError(LoraError):
+    """No adapter of that name is loaded or in the folder (HTTP 404 where the name is in the path)."""
+
+
+class LoraTooLargeError(LoraError):
+    """The adapter is larger than the whole adapter memory: it can never be loaded, whatever is evicted (413)."""
+
+
+class LoraBudgetError(LoraError):
+    """The adapter memory (or count) is held by adapters that requests carry: retry later (HTTP 429)."""
+
+
+class LoraInUseError(LoraError):
+    """The adapter is carried by requests (a delete that waited in vain), or its name is taken (HTTP 409)."""
+
+
+def not_loaded(name: str, loaded: Iterable[str]) -> LoraNotFoundError:
+    """The one "not loaded" error: the name, and the names that are."""
+    return LoraNotFoundError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(loaded)) or 'none'}")
