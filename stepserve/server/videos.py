@@ -17,25 +17,23 @@ the queue is full), in the same batches as other requests of its (frames, height
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
-from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import ClientDisconnect
 
 from ..request.types import ModelInfo, SamplingParams
 from ..request.validation import MAX_SEED
 from . import errors
-from .bodies import check_json, read_body
+from .bodies import check_json, parse_object, read_body
 from .errors import invalid
 from .images import outcome_of, submit_all
 from .state import CLIENT_GONE, ServerState
 from .mp4 import EncoderMissing, check_encoder
-from .schemas import _no_constants, request_size
+from .schemas import request_size
 from .streaming import EventStreamResponse, sse
 from .video_jobs import VideoJob, VideoJobs, event_name
 
@@ -65,31 +63,9 @@ class VideoRequest(BaseModel):
     priority: int | None = None
 
 
-FIELDS = tuple(VideoRequest.model_fields)
-
-
 def parse_video_body(raw: bytes) -> VideoRequest:
     """Strict, as the images body: a JSON object of VideoRequest's fields, or a 400 naming what is wrong."""
-    try:
-        data = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
-        raise invalid(f"the body is not valid JSON ({exc}); send a JSON object such as "
-                      '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}',
-                      code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise invalid(f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
-    try:
-        return VideoRequest.model_validate(data)
-    except PydanticValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first.get("loc") else None
-        if first["type"] == "extra_forbidden":
-            raise invalid(f"unknown field {field!r}; allowed fields: {', '.join(FIELDS)}", field,
-                          "unknown_field") from None
-        if first["type"] == "missing":
-            raise invalid(f"{field} is required", field, "missing_field") from None
-        raise invalid(f"{field}: {first['msg'].lower()}, got {str(first.get('input'))[:60]!r}", field,
-                      "invalid_type") from None
+    return parse_object(raw, VideoRequest, '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}')
 
 
 def video_params(req: VideoRequest, model: ModelInfo, default_timeout_s: float | None) -> tuple[SamplingParams, int]:
