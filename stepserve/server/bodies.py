@@ -20,12 +20,12 @@ JSON = "application/json"
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def check_json(request: Request) -> None:
+def check_json(request: Request, also: str = "") -> None:
     """A POST body must be declared JSON: a web page cannot send that cross-origin without a CORS preflight, which
-    only --cors-origin lets pass."""
+    only --cors-origin lets pass. `also`: what else the route takes, for the 415's message."""
     declared = request.headers.get("content-type", "")
     if declared.split(";", 1)[0].strip().lower() != JSON:
-        raise errors.unsupported_media_type(declared)
+        raise errors.unsupported_media_type(declared, also)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

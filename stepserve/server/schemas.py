@@ -26,7 +26,8 @@ class ServerLimits:
     """What one HTTP request may ask for (the model's own limits on steps, size and prompt come on top)."""
 
     max_n: int = 8
-    max_body_bytes: int = 64 * 1024
+    max_body_bytes: int = 64 * 1024  # a JSON body; each text field of a multipart form too
+    max_upload_bytes: int = 33 * 2**20  # a whole multipart form (an edit: an image and a mask of 16 MiB, the fields)
     default_timeout_s: float | None = None  # applied when a request has no timeout_s of its own
     max_video_jobs: int = 64  # video jobs kept in memory (POST /v1/videos); the oldest finished one goes first
 

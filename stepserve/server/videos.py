@@ -1,6 +1,7 @@
 """The videos endpoint, OpenAI-style, for a video model (Wan):
 
-- POST /v1/videos: create a job (JSON body, VideoRequest) -> the video object, status "queued"; with
+- POST /v1/videos: create a job (a JSON body, VideoRequest, or the same fields as a multipart form, as the official
+  clients send it) -> the video object, status "queued"; with
   "stream": true, the job's events instead (as GET .../events);
 - GET /v1/videos: the kept jobs, newest first; GET /v1/videos/{id}: the video object (status, progress 0-100);
 - GET /v1/videos/{id}/content: the MP4 once completed;
@@ -23,13 +24,15 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect
 
 from ..request.types import ModelInfo, SamplingParams
 from ..request.validation import MAX_SEED
 from . import errors
-from .bodies import check_json, parse_object, read_body
+from .bodies import check_json, from_fields, parse_object, read_body
 from .errors import invalid
+from .forms import bounded_form, form_fields, is_form
 from .images import outcome_of, submit_all
 from .state import CLIENT_GONE, ServerState
 from .mp4 import EncoderMissing, check_encoder
@@ -38,6 +41,8 @@ from .streaming import EventStreamResponse, sse
 from .video_jobs import VideoJob, VideoJobs, event_name
 
 MAX_FPS = 60
+NO_REFERENCE = "input_reference: image to video is not served; allowed: text to video (leave it out)"
+_TEXT = {"prompt", "model", "size", "seconds", "input_reference", "user", "negative_prompt", "sampler"}  # never parsed
 
 
 class VideoRequest(BaseModel):
@@ -68,6 +73,16 @@ def parse_video_body(raw: bytes) -> VideoRequest:
     return parse_object(raw, VideoRequest, '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}')
 
 
+async def read_video_form(request: Request, state: ServerState) -> VideoRequest:
+    """The same request as a multipart form (what openai's client.videos.create sends), read within the server's
+    upload limits (forms.py): text fields as they are, the others as JSON (`num_frames=5`, `stream=true`)."""
+    async with bounded_form(request, state, max_files=1) as form:
+        if isinstance(form.get("input_reference"), UploadFile):
+            raise invalid(NO_REFERENCE, "input_reference")
+        fields = form_fields(form, _TEXT, (), "none (input_reference, an image, is not served)")
+    return from_fields(fields, VideoRequest)
+
+
 def video_params(req: VideoRequest, model: ModelInfo, default_timeout_s: float | None) -> tuple[SamplingParams, int]:
     """(the engine request, frames per second). Frames: num_frames, else seconds x fps to the nearest length the
     model makes (1 + a multiple of frame_step), else the model's default."""
@@ -75,8 +90,7 @@ def video_params(req: VideoRequest, model: ModelInfo, default_timeout_s: float |
         raise invalid(f"model: {model.name} ({model.family} family) makes images, not videos; /v1/videos needs a "
                       f"video model (wan); use /v1/images/generations", "model", "model_not_video")
     if req.input_reference is not None:
-        raise invalid("input_reference: image to video is not served; allowed: text to video (leave it out)",
-                      "input_reference")
+        raise invalid(NO_REFERENCE, "input_reference")
     fps = model.default_fps if req.fps is None else req.fps
     if not 1 <= fps <= MAX_FPS:
         raise invalid(f"fps: must be an integer from 1 to {MAX_FPS}, got {fps}", "fps")
@@ -115,8 +129,11 @@ def video_routes(state: ServerState, jobs: VideoJobs) -> APIRouter:
     async def create(request: Request) -> Response:
         started = time.monotonic()
         try:
-            check_json(request)
-            req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
+            if is_form(request):  # as the official clients send it
+                req = await read_video_form(request, state)
+            else:
+                check_json(request, also="or multipart/form-data")
+                req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
             params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
             try:
                 check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
