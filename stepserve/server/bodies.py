@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -41,11 +42,12 @@ async def counted(request: Request, limit: int, advice: str) -> AsyncIterator[by
     if declared.isdigit() and int(declared) > limit:
         raise too_large(limit, advice)
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit, advice)
-        yield chunk
+    async with aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit, advice)
+            yield chunk
 
 
 def too_large(limit: int, advice: str) -> APIError:
