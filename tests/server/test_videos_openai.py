@@ -1,6 +1,6 @@
 """The official openai client's videos API against a real server (uvicorn) on a tiny Wan model: create (a
 multipart form, as the client sends it), retrieve, create_and_poll, download_content, list and delete; and the form
-read as strictly as the JSON body."""
+read as strictly as the JSON body (and, on a keyless server, refused from another site's page)."""
 
 from __future__ import annotations
 
@@ -80,3 +80,6 @@ def test_the_form_is_as_strict_as_the_json_body(api, wan_server):
     twice = httpx.post(wan_server.url + "/v1/videos", files={"x": (None, "")}, timeout=30,
                        data={"prompt": ["a", "b"]})
     assert assert_error_shape(twice, 400)["param"] == "prompt" and "more than once" in twice.text
+    cross_site = httpx.post(wan_server.url + "/v1/videos", data={"prompt": "a"}, files={"x": (None, "")},
+                            headers={"Origin": "https://evil.example"}, timeout=30)
+    assert assert_error_shape(cross_site, 403)["code"] == "cross_site_request"  # a keyless server, as edits
