@@ -89,17 +89,20 @@ def _check_text(field: str, value: str) -> None:
                                      f"{value[exc.start:exc.end]!r}, a lone surrogate") from None
 
 
-def _as_image(field: str, value):
-    """A PIL image from a PIL image or an (H, W[, C]) uint8 array."""
+def as_image(field: str, value, mode: str):
+    """A PIL image in `mode` ("RGB" for an image, "L" for a mask) from a PIL image or an (H, W[, C]) uint8 array:
+    the one place a request's picture is normalised. An image already in `mode` is taken as it is (not copied), so
+    a picture normalised where it was received (the HTTP server decodes uploads off its event loop) is converted
+    once."""
     from PIL import Image
 
-    if isinstance(value, Image.Image):
-        return value
-    try:
-        return Image.fromarray(value)
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise ValidationError(field, f"expected a PIL image or an (H, W[, 3]) uint8 array, got "
-                                     f"{type(value).__name__} ({exc})") from None
+    if not isinstance(value, Image.Image):
+        try:
+            value = Image.fromarray(value)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValidationError(field, f"expected a PIL image or an (H, W[, 3]) uint8 array, got "
+                                         f"{type(value).__name__} ({exc})") from None
+    return value if value.mode == mode else value.convert(mode)
 
 
 def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
@@ -120,14 +123,14 @@ def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
         raise ValidationError("image", f"{model.name} ({model.family} family) does not start from an image here; "
                                        f"allowed: no image (image to image is served for the sd, sdxl, sd3 and "
                                        f"flux families on the torch backend)")
-    image = _as_image("image", p.image).convert("RGB")
+    image = as_image("image", p.image, "RGB")
     mask = None
     if p.mask_image is not None:
         if not model.inpaint:
             raise ValidationError("mask_image", f"{model.name} ({model.family} family) does not inpaint here; "
                                                 f"inpainting is served for SD 1/2 and SDXL models on the torch "
                                                 f"backend (send the image alone for image to image)")
-        mask = _as_image("mask_image", p.mask_image).convert("L")
+        mask = as_image("mask_image", p.mask_image, "L")
         if mask.size != image.size:
             raise ValidationError("mask_image", f"is {mask.width}x{mask.height} (width x height); it must match "
                                                 f"the image's {image.width}x{image.height}")

@@ -50,7 +50,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     whose pages may call the API from a browser (none by default). access_log: one line per image or video request
     on the "stepserve.access" logger (ServerState.request_done, video_done)."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
-                        access_log=access_log)
+                        cors_origins=tuple(cors_origins), access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
     events = EngineEvents(engine)
     state.events = events  # start_drain ends its streams
@@ -230,7 +230,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
     @router.post("/images/edits")
     async def edit(request: Request) -> Response:
-        return await answer(state, request, lambda: read_edit(request, state.limits))
+        return await answer(state, request, lambda: read_edit(request, state))
 
     return router
 

@@ -1,43 +1,42 @@
 """`POST /v1/images/edits`: OpenAI's image-edit request (multipart/form-data: `image`, `prompt`, optional `mask`,
 `n`, `size`, `response_format`, ...) plus stepserve's own fields, as one image-to-image request per image.
 
-Form fields arrive as text; each is read as its JSON type (`n=2`, `guidance_scale=3.5`, `stream=true`, `cache` and
-`loras` as JSON) and then checked exactly as the generations body is (ImageGenerationRequest), with `strength`
-(default: the model's) on top. The image and the mask: PNG, JPEG or WebP, at most MAX_IMAGE_BYTES each, and no
-more pixels than Pillow's decompression-bomb limit; anything else is a 400 naming the field. A `mask` makes the
-request an inpainting one. As OpenAI defines it, a mask with an alpha channel repaints where it is transparent;
-a mask without one repaints where it is white (diffusers' convention); either way it must have the image's size.
+The form is read within the server's upload limits (forms.py). Form fields arrive as text; each is read as its
+JSON type (`n=2`, `guidance_scale=3.5`, `stream=true`, `cache` and `loras` as JSON) and then checked exactly as the
+generations body is (ImageGenerationRequest), with `strength` (default: the model's) on top. The image and the
+mask: PNG, JPEG or WebP, at most MAX_FILE_BYTES each, and no wider or taller than the largest size the model makes:
+that is read from the picture's header before anything is decoded, and the decoding (and the one conversion to what
+the engine takes, request/validation.as_image) then runs in a worker thread, off the event loop. Anything else is a
+400 naming the field. A `mask` makes the request an inpainting one. As OpenAI defines it, a mask with an alpha
+channel repaints where it is transparent; a mask without one repaints where it is white (diffusers' convention);
+either way it must have the image's size.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
-import json
 from dataclasses import replace
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
 
+from ..request.types import ModelInfo
+from ..request.validation import as_image
 from .errors import APIError, invalid
-from .schemas import FIELDS, ServerLimits, engine_params, parse_body
+from .forms import MAX_FILE_BYTES, bounded_form, form_fields
+from .schemas import FIELDS, body_from_fields, engine_params
+from .state import ServerState
 
-MAX_IMAGE_BYTES = 16 * 2**20
 FORMATS = ("PNG", "JPEG", "WEBP")
+_FILES = ("image", "image[]", "mask")
 _TEXT = {"prompt", "model", "size", "response_format", "user", "output_format", "background", "quality", "style",
          "moderation", "sampler", "negative_prompt", "safety_identifier"}  # fields taken as text, never parsed
 
 
-async def read_edit(request: Request, limits: ServerLimits):
+async def read_edit(request: Request, state: ServerState):
     """(the body as an ImageGenerationRequest, one SamplingParams per image with the image and strength)."""
-    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if kind != "multipart/form-data":
-        raise APIError(415, f"an edit is sent as multipart/form-data (an image file and form fields), got "
-                            f"{kind or 'no content type'!r}", code="unsupported_media_type")
-    try:
-        form = await request.form(max_files=4, max_fields=64, max_part_size=MAX_IMAGE_BYTES)
-    except Exception as exc:  # noqa: BLE001 - the multipart parser's own errors: a malformed or oversized body
-        raise invalid(f"the form could not be read: {exc}") from None
-    try:
+    async with bounded_form(request, state, max_files=4) as form:
         images = [v for k, v in form.multi_items() if k in ("image", "image[]")]
         if not images or not isinstance(images[0], UploadFile):
             raise invalid("image: required, an image file (PNG, JPEG or WebP)", "image")
@@ -46,56 +45,57 @@ async def read_edit(request: Request, limits: ServerLimits):
         mask = form.get("mask")
         if mask is not None and not isinstance(mask, UploadFile):
             raise invalid("mask: an image file (PNG, JPEG or WebP) is expected", "mask")
-        fields, strength = _fields(form)
-        image = (await _image(images[0], "image")).convert("RGB")
-        mask = None if mask is None else repaint_mask(await _image(mask, "mask"))
-    finally:
-        await form.close()
-    req = parse_body(json.dumps(fields).encode(), limits)
-    params = [replace(p, image=image, strength=strength, mask_image=mask) for p in engine_params(req, limits)]
-    return req, params
-
-
-def _fields(form) -> tuple[dict, object]:
-    fields, strength = {}, None
-    for key, value in form.multi_items():
-        if key in ("image", "image[]", "mask", "input_fidelity") or isinstance(value, UploadFile):
-            continue  # (input_fidelity: an OpenAI field accepted and ignored, as quality and style are)
-        if key in _TEXT:
-            fields[key] = value
-            continue
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            raise invalid(f"{key}: {value[:40]!r} is not a JSON value (numbers, true/false, or JSON for cache and "
-                          f"loras)", key) from None
-        if key == "strength":
-            strength = parsed
-        else:
-            fields[key] = parsed
+        fields = form_fields(form, _TEXT, (*_FILES, "input_fidelity"), "image, mask")
+        # (input_fidelity: an OpenAI field accepted and ignored, as quality and style are)
+        image = _open(await _read(images[0], "image"), "image", state.engine.model_info)
+        mask = None if mask is None else _open(await _read(mask, "mask"), "mask", state.engine.model_info)
+    strength = fields.pop("strength", None)
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise invalid(f"{unknown[0]}: not a field of an edit; allowed: image, mask, strength, "
                       f"{', '.join(FIELDS)}", unknown[0])
-    return fields, strength
+    req = body_from_fields(fields, state.limits)  # the cheap checks before any decoding
+    image, mask = await asyncio.to_thread(_decode, image, mask)
+    params = [replace(p, image=image, strength=strength, mask_image=mask) for p in engine_params(req, state.limits)]
+    return req, params
 
 
-async def _image(upload: UploadFile, name: str):
+async def _read(upload: UploadFile, name: str) -> bytes:
+    data = await upload.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise APIError(413, f"{name}: larger than {MAX_FILE_BYTES // 2**20} MiB", code="body_too_large", param=name)
+    return data
+
+
+def _open(data: bytes, name: str, model: ModelInfo):
+    """The picture, opened lazily (its header read, its pixels not), and refused when it is larger than the model
+    makes: a small file can decode to gigabytes."""
     from PIL import Image
 
-    data = await upload.read(MAX_IMAGE_BYTES + 1)
-    if len(data) > MAX_IMAGE_BYTES:
-        raise APIError(413, f"{name}: larger than {MAX_IMAGE_BYTES // 2**20} MiB", code="body_too_large",
-                       param=name)
     try:
         image = Image.open(io.BytesIO(data), formats=list(FORMATS))
-        image.load()
     except Image.DecompressionBombError:
         raise invalid(f"{name}: more than {Image.MAX_IMAGE_PIXELS} pixels (Pillow's decompression-bomb limit)",
                       name) from None
     except Exception:  # noqa: BLE001 - Pillow raises many kinds for data it cannot read
         raise invalid(f"{name}: not a PNG, JPEG or WebP image ({len(data)} bytes)", name) from None
+    if image.width > model.max_size or image.height > model.max_size:
+        raise invalid(f"{name}: {image.width}x{image.height} (width x height) is larger than {model.name} makes; "
+                      f"allowed: width and height at most {model.max_size} (resize the picture first)", name)
     return image
+
+
+def _decode(image, mask):
+    """(the image as RGB, the mask as the grayscale that repaints where white, or None): the pixels decoded and
+    converted once, in a worker thread."""
+    for name, picture in (("image", image), ("mask", mask)):
+        try:
+            if picture is not None:
+                picture.load()
+        except Exception:  # noqa: BLE001 - a header that reads but pixels that do not (a truncated file)
+            raise invalid(f"{name}: not a readable PNG, JPEG or WebP image (its pixels could not be decoded)",
+                          name) from None
+    return as_image("image", image, "RGB"), None if mask is None else repaint_mask(mask)
 
 
 def repaint_mask(mask):
@@ -104,5 +104,6 @@ def repaint_mask(mask):
     from PIL import ImageOps
 
     if mask.mode in ("RGBA", "LA", "PA") or (mask.mode == "P" and "transparency" in mask.info):
-        return ImageOps.invert(mask.convert("RGBA").getchannel("A"))
-    return mask.convert("L")
+        return ImageOps.invert(as_image("mask", mask, "RGBA").getchannel("A"))
+    return as_image("mask", mask, "L")
+

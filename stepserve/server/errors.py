@@ -78,10 +78,11 @@ def model_failure(detail: str | None) -> APIError:
                     code="model_failure")
 
 
-def unsupported_media_type(got: str) -> APIError:
+def unsupported_media_type(got: str, also: str = "") -> APIError:
     shown = got[:60] or "none"
-    return APIError(415, f"the body must be JSON sent with 'Content-Type: application/json', got content type "
-                         f"{shown!r}", code="unsupported_media_type")
+    also = f" {also}" if also else ""
+    return APIError(415, f"the body must be JSON sent with 'Content-Type: application/json'{also}, got content "
+                         f"type {shown!r}", code="unsupported_media_type")
 
 
 def internal_error(exc: BaseException) -> APIError:

@@ -156,8 +156,8 @@ def check(result: GenerationResult) -> None:
 
 
 def outcome_of(exc: APIError) -> str:
-    return {400: "invalid", 401: "unauthorized", 413: "invalid", 415: "invalid", 429: "rejected", 503: "shutting_down",
-            504: "timeout"}.get(exc.status, "failed")
+    return {400: "invalid", 401: "unauthorized", 403: "unauthorized", 413: "invalid", 415: "invalid",
+            429: "rejected", 503: "shutting_down", 504: "timeout"}.get(exc.status, "failed")
 
 
 def image_info(result: GenerationResult) -> dict:

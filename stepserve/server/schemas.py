@@ -8,16 +8,15 @@ an ImageGenerationRequest or an APIError 400 naming the field and what is allowe
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from pydantic import ValidationError as PydanticValidationError
 
 from ..request.types import SamplingParams
 from ..request.validation import MAX_SEED, ValidationError, draw_seed, parse_size
-from .errors import APIError, invalid
+from .bodies import from_fields, parse_object
+from .errors import invalid
 
 MAX_PARTIAL_IMAGES = 3
 
@@ -27,7 +26,8 @@ class ServerLimits:
     """What one HTTP request may ask for (the model's own limits on steps, size and prompt come on top)."""
 
     max_n: int = 8
-    max_body_bytes: int = 64 * 1024
+    max_body_bytes: int = 64 * 1024  # a JSON body; each text field of a multipart form too
+    max_upload_bytes: int = 33 * 2**20  # a whole multipart form (an edit: an image and a mask of 16 MiB, the fields)
     default_timeout_s: float | None = None  # applied when a request has no timeout_s of its own
     max_video_jobs: int = 64  # video jobs kept in memory (POST /v1/videos); the oldest finished one goes first
 
@@ -70,36 +70,17 @@ class ImageGenerationRequest(BaseModel):
 FIELDS = tuple(ImageGenerationRequest.model_fields)
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def parse_body(raw: bytes, limits: ServerLimits) -> ImageGenerationRequest:
-    try:
-        data = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise invalid(f"the body is not valid JSON ({exc}); send a JSON object such as "
-                      '{"prompt": "a red fox", "size": "512x512"}', code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise invalid(f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
-    try:
-        req = ImageGenerationRequest.model_validate(data)
-    except PydanticValidationError as exc:
-        raise _from_pydantic(exc) from None
+    req = parse_object(raw, ImageGenerationRequest, '{"prompt": "a red fox", "size": "512x512"}')
     _check(req, limits)
     return req
 
 
-def _from_pydantic(exc: PydanticValidationError) -> APIError:
-    first = exc.errors(include_url=False)[0]
-    field = str(first["loc"][0]) if first.get("loc") else None
-    if first["type"] == "extra_forbidden":
-        return invalid(f"unknown field {field!r}; allowed fields: {', '.join(FIELDS)}", field, "unknown_field")
-    if first["type"] == "missing":
-        return invalid(f"{field} is required", field, "missing_field")
-    shown = repr(first.get("input"))
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return invalid(f"{field}: {first['msg'].lower()}, got {shown}", field, "invalid_type")
+def body_from_fields(fields: dict, limits: ServerLimits) -> ImageGenerationRequest:
+    """The same checks on a dict of fields (an edit's form)."""
+    req = from_fields(fields, ImageGenerationRequest)
+    _check(req, limits)
+    return req
 
 
 def _check(req: ImageGenerationRequest, limits: ServerLimits) -> None:

@@ -28,6 +28,7 @@ class ServerState:
     limits: ServerLimits
     metrics: ServerMetrics
     api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the API (--cors-origin)
     started_at: int = field(default_factory=lambda: int(time.time()))
     inflight: int = 0  # HTTP image requests being served (streams included)
     draining: bool = False

@@ -1,6 +1,7 @@
 """The videos endpoint, OpenAI-style, for a video model (Wan):
 
-- POST /v1/videos: create a job (JSON body, VideoRequest) -> the video object, status "queued"; with
+- POST /v1/videos: create a job (a JSON body, VideoRequest, or the same fields as a multipart form, as the official
+  clients send it) -> the video object, status "queued"; with
   "stream": true, the job's events instead (as GET .../events);
 - GET /v1/videos: the kept jobs, newest first; GET /v1/videos/{id}: the video object (status, progress 0-100);
 - GET /v1/videos/{id}/content: the MP4 once completed;
@@ -17,29 +18,31 @@ the queue is full), in the same batches as other requests of its (frames, height
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
-from pydantic import ValidationError as PydanticValidationError
+from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect
 
 from ..request.types import ModelInfo, SamplingParams
 from ..request.validation import MAX_SEED
 from . import errors
-from .bodies import check_json, read_body
+from .bodies import check_json, from_fields, parse_object, read_body
 from .errors import invalid
+from .forms import bounded_form, form_fields, is_form
 from .images import outcome_of, submit_all
 from .state import CLIENT_GONE, ServerState
 from .mp4 import EncoderMissing, check_encoder
-from .schemas import _no_constants, request_size
+from .schemas import request_size
 from .streaming import EventStreamResponse, sse
 from .video_jobs import VideoJob, VideoJobs, event_name
 
 MAX_FPS = 60
+NO_REFERENCE = "input_reference: image to video is not served; allowed: text to video (leave it out)"
+_TEXT = {"prompt", "model", "size", "seconds", "input_reference", "user", "negative_prompt", "sampler"}  # never parsed
 
 
 class VideoRequest(BaseModel):
@@ -65,31 +68,19 @@ class VideoRequest(BaseModel):
     priority: int | None = None
 
 
-FIELDS = tuple(VideoRequest.model_fields)
-
-
 def parse_video_body(raw: bytes) -> VideoRequest:
     """Strict, as the images body: a JSON object of VideoRequest's fields, or a 400 naming what is wrong."""
-    try:
-        data = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
-        raise invalid(f"the body is not valid JSON ({exc}); send a JSON object such as "
-                      '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}',
-                      code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise invalid(f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
-    try:
-        return VideoRequest.model_validate(data)
-    except PydanticValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first.get("loc") else None
-        if first["type"] == "extra_forbidden":
-            raise invalid(f"unknown field {field!r}; allowed fields: {', '.join(FIELDS)}", field,
-                          "unknown_field") from None
-        if first["type"] == "missing":
-            raise invalid(f"{field} is required", field, "missing_field") from None
-        raise invalid(f"{field}: {first['msg'].lower()}, got {str(first.get('input'))[:60]!r}", field,
-                      "invalid_type") from None
+    return parse_object(raw, VideoRequest, '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}')
+
+
+async def read_video_form(request: Request, state: ServerState) -> VideoRequest:
+    """The same request as a multipart form (what openai's client.videos.create sends), read within the server's
+    upload limits (forms.py): text fields as they are, the others as JSON (`num_frames=5`, `stream=true`)."""
+    async with bounded_form(request, state, max_files=1) as form:
+        if isinstance(form.get("input_reference"), UploadFile):
+            raise invalid(NO_REFERENCE, "input_reference")
+        fields = form_fields(form, _TEXT, (), "none (input_reference, an image, is not served)")
+    return from_fields(fields, VideoRequest)
 
 
 def video_params(req: VideoRequest, model: ModelInfo, default_timeout_s: float | None) -> tuple[SamplingParams, int]:
@@ -99,8 +90,7 @@ def video_params(req: VideoRequest, model: ModelInfo, default_timeout_s: float |
         raise invalid(f"model: {model.name} ({model.family} family) makes images, not videos; /v1/videos needs a "
                       f"video model (wan); use /v1/images/generations", "model", "model_not_video")
     if req.input_reference is not None:
-        raise invalid("input_reference: image to video is not served; allowed: text to video (leave it out)",
-                      "input_reference")
+        raise invalid(NO_REFERENCE, "input_reference")
     fps = model.default_fps if req.fps is None else req.fps
     if not 1 <= fps <= MAX_FPS:
         raise invalid(f"fps: must be an integer from 1 to {MAX_FPS}, got {fps}", "fps")
@@ -139,8 +129,11 @@ def video_routes(state: ServerState, jobs: VideoJobs) -> APIRouter:
     async def create(request: Request) -> Response:
         started = time.monotonic()
         try:
-            check_json(request)
-            req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
+            if is_form(request):  # as the official clients send it
+                req = await read_video_form(request, state)
+            else:
+                check_json(request, also="or multipart/form-data")
+                req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
             params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
             try:
                 check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
