@@ -4,8 +4,8 @@
 The form is read within the server's upload limits (forms.py). Form fields arrive as text; each is read as its
 JSON type (`n=2`, `guidance_scale=3.5`, `stream=true`, `cache` and `loras` as JSON) and then checked exactly as the
 generations body is (ImageGenerationRequest), with `strength` (default: the model's) on top. The image and the
-mask: PNG, JPEG or WebP, at most MAX_FILE_BYTES each, and no wider or taller than the largest size the model makes:
-that is read from the picture's header before anything is decoded, and the decoding (and the one conversion to what
+mask: PNG, JPEG or WebP, at most MAX_FILE_BYTES each, and no wider or taller than MAX_PICTURE_SIDE or the largest
+size the model makes, whichever is larger: that is read from the picture's header before anything is decoded, and the decoding (and the one conversion to what
 the engine takes, request/validation.as_image) then runs in a worker thread, off the event loop. Anything else is a
 400 naming the field. A `mask` makes the request an inpainting one. As OpenAI defines it, a mask with an alpha
 channel repaints where it is transparent; a mask without one repaints where it is white (diffusers' convention);
@@ -29,6 +29,9 @@ from .schemas import FIELDS, body_from_fields, engine_params
 from .state import ServerState
 
 FORMATS = ("PNG", "JPEG", "WEBP")
+# The widest or tallest picture read: a phone photo (4032x3024) fits, decoded in about 50 MB; `size` then resizes it
+# to what the model makes. A model that makes larger images takes pictures as large as it makes.
+MAX_PICTURE_SIDE = 4096
 _FILES = ("image", "image[]", "mask")
 _TEXT = {"prompt", "model", "size", "response_format", "user", "output_format", "background", "quality", "style",
          "moderation", "sampler", "negative_prompt", "safety_identifier"}  # fields taken as text, never parsed
@@ -68,8 +71,8 @@ async def _read(upload: UploadFile, name: str) -> bytes:
 
 
 def _open(data: bytes, name: str, model: ModelInfo):
-    """The picture, opened lazily (its header read, its pixels not), and refused when it is larger than the model
-    makes: a small file can decode to gigabytes."""
+    """The picture, opened lazily (its header read, its pixels not), and refused when it is larger than the server
+    reads (picture_side): a small file can decode to gigabytes."""
     from PIL import Image
 
     try:
@@ -79,10 +82,17 @@ def _open(data: bytes, name: str, model: ModelInfo):
                       name) from None
     except Exception:  # noqa: BLE001 - Pillow raises many kinds for data it cannot read
         raise invalid(f"{name}: not a PNG, JPEG or WebP image ({len(data)} bytes)", name) from None
-    if image.width > model.max_size or image.height > model.max_size:
-        raise invalid(f"{name}: {image.width}x{image.height} (width x height) is larger than {model.name} makes; "
-                      f"allowed: width and height at most {model.max_size} (resize the picture first)", name)
+    side = picture_side(model)
+    if image.width > side or image.height > side:
+        raise invalid(f"{name}: {image.width}x{image.height} (width x height) is larger than this server reads; "
+                      f"allowed: width and height at most {side} (resize the picture first; `size` then picks what "
+                      f"{model.name} makes, at most {model.max_size})", name)
     return image
+
+
+def picture_side(model: ModelInfo) -> int:
+    """The widest or tallest image or mask an edit may send: MAX_PICTURE_SIDE, or the model's largest size."""
+    return max(MAX_PICTURE_SIDE, model.max_size)
 
 
 def _decode(image, mask):

@@ -3,6 +3,7 @@ one Engine gives for the same image, prompt, seed and strength; bad images and f
 
 from __future__ import annotations
 
+import base64
 import io
 
 import numpy as np
@@ -94,3 +95,13 @@ def test_bad_edits_are_400_naming_the_field(client, files, data, status, says):
 def test_an_edit_must_be_multipart(client):
     answer = client.post("/v1/images/edits", json={"prompt": "seven"})
     assert answer.status_code == 415 and "multipart/form-data" in answer.text
+
+
+def test_a_picture_larger_than_the_model_makes_is_resized_to_the_size_asked_for(client):
+    """A photo larger than the model makes (but within what the server reads) is not refused when `size` names a
+    size the model makes: it is resized to it, as diffusers' img2img pipelines resize their input."""
+    answer = client.post("/v1/images/edits", files={"image": ("a.png", png(size=64), "image/png")},
+                         data={"prompt": "seven", "size": "32x32", "num_inference_steps": "2"})
+    assert answer.status_code == 200, answer.text
+    image = Image.open(io.BytesIO(base64.b64decode(answer.json()["data"][0]["b64_json"])))
+    assert image.size == (32, 32)
