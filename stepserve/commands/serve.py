@@ -16,6 +16,7 @@ import sys
 import uvicorn
 
 from ..util.api_key import API_KEY_ENV, resolve_api_key
+from ..util.extras import MissingExtraError
 from ..engine.loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
@@ -161,6 +162,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     check_cache_and_lora_flags(args)
     try:
         config = engine_config(args, options, memory_cap=not args.no_memory_cap)
+    except MissingExtraError as exc:
+        raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
     try:
