@@ -21,6 +21,7 @@ from pathlib import Path
 from ..bench.app import run_bench, write_outputs
 from ..bench.config import BenchConfig
 from ..bench.remote import check_reachable
+from ..bench.report_format import plain
 from ..bench.targets import Contender
 from ..bench.triton_target import is_triton_target, parse_triton_target
 from ..bench.workload import Mix
@@ -299,7 +300,7 @@ def start_line(cfg: BenchConfig) -> str:
 def write_and_conclude(run, out: Path) -> int:
     """Write the results files (bench and simulate), print the conclusions and where the report is; exit 0."""
     files = write_outputs(run, out)
-    print("\n".join(run.results.conclusions))
+    print("\n".join(plain(line) for line in run.results.conclusions))
     print(f"\nreport: {files[1]}  (all files in {out}/: {', '.join(f.name for f in files)})")
     return 0
 
