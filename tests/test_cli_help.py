@@ -53,7 +53,7 @@ def test_bench_says_what_it_will_do_before_loading_the_model():
 
     line = start_line(config_from_args(["--model", "embedded", "--strategies", "slo,none", "--duration", "10",
                                         "--warmup", "5", "--repeats", "3"]))
-    assert line == "loading model embedded; 2 contender(s) x 3 repeats; each run 5 s warm-up + 10 s measured, then a drain"
+    assert line == "loading model embedded; 2 contenders x 3 repeats; each run 5 s warm-up + 10 s measured, then a drain"
 
 
 def test_no_documented_command_needs_a_bare_python():

@@ -17,3 +17,18 @@ def test_readme_states_the_makefile_torch_pin_and_how_to_choose_another_build():
     assert f"pip install {pin}" in quickstart
     assert "TORCH_SPEC" in quickstart and "download.pytorch.org/whl/cpu" in quickstart  # plain PyPI, CPU only
     assert "--index-url https://download.pytorch.org/whl/cu" in quickstart  # a GPU machine
+
+
+def test_readme_lists_every_extra_of_pyproject_once_with_what_make_test_installs():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    quickstart = (ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- `([a-z]+)`: ", quickstart, re.M)
+    assert sorted(listed) == sorted(extras), listed  # one line each, none missing, none invented
+    makefile = (ROOT / "Makefile").read_text()
+    installed = set(re.search(r'pip install -q -e "\.\[([a-z,]+)\]"\n', makefile.split(".extras:", 1)[1]).group(1)
+                    .split(","))
+    left_out = sorted(set(extras) - installed)
+    sentence = quickstart.split("`make test` installs every extra but ", 1)[1].split(";", 1)[0]
+    assert left_out and set(re.findall(r"`([a-z]+)`", sentence)) - {"test"} == set(left_out), sentence

@@ -10,6 +10,7 @@ from .quality import quality_lines
 from .repeats import ContenderSummary
 from .report_edits import by_kind
 from .report_format import fmt, fmt_spread, ms, table as _table
+from .report_pace import kept_pace, kept_pace_text, realised_text
 from .report_runs import batches, by_steps, refusals
 from .report_slo import deadlines_line, own_slo_note
 from .results import BenchResults, Knee
@@ -53,12 +54,15 @@ def verdicts(results: BenchResults) -> list[Verdict]:
         pick = min if lower else max
         winner = pick(values, key=values.get)
         if attr == "throughput_rps":
-            kept = _kept_pace(results, values)
+            kept = kept_pace(results, values)
             if winner in kept and len(kept) >= 2:
-                out.append(Verdict(label, "", _kept_pace_text(results, values, kept)))
+                out.append(Verdict(label, "", kept_pace_text(results, values, kept)))
                 continue
+        tied = [n for n in values if n != winner and values[n] == values[winner]]
         best_other: dict[str, str] = {}
         for name, v in values.items():
+            if name in tied:  # named with the winner, not again among the others
+                continue
             fam = _family(results, name)
             if fam == _family(results, winner):
                 continue
@@ -69,39 +73,11 @@ def verdicts(results: BenchResults) -> list[Verdict]:
             ratio = values[winner] / values[name] if values[name] else None
             ratio_text = "n/a" if ratio is None else f"{ratio:.2f}x"
             parts.append(f"{name} {fmt(values[name], kind)} (ratio {ratio_text})")
-        tied = [n for n in values if n != winner and values[n] == values[winner]]
         lead = f"{', '.join([winner] + tied)} tie at" if tied else f"{winner} wins with"
         text = f"**{label}**: {lead} {fmt(values[winner], kind)}"
         text += f"; best of the others: {', '.join(parts)}." if parts else "."
         out.append(Verdict(label, winner, text))
     return out
-
-
-def _kept_pace(results: BenchResults, values: dict[str, float]) -> list[str]:
-    """Contenders that answered everything and completed about the offered rate: at a fixed rate below their
-    capacity, throughput only echoes the offered load and does not rank them."""
-    offered = _realised_rate(results)
-    if not offered:
-        return []
-    return [s.contender for s in results.summaries if s.contender in values and s.completed == s.offered
-            and values[s.contender] >= 0.75 * offered]
-
-
-def _realised_rate(results: BenchResults) -> float | None:
-    """The open-loop rate the trace realised in the measured window (identical for every contender)."""
-    rates = [r.offered_rps for r in results.runs if r.mode == "open-loop"]
-    return rates[0] if rates else None
-
-
-def _kept_pace_text(results: BenchResults, values: dict[str, float], kept: list[str]) -> str:
-    offered = _realised_rate(results)
-    text = (f"**throughput**: {', '.join(kept)} kept pace with the offered {offered:.2f} req/s "
-            f"({fmt(min(values[k] for k in kept), 'rate')} to {fmt(max(values[k] for k in kept), 'rate')}, "
-            "all their requests completed); at this rate throughput does not rank them, the knee of a sweep does")
-    behind = [k for k in values if k not in kept]
-    if behind:
-        text += "; fell behind: " + ", ".join(f"{k} {fmt(values[k], 'rate')}" for k in behind)
-    return text + "."
 
 
 def knee_text(knees: list[Knee], results: BenchResults) -> list[str]:
@@ -196,8 +172,7 @@ def render(results: BenchResults) -> str:
                  f"{plural(r.environment.cpu_count, 'core')}, torch threads {r.environment.torch_threads}); "
                  f"GPU: {r.environment.gpu or 'none'}")
     lines += [where,
-              f"- Load: {r.load_description}" + (f"; realised in the measured window: {_realised_rate(r):.2f} req/s"
-                                                   if _realised_rate(r) else "")
+              f"- Load: {r.load_description}" + (f"; {realised_text(r)}" if realised_text(r) else "")
               + f"; repeats: {reps}" + (" (contender order rotated each repeat)" if reps > 1 else ""),
               f"- {r.warmup_note}",
               f"- Start-up (not in any number): model load {fmt(r.startup.model_load_s, 'time')}; "

@@ -37,3 +37,8 @@ def ms(value: float | None) -> str:
     if value is None:
         return "n/a"
     return f"{value:.2f} ms" if value < 10 else f"{value:.0f} ms"
+
+
+def plain(line: str) -> str:
+    """A report line for the terminal: its markdown marks (bold, code) taken out; report.md keeps them."""
+    return line.replace("**", "").replace("`", "")

@@ -133,7 +133,8 @@ async def measure_idle(driver: Driver, maker: TargetMaker, mix: Mix, samples: in
         mine = answers[k * (samples + 1):(k + 1) * (samples + 1)]
         for reply, _ in mine:
             if reply.status != OK:
-                raise RuntimeError(f"idle request ({steps} steps) failed: {reply.error}")
+                raise ValueError(f"the first lone request ({steps} steps) to {maker.name} failed, so nothing can be "
+                                 f"measured: {reply.error}")
         times = [seconds for _, seconds in mine[1:]]
         out.append(IdleLatency(steps, statistics.median(times), len(times)))
     return out

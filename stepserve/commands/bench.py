@@ -20,10 +20,13 @@ from pathlib import Path
 
 from ..bench.app import run_bench, write_outputs
 from ..bench.config import BenchConfig
+from ..bench.remote import check_reachable
+from ..bench.report_format import plain
 from ..bench.targets import Contender
 from ..bench.triton_target import is_triton_target, parse_triton_target
 from ..bench.workload import Mix
 from ..util.interrupts import INTERRUPTED, sigterm_as_ctrl_c
+from ..util.words import noun_for, plural
 from ..scheduling import DEFAULT_STRATEGY, STRATEGIES
 from .flags import DefaultsHelpFormatter, add_fast_path_flags, add_model_flags, fast_path_from_args
 
@@ -264,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = config_from_args(argv)
-    except UsageError as exc:
+        for target in cfg.targets:  # a wrong address: one line now, not a traceback after the model loads
+            check_reachable(target)
+    except (UsageError, ValueError) as exc:
         print(f"stepserve bench: {exc}", file=sys.stderr)
         return 2
     if cfg.progress:
@@ -283,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_line(cfg: BenchConfig) -> str:
     """What the run is about to do, printed before anything slow (loading a model takes seconds)."""
-    what = (f"targets {', '.join(cfg.targets)}" if cfg.targets else
+    what = (f"{noun_for(len(cfg.targets), 'target')} {', '.join(cfg.targets)}" if cfg.targets else
             f"loading model {cfg.model}" + (f" for {len(cfg.peers)} peer setting(s)" if cfg.peers else ""))
-    runs = f"{len(cfg.contenders)} contender(s)" + (f" x {cfg.repeats} repeats" if cfg.repeats > 1 else "")
+    runs = plural(len(cfg.targets or cfg.contenders), "contender")  # each target is one; strategies are in-process
+    runs += f" x {cfg.repeats} repeats" if cfg.repeats > 1 else ""
     timing = ("each run replays the trace" if cfg.load == "trace"
               else f"each run {cfg.warmup_s:g} s warm-up + {cfg.duration_s:g} s measured, then a drain")
     return f"{what}; {runs}; {timing}"
@@ -294,7 +300,7 @@ def start_line(cfg: BenchConfig) -> str:
 def write_and_conclude(run, out: Path) -> int:
     """Write the results files (bench and simulate), print the conclusions and where the report is; exit 0."""
     files = write_outputs(run, out)
-    print("\n".join(run.results.conclusions))
+    print("\n".join(plain(line) for line in run.results.conclusions))
     print(f"\nreport: {files[1]}  (all files in {out}/: {', '.join(f.name for f in files)})")
     return 0
 

@@ -17,7 +17,9 @@ from pathlib import Path
 from ..bench.app import BenchRun, run_bench, write_outputs
 from ..bench.config import BenchConfig
 from ..bench.repeats import ContenderSummary
-from ..bench.report_format import fmt
+from ..bench.report_format import fmt, plain
+from ..bench.report_pace import realised_text
+from ..bench.samples import samples_section, write_samples
 from ..bench.targets import Contender
 from ..bench.workload import Mix
 from ..util.interrupts import INTERRUPTED, sigterm_as_ctrl_c
@@ -103,31 +105,6 @@ def headline(run: BenchRun) -> list[str]:
     return out
 
 
-def write_samples(run: BenchRun, path: Path, columns: int = 10) -> bool:
-    """One row per strategy, the same requests (same seeds) in every row: batching does not change the image."""
-    rows = [(r.metrics.contender, {s.index: s for s in r.images}) for r in run.runs if r.metrics.repeat == 0]
-    common = sorted(set.intersection(*(set(images) for _, images in rows))) if rows else []
-    picked = common[:columns]
-    if not picked or not hasattr(rows[0][1][picked[0]].image, "size"):
-        return False
-    from PIL import Image, ImageDraw
-
-    w, h = rows[0][1][picked[0]].image.size
-    scale = max(1, 64 // max(w, h))
-    label_w, cell = 120, (w * scale + 4, h * scale + 4)
-    sheet = Image.new("RGB", (label_w + cell[0] * len(picked), cell[1] * len(rows) + 16), "white")
-    draw = ImageDraw.Draw(sheet)
-    for c, index in enumerate(picked):
-        draw.text((label_w + c * cell[0] + 2, 2), f"{rows[0][1][index].spec.num_inference_steps} st", fill="black")
-    for r, (name, images) in enumerate(rows):
-        draw.text((4, 16 + r * cell[1] + cell[1] // 2 - 6), name, fill="black")
-        for c, index in enumerate(picked):
-            tile = images[index].image.convert("RGB").resize((w * scale, h * scale), Image.NEAREST)
-            sheet.paste(tile, (label_w + c * cell[0] + 2, 16 + r * cell[1] + 2))
-    sheet.save(path)
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = config_from_args(argv)
@@ -144,18 +121,24 @@ def main(argv: list[str] | None = None) -> int:
         print("stepserve demo: interrupted", file=sys.stderr)
         return INTERRUPTED
     files = write_outputs(run, cfg.out)
-    if write_samples(run, cfg.out / "samples.png"):
-        files.append(cfg.out / "samples.png")
+    sheet = write_samples(run.runs, cfg.out / "samples.png")
+    if sheet is not None:
+        files.append(sheet.path)
+        with open(cfg.out / "report.md", "a") as report:
+            report.write("\n" + "\n".join(samples_section(sheet)))
     r = run.results
+    realised = realised_text(r)
     print()
-    print(f"Load: {r.load_description}")
+    print(f"Load: {r.load_description}" + (f"; {realised}" if realised else ""))
     print(f"SLO: {r.settings.slo_rule} = {fmt(r.slo_s, 'time')}; idle latency: "
           + ", ".join(f"{i.steps} steps {fmt(i.latency_s, 'time')}" for i in r.idle))
     print()
     print(summary_table(r.summaries))
     print()
     for line in headline(run) + r.conclusions:
-        print(line.replace("**", ""))
+        print(plain(line))
+    if sheet is not None:
+        print(plain(samples_section(sheet)[-2]))
     print(f"\nReport: {cfg.out / 'report.md'}  (also: {', '.join(f.name for f in files if f.name != 'report.md')})")
     return 0
 

@@ -16,10 +16,11 @@ import sys
 import uvicorn
 
 from ..util.api_key import API_KEY_ENV, resolve_api_key
+from ..util.extras import MissingExtraError
 from ..engine.loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
-from ..server.startup import ServeSettings, StartupError, start_engine
+from ..server.startup import ServeSettings, StartupError, ready_line, start_engine
 from .flags import (OneLineParser, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
                     check_cache_and_lora_flags, engine_config, float_from, int_from)
 
@@ -161,6 +162,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     check_cache_and_lora_flags(args)
     try:
         config = engine_config(args, options, memory_cap=not args.no_memory_cap)
+    except MissingExtraError as exc:
+        raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
     try:
@@ -256,9 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         extras.append(f"LoRA adapters from {settings.engine.lora_dir}")
     if settings.api_key:
         extras.append("API key required" + (f" (from {settings.api_key_file})" if settings.api_key_file else ""))
-    print(f"stepserve serve: {name} on http://{args.host}:{args.port}/v1 "
-          f"(strategy {args.strategy}, max batch {args.max_batch_size}{''.join(', ' + e for e in extras)})",
-          file=sys.stderr, flush=True)
+    details = f"strategy {args.strategy}, max batch {args.max_batch_size}{''.join(', ' + e for e in extras)}"
+    print(f"stepserve serve: {ready_line(name, args.host, args.port, details)}", file=sys.stderr, flush=True)
     try:
         DrainingServer(config, app, args.shutdown_grace_s).run(sockets=[sock])
     finally:

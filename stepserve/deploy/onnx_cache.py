@@ -16,6 +16,7 @@ from pathlib import Path
 from ..engine.loading import is_export_dir
 from ..pipelines.diffusers_sd import resolve_model_path
 from ..pipelines.registry import require_export_family
+from ..util.extras import require_extra
 from .onnx_export import export_onnx
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,12 @@ def _locked(lock_file: Path) -> Iterator[None]:
 
 def serving_model(model: str, backend: str) -> str:
     """The model argument a command hands to the engine builder: on onnxruntime, a diffusers folder (or
-    'embedded') becomes its cached export; anything else is passed on as given."""
-    if backend != "onnxruntime" or is_export_dir(model):
+    'embedded') becomes its cached export; anything else is passed on as given. On onnxruntime without the onnx
+    extra: MissingExtraError (a ValueError), before anything is exported or loaded."""
+    if backend != "onnxruntime":
         return model
+    if is_export_dir(model):
+        require_extra("onnx", "--backend onnxruntime", "onnxruntime")
+        return model
+    require_extra("onnx", "--backend onnxruntime", "onnxruntime", "onnx")  # runs the networks; exports them first
     return str(onnx_folder(model))

@@ -25,6 +25,7 @@ from ..scheduling.queue import Deadlines, WaitingQueue
 from ..request.buckets import bucket_of
 from ..request.types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from ..request.validation import first_denoising_step, resolve_params
+from ..util.words import duration
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ class EngineCore:
         if r.deadline is not None and t > r.deadline:
             self._finish(r, RequestStatus.FAILED, FinishReason.TIMEOUT, t,
                          f"deadline passed (timeout_s={r.params.timeout_s:g}): finished all {r.num_inference_steps} steps "
-                         f"{(t - r.deadline) * 1000:.0f} ms too late")
+                         f"{duration(t - r.deadline)} too late")
         else:
             self._finish(r, RequestStatus.COMPLETED, FinishReason.COMPLETED, t)
 
@@ -315,5 +316,5 @@ class EngineCore:
 def progress_note(r: Request, now: float) -> str:
     """What happened to a request so far, for error messages: queued for how long, or how far it ran."""
     if r.timing.admitted is None:
-        return f"still queued after {now - r.arrival_time:.2f} s"
+        return f"still queued after {duration(now - r.arrival_time)}"
     return f"ran {r.step} of {r.num_inference_steps} steps"

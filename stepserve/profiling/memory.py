@@ -45,11 +45,17 @@ def _run_once(executor: Executor, n: int, bucket: Bucket, tag: str) -> None:
         _release(requests)
 
 
+# what torch's profiler writes to stderr from native code that is not news (see _without_profiler_notices)
+PROFILER_NOTICES = ("USDT", "External init callback must run in same thread as registerClient")
+
+
 @contextlib.contextmanager
 def _without_profiler_notices() -> Iterator[None]:
     """torch's profiler prints 'USDT ... profiler_start/stop' notices from native code straight to file descriptor 2
-    at every start and stop; a server's start-up log should not carry them. Native stderr goes to a temporary file
-    meanwhile, and every other line is passed on."""
+    at every start and stop; a server's start-up log should not carry them. Nor the line its profiling library
+    (kineto) prints when it first starts on a thread other than the one that imported torch, as in a Ray Serve
+    replica: 'ERROR: External init callback must run in same thread as registerClient' (harmless: the profiler
+    runs all the same). Native stderr goes to a temporary file meanwhile, and every other line is passed on."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as sink:
@@ -60,7 +66,8 @@ def _without_profiler_notices() -> Iterator[None]:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            kept = [line for line in sink.read().decode(errors="replace").splitlines(True) if "USDT" not in line]
+            kept = [line for line in sink.read().decode(errors="replace").splitlines(True)
+                    if not any(notice in line for notice in PROFILER_NOTICES)]
             if kept:
                 sys.stderr.write("".join(kept))
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 from ..costs.latency_model import Bucket
 from ..request.types import Request
+from ..util.words import duration
 from .predict import earliest_finish, interleave, predict_finish_times
 
 # Float rounding between a prediction and the engine's own sums: a prediction must beat a deadline by this much
@@ -33,15 +34,14 @@ class SLOFrontEnd:
             return never
         waiting = [r for r in list(waiting) if r is not request]  # one copy (list() reads it in one go)
         running = [r for r in running if r is not request]
-        left = request.deadline - now
         # steady state: the bucket's batch does not shrink below its present size (freed slots are refilled)
         floor = len([r for r in list(running) + waiting if r.bucket == request.bucket]) + 1
         before = self.predict(waiting, running, now, floor_batch=floor)
         after = self.predict(waiting + [request], running, now, floor_batch=floor)
         mine = after[id(request)]
         if not self._meets(mine, request):
-            return (f"deadline cannot be met under the current load: predicted to finish in {mine - now:.3f} s, "
-                    f"deadline in {left:.3f} s")
+            return (f"deadline cannot be met under the current load: predicted to finish in {duration(mine - now)}, "
+                    f"{deadline_words(request, now)}")
         hurt = [r for r in list(running) + waiting
                 if self._meets(before[id(r)], r) and not self._meets(after[id(r)], r)]
         if hurt:
@@ -56,8 +56,8 @@ class SLOFrontEnd:
         alone = earliest_finish(request, self.latency_model, now)
         if alone <= request.deadline + EPS_S:
             return None
-        return (f"deadline cannot be met: it needs at least {alone - now:.3f} s even alone, and its deadline is "
-                f"in {request.deadline - now:.3f} s")
+        return (f"deadline cannot be met: it needs at least {duration(alone - now)} even alone, and "
+                f"{deadline_words(request, now)}")
 
     def retry_after_s(self, waiting: Sequence[Request], running: Sequence[Request], now: float,
                       bucket: Bucket | None = None) -> float:
@@ -103,3 +103,14 @@ def _by_bucket(running: Sequence[Request], waiting: Sequence[Request]) -> dict[B
         groups.setdefault(r.bucket, ([], []))[0 if i < len(running) else 1].append(r)
         oldest[r.bucket] = min(oldest.get(r.bucket, math.inf), r.arrival_time)
     return {b: groups[b] for b in sorted(groups, key=oldest.__getitem__)}
+
+
+def deadline_words(request: Request, now: float) -> str:
+    """"its deadline is in 10 ms", and where the engine keeps time before it to send the answer, how timeout_s
+    became that (a timeout_s no larger than the margin leaves no time at all)."""
+    text = f"its deadline is in {duration(request.deadline - now)}"
+    timeout_s = request.params.timeout_s
+    margin = None if timeout_s is None else request.arrival_time + timeout_s - request.deadline
+    if margin is not None and margin > 1e-6:
+        text += f" (timeout_s {duration(timeout_s)}, less {duration(margin)} kept to send the answer)"
+    return text

@@ -29,6 +29,7 @@ import time
 from collections import deque
 
 from ..request.types import StepReport
+from .streaming import sse
 
 RECENT = 500  # finished requests remembered for a viewer that connects later
 QUEUE = 256  # batches of records a viewer may fall behind by before the oldest are dropped
@@ -157,7 +158,7 @@ class EngineEvents:
     async def chunks(self, queue: asyncio.Queue):
         """The SSE body for the viewer of `queue` (from subscribe): hello, then step records, with a comment line
         as keep-alive when the engine is idle. The response unsubscribes it when the stream ends."""
-        yield f"event: hello\ndata: {json.dumps(self.hello())}\n\n".encode()
+        yield sse("hello", self.hello())
         while not self.closed:
             try:
                 line = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
@@ -166,7 +167,7 @@ class EngineEvents:
                 continue
             if line is None:  # close(): the server is shutting down
                 return
-            yield f"event: steps\ndata: {line}\n\n".encode()
+            yield sse("steps", line)
 
 
 def _latency(r) -> float | None:

@@ -73,4 +73,35 @@ def start_engine(config: EngineConfig):
         built = build_engine(config, say)
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {config.model!r}: {exc}") from None
-    return AsyncEngine(built.executor, options=built.options)
+    engine = AsyncEngine(built.executor, options=built.options)
+    warning = video_warning(engine.model_info)
+    if warning:
+        say(warning)
+    return engine
+
+
+def video_warning(info) -> str | None:
+    """A video model on a machine without the `video` extra serves images, but every POST /v1/videos would be a
+    501: one line at start-up says so, before any work is sent. None when there is nothing to say."""
+    from .mp4 import EncoderMissing, check_encoder
+
+    if not info.video:
+        return None
+    try:
+        check_encoder()
+    except EncoderMissing as exc:
+        return (f"warning: {info.name} makes videos, but {exc}; until then POST /v1/videos answers 501 (images "
+                f"are served)")
+    return None
+
+
+def base_url(host: str, port: int) -> str:
+    """The server's address for a person to open: an any-address host (0.0.0.0, ::) as localhost."""
+    shown = "localhost" if host in ("", "0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def ready_line(model: str, host: str, port: int, details: str) -> str:
+    """The line that says the server is up: where the API is, and the console (the web page at /)."""
+    url = base_url(host, port)
+    return f"{model} on {url}/v1 ({details}); console: {url}/"

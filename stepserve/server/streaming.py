@@ -27,8 +27,11 @@ _NO_USAGE = {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "tex
              "total_tokens": 0}
 
 
-def sse(event: str, data: dict) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+def sse(event: str, data: dict | list | str) -> bytes:
+    """One Server-Sent Event, the only framing the server writes: `data` as compact JSON, or a str that already is
+    JSON (the console's batches, serialized once for every viewer)."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"event: {event}\ndata: {text}\n\n".encode()
 
 
 class EventStreamResponse(Response):

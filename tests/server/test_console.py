@@ -126,3 +126,31 @@ def test_draining_ends_the_event_streams(serve):
         assert ended.wait(5)
         late = read_events(server.url + "/v1/engine/events", {}, lambda ev: False, timeout_s=10)
         assert [k for k, _ in late] == ["hello"]  # a viewer arriving while draining gets its hello, then the end
+
+
+def test_the_console_stream_is_framed_by_the_one_sse_function():
+    """Image streams and the console's stream share one SSE framing (streaming.sse): same bytes for the same
+    event, compact JSON, one blank line after each event."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from stepserve.server.streaming import sse
+
+    engine = SimpleNamespace(on_step=[])
+    hub = EngineEvents(engine)
+    hello = {"model": {"name": "tiny", "sizes": [256, 512]}, "max_batch_size": 4, "recent": [], "t": 1.5}
+    hub.hello = lambda: hello
+    batch = '[{"t":0.1,"rows":[[1,2,20]]}]'
+
+    async def first_two():
+        queue = asyncio.Queue()
+        queue.put_nowait(batch)
+        stream = hub.chunks(queue)
+        chunks = [await stream.__anext__(), await stream.__anext__()]
+        await stream.aclose()
+        return chunks
+
+    chunks = asyncio.run(first_two())
+    assert chunks == [sse("hello", hello), sse("steps", batch)]
+    assert chunks[0] == b'event: hello\ndata: {"model":{"name":"tiny","sizes":[256,512]},"max_batch_size":4,' \
+                        b'"recent":[],"t":1.5}\n\n'

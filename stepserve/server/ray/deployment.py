@@ -27,7 +27,7 @@ from ...engine.loading import available_cores
 from ..app import create_app
 from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
-from ..startup import ServeSettings, StartupError, for_replicas, replica_api_key, start_engine
+from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
@@ -136,9 +136,10 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
                       blocking=False)
         except RuntimeError as exc:
             raise StartupError(f"the replicas did not start: {exc}") from None
-        print(f"stepserve serve: {engine.model} on http://{settings.host}:{settings.port}/v1 ({_replica_text(plan)}, "
-              f"Ray Serve, strategy {engine.options.strategy}, max batch {engine.options.max_batch_size} per replica)",
-              file=sys.stderr, flush=True)
+        details = (f"{_replica_text(plan)}, Ray Serve, strategy {engine.options.strategy}, max batch "
+                   f"{engine.options.max_batch_size} per replica")
+        print(f"stepserve serve: {ready_line(engine.model, settings.host, settings.port, details)}", file=sys.stderr,
+              flush=True)
         while not stop.wait(1.0):
             if local:
                 _reap()  # Ray workers that exited and were handed to us (the subreaper)
