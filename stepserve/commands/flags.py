@@ -148,7 +148,8 @@ def add_lora_flag(p: argparse.ArgumentParser) -> None:
                         "path, loaded at start-up while --lora-memory-mb holds them and the others on first "
                         "use; POST /v1/loras loads more from it (torch backend; default: no adapters)")
     p.add_argument("--lora-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0, metavar="MB",
-                   help="device memory for loaded LoRA adapters; to load another, the least recently used one "
+                   help="device memory for loaded LoRA adapters (their weights and their per-layer stacks); to "
+                        "load another, the least recently used one "
                         "that no request in the engine carries is unloaded (it loads again on its next use)")
 
 

@@ -49,7 +49,8 @@ class AdapterStore:
         self.root = Path(root).resolve() if root is not None else None
         self.adapters: dict[str, AdapterInfo] = {}
         self.keys: dict[str, str] = {}  # name -> the modules' key for it (inject.key_for)
-        self.sources: dict[str, Path] = {}  # name -> the file it was loaded from (kept when evicted: it reloads)
+        self.sources: dict[str, Path] = {}  # name -> the file it was loaded from, where that is not the folder's
+        # file of that name (kept when evicted: it reloads from there)
         self.retired: set[str] = set()  # being deleted: no new request may name them
         self.budget_bytes = budget_bytes  # device memory for loaded adapters (None: no bound)
         self.last_used: dict[str, int] = {}  # name -> use counter at its last use (least recently used goes first)
@@ -169,7 +170,10 @@ class AdapterStore:
             self._unload(name)
             raise
         self._make_room(keep | {name})
-        self.sources[name] = file
+        if self.files().get(name) == file:  # the folder's own: it reloads from there while the file is there
+            self.sources.pop(name, None)
+        else:  # loaded from elsewhere (POST): it reloads from its own file
+            self.sources[name] = file
         return info
 
     def _fits(self, name: str, size: int, keep: set[str], loaded: bool = False) -> None:
@@ -205,7 +209,7 @@ class AdapterStore:
 
     def retire(self, name: str) -> None:
         """No new request may name `name` (the first half of a deletion while serving)."""
-        if name not in self.adapters or name in self.retired:
+        if (name not in self.adapters and name not in self.sources) or name in self.retired:
             raise not_loaded(name, self.names)
         self.retired.add(name)
         self.version += 1
@@ -219,14 +223,17 @@ class AdapterStore:
         return folder.check_path(self.root, path)
 
     def delete(self, name: str) -> None:
-        """Unload `name` and forget where it came from (a folder adapter of that name stays servable)."""
+        """Unload `name` (when loaded: an evicted one is only forgotten) and forget where it came from (a folder
+        adapter of that name stays servable)."""
         with self._mutex:
-            if name not in self.adapters:
+            if name not in self.adapters and name not in self.sources:
                 raise not_loaded(name, self.adapters)
-            self._unload(name)
+            if name in self.adapters:
+                self._unload(name)
             self.sources.pop(name, None)
             self.last_used.pop(name, None)
             self.retired.discard(name)
+            self.version += 1
 
     def _unload(self, name: str) -> None:
         """Free `name`'s weights and its stacks; where it came from is kept (it reloads from there when named)."""

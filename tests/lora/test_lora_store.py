@@ -94,6 +94,8 @@ def test_posted_adapters_come_back_with_their_own_weights_after_eviction(folder)
     assert np.array_equal(image(engine, "chalk"), chalk)  # reloaded from spare/ (ink evicted)
     assert np.array_equal(image(engine, "ink"), ink)  # reloaded from other/, not the folder's ink
     assert store.adapters["ink"].path == "other/ink.safetensors" and store.evictions == 3
+    store.delete("chalk")  # evicted: deleting it forgets its file, it is no longer servable
+    assert "chalk" not in store.names
     store.delete("ink")  # a deleted POST is forgotten: the name is the folder's file again
     assert not np.array_equal(image(engine, "ink"), ink)
     assert store.adapters["ink"].path == "ink.safetensors"
