@@ -143,11 +143,13 @@ def add_cache_flag(p: argparse.ArgumentParser) -> None:
 def add_lora_flag(p: argparse.ArgumentParser) -> None:
     """--lora-dir: the folder LoRA adapters are served from (stepserve/lora, docs/LORA.md)."""
     p.add_argument("--lora-dir", default=None, metavar="DIR",
-                   help="serve LoRA adapters from this folder: every *.safetensors in it by its file name without "
-                        "extension, loaded at start-up while --lora-memory-mb holds them and the others on first "
+                   help="serve LoRA adapters from this folder: every *.safetensors in it and its subfolders by its "
+                        "relative path without extension ('/' read as '.'), a save_lora_weights folder by its "
+                        "path, loaded at start-up while --lora-memory-mb holds them and the others on first "
                         "use; POST /v1/loras loads more from it (torch backend; default: no adapters)")
     p.add_argument("--lora-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0, metavar="MB",
-                   help="device memory for loaded LoRA adapters; to load another, the least recently used one "
+                   help="device memory for loaded LoRA adapters (their weights and their per-layer stacks); to "
+                        "load another, the least recently used one "
                         "that no request in the engine carries is unloaded (it loads again on its next use)")
 
 

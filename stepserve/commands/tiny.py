@@ -3,6 +3,7 @@ model family, the server or the bench without downloading anything. It serves no
 
     stepserve tiny sdxl --out tiny-sdxl && stepserve serve --model tiny-sdxl
     stepserve tiny flux-dev --out tiny-flux --bench-size    # the size the benchmarks use (compute-bound on a CPU)
+    stepserve tiny lora --model tiny-sdxl --out loras/ink.safetensors   # a random LoRA adapter for that model
 """
 
 from __future__ import annotations
@@ -40,17 +41,48 @@ KINDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="stepserve tiny", description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.add_argument("kind", choices=KINDS, help="model family (and variant) of the folder")
-    p.add_argument("--out", type=Path, required=True, help="folder to write (created; must not hold a model yet)")
+    p.add_argument("kind", choices=[*KINDS, "lora"],
+                   help="model family (and variant) of the folder, or 'lora': an adapter for --model")
+    p.add_argument("--out", type=Path, required=True,
+                   help="folder to write (created; must not hold a model yet); lora: a .safetensors file, or a "
+                        "folder to hold pytorch_lora_weights.safetensors as diffusers' save_lora_weights writes")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--bench-size", action="store_true",
                    help="the larger size the benchmarks use (the module's BENCH_OPTIONS), not the test size")
+    lora = p.add_argument_group("lora")
+    lora.add_argument("--model", default="embedded",
+                      help="the model folder the adapter is for ('embedded', or a diffusers folder)")
+    lora.add_argument("--rank", type=int, default=4, help="the adapter's rank")
+    lora.add_argument("--text-encoder", action="store_true", help="adapt the (first) text encoder too")
     return p
+
+
+def _lora(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..tiny.lora import build_tiny_lora
+
+    out = args.out if args.out.suffix == ".safetensors" else args.out / "pytorch_lora_weights.safetensors"
+    if out.exists():
+        p.error(f"--out: {out} exists; give a new file or folder")
+    if args.rank < 1:
+        p.error(f"--rank: {args.rank}; allowed: a whole number >= 1")
+    try:
+        with quiet():
+            path = build_tiny_lora(args.model, out, seed=args.seed, rank=args.rank, text_encoder=args.text_encoder)
+    except ImportError as exc:
+        p.error(f"writing an adapter needs peft: install stepserve[lora] ({exc})")
+    except (OSError, ValueError) as exc:
+        p.error(f"cannot write an adapter for --model {args.model}: {exc}")
+    name, lora_dir = (out.stem, out.parent) if out == args.out else (args.out.name, args.out.parent)
+    print(f"stepserve tiny: wrote a random rank-{args.rank} LoRA adapter for {args.model} to {path}; serve it as "
+          f"{name!r} with `stepserve serve --model {args.model} --lora-dir {lora_dir}`", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    if args.kind == "lora":
+        return _lora(p, args)
     if (args.out / "model_index.json").exists():
         p.error(f"--out: {args.out} already holds a model (model_index.json); give an empty or new folder")
     family, options = KINDS[args.kind]

@@ -86,7 +86,7 @@ class EngineConfig:
     fast_path: Any = None  # backends.fast_path.FastPathOptions (compile, deterministic); None: off
     warm_up: bool = True  # one throwaway request at start-up, so the first real one is not slow (see warm_up)
     cache: Any = None  # step caching for requests that do not say (stepserve/caching/spec.py forms); None: off
-    lora_dir: str | None = None  # LoRA adapters: every *.safetensors here is servable by name; POST /v1/loras reads here
+    lora_dir: str | None = None  # LoRA adapters: every one here is servable by name (lora/folder.py); POST reads here
     lora_memory_mb: float | None = 1024.0  # device memory for loaded adapters (least recently used unloaded first)
     options: EngineOptions = field(default_factory=EngineOptions)
 
@@ -120,8 +120,8 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     elif config.memory_cap:
         from ..profiling import cap_max_batch_size
 
-        # LoRA adapters take up to --lora-memory-mb, and as much again for the per-layer stacks a mixed batch uses
-        reserve = int(2 * config.lora_memory_mb * 2**20) if config.lora_dir and config.lora_memory_mb else 0
+        # LoRA adapters take up to --lora-memory-mb, the per-layer stacks a mixed batch uses counted in it
+        reserve = int(config.lora_memory_mb * 2**20) if config.lora_dir and config.lora_memory_mb else 0
         capped, why = cap_max_batch_size(executor, options.max_batch_size, share=config.memory_share,
                                          reserve_bytes=reserve)
         options = replace(options, max_batch_size=capped)
@@ -135,7 +135,9 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if config.cache is not None:  # after the fast path, whose fixed-shape buckets run no caching
         _set_default_cache(executor, config.cache)
     if config.lora_dir is not None:
-        say(_load_adapters(executor, config.lora_dir, config.lora_memory_mb))
+        from ..lora.serving import serve_folder
+
+        say(serve_folder(executor, config.lora_dir, config.lora_memory_mb))
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:
@@ -156,35 +158,6 @@ def _set_default_cache(executor: Any, cache: Any) -> None:
     except CacheSpecError as exc:
         raise ValueError(f"cache: {exc}") from None
     executor.default_cache = cache
-
-
-def _load_adapters(executor: Any, folder: str, memory_mb: float | None) -> str:
-    """Serve LoRA adapters from `folder`: every *.safetensors in it by its file name (stem), loaded now while
-    `memory_mb` holds them and the rest on first use; more by POST /v1/loras. A ValueError names the folder or
-    file that failed."""
-    from pathlib import Path
-
-    from ..lora.errors import LoraError
-
-    root = Path(folder)
-    if not root.is_dir():
-        raise ValueError(f"lora_dir {folder!r} is not a folder")
-    if not hasattr(executor, "adapters"):
-        raise ValueError("lora_dir: LoRA adapters need the torch backend")
-    budget = None if memory_mb is None else int(memory_mb * 2**20)
-    try:
-        store = executor.adapters(root, budget)
-        files = store.files()
-        for name, file in files.items():  # in name order, while they fit; none is unloaded to make room here
-            store.load(name, file)
-            if budget is not None and store.loaded_bytes > budget:
-                store.delete(name)
-                break
-    except LoraError as exc:
-        raise ValueError(f"lora_dir: {exc}") from None
-    return (f"LoRA: {len(files)} adapter file(s) in {root}, {len(store.adapters)} loaded now "
-            f"({store.loaded_bytes / 2**20:.1f} MiB of {'no bound' if budget is None else f'{memory_mb:g} MiB'}); "
-            f"the rest load on first use")
 
 
 def warm_up(executor: Any) -> float:

@@ -18,6 +18,7 @@ from ..caching.spec import with_default
 from ..caching.rows import row_caches
 from ..sampling.img2img import starting_at
 from ..lora.rows import adapter_rows, every_row
+from ..lora.serving import check_loaded, row_keys, text_keys
 from ..pipelines import inpaint
 from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
@@ -107,10 +108,7 @@ class TorchExecutor:
         return out
 
     def _text_adapters(self, r: Request) -> tuple:
-        store = self._adapters
-        if store is None or not r.params.loras:
-            return ()
-        return tuple((n, s) for n, s in r.params.loras if n in store.adapters and store.adapters[n].text_encoder)
+        return text_keys(self._adapters, r.params.loras)
 
     def _prepare(self, requests: list[Request]) -> None:
         self._check_adapters(requests)
@@ -135,13 +133,7 @@ class TorchExecutor:
             r.sampler_state = sampling.new_state(schedule, generator)
 
     def _check_adapters(self, requests: list[Request]) -> None:
-        """Every adapter a request names is loaded; else LookupError (the engine then isolates the request(s) by
-        bisection and fails only them, instead of serving a silently plain image)."""
-        store = self._adapters
-        missing = sorted({n for r in requests for n, _ in (r.params.loras or ())
-                          if store is None or n not in store.adapters})
-        if missing:
-            raise LookupError(f"LoRA adapter(s) {', '.join(map(repr, missing))} are no longer loaded")
+        check_loaded(self._adapters, [r.params.loras for r in requests])  # LookupError: the engine isolates them
 
     def _denoise(self, requests: list[Request]) -> None:
         self._check_adapters(requests)
@@ -159,7 +151,7 @@ class TorchExecutor:
                                              + [requests[i].conditioning.uncond for i in guided])
         caches = row_caches(requests, guided)  # None unless some request caches steps
         loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
-        with adapter_rows(loras if any(loras) else None):  # each row's own LoRA adapters (stepserve/lora)
+        with adapter_rows(row_keys(self._adapters, loras)):  # each row's own LoRA adapters (stepserve/lora)
             if caches is None:
                 out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
             else:

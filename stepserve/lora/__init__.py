@@ -7,5 +7,7 @@ the request's scales (as diffusers' `set_adapters` weights them), the rows that 
 (Punica / S-LoRA style grouping). No weights are fused or unfused per step.
 
 The package's parts: `spec` (what a request asks for), `errors`, `gate` (admission waits for an adapter to load),
-`store` (loading, the memory budget, eviction) and `rows` (the per-row forward hook). This module imports no torch.
+`folder` (the adapter folder: names, paths), `inject` (reading a file and injecting it through PEFT), `store`
+(loading, the memory budget, eviction), `rows` (the per-row forward hook) and `serving` (what an engine asks: the
+folder at start-up, the rows' keys per step). This module imports no torch.
 """

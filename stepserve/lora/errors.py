@@ -37,6 +37,6 @@ class LoraInUseError(LoraError):
     """The adapter is carried by requests (a delete that waited in vain), or its name is taken (HTTP 409)."""
 
 
-def not_loaded(name: str, loaded: Iterable[str]) -> LoraNotFoundError:
-    """The one "not loaded" error: the name, and the names that are."""
-    return LoraNotFoundError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(loaded)) or 'none'}")
+def not_loaded(name: str, loaded: Iterable[str], none: str = "none") -> LoraNotFoundError:
+    """The one "not loaded" error: the name, and the names that are (`none`: what to say where none is)."""
+    return LoraNotFoundError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(loaded)) or none}")

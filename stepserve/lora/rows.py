@@ -16,12 +16,6 @@ import torch
 
 Row = tuple[tuple[str, float], ...]
 _state = threading.local()
-_generation = [0]  # bumped at every adapter load or delete: per-layer stacks are rebuilt after one
-
-
-def bump_generation() -> None:
-    _generation[0] += 1
-
 
 @contextlib.contextmanager
 def adapter_rows(rows: Sequence[Row] | None) -> Iterator[None]:
@@ -99,53 +93,74 @@ def _mixed(groups) -> bool:
 
 
 def _gathered(module, x, output, n: int, groups):
-    """Linear layers on (rows, tokens, features): each row gathers its own A and B from the layer's stack of every
-    adapter it holds (a zero slot for adapters it does not), two batched matmuls per adapter position in the rows'
-    lists whatever the number of adapters (Punica's gather over S-LoRA's stacked layout)."""
-    stack = getattr(module, "_stepserve_stack", None)
-    names = tuple(module.lora_A.keys())
-    if stack is None or stack[0] != (names, _generation[0]):  # rebuilt after an adapter is loaded or deleted
-        stack = ((names, _generation[0]), *_stack(module, names, x.device))
-        module._stepserve_stack = stack
-    _, A, B, scaling = stack
-    where = {name: i for i, name in enumerate(names)}
-    zero = len(names)  # the zero slot
+    """Linear layers on (rows, tokens, features): each row gathers its own A and B from the layer's stack of the
+    adapters of its adapter's rank, two batched matmuls per (adapter position in the rows' lists, rank) whatever the
+    number of adapters (Punica's gather over S-LoRA's stacked layout). A stack per rank holds exactly its adapters'
+    weights (no padding to the largest rank), so it takes what the store counts for it (`stack_bytes`)."""
+    stacks = _stacks(module, x.device)
     for position in sorted({g[0] for g in groups}):
-        rows, ids, scales = [], [], []
+        by_rank: dict[int, tuple[list[int], list[int], list[float]]] = {}
         for p, name, at, sc in groups:
-            if p == position:
+            if p == position and name in module.lora_A:  # rows whose adapter skips this layer add nothing here
+                rank = int(module.r[name])
+                names = stacks[rank][0]
+                rows, ids, scales = by_rank.setdefault(rank, ([], [], []))
                 rows += at
-                ids += [where.get(name, zero)] * len(at)
+                ids += [names.index(name)] * len(at)
                 scales += sc
-        order = sorted(range(len(rows)), key=rows.__getitem__)
-        rows = [rows[i] for i in order]
-        ids_t = torch.tensor([ids[i] for i in order], dtype=torch.long, device=x.device)
-        factor = (scaling.index_select(0, ids_t)
-                  * torch.tensor([scales[i] for i in order], dtype=scaling.dtype, device=x.device))
-        index = None if len(rows) == n else torch.tensor(rows, dtype=torch.long, device=x.device)
-        xs = x if index is None else x.index_select(0, index)
-        xa = torch.bmm(xs.to(A.dtype), A.index_select(0, ids_t).transpose(1, 2))
-        delta = (torch.bmm(xa, B.index_select(0, ids_t).transpose(1, 2)) * factor.view(-1, 1, 1)).to(output.dtype)
-        output = output + delta if index is None else output.index_add(0, index, delta)
+        for rank, (rows, ids, scales) in by_rank.items():
+            _, A, B, scaling = stacks[rank]
+            order = sorted(range(len(rows)), key=rows.__getitem__)
+            rows = [rows[i] for i in order]
+            ids_t = torch.tensor([ids[i] for i in order], dtype=torch.long, device=x.device)
+            factor = (scaling.index_select(0, ids_t)
+                      * torch.tensor([scales[i] for i in order], dtype=scaling.dtype, device=x.device))
+            index = None if len(rows) == n else torch.tensor(rows, dtype=torch.long, device=x.device)
+            xs = x if index is None else x.index_select(0, index)
+            xa = torch.bmm(xs.to(A.dtype), A.index_select(0, ids_t).transpose(1, 2))
+            delta = (torch.bmm(xa, B.index_select(0, ids_t).transpose(1, 2)) * factor.view(-1, 1, 1)).to(output.dtype)
+            output = output + delta if index is None else output.index_add(0, index, delta)
     return output
 
 
-def _stack(module, names: tuple[str, ...], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(A: (adapters + 1) x r_max x in, B: (adapters + 1) x out x r_max, scaling: adapters + 1) of this layer's
-    adapters, zero-padded to the largest rank, and a last all-zero slot."""
+def _stacks(module, device) -> dict[int, tuple[list[str], torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """This layer's stacks by rank: rank -> (names, A: adapters x rank x in, B: adapters x out x rank, scaling),
+    built on first use and kept on the layer until an adapter of it is loaded or deleted (`drop_stacks`)."""
+    names = tuple(module.lora_A.keys())
+    cached = getattr(module, "_stepserve_stacks", None)
+    if cached is not None and cached[0] == names:
+        return cached[1]
+    module._stepserve_stacks = None  # the old stacks go before the new ones are built
     base = module.base_layer
-    r_max = max((module.r[nm] for nm in names), default=1)
     dtype = base.weight.dtype
-    A = torch.zeros(len(names) + 1, r_max, base.in_features, dtype=dtype, device=device)
-    B = torch.zeros(len(names) + 1, base.out_features, r_max, dtype=dtype, device=device)
-    scaling = torch.zeros(len(names) + 1, dtype=dtype, device=device)
-    with torch.no_grad():
-        for i, nm in enumerate(names):
-            r = module.r[nm]
-            A[i, :r] = module.lora_A[nm].weight
-            B[i, :, :r] = module.lora_B[nm].weight
-            scaling[i] = module.scaling[nm]
-    return A, B, scaling
+    stacks = {}
+    for rank in sorted({int(module.r[nm]) for nm in names}):
+        at = [nm for nm in names if int(module.r[nm]) == rank]
+        with torch.no_grad():
+            A = torch.stack([module.lora_A[nm].weight.to(device, dtype) for nm in at])
+            B = torch.stack([module.lora_B[nm].weight.to(device, dtype) for nm in at])
+        scaling = torch.tensor([module.scaling[nm] for nm in at], dtype=dtype, device=device)
+        stacks[rank] = (at, A, B, scaling)
+    module._stepserve_stacks = (names, stacks)
+    return stacks
+
+
+def stack_bytes(layers, key: str) -> int:
+    """What adapter `key` adds to the stacks of `layers` (its slots: its weights in each Linear layer's dtype)."""
+    total = 0
+    for layer in layers:
+        base = getattr(layer, "base_layer", None)
+        if isinstance(base, torch.nn.Linear) and key in layer.lora_A:
+            r = int(layer.r[key])
+            total += (r * (base.in_features + base.out_features) + 1) * base.weight.element_size()
+    return total
+
+
+def drop_stacks(layers) -> None:
+    """Free the stacks of `layers` (an adapter of theirs is loaded or deleted: they are rebuilt on next use)."""
+    for layer in layers:
+        if getattr(layer, "_stepserve_stacks", None) is not None:
+            layer._stepserve_stacks = None
 
 
 @contextlib.contextmanager

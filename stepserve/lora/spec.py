@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from .errors import not_loaded
+
 MAX_PER_REQUEST = 8
 MAX_SCALE = 8.0
 
@@ -32,9 +34,8 @@ def parse_loras(value: object, known: frozenset[str]) -> tuple[tuple[str, float]
             raise LoraSpecError(f"item {i}: expected {{\"name\": ..., \"scale\": ...}} (scale optional), got {item!r}"[:200])
         name, scale = item["name"], item.get("scale", 1.0)
         if not isinstance(name, str) or name not in known:
-            loaded = ", ".join(sorted(known)) if known else ("none (LoRA adapters need the torch backend and "
-                                                            "--lora-dir or POST /v1/loras)")
-            raise LoraSpecError(f"adapter {name!r} is not loaded; loaded: {loaded}"[:300])
+            raise LoraSpecError(str(not_loaded(name, known, "none (LoRA adapters need the torch backend and "
+                                                            "--lora-dir or POST /v1/loras)"))[:300])
         if (not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale)
                 or abs(scale) > MAX_SCALE):
             raise LoraSpecError(f"adapter {name!r}: scale must be a number in [-{MAX_SCALE:g}, {MAX_SCALE:g}], "

@@ -1,26 +1,27 @@
 """The adapters an executor serves: loaded from local files by diffusers' LoRA loaders into the denoiser (through
-PEFT), applied per row (rows.py), listed and deleted at run time.
+PEFT, inject.py), applied per row (rows.py), listed and deleted at run time.
 
 Reading and converting a file happens outside the executor's lock; only the injection into the live modules and
 the deletion take it, so a load waits for the step in flight and stalls the next one by the injection alone.
 
-The adapter cache: with a folder (`root`), every *.safetensors in it is servable by its name; it is loaded when a
-request first names it (`ensure`, called by the front end before the request is queued: the request waits there,
-never in a batch). Loaded adapters live in device memory within `budget_bytes`; to make room, the least recently
-used adapter that no request in the engine carries is unloaded (it loads again on its next use).
+The adapter cache: with a folder (`root`), every adapter in it (folder.py) is servable by its name; it is loaded
+when a request first names it (`ensure`, called by the front end before the request is queued: the request waits
+there, never in a batch). Loaded adapters live in device memory within `budget_bytes`, which counts each adapter's
+weights and its slots in the per-layer stacks a mixed batch gathers from; to make room, the least recently used
+adapter that no request in the engine carries is unloaded (it loads again on its next use, from the file it was
+loaded from). A load is checked (name, path, file, size) before anything is unloaded for it.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import LoraBudgetError, LoraError
-from .rows import bump_generation, hook
+from . import folder
+from .errors import LoraBudgetError, LoraError, LoraInUseError, LoraTooLargeError, not_loaded
+from .inject import Injector, check_served, key_for, require_peft
+from .rows import drop_stacks, hook, stack_bytes
 
 MAX_ADAPTERS = 64  # adapters loaded at once (each adds its low-rank weights to every adapted layer)
 
@@ -28,11 +29,12 @@ MAX_ADAPTERS = 64  # adapters loaded at once (each adds its low-rank weights to 
 @dataclass(frozen=True)
 class AdapterInfo:
     name: str
-    path: str
+    path: str  # relative to the adapter folder
     rank: int  # the largest rank over its layers
     layers: int  # adapted layers (the denoiser's and the text encoders')
     bytes: int  # its low-rank weights
     text_encoder: bool = False  # it adapts a text encoder too (prompts are then encoded with it)
+    stack_bytes: int = 0  # its slots in the per-layer stacks of mixed batches (counted in the budget too)
 
 
 class AdapterStore:
@@ -41,104 +43,174 @@ class AdapterStore:
 
     def __init__(self, pipeline, lock: threading.RLock | None = None, root: str | Path | None = None,
                  budget_bytes: int | None = None) -> None:
-        spec = getattr(pipeline, "lora_loader", None)
-        module_name = spec[1] if spec else None
-        self.module = getattr(pipeline.networks, module_name, None) if module_name else None
-        if self.module is None:
-            raise LoraError(f"{pipeline.info.family} on this backend serves no LoRA adapters (torch backend only, "
-                            f"families: sd, sdxl, sd3, flux, flux2, qwenimage)")
-        mixin_path, self.module_name = spec
-        self.networks = pipeline.networks
-        module, _, cls = mixin_path.partition(":")
-        self.mixin = getattr(importlib.import_module(module), cls)
+        self.injector = Injector(pipeline)
+        self.module = self.injector.module
         self.lock = lock or threading.RLock()
         self.root = Path(root).resolve() if root is not None else None
         self.adapters: dict[str, AdapterInfo] = {}
+        self.keys: dict[str, str] = {}  # name -> the modules' key for it (inject.key_for)
+        self.sources: dict[str, Path] = {}  # name -> the file it was loaded from, where that is not the folder's
+        # file of that name (kept when evicted: it reloads from there)
         self.retired: set[str] = set()  # being deleted: no new request may name them
         self.budget_bytes = budget_bytes  # device memory for loaded adapters (None: no bound)
         self.last_used: dict[str, int] = {}  # name -> use counter at its last use (least recently used goes first)
         self._uses = 0
+        self._serial = 0
         self.evictions = 0
         self.version = 0  # bumped at every change (the executor's ModelInfo lists the names)
         self._hooked: set[int] = set()
+        self._files: tuple = (object(), {})  # (folder stamp, files) of the last look at the folder
         self._mutex = threading.RLock()  # one load, delete or cache decision at a time (a name is never half-loaded)
 
     @property
     def names(self) -> frozenset[str]:
-        """The adapters a new request may name: loaded ones, and the files of the folder (loaded on first use)."""
-        return (frozenset(self.adapters) | frozenset(self.files())) - frozenset(self.retired)
+        """The adapters a new request may name: loaded ones, evicted ones (they reload from their file), and the
+        folder's (loaded on first use)."""
+        return (frozenset(self.adapters) | frozenset(self.sources) | frozenset(self.files())) - frozenset(self.retired)
 
     def folder_stamp(self):
-        """Changes when files are added to or removed from the folder (its modification time)."""
-        try:
-            return self.root.stat().st_mtime_ns if self.root is not None else None
-        except OSError:
-            return None
+        """Changes when adapters are added to or removed from the folder."""
+        return folder.stamp(self.root)
 
     def files(self) -> dict[str, Path]:
-        """Servable adapter files of the folder, by name."""
+        """Servable adapters of the folder and its subfolders, by name (folder.py)."""
         if self.root is None:
             return {}
-        return {f.stem: f for f in sorted(self.root.glob("*.safetensors"))}
+        stamp = folder.stamp(self.root)
+        if self._files[0] != stamp or stamp is None:
+            self._files = (stamp, folder.discover(self.root) if stamp is not None else {})
+        return dict(self._files[1])
 
     @property
     def loaded_bytes(self) -> int:
-        return sum(a.bytes for a in self.adapters.values())
+        return sum(a.bytes + a.stack_bytes for a in self.adapters.values())
 
     def ensure(self, names, in_use=frozenset()) -> None:
-        """Load the folder's adapters among `names` that are not loaded, unloading the least recently used ones that
-        `in_use` (carried by requests in the engine) does not hold when the budget needs room. Raises LoraError when
-        the budget cannot hold them."""
+        """Load the adapters among `names` that are not loaded (from the file each was last loaded from, else the
+        folder's), unloading the least recently used ones that `in_use` (carried by requests in the engine) does
+        not hold when the budget needs room. Raises LoraError: LoraTooLargeError (it can never fit),
+        LoraBudgetError (not beside those in use: retry later)."""
         with self._mutex:
-            self._ensure(names, in_use)
-
-    def _ensure(self, names, in_use) -> None:
-        self._uses += 1
-        for name in names:
-            self.last_used[name] = self._uses
-        missing = [n for n in dict.fromkeys(names) if n not in self.adapters]
-        files = self.files()
-        for name in missing:
-            if name not in files:
-                raise LoraError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(self.names)) or 'none'}")
-            self._make_room(keep=set(names) | set(in_use), extra=1)
-            info = self.load(name, files[name])
-            self._make_room(keep=set(names) | set(in_use))
-            if self.budget_bytes is not None and self.loaded_bytes > self.budget_bytes:
-                self.delete(name)
-                raise LoraBudgetError(f"adapter {name!r} ({info.bytes / 2**20:.1f} MiB) does not fit the adapter memory "
-                                f"budget ({self.budget_bytes / 2**20:.0f} MiB) beside the adapters requests are "
-                                f"using; retry later")
-
-    def _make_room(self, keep: set[str], extra: int = 0) -> None:
-        """Unload least recently used adapters outside `keep` while the memory budget is exceeded, or while `extra`
-        more would exceed the count (MAX_ADAPTERS)."""
-        idle = sorted((n for n in self.adapters if n not in keep), key=lambda n: self.last_used.get(n, 0))
-        while idle and ((self.budget_bytes is not None and self.loaded_bytes > self.budget_bytes)
-                        or len(self.adapters) + extra > MAX_ADAPTERS):
-            self.delete(idle.pop(0))
-            self.evictions += 1
+            self._uses += 1
+            for name in names:
+                self.last_used[name] = self._uses
+            files = self.files()
+            for name in [n for n in dict.fromkeys(names) if n not in self.adapters]:
+                source = self.sources.get(name, files.get(name))
+                if source is None:
+                    raise not_loaded(name, self.names)
+                self._admit(name, source, keep=set(names) | set(in_use))
 
     def load_within_budget(self, name: str, path: str | Path, in_use=frozenset()) -> AdapterInfo:
-        """load(), then unload least recently used idle adapters for room (POST /v1/loras): the new adapter counts
-        as just used. Raises LoraBudgetError (and unloads it) when it does not fit beside those in use."""
+        """Load `path` as `name` (POST /v1/loras), unloading least recently used idle adapters for room; it counts
+        as just used. Raises LoraError as ensure() does; nothing is unloaded for a load that fails its checks."""
         with self._mutex:
-            self._make_room(keep=set(in_use), extra=1)
-            info = self.load(name, path)
+            info = self._admit(name, path, keep=set(in_use))
             self._uses += 1
             self.last_used[name] = self._uses
-            self._make_room(keep=set(in_use) | {name})
-            if self.budget_bytes is not None and self.loaded_bytes > self.budget_bytes:
-                self.delete(name)
-                raise LoraBudgetError(f"adapter {name!r} ({info.bytes / 2**20:.1f} MiB) does not fit the adapter "
-                                      f"memory budget ({self.budget_bytes / 2**20:.0f} MiB) beside the adapters in "
-                                      f"use; retry later")
             return info
+
+    def load(self, name: str, path: str | Path) -> AdapterInfo:
+        """Read `path` (safetensors: diffusers/PEFT, kohya, ... as diffusers reads them; or a folder holding
+        pytorch_lora_weights.safetensors) and serve it as `name`, within the budget; nothing is unloaded for it."""
+        with self._mutex:
+            return self._admit(name, path, keep=set(self.adapters))
+
+    def _admit(self, name: str, path: str | Path, keep: set[str]) -> AdapterInfo:
+        """The one "fit in the budget or undo": check, read, size, make room, inject, account."""
+        folder.check_name(name)
+        if name in self.adapters:
+            raise LoraInUseError(f"adapter {name!r} is already loaded; delete it first to load another file as it")
+        file = folder.check_path(self.root, path)
+        require_peft()
+        shown = folder.shown(self.root, file)
+        try:
+            state_dict, alphas, metadata = self.injector.read(file)
+        except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a file it cannot read
+            raise LoraError(f"adapter {name!r}: {shown} is not a LoRA file diffusers reads: "
+                            f"{folder.scrub(str(exc), self.root, file)}", "path") from None
+        unknown = self.injector.unknown_parts(state_dict)
+        if unknown:
+            have = [self.injector.module_name] + [p for p, _ in self.injector.text_encoders(None)]
+            raise LoraError(f"adapter {name!r}: {shown} adapts {', '.join(unknown)}, which this model does not have "
+                            f"(it has {', '.join(have)}): is it made for another model family?", "path")
+        self._fits(name, 2 * self.injector.estimate_bytes(state_dict), keep)  # weights, and as much in stacks
+        self._serial += 1
+        key = key_for(name, self._serial)
+        with self.lock:
+            try:
+                self.injector.inject(state_dict, alphas, metadata, key)
+                layers = self.injector.layers(key)
+                if not layers:
+                    raise LoraError(f"adapter {name!r}: no layer of this model matches {shown}; is it made for "
+                                    f"another model family?", "path")
+                check_served(layers, key, name, shown)
+            except Exception as exc:  # noqa: BLE001
+                self.injector.forget(key)
+                if isinstance(exc, LoraError):
+                    raise
+                raise LoraError(f"adapter {name!r}: {shown} does not fit this model: "
+                                f"{folder.scrub(str(exc), self.root, file)}", "path") from None
+            drop_stacks(layers)
+            for layer in layers:
+                layer.enable_adapters(False)  # PEFT's own application off: rows.hook applies it per row
+                if id(layer) not in self._hooked:
+                    layer.register_forward_hook(hook)
+                    self._hooked.add(id(layer))
+            info = AdapterInfo(name, shown, max(int(layer.r[key]) for layer in layers), len(layers),
+                               sum(p.numel() * p.element_size() for layer in layers
+                                   for p in (*layer.lora_A[key].parameters(), *layer.lora_B[key].parameters())),
+                               text_encoder=bool(self.injector.text_encoders(state_dict)),
+                               stack_bytes=stack_bytes(layers, key))
+            self.adapters[name], self.keys[name] = info, key
+            self.version += 1
+        try:
+            self._fits(name, info.bytes + info.stack_bytes, keep | {name}, loaded=True)
+        except LoraError:
+            self._unload(name)
+            raise
+        self._make_room(keep | {name})
+        if self.files().get(name) == file:  # the folder's own: it reloads from there while the file is there
+            self.sources.pop(name, None)
+        else:  # loaded from elsewhere (POST): it reloads from its own file
+            self.sources[name] = file
+        return info
+
+    def _fits(self, name: str, size: int, keep: set[str], loaded: bool = False) -> None:
+        """LoraTooLargeError when `size` exceeds the whole budget, LoraBudgetError when it does not fit beside the
+        adapters in `keep` (then nothing is unloaded for it); `loaded`: it is among the adapters already."""
+        if not loaded and sum(n in keep for n in self.adapters) + 1 > MAX_ADAPTERS:
+            raise LoraBudgetError(f"{MAX_ADAPTERS} adapters are loaded, the most served at once, and requests are "
+                                  f"using them; retry later")
+        if self.budget_bytes is None:
+            if not loaded:
+                self._make_room(keep, extra=1)
+            return
+        mib, budget = f"{size / 2**20:.3g} MiB with its stacks", f"{self.budget_bytes / 2**20:.3g} MiB"
+        if size > self.budget_bytes:
+            raise LoraTooLargeError(f"adapter {name!r} ({mib}) is larger than the whole adapter memory ({budget}, "
+                                    f"--lora-memory-mb): it can never be loaded; allowed: adapters up to that size")
+        held = sum(a.bytes + a.stack_bytes for n, a in self.adapters.items() if n in keep and n != name)
+        if held + size > self.budget_bytes:
+            raise LoraBudgetError(f"adapter {name!r} ({mib}) does not fit the adapter memory budget "
+                                  f"({budget}) beside the adapters requests are using; "
+                                  f"retry later")
+        if not loaded:  # room for it now: unload the least recently used idle adapters
+            self._make_room(keep, extra=1, need=size)
+
+    def _make_room(self, keep: set[str], extra: int = 0, need: int = 0) -> None:
+        """Unload least recently used adapters outside `keep` while the memory budget (with `need` bytes more) is
+        exceeded, or while `extra` more would exceed the count (MAX_ADAPTERS)."""
+        idle = sorted((n for n in self.adapters if n not in keep), key=lambda n: self.last_used.get(n, 0))
+        while idle and ((self.budget_bytes is not None and self.loaded_bytes + need > self.budget_bytes)
+                        or len(self.adapters) + extra > MAX_ADAPTERS):
+            self._unload(idle.pop(0))
+            self.evictions += 1
 
     def retire(self, name: str) -> None:
         """No new request may name `name` (the first half of a deletion while serving)."""
-        if name not in self.adapters or name in self.retired:
-            raise LoraError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(self.names)) or 'none'}")
+        if (name not in self.adapters and name not in self.sources) or name in self.retired:
+            raise not_loaded(name, self.names)
         self.retired.add(name)
         self.version += 1
 
@@ -147,148 +219,41 @@ class AdapterStore:
         self.version += 1
 
     def check_path(self, path: str | Path) -> Path:
-        """`path` resolved; inside the allowed folder (when there is one), an existing file."""
-        resolved = (self.root / path if self.root is not None and not Path(path).is_absolute() else Path(path))
-        resolved = resolved.resolve()
-        if self.root is not None and self.root not in resolved.parents:
-            raise LoraError(f"path {str(path)!r} is outside the adapter folder {self.root}; allowed: files in it")
-        if not resolved.is_file():
-            raise LoraError(f"path {str(path)!r}: no such file")
-        return resolved
-
-    def load(self, name: str, path: str | Path) -> AdapterInfo:
-        """Read `path` (safetensors: diffusers/PEFT, kohya, ... as diffusers reads them) and serve it as `name`."""
-        with self._mutex:
-            return self._load(name, path)
-
-    def _load(self, name: str, path: str | Path) -> AdapterInfo:
-        if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
-            raise LoraError(f"name {name!r}: 1-64 characters of letters, digits, '-', '_' and '.'")
-        if name in self.adapters:
-            raise LoraError(f"adapter {name!r} is already loaded; delete it first to load another file as it")
-        if len(self.adapters) >= MAX_ADAPTERS:
-            raise LoraBudgetError(f"{MAX_ADAPTERS} adapters are loaded, the most served at once; delete one first")
-        file = self.check_path(path)
-        try:
-            state_dict, alphas, metadata = self._read(file)
-        except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a file it cannot read
-            raise LoraError(f"adapter {name!r}: {file.name} is not a LoRA file diffusers reads: {exc}") from None
-        encoders = self._text_encoders(state_dict)
-        unknown = sorted({k.split(".", 1)[0] for k in state_dict} - {self.module_name} - {p for p, _ in encoders})
-        if unknown:
-            raise LoraError(f"adapter {name!r}: {file.name} adapts {', '.join(unknown)}, which this model does not "
-                            f"have (it has {', '.join([self.module_name] + [p for p, _ in self._text_encoders(None)])}): "
-                            f"is it made for another model family?")
-        with self.lock:
-            before = self._adapted_layers(name)
-            try:
-                with warnings.catch_warnings():  # PEFT warns that a model holds several adapters: that is the point
-                    warnings.filterwarnings("ignore", message="Already found a `peft_config`")
-                    self._inject(state_dict, alphas, metadata, name, encoders)
-            except Exception as exc:  # noqa: BLE001
-                self._forget(name)
-                raise LoraError(f"adapter {name!r}: {file.name} does not fit this model: {exc}") from None
-            layers = self._adapted_layers(name)
-            if not [m for m in self.module.modules() if hasattr(m, "lora_A") and name in m.lora_A] or before:
-                self._forget(name)
-                raise LoraError(f"adapter {name!r}: no layer of this model matches {file.name}; is it made for "
-                                f"another model family?")
-            unsupported = [layer for layer in layers if (getattr(layer, "use_dora", {}) or {}).get(name)
-                           or getattr(layer.lora_B[name], "bias", None) is not None]
-            if unsupported:
-                self._forget(name)
-                raise LoraError(f"adapter {name!r}: {file.name} uses DoRA or a bias on lora_B, which are not served "
-                                f"(plain LoRA only)")
-            for layer in layers:
-                layer.enable_adapters(False)  # PEFT's own application off: rows.hook applies it per row
-                if id(layer) not in self._hooked:
-                    layer.register_forward_hook(hook)
-                    self._hooked.add(id(layer))
-            info = AdapterInfo(name, str(file), max(int(layer.r[name]) for layer in layers), len(layers),
-                               sum(p.numel() * p.element_size() for layer in layers
-                                   for p in (*layer.lora_A[name].parameters(), *layer.lora_B[name].parameters())),
-                               text_encoder=bool(encoders))
-            self.adapters[name] = info
-            self.version += 1
-            bump_generation()  # per-layer stacks and per-adapter-set prompt caches are rebuilt
-        return info
+        """`path` resolved to an adapter file inside the folder (when there is one); LoraError where it cannot be."""
+        return folder.check_path(self.root, path)
 
     def delete(self, name: str) -> None:
+        """Unload `name` (when loaded: an evicted one is only forgotten) and forget where it came from (a folder
+        adapter of that name stays servable)."""
         with self._mutex:
-            if name not in self.adapters:
-                raise LoraError(f"adapter {name!r} is not loaded; loaded: "
-                                f"{', '.join(sorted(self.adapters)) or 'none'}")
-            with self.lock:
-                self._forget(name)
-                del self.adapters[name]
-                self.retired.discard(name)
-                self.last_used.pop(name, None)
-                self.version += 1
-                bump_generation()
+            if name not in self.adapters and name not in self.sources:
+                raise not_loaded(name, self.adapters)
+            if name in self.adapters:
+                self._unload(name)
+            self.sources.pop(name, None)
+            self.last_used.pop(name, None)
+            self.retired.discard(name)
+            self.version += 1
 
-    def _forget(self, name: str) -> None:
-        for module in self._modules():
-            if any(hasattr(m, "lora_A") and name in m.lora_A for m in module.modules()):
-                if hasattr(module, "delete_adapters"):
-                    module.delete_adapters(name)
-                else:  # a transformers text encoder: PEFT's layers, and its peft_config (so the name loads again)
-                    from peft.tuners.tuners_utils import BaseTunerLayer
+    def _unload(self, name: str) -> None:
+        """Free `name`'s weights and its stacks; where it came from is kept (it reloads from there when named)."""
+        with self.lock:
+            key = self.keys.pop(name)
+            layers = self.injector.layers(key)
+            self.injector.forget(key)
+            drop_stacks(layers)
+            del self.adapters[name]
+            self.version += 1
 
-                    for m in module.modules():
-                        if isinstance(m, BaseTunerLayer) and name in m.lora_A:
-                            m.delete_adapter(name)
-                    (getattr(module, "peft_config", None) or {}).pop(name, None)
+    # --- what the executor asks (names -> the modules' keys) ------------------------------------------------------
+    def key_rows(self, rows):
+        """Rows of (name, scale) -> rows of (key, scale): what rows.adapter_rows / every_row apply."""
+        return [tuple((self.keys[n], s) for n, s in row) if row else row for row in rows]
 
-    def _modules(self) -> list:
-        """The denoiser and the text encoders adapters may adapt."""
-        return [self.module] + [m for _, m in self._text_encoders(None)]
+    def text_adapters(self, loras) -> tuple:
+        """Of a request's (name, scale) pairs, those whose adapters adapt a text encoder, as (key, scale)."""
+        return tuple((self.keys[n], s) for n, s in (loras or ()) if n in self.adapters
+                     and self.adapters[n].text_encoder)
 
-    def _adapted_layers(self, name: str) -> list:
-        return [m for module in self._modules() for m in module.modules() if hasattr(m, "lora_A") and name in m.lora_A]
-
-    def _text_encoders(self, state_dict: dict | None) -> list[tuple[str, object]]:
-        """(prefix, module) of the text encoders (those `state_dict` adapts, when given) this model has."""
-        out = []
-        for prefix in ("text_encoder", "text_encoder_2"):
-            module = getattr(self.networks, prefix, None)
-            if module is not None and (state_dict is None or any(k.startswith(prefix + ".") for k in state_dict)):
-                out.append((prefix, module))
-        return out
-
-    def _read(self, file: Path) -> tuple[dict, dict | None, dict | None]:
-        """(state dict in diffusers' naming, network alphas, adapter metadata) as the family's loader reads them."""
-        params = inspect.signature(self.mixin.lora_state_dict).parameters
-        kwargs = {}
-        if "return_alphas" in params:
-            kwargs["return_alphas"] = True
-        kwargs["return_lora_metadata"] = True
-        out = self.mixin.lora_state_dict(str(file), **kwargs)
-        out = out if isinstance(out, tuple) else (out,)
-        state_dict = out[0]
-        alphas = out[1] if len(out) > 2 else None
-        metadata = out[-1] if len(out) > 1 else None
-        return state_dict, alphas, metadata
-
-    def _inject(self, state_dict: dict, alphas: dict | None, metadata: dict | None, name: str,
-                encoders: list[tuple[str, object]]) -> None:
-        """The family's `load_lora_into_unet` / `load_lora_into_transformer` on the live denoiser, and its
-        `load_lora_into_text_encoder` on each text encoder the file adapts (as its load_lora_weights calls them)."""
-        denoiser = {k: v for k, v in state_dict.items() if not any(k.startswith(p + ".") for p, _ in encoders)}
-        self._call(f"load_lora_into_{self.module_name}", denoiser, alphas, metadata, name,
-                   **{self.module_name: self.module})
-        for prefix, module in encoders:
-            self._call("load_lora_into_text_encoder", state_dict, alphas, metadata, name, text_encoder=module,
-                       prefix=prefix)
-        for module in [m for _, m in encoders]:  # transformers' models: switch PEFT's application off per layer
-            for layer in module.modules():
-                if hasattr(layer, "lora_A") and name in layer.lora_A:
-                    layer.enable_adapters(False)
-
-    def _call(self, method_name: str, state_dict: dict, alphas, metadata, name: str, **modules) -> None:
-        method = getattr(self.mixin, method_name)
-        params = inspect.signature(method).parameters
-        kwargs = {**modules, "adapter_name": name}
-        for key, value in (("network_alphas", alphas), ("metadata", metadata), ("_pipeline", None)):
-            if key in params:
-                kwargs[key] = value
-        method(dict(state_dict), **kwargs)
+    def missing(self, loras_lists) -> list[str]:
+        return sorted({n for loras in loras_lists for n, _ in (loras or ()) if n not in self.adapters})

@@ -44,8 +44,9 @@ def generate(client, **body):
 def test_adapters_load_list_serve_and_delete(folder):
     with client_for(str(folder), KEY) as client:
         assert client.get("/v1/loras").status_code == 401  # behind the API key
-        listed = client.get("/v1/loras", headers=auth()).json()["data"]
-        assert [a["name"] for a in listed] == ["ink"] and listed[0]["rank"] == 4
+        listed = client.get("/v1/loras", headers=auth()).json()["data"]  # subfolders too, by their relative path
+        assert [a["name"] for a in listed] == ["ink", "spare.chalk"] and listed[0]["rank"] == 4
+        assert [a["path"] for a in listed] == ["ink.safetensors", "spare/chalk.safetensors"]  # relative paths
         made = client.post("/v1/loras", json={"name": "chalk", "path": "spare/chalk.safetensors"}, headers=auth())
         assert made.status_code == 201 and made.json()["rank"] == 8
         answer = generate(client, loras=[{"name": "ink", "scale": 0.8}, {"name": "chalk"}])
@@ -54,7 +55,7 @@ def test_adapters_load_list_serve_and_delete(folder):
                                                                     {"name": "chalk", "scale": 1.0}]
         assert client.delete("/v1/loras/chalk", headers=auth()).json() == {"deleted": "chalk"}
         refused = generate(client, loras=[{"name": "chalk"}])
-        assert refused.status_code == 400 and "adapter 'chalk' is not loaded; loaded: ink" in refused.text
+        assert refused.status_code == 400 and "adapter 'chalk' is not loaded; loaded: ink, spare.chalk" in refused.text
         assert client.delete("/v1/loras/chalk", headers=auth()).status_code == 404
 
 
@@ -73,7 +74,7 @@ def test_bad_loads_are_400_naming_the_problem(folder, body, says):
 
 
 @pytest.mark.parametrize("loras,says", [
-    ([{"name": "nope"}], "adapter 'nope' is not loaded; loaded: ink"),
+    ([{"name": "nope"}], "adapter 'nope' is not loaded; loaded: ink, spare.chalk"),
     ([{"name": "ink", "scale": 9}], "scale must be a number in [-8, 8]"),
     ([{"name": "ink"}, {"name": "ink"}], "named twice"),
     ([{"adapter": "ink"}], "expected {\\\"name\\\""),
