@@ -27,7 +27,7 @@ from typing import Any
 
 from ..executor.base import Executor
 from ..lora.errors import LoraBudgetError, LoraError
-from ..lora.gate import AdapterGate
+from ..lora.gate import AdapterGate, Deletion
 from ..request.types import (FinishReason, GenerationResult, Request, RequestStatus, SamplingParams, StepReport,
                              next_request_id)
 from ..request.validation import ValidationError
@@ -36,6 +36,7 @@ from .clock import WallClock
 from .config import EngineOptions, options_from
 from .handles import (EngineDeadError, ProgressEvent, RequestHandle, ShuttingDownError, ended_result,
                       failed_result, post_event, set_result)
+from .off_loop import OffLoop
 
 __all__ = ["AsyncEngine", "DEFAULT_ANSWER_MARGIN_S", "EngineDeadError", "ProgressEvent", "RequestHandle",
            "ShuttingDownError"]
@@ -85,8 +86,11 @@ class AsyncEngine:
         self.failure: str | None = None  # why the engine thread died; None while healthy
         self.running_count = 0  # requests admitted and not finished (updated after every step)
         self._lock = threading.Lock()  # guards _inbox, _handles and the admission decision
-        self.adapter_gate = AdapterGate(executor, self._lock)  # LoRA loading and deletion
         self._inbox: list[_Add | _Abort] = []
+        # LoRA loading and deletion; the adapters of requests in the inbox are in use as those of queued ones
+        self.adapter_gate = AdapterGate(executor, self._lock, lambda: [i.request for i in self._inbox
+                                                                       if isinstance(i, _Add)])
+        self._off_loop = OffLoop()  # threads of its own for admission decisions and adapter loads
         self._handles: dict[str, RequestHandle] = {}
         self._wake = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -133,6 +137,7 @@ class AsyncEngine:
             await asyncio.sleep(0.01)
         self._stop = True
         self._wake.set()
+        self._off_loop.close()
         if self._thread is None:
             return True
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.join_timeout_s)
@@ -172,14 +177,25 @@ class AsyncEngine:
     async def submit_many_off_loop(self, params: Sequence[SamplingParams],
                                    preview_steps: Sequence[frozenset[int]] | None = None, stream: bool = False,
                                    request_ids: Sequence[str] | None = None) -> list[RequestHandle]:
-        """submit_many, but when the policy has an admission rule of its own (slo replays the queue: its cost
-        grows with the queue) the decision runs on a worker thread, so the event loop keeps serving meanwhile."""
+        """submit_many, but the event loop never waits: a policy with an admission rule of its own (slo replays
+        the queue: its cost grows with the queue) decides on a thread of the engine's own, and a group whose
+        adapters must be loaded first (or while a load or delete holds the adapter gate) is admitted on the
+        adapter thread. When the caller is cancelled meanwhile, what the admission accepted is aborted."""
         assert self._loop is not None, "call start() first"
         group = self._new_group(params, preview_steps, request_ids)
         outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
-        if getattr(self.core.policy, "admission", None) is None and not self.adapter_gate.needs_loading(group):
-            return self._admit(group, outlets, stream)
-        return await asyncio.to_thread(self._admit, group, outlets, stream)  # also loads the adapters it names
+        off = self._off_loop
+        if getattr(self.core.policy, "admission", None) is None:
+            handles = self._admit(group, outlets, stream, wait=False)
+        else:
+            handles = await off.run(off.decisions, self._admit, group, outlets, stream, False, undo=self._abort_all)
+        if handles is None:  # it waits for the adapter gate
+            handles = await off.run(off.adapters, self._admit, group, outlets, stream, True, undo=self._abort_all)
+        return handles
+
+    def _abort_all(self, handles: list[RequestHandle]) -> None:
+        for h in handles:
+            self.abort(h.request_id)
 
     def _new_group(self, params: Sequence[SamplingParams], preview_steps: Sequence[frozenset[int]] | None,
                    request_ids: Sequence[str] | None) -> list[Request]:
@@ -194,27 +210,36 @@ class AsyncEngine:
         assert self._loop is not None
         return [(self._loop.create_future(), asyncio.Queue() if stream else None) for _ in range(n)]
 
-    def _admit(self, group: list[Request], outlets: list, stream: bool) -> list[RequestHandle]:
-        with _adapter_errors(), self.adapter_gate.admitting(group), self._lock:
-            self._check_open()
-            ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
-            self.adapter_gate.check(group)
-            for i, request in enumerate(group):
-                self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
-            handles = []
-            self.adapter_gate.track(group)
-            for request, (future, events) in zip(group, outlets):
-                h = RequestHandle(request.request_id, request.params, request.arrival_time, request.preview_steps,
-                                  stream, future, events)
-                self._handles[h.request_id] = h
-                self._inbox.append(_Add(h, request))
-                handles.append(h)
+    def _admit(self, group: list[Request], outlets: list, stream: bool, wait: bool = True) -> list[RequestHandle] | None:
+        """Admit `group` (all or none). With wait=False it returns None instead of waiting for the adapter gate."""
+        with _adapter_errors(), self.adapter_gate.admitting(group, wait) as entered:
+            if not entered:
+                return None
+            with self._lock:
+                self._check_open()
+                ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
+                self.adapter_gate.check(group)
+                for i, request in enumerate(group):
+                    self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
+                handles = []
+                for request, (future, events) in zip(group, outlets):
+                    h = RequestHandle(request.request_id, request.params, request.arrival_time,
+                                      request.preview_steps, stream, future, events)
+                    self._handles[h.request_id] = h
+                    self._inbox.append(_Add(h, request))
+                    handles.append(h)
         self._wake.set()
         return handles
 
-    async def delete_adapter(self, name: str, wait_s: float = 60.0) -> None:
+    async def load_adapter(self, name: str, path) -> Any:
+        """Load LoRA adapter file `path` as `name` on the adapter thread (stepserve/lora/gate.py). Raises
+        stepserve.lora.LoraError."""
+        return await self._off_loop.run(self._off_loop.adapters, self.adapter_gate.load, name, path)
+
+    async def delete_adapter(self, name: str, wait_s: float = 60.0) -> Deletion:
         """Unload LoRA adapter `name` while serving (stepserve/lora/gate.py). Raises stepserve.lora.LoraError."""
-        await self.adapter_gate.delete(name, wait_s)
+        return await self.adapter_gate.delete(name, lambda fn, *args: self._off_loop.run(self._off_loop.adapters,
+                                                                                          fn, *args), wait_s)
 
     def _check_open(self) -> None:
         if self.failure is not None:
@@ -271,6 +296,8 @@ class AsyncEngine:
             self._log_once("add", "could not queue request %s", item.request.request_id, exc_info=exc)
             message = f"could not queue the request: {type(exc).__name__}: {exc}"
             self._resolve_locked(failed_result(item.handle, message))
+            return
+        self.adapter_gate.track([item.request])  # only a queued request carries its adapters
 
     def _publish(self, report: StepReport) -> None:
         with self._lock:  # one pass under the lock per step, not one per request

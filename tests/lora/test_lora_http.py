@@ -52,7 +52,8 @@ def test_adapters_load_list_serve_and_delete(folder):
         assert answer.status_code == 200, answer.text
         assert answer.json()["stepserve"]["images"][0]["loras"] == [{"name": "ink", "scale": 0.8},
                                                                     {"name": "chalk", "scale": 1.0}]
-        assert client.delete("/v1/loras/chalk", headers=auth()).json() == {"deleted": "chalk"}
+        deleted = client.delete("/v1/loras/chalk", headers=auth()).json()
+        assert deleted["deleted"] == "chalk" and deleted["reloadable"] is False  # loaded from a subfolder
         refused = generate(client, loras=[{"name": "chalk"}])
         assert refused.status_code == 400 and "adapter 'chalk' is not loaded; loaded: ink" in refused.text
         assert client.delete("/v1/loras/chalk", headers=auth()).status_code == 404
