@@ -202,6 +202,7 @@ class AsyncEngine(EngineThread):
 
     def _admit(self, group: list[Request], outlets: list, stream: bool, wait: bool = True) -> list[RequestHandle] | None:
         """Admit `group` (all or none). With wait=False it returns None instead of waiting for the adapter gate."""
+        self._check_open()  # before any adapter is loaded for it
         with _adapter_errors(), self.adapter_gate.admitting(group, wait) as entered:
             if not entered:
                 return None

@@ -38,9 +38,9 @@ class OffLoop:
             raise
 
     def close(self) -> None:
-        """No more calls; those queued are dropped, those running finish on their own."""
+        """No more calls; those queued still run (an admission then answers that the engine is shutting down)."""
         for pool in (self.decisions, self.adapters):
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=False)
 
 
 def _undo(done: Future, undo: Callable[[Any], None]) -> None:
