@@ -2,8 +2,8 @@
 
 Callers submit (validation and admission are decided at once; the server's submit_many_off_loop moves a costly
 decision, and one that waits for a LoRA adapter, onto threads of the engine's own: off_loop.py), then await the
-result or, for a streaming submit, iterate progress events. Cancellation is a message: abort(request_id) reaches the core
-before its next step, which frees the slot. New requests and aborts cross threads through an inbox; results and
+result or, for a streaming submit, iterate progress events. Cancellation is a message: abort(request_id) reaches
+the core before its next step, which frees the slot. New requests and aborts cross threads through an inbox; results and
 events go back to the event loop with call_soon_threadsafe.
 
 Admission is one atomic decision: a request counts against `max_queue` from the moment it is accepted until it
@@ -200,7 +200,8 @@ class AsyncEngine(EngineThread):
         assert self._loop is not None
         return [(self._loop.create_future(), asyncio.Queue() if stream else None) for _ in range(n)]
 
-    def _admit(self, group: list[Request], outlets: list, stream: bool, wait: bool = True) -> list[RequestHandle] | None:
+    def _admit(self, group: list[Request], outlets: list, stream: bool,
+               wait: bool = True) -> list[RequestHandle] | None:
         """Admit `group` (all or none). With wait=False it returns None instead of waiting for the adapter gate."""
         self._check_open()  # before any adapter is loaded for it
         with _adapter_errors(), self.adapter_gate.admitting(group, wait) as entered:

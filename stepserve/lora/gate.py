@@ -84,8 +84,8 @@ class AdapterGate:
         gone = store.retired if store is not None else ()
         for name in _names(group):
             if name in gone:
-                raise LoraError(f"adapter {name!r} is being deleted; loaded: {', '.join(sorted(store.names)) or 'none'}",
-                                "loras")
+                loaded = ", ".join(sorted(store.names)) or "none"
+                raise LoraError(f"adapter {name!r} is being deleted; loaded: {loaded}", "loras")
 
     def track(self, requests) -> None:
         """Under the admission lock, once `requests` are queued: their adapters are in use until they end."""

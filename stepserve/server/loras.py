@@ -27,7 +27,8 @@ from .bodies import check_json, read_body
 from .errors import APIError, invalid
 
 MAX_BODY_BYTES = 4096  # {"name", "path"}: a name of at most 64 characters and a path
-SHAPE = 'expected a JSON object {"name": ..., "path": ...} (name: the adapter\'s name; path: a file in the adapter folder)'
+SHAPE = ('expected a JSON object {"name": ..., "path": ...} (name: the adapter\'s name; path: a file in the adapter '
+         "folder)")
 
 
 def lora_error(exc: LoraError, not_found: int = 400) -> APIError:
