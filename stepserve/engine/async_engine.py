@@ -1,13 +1,16 @@
 """The async front of the engine: one EngineCore stepped by one background thread, asyncio callers around it.
 
-Callers submit (validation and admission are decided at once, in the caller's thread), then await the result or,
-for a streaming submit, iterate progress events. Cancellation is a message: abort(request_id) reaches the core
-before its next step, which frees the slot. New requests and aborts cross threads through an inbox; results and
+Callers submit (validation and admission are decided at once; the server's submit_many_off_loop moves a costly
+decision, and one that waits for a LoRA adapter, onto threads of the engine's own: off_loop.py), then await the
+result or, for a streaming submit, iterate progress events. Cancellation is a message: abort(request_id) reaches
+the core before its next step, which frees the slot. New requests and aborts cross threads through an inbox; results and
 events go back to the event loop with call_soon_threadsafe.
 
 Admission is one atomic decision: a request counts against `max_queue` from the moment it is accepted until it
 leaves the waiting queue, and the engine thread moves requests from the inbox into the core under the same lock
 that submit() checks the bound under. So a full queue is refused at submit (429 at once), never later.
+
+The engine thread's side (the inbox into the core, steps, results back to the loop) is in engine_thread.py.
 
 Failures: an executor error fails only the requests of that stage (inside the core); a policy error fails the
 requests it was deciding about (inside the core); a failing on_step callback is logged and the engine serves on.
@@ -22,20 +25,19 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..executor.base import Executor
 from ..lora.errors import LoraBudgetError, LoraError
-from ..lora.gate import AdapterGate
-from ..request.types import (FinishReason, GenerationResult, Request, RequestStatus, SamplingParams, StepReport,
-                             next_request_id)
+from ..lora.gate import AdapterGate, Deletion
+from ..request.types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from ..request.validation import ValidationError
 from .admission_errors import QueueFullError
 from .clock import WallClock
 from .config import EngineOptions, options_from
-from .handles import (EngineDeadError, ProgressEvent, RequestHandle, ShuttingDownError, ended_result,
-                      failed_result, post_event, set_result)
+from .engine_thread import EngineThread, _Abort, _Add
+from .handles import EngineDeadError, ProgressEvent, RequestHandle, ShuttingDownError
+from .off_loop import OffLoop
 
 __all__ = ["AsyncEngine", "DEFAULT_ANSWER_MARGIN_S", "EngineDeadError", "ProgressEvent", "RequestHandle",
            "ShuttingDownError"]
@@ -45,17 +47,6 @@ log = logging.getLogger(__name__)
 # An answer needs a moment to cross from the engine thread to the caller's event loop: deadlines keep this much
 # slack (EngineOptions.answer_margin_s) unless the caller sets its own (the HTTP server adds encoding and sending).
 DEFAULT_ANSWER_MARGIN_S = 0.005
-
-
-@dataclass
-class _Add:
-    handle: RequestHandle
-    request: Request  # built and admitted at submit; the engine thread only queues it
-
-
-@dataclass
-class _Abort:
-    request_id: str
 
 
 @contextlib.contextmanager
@@ -70,7 +61,7 @@ def _adapter_errors() -> Iterator[None]:
         raise ValidationError("loras", str(exc)) from None
 
 
-class AsyncEngine:
+class AsyncEngine(EngineThread):
     def __init__(self, executor: Executor, join_timeout_s: float = 10.0, options: EngineOptions | None = None,
                  **overrides: Any) -> None:
         self.executor = executor
@@ -85,8 +76,11 @@ class AsyncEngine:
         self.failure: str | None = None  # why the engine thread died; None while healthy
         self.running_count = 0  # requests admitted and not finished (updated after every step)
         self._lock = threading.Lock()  # guards _inbox, _handles and the admission decision
-        self.adapter_gate = AdapterGate(executor, self._lock)  # LoRA loading and deletion
         self._inbox: list[_Add | _Abort] = []
+        # LoRA loading and deletion; the adapters of requests in the inbox are in use as those of queued ones
+        self.adapter_gate = AdapterGate(executor, self._lock, lambda: [i.request for i in self._inbox
+                                                                       if isinstance(i, _Add)])
+        self._off_loop = OffLoop()  # threads of its own for admission decisions and adapter loads
         self._handles: dict[str, RequestHandle] = {}
         self._wake = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -133,6 +127,7 @@ class AsyncEngine:
             await asyncio.sleep(0.01)
         self._stop = True
         self._wake.set()
+        self._off_loop.close()
         if self._thread is None:
             return True
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.join_timeout_s)
@@ -172,14 +167,25 @@ class AsyncEngine:
     async def submit_many_off_loop(self, params: Sequence[SamplingParams],
                                    preview_steps: Sequence[frozenset[int]] | None = None, stream: bool = False,
                                    request_ids: Sequence[str] | None = None) -> list[RequestHandle]:
-        """submit_many, but when the policy has an admission rule of its own (slo replays the queue: its cost
-        grows with the queue) the decision runs on a worker thread, so the event loop keeps serving meanwhile."""
+        """submit_many, but the event loop never waits: a policy with an admission rule of its own (slo replays
+        the queue: its cost grows with the queue) decides on a thread of the engine's own, and a group whose
+        adapters must be loaded first (or while a load or delete holds the adapter gate) is admitted on the
+        adapter thread. When the caller is cancelled meanwhile, what the admission accepted is aborted."""
         assert self._loop is not None, "call start() first"
         group = self._new_group(params, preview_steps, request_ids)
         outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
-        if getattr(self.core.policy, "admission", None) is None and not self.adapter_gate.needs_loading(group):
-            return self._admit(group, outlets, stream)
-        return await asyncio.to_thread(self._admit, group, outlets, stream)  # also loads the adapters it names
+        off = self._off_loop
+        if getattr(self.core.policy, "admission", None) is None:
+            handles = self._admit(group, outlets, stream, wait=False)
+        else:
+            handles = await off.run(off.decisions, self._admit, group, outlets, stream, False, undo=self._abort_all)
+        if handles is None:  # it waits for the adapter gate
+            handles = await off.run(off.adapters, self._admit, group, outlets, stream, True, undo=self._abort_all)
+        return handles
+
+    def _abort_all(self, handles: list[RequestHandle]) -> None:
+        for h in handles:
+            self.abort(h.request_id)
 
     def _new_group(self, params: Sequence[SamplingParams], preview_steps: Sequence[frozenset[int]] | None,
                    request_ids: Sequence[str] | None) -> list[Request]:
@@ -194,27 +200,38 @@ class AsyncEngine:
         assert self._loop is not None
         return [(self._loop.create_future(), asyncio.Queue() if stream else None) for _ in range(n)]
 
-    def _admit(self, group: list[Request], outlets: list, stream: bool) -> list[RequestHandle]:
-        with _adapter_errors(), self.adapter_gate.admitting(group), self._lock:
-            self._check_open()
-            ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
-            self.adapter_gate.check(group)
-            for i, request in enumerate(group):
-                self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
-            handles = []
-            self.adapter_gate.track(group)
-            for request, (future, events) in zip(group, outlets):
-                h = RequestHandle(request.request_id, request.params, request.arrival_time, request.preview_steps,
-                                  stream, future, events)
-                self._handles[h.request_id] = h
-                self._inbox.append(_Add(h, request))
-                handles.append(h)
+    def _admit(self, group: list[Request], outlets: list, stream: bool,
+               wait: bool = True) -> list[RequestHandle] | None:
+        """Admit `group` (all or none). With wait=False it returns None instead of waiting for the adapter gate."""
+        self._check_open()  # before any adapter is loaded for it
+        with _adapter_errors(), self.adapter_gate.admitting(group, wait) as entered:
+            if not entered:
+                return None
+            with self._lock:
+                self._check_open()
+                ahead = [item.request for item in self._inbox if isinstance(item, _Add)]
+                self.adapter_gate.check(group)
+                for i, request in enumerate(group):
+                    self.core.check_admission(request, request.arrival_time, ahead + group[:i])  # raises for all
+                handles = []
+                for request, (future, events) in zip(group, outlets):
+                    h = RequestHandle(request.request_id, request.params, request.arrival_time,
+                                      request.preview_steps, stream, future, events)
+                    self._handles[h.request_id] = h
+                    self._inbox.append(_Add(h, request))
+                    handles.append(h)
         self._wake.set()
         return handles
 
-    async def delete_adapter(self, name: str, wait_s: float = 60.0) -> None:
+    async def load_adapter(self, name: str, path) -> Any:
+        """Load LoRA adapter file `path` as `name` on the adapter thread (stepserve/lora/gate.py). Raises
+        stepserve.lora.LoraError."""
+        return await self._off_loop.run(self._off_loop.adapters, self.adapter_gate.load, name, path)
+
+    async def delete_adapter(self, name: str, wait_s: float = 60.0) -> Deletion:
         """Unload LoRA adapter `name` while serving (stepserve/lora/gate.py). Raises stepserve.lora.LoraError."""
-        await self.adapter_gate.delete(name, wait_s)
+        return await self.adapter_gate.delete(name, lambda fn, *args: self._off_loop.run(self._off_loop.adapters,
+                                                                                          fn, *args), wait_s)
 
     def _check_open(self) -> None:
         if self.failure is not None:
@@ -227,113 +244,3 @@ class AsyncEngine:
         with self._lock:
             self._inbox.append(_Abort(request_id))
         self._wake.set()
-
-    # --- engine thread -----------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self._loop_body()
-        except BaseException as exc:  # noqa: BLE001 - the core's state can no longer be trusted
-            self._die(exc)
-
-    def _loop_body(self) -> None:
-        core = self.core
-        while not self._stop:
-            self._drain_inbox()
-            if not core.has_work():
-                self._sleep(0.5)
-                continue
-            report = core.step(self.clock.now())
-            self.running_count = len(core.running) + len(core.to_decode)
-            self._publish(report)
-            self._notify(report)
-            if report.batch_size == 0 and not report.finished and not report.admitted:
-                self._sleep(0.5 if report.wake_at is None else max(0.0, report.wake_at - self.clock.now()))
-
-    def _sleep(self, timeout: float) -> None:
-        self._wake.wait(timeout)
-        self._wake.clear()
-
-    def _drain_inbox(self) -> None:
-        """Move the inbox into the core. Holding the lock throughout keeps queue_depth exact (no request is in
-        neither place), which is what makes admission one decision."""
-        with self._lock:
-            items, self._inbox = self._inbox, []
-            for item in items:
-                if isinstance(item, _Abort):
-                    self.core.abort(item.request_id)
-                else:
-                    self._add_to_core(item)
-
-    def _add_to_core(self, item: _Add) -> None:
-        try:
-            self.core.enqueue(item.request)
-        except Exception as exc:  # noqa: BLE001 - never dropped: anything here fails this one request
-            self._log_once("add", "could not queue request %s", item.request.request_id, exc_info=exc)
-            message = f"could not queue the request: {type(exc).__name__}: {exc}"
-            self._resolve_locked(failed_result(item.handle, message))
-
-    def _publish(self, report: StepReport) -> None:
-        with self._lock:  # one pass under the lock per step, not one per request
-            for r in report.finished:
-                self._resolve_locked(r)
-            streams = [(r, h) for r in report.progressed if not r.is_finished
-                       and (h := self._handles.get(r.request_id)) is not None and h.stream]
-        for r, handle in streams:
-            preview = None
-            if r.step in handle.preview_steps:
-                try:
-                    preview = self.executor.preview(r)
-                except Exception as exc:  # noqa: BLE001 - a preview is optional; never fail the request for it
-                    self._log_once("preview", "preview failed; the stream goes on without it", exc_info=exc)
-            self._call(post_event, handle._events, ProgressEvent(r.request_id, r.step, r.num_inference_steps, preview))
-
-    def _notify(self, report: StepReport) -> None:
-        for callback in self.on_step:
-            try:
-                callback(report)
-            except Exception as exc:  # noqa: BLE001 - an observer's bug must not stop the engine
-                name = getattr(callback, "__qualname__", repr(callback))
-                self._log_once(f"on_step:{name}", "on_step callback %s failed; the engine serves on", name,
-                               exc_info=exc, level=logging.ERROR)
-
-    def _resolve_locked(self, r: Request) -> None:
-        handle = self._handles.pop(r.request_id, None)
-        if handle is not None:
-            self._deliver(handle, GenerationResult.from_request(r))
-
-    def _deliver(self, handle: RequestHandle, result: GenerationResult) -> None:
-        self._call(set_result, handle._future, result)
-        if handle._events is not None:
-            self._call(handle._events.put_nowait, result)
-
-    def _die(self, exc: BaseException) -> None:
-        self.failure = f"{type(exc).__name__}: {exc}"
-        self.accepting = False
-        log.critical("the engine thread stopped after an internal error; failing every pending request",
-                     exc_info=exc)
-        self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, f"internal engine error: {self.failure}")
-
-    def _end_pending(self, status: RequestStatus, reason: FinishReason, message: str) -> None:
-        """Answer every pending handle now (the engine thread died, or shutdown gave up waiting for a step): none
-        is left waiting, and whatever the engine thread reports later for them finds no handle."""
-        with self._lock:
-            handles, self._handles = list(self._handles.values()), {}
-            self._inbox = []
-        for h in handles:
-            self._deliver(h, ended_result(h, status, reason, message))
-
-    def _call(self, fn, *args) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed in between: nobody is left to tell
-            pass
-
-    def _log_once(self, kind: str, message: str, *args: Any, exc_info: BaseException | None = None,
-                  level: int = logging.WARNING) -> None:
-        if kind in self._logged_kinds:
-            return
-        self._logged_kinds.add(kind)
-        log.log(level, message + " (logged once)", *args, exc_info=exc_info)

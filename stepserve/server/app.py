@@ -7,6 +7,7 @@ down (letting in-flight work finish within the grace period) when the server sto
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -271,6 +272,12 @@ async def answer(state: ServerState, request: Request, read) -> Response:
     except ClientDisconnect:
         state.request_done("cancelled", CLIENT_GONE, started, path=path)
         return Response(status_code=CLIENT_GONE)
+    except asyncio.CancelledError:  # the handler cancelled (Ray Serve when the client goes away): its requests
+        state.request_done("cancelled", CLIENT_GONE, started, path=path)  # are aborted by the engine or wait_all
+        raise
+    except Exception:  # answered 500 by the app's last resort (errors.UnexpectedErrors); counted here all the same
+        state.request_done("failed", 500, started, path=path)
+        raise
     finally:
         if not streaming:
             state.inflight -= 1

@@ -1,24 +1,81 @@
 """The LoRA adapter endpoints (behind the API key): list, load from the adapter folder, delete while serving.
 
     GET    /v1/loras           {"object": "list", "data": [{"name", "path", "rank", "layers", "bytes"}]}
-    POST   /v1/loras           {"name": ..., "path": ...}: a file inside the server's --lora-dir (a path relative
-                               to it, or absolute inside it); 201 with the adapter
+    POST   /v1/loras           {"name": ..., "path": ...} (Content-Type: application/json, at most 4 KiB): a file
+                               inside the server's --lora-dir (a path relative to it, or absolute inside it); 201
+                               with the adapter
     DELETE /v1/loras/{name}    new requests naming it are refused at once; it is unloaded when no request in the
-                               engine carries it any more (at most 60 s), between two steps
+                               engine carries it any more (at most 60 s), between two steps. The answer says what
+                               happened: {"deleted", "reloadable", "detail"} (an adapter whose file is in the
+                               folder stays servable: it loads again when a request names it)
+
+Statuses come from the adapter errors' types (stepserve/lora/errors.py), the field from their `param`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import asdict
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ..lora.errors import LoraError
-from ..lora.store import LoraBudgetError
+from ..lora.errors import (LoraBudgetError, LoraError, LoraInUseError, LoraNotFoundError, LoraTooLargeError,
+                           LoraUnsupportedError)
+from ..lora.gate import Deletion
+from .bodies import check_json, read_body
 from .errors import APIError, invalid
+
+MAX_BODY_BYTES = 4096  # {"name", "path"}: a name of at most 64 characters and a path
+SHAPE = ('expected a JSON object {"name": ..., "path": ...} (name: the adapter\'s name; path: a file in the adapter '
+         "folder)")
+
+
+def lora_error(exc: LoraError, not_found: int = 400) -> APIError:
+    """The HTTP answer for an adapter error, by its type; `not_found`: 404 where the name is in the URL."""
+    if isinstance(exc, LoraBudgetError):
+        return APIError(429, str(exc), type="rate_limit_error", code="lora_memory_full", param=exc.param,
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, LoraInUseError):
+        return APIError(409, str(exc), code="lora_in_use", param=exc.param)
+    if isinstance(exc, LoraNotFoundError):
+        return APIError(not_found, str(exc), code="lora_not_found", param=exc.param)
+    if isinstance(exc, LoraTooLargeError):  # it can never fit, whatever is unloaded: not one to retry
+        return invalid(str(exc), exc.param, "lora_too_large")
+    if isinstance(exc, LoraUnsupportedError):
+        return invalid(str(exc), exc.param, "lora_unsupported")
+    return invalid(str(exc), exc.param)
+
+
+def parse_load(raw: bytes) -> tuple[str, str]:
+    """(name, path) of a POST /v1/loras body, or a 400 naming what is wrong."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise invalid(f"the body is not valid JSON ({str(exc)[:80]}); {SHAPE}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid(f"the body must be a JSON object, got {type(body).__name__}; {SHAPE}", code="invalid_json")
+    if set(body) != {"name", "path"}:
+        raise invalid(f"expected exactly the fields name and path, got {', '.join(map(repr, body)) or 'none'}; "
+                      f"{SHAPE}", next((k for k in body if k not in ("name", "path")), None))
+    for field in ("name", "path"):
+        value = body[field]
+        if not isinstance(value, str):
+            raise invalid(f"{field}: must be a string, got {type(value).__name__}; {SHAPE}", field)
+        if "\x00" in value:
+            raise invalid(f"{field}: must not contain a NUL character", field)
+    return body["name"], body["path"]
+
+
+def deletion_body(done: Deletion) -> dict:
+    if not done.unloaded:
+        detail = ("it was not loaded (unloaded earlier to make room, or never used); its file in the adapter folder "
+                  "loads again when a request names it")
+    elif done.reloadable:
+        detail = "unloaded; its file in the adapter folder loads again when a request names it"
+    else:
+        detail = "unloaded; requests naming it are refused until POST /v1/loras loads it again"
+    return {"deleted": done.name, "reloadable": done.reloadable, "detail": detail}
 
 
 def lora_routes(state) -> APIRouter:
@@ -38,34 +95,30 @@ def lora_routes(state) -> APIRouter:
 
     @router.post("/loras")
     async def load_lora(request: Request) -> JSONResponse:
-        adapters = store()
-        if adapters.root is None:
+        check_json(request)  # a web page cannot send JSON cross-origin without a preflight
+        try:
+            raw = await read_body(request, MAX_BODY_BYTES)
+        except APIError as exc:
+            if exc.status != 413:
+                raise
+            raise APIError(413, f"the body is larger than {MAX_BODY_BYTES // 1024} KiB; {SHAPE}",
+                           code="body_too_large") from None
+        name, path = parse_load(raw)
+        if store().root is None:
             raise invalid("adapters are loaded only from a folder the server names: start it with --lora-dir DIR",
                           "path")
         try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise invalid("expected a JSON object {\"name\": ..., \"path\": ...}") from None
-        if not isinstance(body, dict) or set(body) != {"name", "path"} or not isinstance(body.get("path"), str):
-            raise invalid("expected exactly {\"name\": ..., \"path\": ...} (path: a file in the adapter folder)")
-        try:
-            info = await asyncio.to_thread(state.engine.adapter_gate.load, body["name"], body["path"])
-        except LoraBudgetError as exc:
-            raise APIError(429, str(exc), type="rate_limit_error", code="lora_memory_full", param="name",
-                           headers={"Retry-After": "1"}) from None
+            info = await state.engine.load_adapter(name, path)
         except LoraError as exc:
-            raise invalid(str(exc), "path" if "path" in str(exc) else "name") from None
+            raise lora_error(exc) from None
         return JSONResponse(asdict(info), status_code=201)
 
     @router.delete("/loras/{name}")
     async def delete_lora(name: str) -> dict:
         store()
         try:
-            await state.engine.delete_adapter(name)
+            return deletion_body(await state.engine.delete_adapter(name))
         except LoraError as exc:
-            status = 404 if "is not loaded" in str(exc) else 409
-            raise APIError(status, str(exc), code="lora_not_found" if status == 404 else "lora_in_use",
-                           param="name") from None
-        return {"deleted": name}
+            raise lora_error(exc, not_found=404) from None
 
     return router

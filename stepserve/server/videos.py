@@ -147,6 +147,9 @@ def video_routes(state: ServerState, jobs: VideoJobs) -> APIRouter:
         except ClientDisconnect:
             state.video_done("cancelled", CLIENT_GONE, started)
             return Response(status_code=CLIENT_GONE)
+        except asyncio.CancelledError:  # the handler cancelled (Ray Serve when the client goes away): what its
+            state.video_done("cancelled", CLIENT_GONE, started)  # admission accepted is aborted by the engine
+            raise
         except Exception:  # answered 500 by the app's last resort; counted here all the same
             state.video_done("failed", 500, started)
             raise

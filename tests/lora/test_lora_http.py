@@ -9,10 +9,12 @@ from fastapi.testclient import TestClient
 
 from stepserve.engine.async_engine import AsyncEngine
 from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
+from stepserve.lora.errors import LoraBudgetError, LoraError, LoraInUseError, LoraTooLargeError
 from stepserve.server.app import create_app
 from stepserve.tiny.lora import build_tiny_lora
 
 from extras import require
+from server.server_helpers import assert_error_shape
 
 KEY = "sk-test-lora"
 
@@ -53,7 +55,8 @@ def test_adapters_load_list_serve_and_delete(folder):
         assert answer.status_code == 200, answer.text
         assert answer.json()["stepserve"]["images"][0]["loras"] == [{"name": "ink", "scale": 0.8},
                                                                     {"name": "chalk", "scale": 1.0}]
-        assert client.delete("/v1/loras/chalk", headers=auth()).json() == {"deleted": "chalk"}
+        deleted = client.delete("/v1/loras/chalk", headers=auth()).json()
+        assert deleted["deleted"] == "chalk" and deleted["reloadable"] is False  # loaded from a subfolder
         refused = generate(client, loras=[{"name": "chalk"}])
         assert refused.status_code == 400 and "adapter 'chalk' is not loaded; loaded: ink, spare.chalk" in refused.text
         assert client.delete("/v1/loras/chalk", headers=auth()).status_code == 404
@@ -101,3 +104,70 @@ def test_without_a_folder_nothing_is_loaded_over_http(folder):
         answer = client.post("/v1/loras", json={"name": "ink", "path": str(folder / "ink.safetensors")})
         assert answer.status_code == 400 and "--lora-dir" in answer.text
         assert client.get("/v1/loras").json()["data"] == []
+
+
+@pytest.mark.parametrize("content,headers,status,param", [
+    (b'{"name": "x", "path": "ink.safetensors"}', {"Content-Type": "text/plain"}, 415, None),
+    (b'{"name": "x", "path": "' + b"a" * 5000 + b'"}', {"Content-Type": "application/json"}, 413, None),
+    (b"[" * 2000 + b"]" * 2000, {"Content-Type": "application/json"}, 400, None),
+    (b'{"name": "x", "path": "ink\\u0000.safetensors"}', {"Content-Type": "application/json"}, 400, "path"),
+    (b'{"name": {"a": {"b": 1}}, "path": "ink.safetensors"}', {"Content-Type": "application/json"}, 400, "name"),
+], ids=["text-plain", "oversized", "nested-deep", "nul-in-path", "nested-name"])
+def test_load_bodies_are_json_bounded_and_checked(folder, content, headers, status, param):
+    """POST /v1/loras takes declared JSON only (a web page cannot send that cross-origin to a keyless server),
+    of at most a few KiB; nesting and a NUL in a field are a 400 naming the field, never a 500."""
+
+
+    with client_for(str(folder)) as client:
+        answer = client.post("/v1/loras", content=content, headers=headers)
+        error = assert_error_shape(answer, status)
+        assert error["param"] == param, error
+        assert sorted(a["name"] for a in client.get("/v1/loras").json()["data"]) == ["ink"]  # nothing loaded
+
+
+@pytest.mark.parametrize("raised,status,code", [
+    (LoraTooLargeError("adapter 'big' (3.0 MiB) is larger than the whole adapter memory (1 MiB)", "path"), 400,
+     "lora_too_large"),
+    (LoraBudgetError("the adapter memory is held by adapters in use; retry later"), 429, "lora_memory_full"),
+    (LoraInUseError("adapter 'big' is loaded already; delete it first"), 409, "lora_in_use"),
+    (LoraError("the file is not a LoRA file diffusers reads", "path"), 400, "invalid_value"),
+], ids=["too-large", "budget", "in-use", "plain"])
+def test_load_statuses_come_from_the_error_types(folder, monkeypatch, raised, status, code):
+    """The status and the field come from the adapter error's type and its `param`, not from its words."""
+
+
+    with client_for(str(folder)) as client:
+        store = client.app.state.server.engine.executor.adapters()
+
+        def refuse(name, path, in_use=frozenset()):
+            raise raised
+
+        monkeypatch.setattr(store, "load_within_budget", refuse)
+        answer = client.post("/v1/loras", json={"name": "big", "path": "ink.safetensors"})
+    error = assert_error_shape(answer, status)
+    assert (error["code"], error["param"], error["message"]) == (code, raised.param, str(raised))
+    assert (answer.headers.get("retry-after") is not None) == (status == 429)
+
+
+def test_delete_says_what_happened_and_an_evicted_folder_adapter_is_no_404(tmp_path):
+    """DELETE of a folder adapter unloads it and says it stays servable (its file loads again on next use); one
+    unloaded earlier to make room is no 404 either; a name that is nowhere is."""
+    for i, name in enumerate(["ink", "oil"]):
+        build_tiny_lora("embedded", tmp_path / f"{name}.safetensors", seed=i, rank=4, std=0.3)
+    built = build_engine(EngineConfig(model="embedded", memory_cap=False, warm_up=False, lora_dir=str(tmp_path),
+                                      lora_memory_mb=1.5 * 49152 / 2**20, options=EngineOptions(strategy="continuous")),
+                         say=lambda _: None)  # room for one rank-4 adapter
+    store = built.executor.adapters()
+    with TestClient(create_app(AsyncEngine(built.executor, options=built.options))) as client:
+        assert generate(client, loras=[{"name": "oil"}]).status_code == 200
+        assert sorted(store.adapters) == ["oil"]  # ink was unloaded for room
+        evicted = client.delete("/v1/loras/ink")
+        assert evicted.status_code == 200, evicted.text
+        assert evicted.json()["deleted"] == "ink" and evicted.json()["reloadable"] is True
+        assert "not loaded" in evicted.json()["detail"]
+        unloaded = client.delete("/v1/loras/oil").json()
+        assert unloaded["reloadable"] is True and "unloaded" in unloaded["detail"] and not store.adapters
+        assert generate(client, loras=[{"name": "oil"}]).status_code == 200  # loaded again on use
+        missing = client.delete("/v1/loras/nope")
+    error = assert_error_shape(missing, 404)
+    assert error["code"] == "lora_not_found" and "nope" in error["message"]

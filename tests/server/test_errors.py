@@ -159,3 +159,25 @@ def test_fuzz_json_bodies(http, body, steps):
 @given(raw=st.binary(max_size=200) | st.text(max_size=80).map(str.encode))
 def test_fuzz_raw_bodies(http, raw):
     _check_answer(http.post(GENERATIONS, content=raw, headers={"Content-Type": "application/json"}), raw)
+
+
+def test_an_unexpected_error_is_a_500_counted_in_the_requests(monkeypatch):
+    """An image request that fails on something no handler expected is answered 500 (OpenAI-shaped) and counted
+    in stepserve_requests_total{outcome="failed"}, as a video's is."""
+    from fastapi.testclient import TestClient
+
+    import stepserve.server.app as app_module
+    from stepserve.costs import FakeExecutor
+    from stepserve.engine.async_engine import AsyncEngine
+
+    def broken_encoder(image):
+        raise RuntimeError("the PNG encoder broke")
+
+    monkeypatch.setattr(app_module, "encode", broken_encoder)
+    app = app_module.create_app(AsyncEngine(FakeExecutor(), strategy="continuous"))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.post(GENERATIONS, json={"prompt": "a", "num_inference_steps": 2})
+        metrics = client.get("/metrics").text
+    assert assert_error_shape(answer, 500)["code"] == "internal_error"
+    counted = [line for line in metrics.splitlines() if line.startswith('stepserve_requests_total{outcome="failed"} ')]
+    assert counted == ['stepserve_requests_total{outcome="failed"} 1.0'], metrics
