@@ -50,17 +50,17 @@ def test_requests_waiting_on_a_slow_adapter_load_leave_the_server_answering(fold
     store = built.executor.adapters()
     store.delete("oil")  # loaded again on first use: that load is held
     entered, release, returned = threading.Event(), threading.Event(), threading.Event()
-    load = store.load
+    read = store.injector.read  # reading the adapter's file: the I/O of a load
 
-    def held_load(name, path):
+    def held_read(file):
         entered.set()
         release.wait(600)
         try:
-            return load(name, path)
+            return read(file)
         finally:
             returned.set()
 
-    monkeypatch.setattr(store, "load", held_load)
+    monkeypatch.setattr(store.injector, "read", held_read)
     engine = AsyncEngine(built.executor, options=built.options)
     seen: list[str] = []  # the adapter each request names, as the engine builds it (on the event loop)
     new_request = engine.core.new_request

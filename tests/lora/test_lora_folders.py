@@ -49,7 +49,7 @@ def test_dotted_names_and_diffusers_folders_start_list_and_serve(folder):
         assert made.status_code == 201, made.text
         assert made.json()["path"] == "sub/mine/pytorch_lora_weights.safetensors"
         assert generate(client, "mine.again").status_code == 200
-        assert client.delete("/v1/loras/style.v2").json() == {"deleted": "style.v2"}
+        assert client.delete("/v1/loras/style.v2").json()["deleted"] == "style.v2"
         bad = client.post("/v1/loras", json={"name": "x", "path": "sub"})
         assert bad.status_code == 400 and "pytorch_lora_weights.safetensors" in bad.text
         assert str(folder) not in bad.text

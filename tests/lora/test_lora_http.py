@@ -16,6 +16,9 @@ from stepserve.tiny.lora import build_tiny_lora
 from extras import require
 from server.server_helpers import assert_error_shape
 
+# one rank-4 adapter on the embedded model: its weights and its share of the stacks (as tests/lora/test_lora_cache.py)
+RANK4_BYTES = 2 * 49152 + 24 * 4
+
 KEY = "sk-test-lora"
 
 
@@ -62,18 +65,18 @@ def test_adapters_load_list_serve_and_delete(folder):
         assert client.delete("/v1/loras/chalk", headers=auth()).status_code == 404
 
 
-@pytest.mark.parametrize("body,says", [
-    ({"name": "x", "path": "/etc/passwd"}, "is outside the adapter folder"),
-    ({"name": "x", "path": "../elsewhere.safetensors"}, "is outside the adapter folder"),
-    ({"name": "x", "path": "missing.safetensors"}, "no such file"),
-    ({"name": "ink", "path": "ink.safetensors"}, "is already loaded"),
-    ({"name": "bad name!", "path": "ink.safetensors"}, "letters, digits"),
-    ({"name": "x"}, "expected exactly"),
+@pytest.mark.parametrize("body,status,says", [
+    ({"name": "x", "path": "/etc/passwd"}, 400, "is outside the adapter folder"),
+    ({"name": "x", "path": "../elsewhere.safetensors"}, 400, "is outside the adapter folder"),
+    ({"name": "x", "path": "missing.safetensors"}, 400, "no such file"),
+    ({"name": "ink", "path": "ink.safetensors"}, 409, "is already loaded"),  # a name in use: delete it first
+    ({"name": "bad name!", "path": "ink.safetensors"}, 400, "letters, digits"),
+    ({"name": "x"}, 400, "expected exactly"),
 ])
-def test_bad_loads_are_400_naming_the_problem(folder, body, says):
+def test_bad_loads_are_refused_naming_the_problem(folder, body, status, says):
     with client_for(str(folder)) as client:
         answer = client.post("/v1/loras", json=body)
-    assert answer.status_code == 400 and says in answer.text
+    assert answer.status_code == status and says in answer.text, answer.text
 
 
 @pytest.mark.parametrize("loras,says", [
@@ -119,10 +122,11 @@ def test_load_bodies_are_json_bounded_and_checked(folder, content, headers, stat
 
 
     with client_for(str(folder)) as client:
+        before = sorted(a["name"] for a in client.get("/v1/loras").json()["data"])
         answer = client.post("/v1/loras", content=content, headers=headers)
         error = assert_error_shape(answer, status)
         assert error["param"] == param, error
-        assert sorted(a["name"] for a in client.get("/v1/loras").json()["data"]) == ["ink"]  # nothing loaded
+        assert sorted(a["name"] for a in client.get("/v1/loras").json()["data"]) == before  # nothing loaded
 
 
 @pytest.mark.parametrize("raised,status,code", [
@@ -155,7 +159,7 @@ def test_delete_says_what_happened_and_an_evicted_folder_adapter_is_no_404(tmp_p
     for i, name in enumerate(["ink", "oil"]):
         build_tiny_lora("embedded", tmp_path / f"{name}.safetensors", seed=i, rank=4, std=0.3)
     built = build_engine(EngineConfig(model="embedded", memory_cap=False, warm_up=False, lora_dir=str(tmp_path),
-                                      lora_memory_mb=1.5 * 49152 / 2**20, options=EngineOptions(strategy="continuous")),
+                                      lora_memory_mb=1.5 * RANK4_BYTES / 2**20, options=EngineOptions(strategy="continuous")),
                          say=lambda _: None)  # room for one rank-4 adapter
     store = built.executor.adapters()
     with TestClient(create_app(AsyncEngine(built.executor, options=built.options))) as client:
