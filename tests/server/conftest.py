@@ -94,9 +94,10 @@ SIGTERM_TEST = "test_sigterm_finishes_in_flight_refuses_new_and_exits_0"
 
 
 class CliServer:
-    """`python -m stepserve.cli serve ...` as a child process on a free port."""
+    """`python -m stepserve.cli serve ...` as a child process on a free port (or, with `launcher`, that script given
+    the same flags, e.g. gated_serve.py: its stdin is then a pipe the test writes to)."""
 
-    def __init__(self, model_path, *extra: str) -> None:
+    def __init__(self, model_path, *extra: str, launcher: Path | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -104,7 +105,9 @@ class CliServer:
         env = {**os.environ, "PYTHONPATH": str(root), "TOKENIZERS_PARALLELISM": "false"}
         args = ["--model", str(model_path), "--port", str(self.port), "--threads", "1", "--log-level", "warning",
                 *extra]
-        self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=root, env=env,
+        command = ["-m", "stepserve.cli", "serve"] if launcher is None else [str(launcher)]
+        self.proc = subprocess.Popen([sys.executable, *command, *args], cwd=root, env=env,
+                                     stdin=subprocess.PIPE if launcher is not None else None,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     @property
@@ -124,6 +127,8 @@ def early_cli_server(request, tiny_sd_path):
     if not any(item.name == SIGTERM_TEST for item in request.session.items):
         yield None
         return
-    server = CliServer(tiny_sd_path, "--max-batch-size", "4", "--shutdown-grace-s", "60")
+    # one request per step, each step held until the test frees them; the grace only bounds a hang
+    server = CliServer(tiny_sd_path, "--max-batch-size", "1", "--shutdown-grace-s", "600",
+                       launcher=Path(__file__).with_name("gated_serve.py"))
     yield server
     server.stop()
