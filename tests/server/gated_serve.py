@@ -12,8 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for step_gate
 
-import stepserve.commands.serve as serve  # noqa: E402
-from step_gate import SteppedExecutor  # noqa: E402
+from step_gate import SteppedExecutor
+
+from stepserve.commands import serve
 
 
 def main(argv: list[str]) -> int:
