@@ -10,7 +10,7 @@ from typing import Any
 class SteppedExecutor:
     """Wraps an executor (every attribute is the wrapped one's) and holds each denoising step until the test allows
     it: `allow(n)` lets n more steps run, `free()` lets every step run from then on. `held` counts the steps that
-    are waiting now (0 or 1: the engine runs one step at a time)."""
+    are waiting now (0 or 1: the engine runs one step at a time), `held_requests` the requests in them."""
 
     def __init__(self, executor: Any) -> None:
         self._executor = executor
@@ -18,6 +18,7 @@ class SteppedExecutor:
         self._permits = 0
         self._free = False
         self.held = 0
+        self.held_requests = 0
         self.steps = 0  # denoising steps run
 
     def __getattr__(self, name: str) -> Any:
@@ -36,9 +37,11 @@ class SteppedExecutor:
     def denoise(self, requests):
         with self._cond:
             self.held += 1
+            self.held_requests += len(requests)
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._free or self._permits > 0)
             self.held -= 1
+            self.held_requests -= len(requests)
             if not self._free:
                 self._permits -= 1
         seconds = self._executor.denoise(requests)
