@@ -17,10 +17,9 @@ import time
 
 import httpx
 import pytest
-from conftest import ServerThread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import GENERATIONS
+from server_helpers import GENERATIONS, ServerThread
 
 from stepserve.engine.async_engine import AsyncEngine
 from stepserve.server.app import create_app

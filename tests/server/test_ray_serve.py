@@ -185,7 +185,7 @@ def single_process_images(replicas):
 
 def single_process_server_images() -> list:
     """CONFIGS through the single-process server (the same app, uvicorn in this process)."""
-    from conftest import ServerThread
+    from server_helpers import ServerThread
 
     from stepserve.engine.loading import load_executor
     from stepserve.engine.async_engine import AsyncEngine
