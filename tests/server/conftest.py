@@ -50,6 +50,21 @@ def serve(tiny_executor):
     return start
 
 
+@pytest.fixture(scope="session")
+def wan(tmp_path_factory):
+    """A tiny random Wan pipeline folder (the video endpoint's tests)."""
+    from stepserve.tiny.wan import build_tiny_wan
+
+    return build_tiny_wan(tmp_path_factory.mktemp("wan_http") / "pipe")
+
+
+@pytest.fixture(scope="session")
+def wan_executor(wan):
+    from stepserve.engine.loading import load_executor
+
+    return load_executor(str(wan))
+
+
 SIGTERM_TEST = "test_sigterm_finishes_in_flight_refuses_new_and_exits_0"
 
 
