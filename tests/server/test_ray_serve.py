@@ -265,32 +265,36 @@ def _sample(text: str, name: str) -> float | None:
     return None
 
 
+def engine_steps(url: str) -> float:
+    """Engine steps so far, summed over the replicas (each replica's view is <= 1 s old)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("stepserve_step_batch_size_count"))
+
+
+def engine_steps_settled(url: str) -> float:
+    """Engine steps once they stopped changing over two pushes of every replica: nothing runs any more."""
+    seen = [engine_steps(url)]
+    while len(seen) < 3 or seen[-1] != seen[-3]:
+        time.sleep(1.0)
+        seen.append(engine_steps(url))
+    return seen[-1]
+
+
 def test_a_client_that_hangs_up_frees_its_slots_in_the_replica(replicas):
     """Ray Serve cancels the replica's handler when its client goes away; the handler aborts the requests, so the
     engine stops stepping them instead of running them to the end (as in one process: test_load.py)."""
     from server_helpers import raw_post
 
-    def steps() -> float:  # engine steps so far, summed over the replicas (each replica's view is <= 1 s old)
-        text = httpx.get(replicas.url + "/metrics", timeout=30).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("stepserve_step_batch_size_count"))
-
-    def settled() -> float:
-        seen = [steps()]
-        while len(seen) < 3 or seen[-1] != seen[-3]:  # unchanged over two pushes of every replica
-            time.sleep(1.0)
-            seen.append(steps())
-        return seen[-1]
-
-    before = settled()
+    before = engine_steps_settled(replicas.url)
     # 8 images of 200 steps, 4 at a time: 400 steps had they run to the end
     body = json.dumps({"prompt": "long", "n": 8, "num_inference_steps": 200, "guidance_scale": 1.0}).encode()
     sock = raw_post(replicas.port, body)
     deadline = time.monotonic() + 240  # bounds a hang only
-    while steps() == before and time.monotonic() < deadline:  # they started
+    while engine_steps(replicas.url) == before and time.monotonic() < deadline:  # they started
         time.sleep(0.05)
     sock.close()
-    ran = settled() - before
+    ran = engine_steps_settled(replicas.url) - before
     assert 0 < ran < 300, f"{ran:g} engine steps for 8 requests of 200 steps whose client hung up"
 
 
@@ -312,6 +316,7 @@ def test_ray_queue_limit_is_a_429_with_retry_after_and_replica_429s_pass_through
         error = assert_error_shape(r)
         assert error["type"] == "rate_limit_error" and "max_queued_requests" in error["message"], error
         assert int(r.headers["Retry-After"]) >= 1 and "X-Stepserve-Replica" not in r.headers
+    engine_steps_settled(replicas.url)  # the burst's requests the client hung up on are gone from every replica
     # 16 requests of 3 images each fit Ray's in-flight limit but not the engines (4 running + 8 waiting images
     # each, --max-queue 8): the replicas refuse some themselves, and their 429s reach the client as they left it.
     responses = asyncio.run(post_all(replicas.url, [{**slow, "n": 3}] * 16))
