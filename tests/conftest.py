@@ -1,6 +1,12 @@
 import os
 
-import torch
+# OpenMP's threads sleep when they wait instead of spinning: with the cores shared (another test run, a server this
+# suite started, the other developers' work), spinning threads took the CPU from the ones with work to do and made
+# compute-bound tests several times slower (a LoRA test: 26 s with passive waits, 120 s spinning, beside a busy
+# loop). Set before torch loads its OpenMP runtime; the servers and commands the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # Deterministic, quiet, and sized for a 2-core machine.
 torch.set_num_threads(min(2, os.cpu_count() or 1))

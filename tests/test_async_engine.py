@@ -61,7 +61,8 @@ def test_abort_cancels_and_frees_slot():
         engine = AsyncEngine(SlowFake(), strategy="continuous", max_batch_size=1)
         await engine.start()
         long = engine.submit(SamplingParams(prompt="a", seed=1, num_inference_steps=200))
-        await asyncio.sleep(0.05)
+        while engine.running_count < 1:  # it runs (and holds the one slot)
+            await asyncio.sleep(0.005)
         engine.abort(long.request_id)
         short = engine.submit(SamplingParams(prompt="b", seed=2, num_inference_steps=2))
         res = await asyncio.gather(long.result(), short.result())
@@ -75,7 +76,8 @@ def test_abort_cancels_and_frees_slot():
 
 def test_queue_bound_and_validation_raise_at_once():
     async def main():
-        engine = AsyncEngine(SlowFake(), strategy="continuous", max_batch_size=1, max_queue=3)
+        ex = Gate()  # no step ends while the test submits: what is admitted does not depend on the machine's speed
+        engine = AsyncEngine(ex, strategy="continuous", max_batch_size=1, max_queue=3)
         await engine.start()
         handles, rejected = [], 0
         for i in range(12):
@@ -85,6 +87,7 @@ def test_queue_bound_and_validation_raise_at_once():
                 rejected += 1
         with pytest.raises(ValidationError):
             engine.submit(SamplingParams(prompt="", seed=1))
+        ex.gate.set()
         results = await asyncio.gather(*(h.result() for h in handles))
         await engine.shutdown(1.0)
         return results, rejected
@@ -99,7 +102,7 @@ def test_shutdown_finishes_in_flight_and_refuses_new():
         engine = AsyncEngine(SlowFake(), strategy="continuous", max_batch_size=2)
         await engine.start()
         handles = [engine.submit(SamplingParams(prompt="a", seed=i, num_inference_steps=10)) for i in range(3)]
-        stopping = asyncio.create_task(engine.shutdown(5.0))
+        stopping = asyncio.create_task(engine.shutdown(240.0))  # the grace bounds a hang only
         await asyncio.sleep(0)
         with pytest.raises(ShuttingDownError):
             engine.submit(SamplingParams(prompt="b", seed=9))
@@ -120,7 +123,7 @@ class Gate(FakeExecutor):
         self.gate = threading.Event()
 
     def denoise(self, requests):
-        self.gate.wait(10)
+        self.gate.wait(240)  # bounds a hang only
         return super().denoise(requests)
 
 
@@ -163,7 +166,7 @@ def test_admission_has_no_window_between_inbox_and_queue():
         engine.core.enqueue = slow_enqueue
         await engine.start()
         held = [engine.submit(SamplingParams(prompt="a", seed=i)) for i in range(2)]
-        await asyncio.get_running_loop().run_in_executor(None, moving.wait, 5)
+        await asyncio.get_running_loop().run_in_executor(None, moving.wait, 240)
         refused_at_once = False
         try:
             late = engine.submit(SamplingParams(prompt="c", seed=5))
@@ -261,7 +264,7 @@ def test_expired_request_fails_at_its_deadline_not_at_the_next_batch():
         engine = AsyncEngine(FakeExecutor(), strategy="dynamic", max_batch_size=8, max_queue_delay_ms=30_000)
         await engine.start()
         h = engine.submit(SamplingParams(prompt="a", seed=1, timeout_s=0.2))
-        result = await asyncio.wait_for(h.result(), 5.0)
+        result = await asyncio.wait_for(h.result(), 20.0)  # well before the 30 s batching wait
         await engine.shutdown(0.0)
         return result
 
@@ -281,7 +284,7 @@ def test_a_costly_admission_decision_runs_off_the_event_loop():
 
         def slow_admission(request, waiting, running, now):  # stands for the replay of a long queue
             deciding.set()
-            release.wait(10)
+            release.wait(240)
             return None
 
         engine.core.policy.admission = slow_admission

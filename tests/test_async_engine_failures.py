@@ -13,7 +13,7 @@ from stepserve.engine.async_engine import AsyncEngine, EngineDeadError
 from stepserve.costs import FakeExecutor
 from stepserve.request.types import FinishReason, RequestStatus, SamplingParams
 
-WAIT_S = 10.0  # generous: the engine answers these in milliseconds; this only stops a hang
+WAIT_S = 120.0  # generous: the engine answers these in milliseconds; this only stops a hang
 
 
 def run(coro):
@@ -110,18 +110,19 @@ def test_broken_core_fails_everything_pending_and_reports_unhealthy():
 
 
 def test_shutdown_says_when_the_engine_thread_did_not_stop(caplog):
-    release = threading.Event()
+    release, stuck = threading.Event(), threading.Event()
 
     class Stuck(FakeExecutor):
         def denoise(self, requests):
-            release.wait(30)
+            stuck.set()
+            release.wait(240)
             return super().denoise(requests)
 
     async def main():
         engine = AsyncEngine(Stuck(), strategy="continuous", join_timeout_s=0.2)
         await engine.start()
         engine.submit(params(1, steps=1))
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(stuck.wait, WAIT_S), "the step never started"
         stopped = await asyncio.wait_for(engine.shutdown(0.0), WAIT_S)
         release.set()
         return stopped
@@ -135,11 +136,12 @@ def test_shutdown_says_when_the_engine_thread_did_not_stop(caplog):
 def test_shutdown_during_a_step_longer_than_the_join_timeout_answers_every_pending_request():
     """Running, queued and streaming requests all get their result (shut down: CANCELLED, which the server sends
     as its documented 503), although the stuck step never ends within the shutdown."""
-    release = threading.Event()
+    release, stuck = threading.Event(), threading.Event()
 
     class Stuck(FakeExecutor):
         def denoise(self, requests):
-            release.wait(30)
+            stuck.set()
+            release.wait(240)
             return super().denoise(requests)
 
     async def main():
@@ -147,7 +149,7 @@ def test_shutdown_during_a_step_longer_than_the_join_timeout_answers_every_pendi
         await engine.start()
         handles = [engine.submit(params(i, steps=3)) for i in range(4)]  # two in the stuck step, two queued
         stream = engine.submit(params(9, steps=3), stream=True)
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(stuck.wait, WAIT_S), "the step never started"
         stopped = await asyncio.wait_for(engine.shutdown(0.0), WAIT_S)
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles + [stream])), WAIT_S)
         events = [e async for e in stream.events()]

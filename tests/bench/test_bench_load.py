@@ -92,6 +92,8 @@ def test_closed_loop_users_wait_for_their_answer_and_are_labelled():
     result = asyncio.run(run_closed_loop(target, users, warmup_s=0.1, duration_s=0.3, drain_s=1.0))
     assert result.mode == "closed-loop" and "closed-loop" in result.description
     assert target.max_in_flight <= 3
-    assert 3 * 4 <= len(result.outcomes) <= 3 * 9
+    # each user sends again once answered: at most one per 50 ms each (0.4 s), and more than one each however
+    # late a busy machine wakes the loop
+    assert 3 * 2 <= len(result.outcomes) <= 3 * 9
     assert any(o.warmup for o in result.outcomes) and result.measured
     assert all(o.status == OK for o in result.outcomes)

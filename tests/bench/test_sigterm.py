@@ -17,7 +17,7 @@ def _check_terminated(command: Command, exit_within_s: float) -> None:
     code, _ = command.terminate_and_wait(exit_within_s)
     assert code == 130, (code, command.output[-3000:])
     assert "interrupted" in command.output
-    assert gone_within(command.processes, 5) == []
+    assert gone_within(command.processes, 60) == []  # bounds a hang only
     assert list(command.tmpdir.iterdir()) == []
 
 
@@ -27,10 +27,11 @@ def _running(command: Command, text: str) -> None:
 
 @pytest.mark.parametrize("verb", ["bench", "demo"])
 def test_sigterm_stops_an_in_process_bench_and_the_demo(tmp_path, verb):
-    command = Command([verb, "--model", "fake", "--duration", "60", "--out", str(tmp_path / "out")], tmp_path)
+    # promptly: it would run for 10 minutes; it ends with 130 and "interrupted" (a bound of minutes only stops a hang)
+    command = Command([verb, "--model", "fake", "--duration", "600", "--out", str(tmp_path / "out")], tmp_path)
     try:
         _running(command, "idle latency: started")
-        _check_terminated(command, 15)
+        _check_terminated(command, 120)
     finally:
         command.clean_up()
 
@@ -51,6 +52,6 @@ def test_sigterm_during_a_peer_start_stops_the_peer(tmp_path):
 
     try:
         assert command.wait_for(peer_started, 120), command.output[-3000:]
-        _check_terminated(command, 40)
+        _check_terminated(command, 120)
     finally:
         command.clean_up()

@@ -42,7 +42,7 @@ def test_a_missing_component_of_a_relative_folder_names_it_at_once(sd15, no_netw
     start = time.monotonic()
     with pytest.raises(FileNotFoundError, match=f"{sd15 / 'tokenizer'} is missing"):
         load_family_adapter("sd15")
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60  # nothing retried or waited for (a network retry takes minutes)
 
 
 def test_a_missing_weights_file_names_the_component(sd15, no_network):

@@ -7,52 +7,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from server_helpers import ServerThread
 
 from stepserve.engine.async_engine import AsyncEngine
-
-
-class ServerThread:
-    """uvicorn in a thread, bound to a socket we opened ourselves (so the port is known and never raced)."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.app = app
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP proto: asyncio then sets TCP_NODELAY
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def engine(self) -> AsyncEngine:
-        return self.app.state.server.engine
-
-    def __enter__(self) -> "ServerThread":
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -90,13 +50,29 @@ def serve(tiny_executor):
     return start
 
 
+@pytest.fixture(scope="session")
+def wan(tmp_path_factory):
+    """A tiny random Wan pipeline folder (the video endpoint's tests)."""
+    from stepserve.tiny.wan import build_tiny_wan
+
+    return build_tiny_wan(tmp_path_factory.mktemp("wan_http") / "pipe")
+
+
+@pytest.fixture(scope="session")
+def wan_executor(wan):
+    from stepserve.engine.loading import load_executor
+
+    return load_executor(str(wan))
+
+
 SIGTERM_TEST = "test_sigterm_finishes_in_flight_refuses_new_and_exits_0"
 
 
 class CliServer:
-    """`python -m stepserve.cli serve ...` as a child process on a free port."""
+    """`python -m stepserve.cli serve ...` as a child process on a free port (or, with `launcher`, that script given
+    the same flags, e.g. gated_serve.py: its stdin is then a pipe the test writes to)."""
 
-    def __init__(self, model_path, *extra: str) -> None:
+    def __init__(self, model_path, *extra: str, launcher: Path | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -104,7 +80,9 @@ class CliServer:
         env = {**os.environ, "PYTHONPATH": str(root), "TOKENIZERS_PARALLELISM": "false"}
         args = ["--model", str(model_path), "--port", str(self.port), "--threads", "1", "--log-level", "warning",
                 *extra]
-        self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=root, env=env,
+        command = ["-m", "stepserve.cli", "serve"] if launcher is None else [str(launcher)]
+        self.proc = subprocess.Popen([sys.executable, *command, *args], cwd=root, env=env,
+                                     stdin=subprocess.PIPE if launcher is not None else None,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     @property
@@ -124,6 +102,8 @@ def early_cli_server(request, tiny_sd_path):
     if not any(item.name == SIGTERM_TEST for item in request.session.items):
         yield None
         return
-    server = CliServer(tiny_sd_path, "--max-batch-size", "4", "--shutdown-grace-s", "60")
+    # one request per step, each step held until the test frees them; the grace only bounds a hang
+    server = CliServer(tiny_sd_path, "--max-batch-size", "1", "--shutdown-grace-s", "600",
+                       launcher=Path(__file__).with_name("gated_serve.py"))
     yield server
     server.stop()

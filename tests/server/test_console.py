@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+from server_helpers import wait_until
 
 from stepserve.server.events import EngineEvents
 
@@ -34,7 +35,7 @@ def test_the_page_and_its_files_are_served_without_a_key(serve):
             assert not re.search(r"https?://", httpx.get(f"{server.url}/console/{name}").text)
 
 
-def read_events(url: str, headers: dict, until, timeout_s: float = 30.0) -> list[tuple[str, dict]]:
+def read_events(url: str, headers: dict, until, timeout_s: float = 240.0) -> list[tuple[str, dict]]:
     events: list[tuple[str, dict]] = []
     deadline = time.monotonic() + timeout_s
     with httpx.stream("GET", url, headers=headers, timeout=timeout_s) as answer:
@@ -57,9 +58,9 @@ def test_events_stream_steps_to_a_viewer_behind_the_key(serve):
         hub = next(cb.__self__ for cb in server.engine.on_step if isinstance(getattr(cb, "__self__", None), EngineEvents))
         assert hub.on_step not in server.engine.on_step  # no viewer: no per-step record is built
         body = {"prompt": "a seven", "num_inference_steps": 6, "n": 3, "seed": 1}
-        sender = threading.Thread(target=lambda: [time.sleep(0.5), httpx.post(
+        sender = threading.Thread(target=lambda: [wait_until(lambda: hub.viewers == 1, 240), httpx.post(
             server.url + "/v1/images/generations", json=body, headers={"Authorization": "Bearer secret"},
-            timeout=60)])
+            timeout=240)])  # sent once the viewer is there: it sees every step
         sender.start()
         events = read_events(url, {"Authorization": "Bearer secret"},
                              lambda ev: sum(len(d["done"]) for k, b in ev if k == "steps" for d in b) >= 3)
@@ -77,10 +78,7 @@ def test_events_stream_steps_to_a_viewer_behind_the_key(serve):
         done = [e for d in steps for e in d["done"]]
         assert {e[0] for e in done} == joined and all(e[1] == "completed" and e[2] > 0 for e in done)
         assert {r[0] for r in rows} == joined  # one id per request from joining to leaving
-        for _ in range(100):  # the viewer left: the hub lets go of the engine's steps
-            if hub.viewers == 0:
-                break
-            time.sleep(0.05)
+        wait_until(lambda: hub.viewers == 0, 240)  # the viewer left: the hub lets go of the engine's steps
         assert hub.viewers == 0 and hub.on_step not in server.engine.on_step
         again = read_events(url, {"Authorization": "Bearer secret"}, lambda ev: True)
         assert [r[0] for r in again[0][1]["recent"]][-3:] == ["completed"] * 3  # remembered for the next viewer
@@ -117,14 +115,11 @@ def test_draining_ends_the_event_streams(serve):
             ended.set()
 
         threading.Thread(target=viewer, daemon=True).start()
-        for _ in range(200):
-            if hub.viewers:
-                break
-            time.sleep(0.02)
+        wait_until(lambda: hub.viewers > 0, 240)
         assert hub.viewers == 1 and not ended.is_set()
         start_drain(server.app)
-        assert ended.wait(5)
-        late = read_events(server.url + "/v1/engine/events", {}, lambda ev: False, timeout_s=10)
+        assert ended.wait(240)
+        late = read_events(server.url + "/v1/engine/events", {}, lambda ev: False)
         assert [k for k, _ in late] == ["hello"]  # a viewer arriving while draining gets its hello, then the end
 
 

@@ -71,7 +71,7 @@ def test_playground_and_live_lanes(serve, browser, embedded, shots):
     with serve(strategy="continuous", executor=embedded, max_batch_size=8) as server:
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(server.url + "/")
-        page.wait_for_selector("#status.live", timeout=20_000)
+        page.wait_for_selector("#status.live", timeout=120_000)
         assert page.locator("#key-form").is_hidden()
         page.fill("#prompt", "a handwritten seven")
         page.fill("#seed", "7")
@@ -81,7 +81,7 @@ def test_playground_and_live_lanes(serve, browser, embedded, shots):
             page.click("#generate")
         body = sent.value.post_data_json
         assert (body["prompt"], body["negative_prompt"], body["seed"]) == ("a handwritten seven", "a three", 7)
-        final = page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
+        final = page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
         assert final.get_attribute("src").startswith("data:image/png;base64,")
         assert "denoising" in page.inner_text(".result .timing")
         page.screenshot(path=str(shots / "playground.png"))
@@ -90,7 +90,7 @@ def test_playground_and_live_lanes(serve, browser, embedded, shots):
         load = background_load(server.url, stop)
         try:
             page.wait_for_function("Number(document.getElementById('live-left').textContent) >= 6",
-                                   timeout=60_000)
+                                   timeout=240_000)
             joined = int(page.inner_text("#live-joined"))
             left = int(page.inner_text("#live-left"))
             assert joined >= left >= 6
@@ -113,21 +113,21 @@ def test_with_a_key_the_page_refuses_until_it_is_entered(serve, browser, embedde
     with serve(strategy="continuous", executor=embedded, api_key="open sesame") as server:
         page = browser.new_page()
         page.goto(server.url + "/")
-        page.wait_for_selector("#key-form:not([hidden])", timeout=20_000)
+        page.wait_for_selector("#key-form:not([hidden])", timeout=120_000)
         assert page.locator("#console").is_hidden() and page.inner_text("#status") == "offline"
         page.fill("#key-input", "wrong")
         page.click("#key-submit")
-        page.wait_for_selector("#key-error:not([hidden])", timeout=20_000)
+        page.wait_for_selector("#key-error:not([hidden])", timeout=120_000)
         assert "refused" in page.inner_text("#key-error") and page.locator("#console").is_hidden()
         page.screenshot(path=str(shots / "key-refused.png"))
         page.fill("#key-input", "open sesame")
         page.click("#key-submit")
-        page.wait_for_selector("#status.live", timeout=20_000)
+        page.wait_for_selector("#status.live", timeout=120_000)
         assert page.locator("#key-form").is_hidden()
         assert "open sesame" not in page.url and page.evaluate("() => localStorage.length + sessionStorage.length") == 0
         page.fill("#prompt", "a handwritten two")
         page.click("#generate")
-        page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
         page.close()
 
 
@@ -142,12 +142,12 @@ def test_a_model_without_negative_prompts_has_no_field_for_one(serve, browser, t
     with serve(strategy="continuous", executor=flux) as server:
         page = browser.new_page()
         page.goto(server.url + "/")
-        page.wait_for_selector("#status.live", timeout=20_000)
+        page.wait_for_selector("#status.live", timeout=120_000)
         assert page.locator("#negative").is_hidden()
         page.evaluate("() => { document.getElementById('negative').value = 'left over'; }")  # text in the hidden field
         page.fill("#steps", "2")
         with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
             page.click("#generate")
         assert "negative_prompt" not in sent.value.post_data_json
-        page.wait_for_selector("img.result-image[data-final='1']", timeout=60_000)
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
         page.close()

@@ -89,7 +89,8 @@ def test_deadline_passed_is_504(http):
 
 def test_default_timeout_from_limits(serve):
     with serve(strategy="continuous", limits=ServerLimits(default_timeout_s=0.05)) as s:
-        assert_error_shape(httpx.post(s.url + GENERATIONS, json={"prompt": "a", "num_inference_steps": 200}), 504)
+        assert_error_shape(httpx.post(s.url + GENERATIONS, json={"prompt": "a", "num_inference_steps": 200},
+                                      timeout=240), 504)
 
 
 class FailOn:

@@ -17,10 +17,9 @@ import time
 
 import httpx
 import pytest
-from conftest import ServerThread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import GENERATIONS
+from server_helpers import GENERATIONS, ServerThread
 
 from stepserve.engine.async_engine import AsyncEngine
 from stepserve.server.app import create_app
@@ -70,17 +69,19 @@ def bodies(schema: dict) -> st.SearchStrategy:
 
 
 class Healthy(threading.Thread):
-    """Small, valid requests, one after another, for as long as the fuzzing runs; every one must get a 200."""
+    """Small, valid requests, one after another, for as long as the fuzzing runs; every one must get a 200. Each has
+    a deadline of its own far past what a busy machine needs (the server's default one is short, for the fuzz)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url, self.stop, self.codes = url, threading.Event(), []
 
     def run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as http:
+        with httpx.Client(base_url=self.url, timeout=240) as http:
             i = 0
             while not self.stop.is_set():
-                r = http.post(GENERATIONS, json={"prompt": "healthy", "num_inference_steps": 2, "seed": i})
+                r = http.post(GENERATIONS, json={"prompt": "healthy", "num_inference_steps": 2, "seed": i,
+                                                   "timeout_s": 240})
                 self.codes.append(r.status_code)
                 i += 1
                 time.sleep(0.02)
@@ -128,7 +129,7 @@ def fuzz(live, examples: int) -> dict:
         one()
     finally:
         healthy.stop.set()
-        healthy.join(60)
+        healthy.join(240)
     took = time.monotonic() - started
     assert not healthy.is_alive(), "a healthy request hung"
     assert healthy.codes and set(healthy.codes) == {200}, healthy.codes

@@ -7,8 +7,7 @@ import contextlib
 
 import httpx
 import pytest
-from conftest import ServerThread
-from server_helpers import GENERATIONS, assert_error_shape
+from server_helpers import GENERATIONS, ServerThread, assert_error_shape
 
 from stepserve.engine.async_engine import AsyncEngine
 from stepserve.server.app import REPLICA_HEADER, create_app

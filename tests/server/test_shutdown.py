@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 
 import httpx
 from server_helpers import GENERATIONS, assert_error_shape, decode_png, wait_until
 
 from stepserve.commands.serve import main
+
+HANG_S = 240  # how long a wait may take before the test calls it a hang (pytest-timeout stops a test at 300 s)
 
 
 def _exit_code(args: list[str]) -> int:
@@ -28,30 +31,48 @@ def test_bad_flags_get_one_line_naming_allowed_values(capsys):
 
 
 def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(early_cli_server):
+    """The server's denoising steps wait until the test frees them (gated_serve.py; one request per step): the
+    three requests are in flight (one in its first step, two queued) when SIGTERM arrives and while a new one is
+    refused, whatever the machine's speed. Every wait is on the server's own report; its bound only stops a hang."""
     proc, url = early_cli_server.proc, early_cli_server.url
     try:
         def up() -> bool:
             try:
-                return httpx.get(url + "/health", timeout=1).status_code == 200
+                return httpx.get(url + "/health", timeout=30).status_code == 200
             except httpx.HTTPError:
                 return proc.poll() is not None
 
-        assert wait_until(up, 120, 0.2) and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+        def health() -> httpx.Response:
+            return httpx.get(url + "/health", timeout=30)
+
+        assert wait_until(up, HANG_S, 0.2) and proc.poll() is None, \
+            f"waited for the server to answer /health: {proc.stderr.read() if proc.poll() is not None else ''}"
         results: list[httpx.Response] = []
         body = {"prompt": "in flight", "num_inference_steps": 40, "guidance_scale": 1.0, "seed": 3}
         workers = [threading.Thread(target=lambda: results.append(httpx.post(url + GENERATIONS, json=body,
-                                                                             timeout=120))) for _ in range(3)]
+                                                                             timeout=HANG_S))) for _ in range(3)]
         for w in workers:
             w.start()
-        assert wait_until(lambda: httpx.get(url + "/health").json()["running"] == 3, 60)
+        assert wait_until(lambda: health().json()["queue_depth"] == 2, HANG_S), \
+            f"waited for the three requests to be in flight (one held in its step, two queued): {health().json()}"
         proc.send_signal(signal.SIGTERM)
-        late = httpx.post(url + GENERATIONS, json=body, timeout=30)
+        assert wait_until(lambda: health().status_code == 503, HANG_S), \
+            f"waited for /health to say the server drains after SIGTERM: {health().json()}"
+        assert health().json()["status"] == "draining"
+        late = httpx.post(url + GENERATIONS, json=body, timeout=HANG_S)
         assert_error_shape(late, 503)
-        assert httpx.get(url + "/health").status_code == 503
+        assert not results and proc.poll() is None  # nothing has finished: the three are still in flight
+        proc.stdin.write("free\n")
+        proc.stdin.flush()
         for w in workers:
-            w.join(120)
+            w.join(HANG_S)
+        assert not any(w.is_alive() for w in workers), "waited for the three requests in flight to be answered"
         assert [r.status_code for r in results] == [200, 200, 200], [r.text for r in results]
         assert all(decode_png(r.json()["data"][0]["b64_json"]).size == (16, 16) for r in results)
-        assert proc.wait(60) == 0, proc.stderr.read()
+        try:
+            code = proc.wait(HANG_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("waited for the server to exit once its work was done") from None
+        assert code == 0, proc.stderr.read()
     finally:
         early_cli_server.stop()

@@ -1,77 +1,22 @@
 """The videos endpoint on a Wan server: a job's life (queued, in progress, completed; an MP4 of the right frames that
-shows WanPipeline's video), its progress as server-sent events, deletion, the bound on kept jobs, overload and bad
-input refused per request; and a video and image requests served at once by one server, each its own answer."""
+shows WanPipeline's video), its progress as server-sent events, deletion, bad input refused per request; and a
+video and image requests served at once by one server, each its own answer. The bounds, overload and each job's
+end counted once: test_video_limits.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
-import time
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-
 from extras import require
 from server_helpers import GENERATIONS, assert_error_shape, decode_png, pixels, wait_until
-from stepserve import SamplingParams
-from stepserve.engine.async_engine import AsyncEngine
-from stepserve.server.app import create_app
-from stepserve.server.schemas import ServerLimits
+from step_gate import SteppedExecutor
+from video_helpers import as_mp4, client, mp4_frames, wait_done
 from wan_reference import reference_video
 
-
-@pytest.fixture(scope="module")
-def wan(tmp_path_factory):
-    from stepserve.tiny.wan import build_tiny_wan
-
-    return build_tiny_wan(tmp_path_factory.mktemp("wan_http") / "pipe")
-
-
-@pytest.fixture(scope="module")
-def wan_executor(wan):
-    from stepserve.engine.loading import load_executor
-
-    return load_executor(str(wan))
-
-
-def client(executor, limits=None, api_key=None, **options) -> TestClient:
-    options = {"strategy": "continuous", "max_batch_size": 4, **options}
-    return TestClient(create_app(AsyncEngine(executor, **options), api_key=api_key, limits=limits))
-
-
-def wait_done(c: TestClient, video_id: str, timeout_s: float = 60, headers=None) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = c.get(f"/v1/videos/{video_id}", headers=headers).json()
-        if body["status"] in ("completed", "failed") or time.monotonic() > deadline:
-            return body
-        time.sleep(0.02)
-
-
-def mp4_frames(data: bytes) -> np.ndarray:
-    """(frames, H, W, 3) decoded from MP4 bytes with the bundled ffmpeg."""
-    imageio_ffmpeg = require("imageio_ffmpeg", "video")
-    with tempfile.NamedTemporaryFile(suffix=".mp4", delete=False) as f:
-        f.write(data)
-    try:
-        reader = imageio_ffmpeg.read_frames(f.name)
-        meta = next(reader)
-        w, h = meta["size"]
-        return np.stack([np.frombuffer(b, np.uint8).reshape(h, w, 3) for b in reader]).astype(np.int16)
-    finally:
-        os.unlink(f.name)
-
-
-def as_mp4(video: np.ndarray, fps: int = 16) -> np.ndarray:
-    """A reference video as it looks through the same (lossy) encoder: what the MP4 of that video decodes to."""
-    from PIL import Image
-
-    from stepserve.server.mp4 import encode_mp4
-
-    return mp4_frames(encode_mp4([Image.fromarray(f.astype(np.uint8)) for f in video], fps))
+from stepserve import SamplingParams
 
 
 def test_a_video_job_from_creation_to_mp4(wan, wan_executor):
@@ -125,7 +70,8 @@ def test_a_video_and_images_at_once_each_get_their_own_answer(wan, wan_executor)
     output, the video its video."""
     require("imageio_ffmpeg", "video")
     steps: list[set] = []
-    with client(wan_executor) as c:
+    gate = SteppedExecutor(wan_executor)  # the video's first step waits until the images are queued beside it
+    with client(gate) as c:
         engine = c.app.state.server.engine
         engine.on_step.append(lambda report: steps.append({r.params.num_frames for r in report.progressed}))
         video = c.post("/v1/videos", json={"prompt": "a lighthouse", "size": "32x32", "num_frames": 5,
@@ -138,8 +84,13 @@ def test_a_video_and_images_at_once_each_get_their_own_answer(wan, wan_executor)
                                                          "negative_prompt": "dark"})
 
         thread = threading.Thread(target=post_images)
-        thread.start()
-        thread.join(60)
+        try:
+            assert gate.wait_held(), "the video never reached its first step"
+            thread.start()
+            assert wait_until(lambda: engine.queue_depth == 2, 240), "the images were never queued"
+        finally:
+            gate.free()
+        thread.join(240)
         done = wait_done(c, video["id"])
         assert done["status"] == "completed", done
         mp4 = c.get(f"/v1/videos/{video['id']}/content").content
@@ -176,118 +127,7 @@ def test_bad_video_requests_are_400_naming_the_field(wan_executor, body, param, 
     assert error["param"] == param and says in error["message"], error
 
 
-def test_job_states_bounds_overload_and_the_api_key(wan_executor):
-    require("imageio_ffmpeg", "video")
-    slow = {"prompt": "a", "num_frames": 9, "num_inference_steps": 200}
-    with client(wan_executor, limits=ServerLimits(max_video_jobs=2), api_key="k", max_batch_size=1,
-                max_queue=1) as c:
-        assert_error_shape(c.post("/v1/videos", json=slow), 401)
-        auth = {"Authorization": "Bearer k"}
-        first = c.post("/v1/videos", json=slow, headers=auth).json()
-        second = c.post("/v1/videos", json=slow, headers=auth).json()  # waits in the queue
-        error = assert_error_shape(c.get(f"/v1/videos/{first['id']}/content", headers=auth), 409)
-        assert error["code"] == "video_not_ready"
-        full = c.post("/v1/videos", json=slow, headers=auth)  # two jobs kept, both running
-        assert_error_shape(full, 429)
-        assert "still running" in full.json()["error"]["message"] and int(full.headers["retry-after"]) >= 1
-        c.delete(f"/v1/videos/{second['id']}", headers=auth)
-        third = c.post("/v1/videos", json=slow, headers=auth)  # takes the queue's one place (unless the deleted
-        # job still holds it: the engine drops it at its next step)
-        queue_full = c.post("/v1/videos", json=slow, headers=auth)
-        assert_error_shape(queue_full, 429)
-        assert queue_full.json()["error"]["code"] == "queue_full" and "retry-after" in queue_full.headers
-        kept = c.get("/v1/videos", headers=auth).json()["data"]
-        for job in kept:
-            c.delete(f"/v1/videos/{job['id']}", headers=auth)
-        engine = c.app.state.server.engine  # deleted jobs leave the engine at its next step
-        assert wait_until(lambda: engine.queue_depth == 0 and engine.running_count == 0, 30)
-        quick = c.post("/v1/videos", json={"prompt": "b", "num_inference_steps": 2}, headers=auth).json()
-        assert wait_done(c, quick["id"], headers=auth)["status"] == "completed"
-        later = [c.post("/v1/videos", json={"prompt": "b", "num_inference_steps": 2}, headers=auth).json()
-                 for _ in range(2)]  # the store is full again: the oldest finished job makes room
-        assert_error_shape(c.get(f"/v1/videos/{quick['id']}", headers=auth), 404)
-        assert all(wait_done(c, v["id"], headers=auth)["status"] == "completed" for v in later)
-        metrics = c.get("/metrics", headers=auth).text
-    # each request counted once by how it ended: the 401; every 429 (the store full; the engine's queue full, which
-    # alone is refused at admission); every job deleted before it finished; the three completed
-    refused = [r for r in (full, third, queue_full) if r.status_code == 429]
-    at_admission = [r for r in refused if "still running" not in r.json()["error"]["message"]]
-    assert third.status_code in (200, 429) and len(at_admission) == len(refused) - 1
-    deleted = 1 + len(kept)  # `second`, then the jobs kept (none of them finished: 200 steps each)
-    jobs = {o: sample(metrics, f'stepserve_video_jobs_total{{outcome="{o}"}}')
-            for o in ("unauthorized", "rejected", "cancelled", "completed")}
-    assert jobs == {"unauthorized": 1, "rejected": len(refused), "cancelled": deleted, "completed": 3}, jobs
-    assert sample(metrics, "stepserve_rejected_total") == len(refused)
-    assert sample(metrics, 'stepserve_refused_at_admission_total{reason="queue_full"}') == len(at_admission)
-
-
 def test_an_image_model_refuses_videos(tiny_executor):
     with client(tiny_executor) as c:
         error = assert_error_shape(c.post("/v1/videos", json={"prompt": "a", "num_frames": 5}), 400)
     assert error["code"] == "model_not_video" and "makes images, not videos" in error["message"]
-
-
-def sample(metrics: str, name: str) -> float:
-    return next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + " "))
-
-
-def test_every_video_request_ends_in_the_metrics_and_the_access_log_once(wan_executor, caplog):
-    """A POST /v1/videos refused at once is counted and logged then; one that made a job, at the job's end (its
-    outcome how the job ended): completed, cancelled by DELETE; every 429 is in stepserve_rejected_total."""
-    import logging
-    import re
-
-    require("imageio_ffmpeg", "video")
-    caplog.set_level(logging.INFO, logger="stepserve.access")
-    slow = {"prompt": "a", "num_frames": 9, "num_inference_steps": 200}
-    with client(wan_executor, limits=ServerLimits(max_video_jobs=1), max_batch_size=1) as c:
-        quick = c.post("/v1/videos", json={"prompt": "b", "num_inference_steps": 2, "seed": 1}).json()
-        assert wait_done(c, quick["id"])["status"] == "completed"
-        assert c.post("/v1/videos", json={"prompt": "b", "num_frames": 4}).status_code == 400
-        running = c.post("/v1/videos", json=slow).json()  # drops the finished job: the store keeps one
-        assert c.post("/v1/videos", json=slow).status_code == 429  # the one kept is still running
-        c.delete(f"/v1/videos/{running['id']}")
-        metrics = c.get("/metrics").text
-
-    jobs = {o: sample(metrics, f'stepserve_video_jobs_total{{outcome="{o}"}}')
-            for o in ("completed", "invalid", "rejected", "cancelled", "failed")}
-    assert jobs == {"completed": 1, "invalid": 1, "rejected": 1, "cancelled": 1, "failed": 0}, jobs
-    assert sample(metrics, 'stepserve_video_job_seconds_count{outcome="completed"}') == 1
-    assert sample(metrics, "stepserve_rejected_total") == 1 and sample(metrics, "stepserve_cancelled_total") == 1
-    assert sample(metrics, 'stepserve_requests_total{outcome="completed"}') == 0  # the image requests' series
-    lines = [r.getMessage() for r in caplog.records if r.name == "stepserve.access"]
-    assert len(lines) == 4, lines
-    assert re.fullmatch(rf"POST /v1/videos 200 completed \d+\.\d{{3}} s id={quick['id']} frames=\d+ n=1 steps=2 "
-                        r"batch=1-1", lines[0]), lines
-    assert re.fullmatch(r"POST /v1/videos 400 invalid \d+\.\d{3} s", lines[1]), lines
-    assert re.fullmatch(r"POST /v1/videos 429 rejected \d+\.\d{3} s", lines[2]), lines
-    assert re.fullmatch(rf"POST /v1/videos 200 cancelled \d+\.\d{{3}} s id={running['id']}", lines[3]), lines
-
-
-def test_a_job_past_its_deadline_and_one_cut_short_by_shutdown_each_end_once(wan_executor, caplog):
-    """A job whose request times out ends as `timeout` (counted in stepserve_timed_out_total too); a job still
-    running when the server shuts down ends once, whichever way (the engine's answer or the cut at close)."""
-    import logging
-
-    require("imageio_ffmpeg", "video")
-    caplog.set_level(logging.INFO, logger="stepserve.access")
-    slow = {"prompt": "a", "num_frames": 9, "num_inference_steps": 200}
-    app_client = TestClient(create_app(AsyncEngine(wan_executor, strategy="continuous", max_batch_size=1),
-                                       limits=ServerLimits(default_timeout_s=0.5), shutdown_grace_s=0.1))
-    with app_client as c:
-        late = c.post("/v1/videos", json=slow).json()
-        done = wait_done(c, late["id"])
-        assert done["status"] == "failed" and done["error"]["code"] == "deadline_exceeded", done
-        metrics = c.get("/metrics").text
-        assert sample(metrics, 'stepserve_video_jobs_total{outcome="timeout"}') == 1
-        assert sample(metrics, "stepserve_timed_out_total") == 1
-        running = c.post("/v1/videos", json={**slow, "timeout_s": 600}).json()
-        state = c.app.state.server
-        assert wait_until(lambda: state.engine.running_count == 1, 30)
-    lines = [r.getMessage() for r in caplog.records if r.name == "stepserve.access"]
-    assert len([ln for ln in lines if late["id"] in ln]) == 1 and " timeout " in lines[0], lines
-    ends = [ln for ln in lines if running["id"] in ln]
-    assert len(ends) == 1, lines
-    after = state.metrics.render().decode()
-    assert sum(sample(after, f'stepserve_video_jobs_total{{outcome="{o}"}}')
-               for o in ("completed", "failed", "timeout", "cancelled", "shutting_down")) == 2
