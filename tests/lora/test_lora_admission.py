@@ -13,8 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from extras import require
-from server.conftest import ServerThread
-from server.server_helpers import wait_until
+from server.server_helpers import ServerThread, wait_until
 from stepserve.engine.async_engine import AsyncEngine
 from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
 from stepserve.server.app import create_app
