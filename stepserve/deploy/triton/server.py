@@ -39,6 +39,9 @@ from ...util.ports import free_ports
 STOP_TIMEOUT_S = 20.0
 
 
+STUB_TIMEOUT_S = 600  # seconds a python-backend model's stub may take to start or answer
+
+
 class TritonServerError(RuntimeError):
     """tritonserver could not be found, started, or did not become ready."""
 
@@ -124,7 +127,10 @@ class TritonServer:
                 f"--backend-directory={backends}", f"--http-address={self.host}", f"--grpc-address={self.host}",
                 f"--metrics-address={self.host}", f"--http-port={self.ports.http}", f"--grpc-port={self.ports.grpc}",
                 f"--metrics-port={self.ports.metrics}", "--exit-timeout-secs=10",
-                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}", *restricted_flags(self.api_key)]
+                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+                # the python backend gives each model's stub 30 s to answer by default; loading a pipeline on a busy
+                # CPU takes longer, and a stub that overruns it aborts the whole server (boost lock_exception)
+                f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_S}", *restricted_flags(self.api_key)]
 
     def start(self, timeout_s: float = 600.0) -> TritonServer:  # a slow, shared machine loads models for minutes
         command = self.command()
