@@ -1,0 +1,117 @@
+"""The store in this process's memory (`--state memory`): today's behaviour, nothing survives a restart. Also the
+reference the other backends are tested against (tests/store: one contract, every backend)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .base import FINISHED, KINDS, QUEUED, AdapterRecord, JobRecord
+
+
+class MemoryStore:
+    url = "memory"
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[str, JobRecord] = {}
+        self._keys: dict[str, str] = {}  # idempotency key -> job id
+        self._adapters: dict[str, AdapterRecord] = {}
+        self._replicas: dict[str, tuple[float, dict[str, Any]]] = {}  # replica -> (expires at, info)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def create_job(self, job: JobRecord) -> tuple[JobRecord, bool]:
+        with self._lock:
+            if job.idempotency_key is not None and job.idempotency_key in self._keys:
+                return copy.deepcopy(self._jobs[self._keys[job.idempotency_key]]), False
+            if job.id in self._jobs:
+                raise ValueError(f"job {job.id!r} exists already")
+            self._jobs[job.id] = copy.deepcopy(job)
+            if job.idempotency_key is not None:
+                self._keys[job.idempotency_key] = job.id
+            return copy.deepcopy(job), True
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None else copy.deepcopy(job)
+
+    def list_jobs(self, kind: str | None = None, limit: int = 100) -> list[JobRecord]:
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if kind is None or j.kind == kind]
+            jobs.sort(key=lambda j: j.created_at, reverse=True)
+            return [copy.deepcopy(j) for j in jobs[:limit]]
+
+    def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or (owner is not None and job.owner != owner):
+                return None
+            for name, value in changes.items():
+                if not hasattr(job, name) or name in ("id", "idempotency_key"):
+                    raise ValueError(f"a job has no field {name!r} to change")
+                setattr(job, name, copy.deepcopy(value))
+            return copy.deepcopy(job)
+
+    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS,
+                  job_id: str | None = None) -> JobRecord | None:
+        with self._lock:
+            now = self._clock()
+            candidates = [self._jobs[job_id]] if job_id in self._jobs else [] if job_id else \
+                sorted(self._jobs.values(), key=lambda j: j.created_at)
+            for job in candidates:
+                if job.kind in kinds and job.status not in FINISHED and (job.owner is None or job.lease_until < now):
+                    job.owner, job.lease_until, job.attempts = owner, now + lease_s, job.attempts + 1
+                    job.status, job.progress = QUEUED, 0
+                    return copy.deepcopy(job)
+            return None
+
+    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
+        return self.update_job(job_id, owner, owner=None, lease_until=0.0, status=QUEUED, progress=0)
+
+    def delete_job(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            job = self._jobs.pop(job_id, None)
+            if job is not None and job.idempotency_key is not None:
+                self._keys.pop(job.idempotency_key, None)
+            return job
+
+    def sweep(self, finished_before: float) -> list[JobRecord]:
+        with self._lock:
+            old = [j.id for j in self._jobs.values()
+                   if j.status in FINISHED and j.completed_at is not None and j.completed_at < finished_before]
+        return [job for job in map(self.delete_job, old) if job is not None]
+
+    def register_adapter(self, record: AdapterRecord) -> None:
+        with self._lock:
+            self._adapters[record.name] = copy.deepcopy(record)
+
+    def adapters(self) -> list[AdapterRecord]:
+        with self._lock:
+            return [copy.deepcopy(self._adapters[n]) for n in sorted(self._adapters)]
+
+    def delete_adapter(self, name: str) -> AdapterRecord | None:
+        with self._lock:
+            record = self._adapters.get(name)
+            if record is None or record.deleted_at is not None:
+                return None
+            record.deleted_at = self._clock()
+            return copy.deepcopy(record)
+
+    def publish(self, replica: str, info: dict[str, Any], ttl_s: float) -> None:
+        with self._lock:
+            self._replicas[replica] = (self._clock() + ttl_s, copy.deepcopy(info))
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            now = self._clock()
+            return {r: copy.deepcopy(info) for r, (until, info) in sorted(self._replicas.items()) if until >= now}
+
+    def close(self) -> None:
+        pass
