@@ -19,10 +19,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from ..engine.async_engine import AsyncEngine
+from ..store.base import Store
+from ..store.results import Results
 from . import errors
 from .bodies import JSON, check_json, read_body
 from .errors import APIError, UnexpectedErrors, install_error_handlers
-from .images import backstop_s, check, encode, image_info, outcome_of, size_of, submit_all, wait_all
+from .images import backstop_s, check, image_body, outcome_of, submit_all, wait_all
 from .state import CLIENT_GONE, ServerState
 from .console import event_routes, page_routes
 from .edits import read_edit
@@ -31,7 +33,9 @@ from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
 from .streaming import EventStreamResponse, StreamJob, image_events
-from .video_jobs import VideoJobs
+from .image_jobs import create_image_job, image_job_routes
+from .job_http import prefers_async
+from .jobs_app import attach_jobs
 from .videos import video_routes
 
 REPLICA_HEADER = "X-Stepserve-Replica"
@@ -44,26 +48,32 @@ MetricsView = Callable[[ServerMetrics], Awaitable[bytes]]
 def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLimits | None = None,
                shutdown_grace_s: float = 30.0, replica: str | None = None,
                metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = (),
-               access_log: bool = True) -> FastAPI:
+               access_log: bool = True, store: Store | None = None, results: Results | None = None,
+               owner: str | None = None, webhook_secret: str | None = None, job_lease_s: float = 30.0,
+               job_poll_s: float = 1.0) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
     whose pages may call the API from a browser (none by default). access_log: one line per image or video request
-    on the "stepserve.access" logger (ServerState.request_done, video_done)."""
+    on the "stepserve.access" logger (ServerState.request_done, video_done). Jobs (videos, async images) live in
+    `store` with their files in `results` (by default an in-memory store and a temporary folder, closed with the
+    app: `stepserve serve` passes the ones its flags name); `owner` is this process's id in the store (a stable one
+    lets a restarted server take back its jobs at once; default: a new one)."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
                         cors_origins=tuple(cors_origins), access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
     events = EngineEvents(engine)
     state.events = events  # start_drain ends its streams
-    jobs = VideoJobs(engine, state.limits.max_video_jobs, on_end=lambda job, outcome, result: state.video_done(
-        outcome, 200, job.started, result, job.id))
+    jobs = attach_jobs(state, store, results, owner, webhook_secret, job_lease_s, job_poll_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await engine.start()
+        jobs.start()
         try:
             yield
         finally:
+            jobs.stop_claiming()
             await engine.shutdown(shutdown_grace_s)
             await jobs.close()
 
@@ -76,7 +86,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(event_routes(events), prefix="/v1", dependencies=protected)
     app.include_router(lora_routes(state), prefix="/v1", dependencies=protected)
-    app.include_router(video_routes(state, jobs), prefix="/v1", dependencies=protected)
+    app.include_router(video_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(image_job_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
     app.include_router(_schema_route(app), dependencies=protected)
     app.add_middleware(UnexpectedErrors)  # innermost: its 500 passes the middleware below on the way out
@@ -115,13 +126,15 @@ def start_drain(app: FastAPI) -> None:
     state: ServerState = app.state.server
     state.draining = True
     state.engine.accepting = False
+    state.jobs.stop_claiming()  # the jobs running here finish within the grace period, or are handed back
     if state.events is not None:  # the console's event streams never end by themselves
         state.events.close()
 
 
 def is_idle(app: FastAPI) -> bool:
     state: ServerState = app.state.server
-    return state.inflight == 0 and state.engine.queue_depth == 0 and state.engine.running_count == 0
+    return (state.inflight == 0 and state.engine.queue_depth == 0 and state.engine.running_count == 0
+            and not state.jobs.busy)
 
 
 def _auth(state: ServerState):
@@ -154,7 +167,8 @@ def _count_refusal(state: ServerState, request: Request) -> None:
     else:
         state.metrics.unauthorized.labels(
             "metrics" if path == "/metrics" else "openapi" if path == "/openapi.json" else "loras" if "/loras" in path
-            else "videos" if "/videos" in path else "events" if "/events" in path else "models").inc()
+            else "videos" if "/videos" in path else "jobs" if "/images/jobs" in path else "events" if "/events" in path
+            else "models").inc()
 
 
 def _open_routes(state: ServerState) -> APIRouter:
@@ -225,7 +239,7 @@ def _v1_routes(state: ServerState) -> APIRouter:
         async def read():
             check_json(request)
             req = parse_body(await read_body(request, state.limits.max_body_bytes), state.limits)
-            return req, engine_params(req, state.limits)
+            return req, engine_params(req, state.limits), None
 
         return await answer(state, request, read)
 
@@ -237,13 +251,19 @@ def _v1_routes(state: ServerState) -> APIRouter:
 
 
 async def answer(state: ServerState, request: Request, read) -> Response:
-    """One images request, generations or edits: `read()` -> (the body, its SamplingParams per image); then
-    admission, the wait (or the event stream) and the answer, with the request's bookkeeping."""
+    """One images request, generations or edits: `read()` -> (the body, its SamplingParams per image, an edit's
+    form as sent); then admission, the wait (or the event stream) and the answer, with the request's bookkeeping.
+    With `Prefer: respond-async`: a job instead (image_jobs.py); a synchronous request never touches the store."""
     started, path = time.monotonic(), request.url.path
     state.inflight += 1
     streaming = False
     try:
-        req, params = await read()
+        req, params, sent = await read()
+        if prefers_async(request):
+            return await create_image_job(state, request, path, req, params, sent)
+        if req.webhook is not None:
+            raise errors.invalid("webhook: only a job notifies a webhook; send the request with the header 'Prefer: "
+                                 "respond-async' (or leave webhook out)", "webhook")
         handles = await submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
         if req.stream:
             job = StreamJob(state, handles, started, path)
@@ -255,13 +275,7 @@ async def answer(state: ServerState, request: Request, read) -> Response:
             return Response(status_code=CLIENT_GONE)
         for r in results:
             check(r)
-        body = {
-            "created": int(time.time()),
-            "data": [{"b64_json": await encode(r.image)} for r in results],
-            "size": size_of(results[0].params),
-            "output_format": "png",
-            "stepserve": {"model": state.engine.model_info.name, "images": [image_info(r) for r in results]},
-        }
+        body = await image_body(state, results)
         for r in results:
             state.note_latency(r.timing.total_s or 0.0)
         state.request_done("completed", 200, started, results, path)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
@@ -34,11 +34,22 @@ FORMATS = ("PNG", "JPEG", "WEBP")
 MAX_PICTURE_SIDE = 4096
 _FILES = ("image", "image[]", "mask")
 _TEXT = {"prompt", "model", "size", "response_format", "user", "output_format", "background", "quality", "style",
-         "moderation", "sampler", "negative_prompt", "safety_identifier"}  # fields taken as text, never parsed
+         "moderation", "sampler", "negative_prompt", "safety_identifier", "webhook"}  # fields taken as text, never parsed
+
+
+@dataclass
+class EditForm:
+    """An edit request as sent: its text fields (parsed) and its pictures' bytes (what an edit job keeps to run it
+    again)."""
+
+    fields: dict
+    image: bytes
+    mask: bytes | None = None
 
 
 async def read_edit(request: Request, state: ServerState):
-    """(the body as an ImageGenerationRequest, one SamplingParams per image with the image and strength)."""
+    """(the body as an ImageGenerationRequest, one SamplingParams per image with the image and strength, the form
+    as sent)."""
     async with bounded_form(request, state, max_files=4) as form:
         images = [v for k, v in form.multi_items() if k in ("image", "image[]")]
         if not images or not isinstance(images[0], UploadFile):
@@ -50,8 +61,17 @@ async def read_edit(request: Request, state: ServerState):
             raise invalid("mask: an image file (PNG, JPEG or WebP) is expected", "mask")
         fields = form_fields(form, _TEXT, (*_FILES, "input_fidelity"), "image, mask")
         # (input_fidelity: an OpenAI field accepted and ignored, as quality and style are)
-        image = _open(await _read(images[0], "image"), "image", state.engine.model_info)
-        mask = None if mask is None else _open(await _read(mask, "mask"), "mask", state.engine.model_info)
+        sent = EditForm(fields, await _read(images[0], "image"), None if mask is None else await _read(mask, "mask"))
+    req, params = await edit_params(sent, state)
+    return req, params, sent
+
+
+async def edit_params(sent: EditForm, state: ServerState):
+    """(the body as an ImageGenerationRequest, one SamplingParams per image with the image and strength): the
+    pictures' headers checked, then the fields, then the pictures decoded (off the event loop)."""
+    image = _open(sent.image, "image", state.engine.model_info)
+    mask = None if sent.mask is None else _open(sent.mask, "mask", state.engine.model_info)
+    fields = dict(sent.fields)
     strength = fields.pop("strength", None)
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import io
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from ..api import GenerationResult
@@ -36,10 +37,9 @@ def preview_steps(num_inference_steps: int, partial_images: int) -> frozenset[in
     return frozenset(s for s in steps if 1 <= s < num_inference_steps)
 
 
-async def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_images: int = 0,
-                     stream: bool = False) -> list[RequestHandle]:
-    """Validate every image, then admit the group atomically: a 429 leaves nothing of it in the engine. An
-    admission rule that replays the queue (slo) runs off the event loop."""
+def resolve_all(state: ServerState, params: Sequence[SamplingParams]) -> list:
+    """Every image checked against the model (defaults filled in, a seed drawn where none was given), or the 400 the
+    first bad one stands for; a group larger than the queue could ever hold is a 400 too."""
     engine = state.engine
     try:
         resolved = [resolve_params(p, engine.model_info) for p in params]
@@ -53,6 +53,15 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
     if max_queue is not None and len(resolved) > max_queue:
         raise errors.invalid(f"n: {len(resolved)} images are more than this server queues at once ({max_queue}); "
                              f"ask for at most {max_queue} per request", "n")
+    return resolved
+
+
+async def submit_all(state: ServerState, params: Sequence[SamplingParams], partial_images: int = 0,
+                     stream: bool = False) -> list[RequestHandle]:
+    """Validate every image, then admit the group atomically: a 429 leaves nothing of it in the engine. An
+    admission rule that replays the queue (slo) runs off the event loop."""
+    engine = state.engine
+    resolved = resolve_all(state, params)
     previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
     try:
         return await engine.submit_many_off_loop(resolved, previews, stream=stream)
@@ -190,6 +199,17 @@ def _cache_text(spec) -> dict | None:
 
 def size_of(params: SamplingParams) -> str:
     return f"{params.width}x{params.height}"
+
+
+async def image_body(state: ServerState, results: Sequence[GenerationResult]) -> dict:
+    """The answer to an images request whose images all completed (an async job's `result` is the same)."""
+    return {
+        "created": int(time.time()),
+        "data": [{"b64_json": await encode(r.image)} for r in results],
+        "size": size_of(results[0].params),
+        "output_format": "png",
+        "stepserve": {"model": state.engine.model_info.name, "images": [image_info(r) for r in results]},
+    }
 
 
 # PNG + base64 encoding of response images.

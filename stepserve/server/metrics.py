@@ -18,7 +18,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("completed", "invalid", "unauthorized", "rejected", "shutting_down", "timeout", "failed", "cancelled")
-UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi", "loras", "videos", "events")
+UNAUTHORIZED_ROUTES = ("metrics", "models", "openapi", "loras", "videos", "jobs", "events")
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _VIDEO_BUCKETS = _REQUEST_BUCKETS + (600.0, 1200.0, 1800.0, 3600.0)  # a video job may take many minutes

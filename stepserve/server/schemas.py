@@ -29,7 +29,9 @@ class ServerLimits:
     max_body_bytes: int = 64 * 1024  # a JSON body; each text field of a multipart form too
     max_upload_bytes: int = 33 * 2**20  # a whole multipart form (an edit: an image and a mask of 16 MiB, the fields)
     default_timeout_s: float | None = None  # applied when a request has no timeout_s of its own
-    max_video_jobs: int = 64  # video jobs kept in memory (POST /v1/videos); the oldest finished one goes first
+    max_video_jobs: int = 64  # video jobs queued or running in the whole service at once; beyond it, POST gets 429
+    max_image_jobs: int = 256  # async image jobs (Prefer: respond-async) queued or running at once; beyond, 429
+    max_running_jobs: int | None = None  # jobs one process runs at once; None: the engine's max_batch_size
 
 
 class ImageGenerationRequest(BaseModel):
@@ -65,6 +67,8 @@ class ImageGenerationRequest(BaseModel):
     cache: str | dict[str, Any] | None = None
     # LoRA adapters: [{"name": ..., "scale": ...}] (loaded with POST /v1/loras or --lora-dir)
     loras: list[dict[str, Any]] | None = None
+    # an async request's job (Prefer: respond-async) notifies this URL once when it completes or fails
+    webhook: str | None = None
 
 
 FIELDS = tuple(ImageGenerationRequest.model_fields)

@@ -1,35 +1,121 @@
-"""Video jobs (POST /v1/videos): one engine request each, followed in the background, kept in memory.
+"""Video jobs: the request of POST /v1/videos (a JSON body, VideoRequest, or the same fields as a multipart form, as
+the official clients send it), how it becomes one engine request, and the video kind of job the runner runs
+(stepserve/jobs/): its engine request from the stored request, its MP4 (made off the event loop) as the job's
+result file, and the OpenAI video object it is shown as.
 
-A job is created once its request is admitted (a refused request makes no job). A task follows the request's
-progress events: `queued` until its first denoising step, then `in_progress` with `progress` (0-99, the share of
-its steps done; 100 once the MP4 is made), and at the end `completed` (the MP4 is encoded off the event loop and
-kept) or `failed` with the error. Listeners (the event stream) hear every change. At most `max_jobs` are kept: a new
-job drops the oldest finished one, and when every kept job is still running the new one is refused (429).
-DELETE cancels a job that has not finished (its request is aborted in the engine) and forgets it. Every job's end
-(completed, failed with the error's outcome, cancelled, or cut short by shutdown) is told to `on_end` once: the
-server's metrics and access log.
+A job stores its request as the client sent it, with the seed (drawn at creation when the client gave none), so a
+rerun on any process makes the same video. Its resolved settings (size, frames, fps, steps, sampler, guidance)
+are kept in the job's meta for the video object. Its status goes queued -> in_progress (progress: the share of its
+denoising steps done, 0-99) -> completed (100; the MP4 in the results folder) or failed (error {"code",
+"message"}). Every job's end is told once, by the process that ran it, to the server's metrics and access log
+(ServerState.video_done).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import secrets
-import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from ..engine.async_engine import AsyncEngine, ProgressEvent, RequestHandle
-from ..request.types import GenerationResult, SamplingParams
-from . import errors
-from .errors import APIError
-from .images import check, outcome_of
-from .mp4 import encode_mp4
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import UploadFile
 
-log = logging.getLogger("stepserve.server")
-FINISHED = ("completed", "failed")
+from ..jobs.kinds import JobError
+from ..request.types import GenerationResult, ModelInfo, SamplingParams
+from ..request.validation import MAX_SEED
+from ..store.base import JobRecord
+from .bodies import from_fields, parse_object
+from .errors import APIError, invalid
+from .forms import bounded_form, form_fields
+from .images import check, outcome_of
+from .job_http import started_from
+from .mp4 import EncoderMissing, encode_mp4
+from .schemas import request_size
+from .state import ServerState
+
+MAX_FPS = 60
+NO_REFERENCE = "input_reference: image to video is not served; allowed: text to video (leave it out)"
+_TEXT = {"prompt", "model", "size", "seconds", "input_reference", "user", "negative_prompt", "sampler",
+         "webhook"}  # never parsed
+
+
+class VideoRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    # OpenAI fields (seconds: a string there, "4"; a number is taken too)
+    prompt: str
+    model: str | None = None
+    size: str | None = None
+    seconds: str | int | float | None = None
+    input_reference: str | None = None
+    user: str | None = None
+    # stepserve fields
+    num_frames: int | None = None
+    fps: int | None = None
+    stream: bool | None = None
+    negative_prompt: str | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    sampler: str | None = None
+    timeout_s: float | None = None
+    priority: int | None = None
+    webhook: str | None = None  # notified once when the job completes or fails
+
+
+def parse_video_body(raw: bytes) -> VideoRequest:
+    """Strict, as the images body: a JSON object of VideoRequest's fields, or a 400 naming what is wrong."""
+    return parse_object(raw, VideoRequest, '{"prompt": "a red fox running", "size": "832x480", "seconds": "5"}')
+
+
+async def read_video_form(request: Request, state: ServerState) -> VideoRequest:
+    """The same request as a multipart form (what openai's client.videos.create sends), read within the server's
+    upload limits (forms.py): text fields as they are, the others as JSON (`num_frames=5`, `stream=true`)."""
+    async with bounded_form(request, state, max_files=1) as form:
+        if isinstance(form.get("input_reference"), UploadFile):
+            raise invalid(NO_REFERENCE, "input_reference")
+        fields = form_fields(form, _TEXT, (), "none (input_reference, an image, is not served)")
+    return from_fields(fields, VideoRequest)
+
+
+def video_params(req: VideoRequest, model: ModelInfo, default_timeout_s: float | None) -> tuple[SamplingParams, int]:
+    """(the engine request, frames per second). Frames: num_frames, else seconds x fps to the nearest length the
+    model makes (1 + a multiple of frame_step), else the model's default."""
+    if not model.video:
+        raise invalid(f"model: {model.name} ({model.family} family) makes images, not videos; /v1/videos needs a "
+                      f"video model (wan); use /v1/images/generations", "model", "model_not_video")
+    if req.input_reference is not None:
+        raise invalid(NO_REFERENCE, "input_reference")
+    fps = model.default_fps if req.fps is None else req.fps
+    if not 1 <= fps <= MAX_FPS:
+        raise invalid(f"fps: must be an integer from 1 to {MAX_FPS}, got {fps}", "fps")
+    if req.seed is not None and not 0 <= req.seed <= MAX_SEED:
+        raise invalid(f"seed: must be an integer in [0, {MAX_SEED}], got {req.seed}", "seed")
+    frames = req.num_frames
+    if req.seconds is not None:
+        if frames is not None:
+            raise invalid("seconds: give seconds or num_frames, not both", "seconds")
+        frames = frames_for(req.seconds, fps, model)
+    width, height = request_size(req.size)
+    return SamplingParams(
+        prompt=req.prompt, negative_prompt=req.negative_prompt or "", seed=req.seed,
+        num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale, sampler=req.sampler,
+        height=height, width=width, num_frames=model.default_frames if frames is None else frames,
+        timeout_s=req.timeout_s if req.timeout_s is not None else default_timeout_s, priority=req.priority), fps
+
+
+def frames_for(seconds: str | int | float, fps: int, model: ModelInfo) -> int:
+    longest = f"{(model.max_frames - 1) / fps:g}"
+    try:
+        value = float(seconds)
+    except (ValueError, OverflowError):  # not a number, or an integer too large for a float
+        value = float("nan")
+    if not 0 <= value <= (model.max_frames - 1) / fps:
+        raise invalid(f"seconds: must be a number from 0 to {longest} ({model.max_frames} frames at {fps} fps), got "
+                      f"{seconds!r}", "seconds")
+    step = model.frame_step
+    return 1 + step * round(value * fps / step)
 
 
 def seconds_text(frames: int, fps: int) -> str:
@@ -37,148 +123,65 @@ def seconds_text(frames: int, fps: int) -> str:
     return f"{(frames - 1) / fps:g}"
 
 
-@dataclass(eq=False)
-class VideoJob:
-    id: str
-    model: str
-    params: SamplingParams  # resolved
-    fps: int
-    started: float = field(default_factory=time.monotonic)  # time.monotonic() at the request's arrival
-    created_at: int = field(default_factory=lambda: int(time.time()))
-    status: str = "queued"
-    progress: int = 0
-    error: dict | None = None
-    completed_at: int | None = None
-    mp4: bytes | None = None
-    handle: RequestHandle | None = None
-    task: asyncio.Task | None = field(default=None, repr=False)
-    listeners: list[asyncio.Queue] = field(default_factory=list, repr=False)
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED
-
-    def body(self) -> dict:
-        """The OpenAI video object, with stepserve's details of the request under "stepserve"."""
-        p = self.params
-        return {"id": self.id, "object": "video", "created_at": self.created_at, "status": self.status,
-                "progress": self.progress, "model": self.model, "size": f"{p.width}x{p.height}",
-                "seconds": seconds_text(p.num_frames, self.fps), "completed_at": self.completed_at,
-                "error": self.error,
-                "stepserve": {"num_frames": p.num_frames, "fps": self.fps, "seed": p.seed,
-                              "num_inference_steps": p.num_inference_steps, "sampler": p.sampler,
-                              "guidance_scale": p.guidance_scale,
-                              "request_id": None if self.handle is None else self.handle.request_id}}
-
-    def changed(self) -> None:
-        for q in self.listeners:
-            q.put_nowait(self.body())
+def video_meta(model: str, p: SamplingParams, fps: int) -> dict[str, Any]:
+    """What the video object shows of a job's resolved request (kept in the job's meta)."""
+    return {"model": model, "video": {"width": p.width, "height": p.height, "num_frames": p.num_frames, "fps": fps,
+                                      "seed": p.seed, "num_inference_steps": p.num_inference_steps,
+                                      "sampler": p.sampler, "guidance_scale": p.guidance_scale}}
 
 
-class VideoJobs:
-    """The jobs this server keeps (see the module docstring), newest last."""
+def video_object(job: JobRecord) -> dict[str, Any]:
+    """The OpenAI video object, with stepserve's details of the request under "stepserve"."""
+    v = job.meta["video"]
+    ids = job.meta.get("request_ids") or [None]
+    details = {"num_frames": v["num_frames"], "fps": v["fps"], "seed": v["seed"],
+               "num_inference_steps": v["num_inference_steps"], "sampler": v["sampler"],
+               "guidance_scale": v["guidance_scale"], "request_id": ids[0]}
+    if job.webhook:
+        details["webhook"] = job.webhook
+    return {"id": job.id, "object": "video", "created_at": int(job.created_at), "status": job.status,
+            "progress": job.progress, "model": job.meta["model"], "size": f"{v['width']}x{v['height']}",
+            "seconds": seconds_text(v["num_frames"], v["fps"]),
+            "completed_at": None if job.completed_at is None else int(job.completed_at), "error": job.error,
+            "stepserve": details}
 
-    def __init__(self, engine: AsyncEngine, max_jobs: int = 64,
-                 on_end: Callable[[VideoJob, str, GenerationResult | None], None] | None = None) -> None:
-        if max_jobs < 1:
-            raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
-        self.engine = engine
-        self.max_jobs = max_jobs
-        self.on_end = on_end  # (job, outcome, its result when it has one), once per job
-        self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
 
-    def make_room(self) -> None:
-        """Drop the oldest finished job when the store is full; a 429 when every kept job is still running."""
-        if len(self.jobs) < self.max_jobs:
-            return
-        oldest = next((j for j in self.jobs.values() if j.finished), None)
-        if oldest is None:
-            raise errors.queue_full(f"{self.max_jobs} video jobs are still running here, the most this server "
-                                    f"keeps; retry once one finishes", 5)
-        del self.jobs[oldest.id]
+def job_error(exc: APIError) -> JobError:
+    return JobError(exc.code or "failed", exc.message, outcome_of(exc))
 
-    def start(self, handle: RequestHandle, fps: int, started: float | None = None) -> VideoJob:
-        """A job for an admitted request (that arrived at `started`, time.monotonic()); its follower task starts
-        now."""
-        job = VideoJob(f"video_{secrets.token_hex(12)}", self.engine.model_info.name, handle.params, fps,
-                       started=time.monotonic() if started is None else started, handle=handle)
-        self.jobs[job.id] = job
-        job.task = asyncio.ensure_future(self._follow(job))
-        return job
 
-    def get(self, video_id: str) -> VideoJob:
-        job = self.jobs.get(video_id)
-        if job is None:
-            raise APIError(404, f"video {video_id!r} is not here (never created, deleted, or dropped as one of the "
-                                f"oldest finished of the {self.max_jobs} this server keeps)",
-                           code="video_not_found", param="video_id")
-        return job
+class VideoKind:
+    """Video jobs, as the runner runs them (stepserve/jobs/kinds.py)."""
 
-    def delete(self, video_id: str) -> VideoJob:
-        job = self.get(video_id)
-        del self.jobs[video_id]
-        if not job.finished:
-            if job.handle is not None:
-                self.engine.abort(job.handle.request_id)
-            if job.task is not None:
-                job.task.cancel()
-            self._fail(job, "cancelled", "the video was deleted before it finished", "cancelled")
-        return job
+    name = event = "video"
 
-    async def close(self, wait_s: float = 5.0) -> None:
-        """At shutdown, once the engine has ended its requests: let the followers take their results (and make the
-        MP4 of a video that finished) for up to `wait_s`, then stop them; a job not finished by then ends as cut
-        short."""
-        following = [job.task for job in self.jobs.values() if job.task is not None and not job.task.done()]
-        if following:
-            await asyncio.wait(following, timeout=wait_s)
-        for job in self.jobs.values():
-            if job.task is not None:
-                job.task.cancel()
-            if not job.finished:
-                self._fail(job, "shutting_down", "the server shut down before the video finished", "shutting_down")
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
 
-    async def _follow(self, job: VideoJob) -> None:
-        handle = job.handle
+    async def params(self, job: JobRecord) -> list[SamplingParams]:
         try:
-            async for item in handle.events():
-                if isinstance(item, ProgressEvent):
-                    job.status = "in_progress"
-                    job.progress = min(99, int(100 * item.step / max(1, item.num_inference_steps)))
-                    job.changed()
-                else:
-                    await self._finish(job, item)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a job fails alone; the server serves on
-            log.exception("video job %s failed", job.id)
-            self._fail(job, "internal_error", f"{type(exc).__name__}: {exc}", "failed")
+            req = from_fields(job.request["body"], VideoRequest)
+            params, _ = video_params(req, self.state.engine.model_info, self.state.limits.default_timeout_s)
+        except APIError as exc:  # a request this server's model cannot make (a store shared with another model)
+            raise job_error(exc) from None
+        return [params]
 
-    async def _finish(self, job: VideoJob, result: GenerationResult) -> None:
+    def error_of(self, result: GenerationResult) -> JobError | None:
         try:
             check(result)
         except APIError as exc:
-            self._fail(job, exc.code or "failed", exc.message, outcome_of(exc), result)
-            return
-        job.status, job.progress = "in_progress", 99
-        job.mp4 = await asyncio.to_thread(encode_mp4, result.frames, job.fps)
-        job.status, job.progress, job.completed_at = "completed", 100, int(time.time())
-        job.changed()
-        self._ended(job, "completed", result)
+            return job_error(exc)
+        return None
 
-    def _fail(self, job: VideoJob, code: str, message: str, outcome: str,
-              result: GenerationResult | None = None) -> None:
-        job.status, job.error, job.completed_at = "failed", {"code": code, "message": message}, int(time.time())
-        job.changed()
-        self._ended(job, outcome, result)
+    async def finish(self, job: JobRecord, results: Sequence[GenerationResult]) -> dict[str, bytes]:
+        try:
+            mp4 = await asyncio.to_thread(encode_mp4, results[0].frames, job.meta["video"]["fps"])
+        except EncoderMissing as exc:
+            raise JobError("video_encoder_missing", str(exc)) from None
+        return {f"{job.id}.mp4": mp4}
 
-    def _ended(self, job: VideoJob, outcome: str, result: GenerationResult | None) -> None:
-        if self.on_end is not None:
-            try:
-                self.on_end(job, outcome, result)
-            except Exception:  # noqa: BLE001 - bookkeeping never fails a job
-                log.exception("recording the end of video job %s failed", job.id)
+    async def describe(self, job: JobRecord) -> dict[str, Any]:
+        return video_object(job)
 
-
-def event_name(body: dict[str, Any]) -> str:
-    return f"video.{body['status']}"
+    def ended(self, job: JobRecord, outcome: str, results: Sequence[GenerationResult]) -> None:
+        self.state.video_done(outcome, 200, started_from(job), results[0] if results else None, job.id)

@@ -168,13 +168,14 @@ def test_an_unexpected_error_is_a_500_counted_in_the_requests(monkeypatch):
     from fastapi.testclient import TestClient
 
     import stepserve.server.app as app_module
+    import stepserve.server.images as images_module
     from stepserve.costs import FakeExecutor
     from stepserve.engine.async_engine import AsyncEngine
 
     def broken_encoder(image):
         raise RuntimeError("the PNG encoder broke")
 
-    monkeypatch.setattr(app_module, "encode", broken_encoder)
+    monkeypatch.setattr(images_module, "encode", broken_encoder)
     app = app_module.create_app(AsyncEngine(FakeExecutor(), strategy="continuous"))
     with TestClient(app, raise_server_exceptions=False) as client:
         answer = client.post(GENERATIONS, json={"prompt": "a", "num_inference_steps": 2})

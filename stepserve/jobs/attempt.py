@@ -1,0 +1,289 @@
+"""One job's run on this process (JobRunner's half that follows a claimed job to its end: runner.py says how jobs
+are claimed, leased and handed back): submit its engine requests, write its progress at every step (the write that
+returns None stops it), make its files, write its end, tell it once, and send its webhook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.admission_errors import DeadlineInfeasibleError, DeadlineRefusedError, QueueFullError
+from ..engine.async_engine import AsyncEngine, ProgressEvent
+from ..engine.handles import EngineDeadError, RequestHandle, ShuttingDownError
+from ..request.types import FinishReason, GenerationResult
+from ..request.validation import ValidationError
+from ..store.base import COMPLETED, FAILED, IN_PROGRESS, JobRecord, Store
+from ..store.results import Results
+from .changes import Changes
+from .kinds import JobError, JobKind
+from .notify import notify
+
+log = logging.getLogger("stepserve.jobs")
+
+
+@dataclass(eq=False)
+class Running:
+    job: JobRecord
+    task: asyncio.Task | None = None
+    handles: list[RequestHandle] = field(default_factory=list)
+    last_write: float = field(default_factory=time.monotonic)
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    gone: bool = False  # deleted or taken over: stop, write nothing more
+    stepped: bool = False  # its first step was written (with its engine request ids, in meta)
+    ended: bool = False  # its end was dealt with (written, handed back, or gone)
+
+
+class Attempts:
+    """The per-job half of JobRunner (its attributes are set by JobRunner.__init__)."""
+
+    engine: AsyncEngine
+    store: Store
+    results: Results
+    owner: str
+    kinds: dict[str, JobKind]
+    lease_s: float
+    poll_s: float
+    backoff_s: float
+    changes: Changes
+    sender: Any
+    durable: bool
+    running: dict[str, Running]
+    _backoff_until: float
+    _deliveries: set[asyncio.Task]
+    _failing: bool
+
+    def wake(self) -> None:
+        raise NotImplementedError
+
+    async def _guarded(self, step) -> None:
+        try:
+            await step()
+            if self._failing:
+                log.warning("the state store %s answers again", self.store.url)
+            self._failing = False
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a store that fails for a while (a restart of Redis) is retried
+            if not self._failing:
+                log.exception("jobs: the state store %s failed; retrying every %g s", self.store.url, self.poll_s)
+            self._failing = True
+
+    async def _write(self, run: Running, **changes: Any) -> JobRecord | None:
+        """Write the job's changes and renew its lease, as its owner. None when it is no longer ours (it is then
+        stopped here)."""
+        if run.gone:
+            return None
+        job_id, owner, store, lease_s = run.job.id, self.owner, self.store, self.lease_s
+
+        def update() -> JobRecord | None:
+            if "completed_at" in changes:
+                changes["completed_at"] = store.now()
+            return store.update_job(job_id, owner=owner, lease_until=store.now() + lease_s, **changes)
+
+        async with run.writing:
+            record = await asyncio.to_thread(update)
+            run.last_write = time.monotonic()
+        if record is None:
+            run.gone = True
+            self._abort(run)
+            return None
+        run.job = record
+        self.changes.publish(job_id, record)
+        return record
+
+    def _abort(self, run: Running) -> None:
+        for handle in run.handles:
+            self.engine.abort(handle.request_id)
+
+    async def _run(self, run: Running) -> None:
+        kind = self.kinds[run.job.kind]
+        try:
+            error = await self._steps(run, kind)
+            if error is not None:
+                await self._guarded(lambda: self._end(run, kind, FAILED, (), error=error))
+        except asyncio.CancelledError:
+            self._abort(run)
+            raise
+        finally:
+            self.running.pop(run.job.id, None)
+            self.wake()  # room for the next job
+
+    async def _steps(self, run: Running, kind: JobKind) -> JobError | None:
+        """Run the job to its end; the error it failed with when that is still to be written."""
+        try:
+            self.results.touch((run.job.request.get("inputs") or {}).values())  # they outlive this run
+            params = await kind.params(run.job)
+            if await self._submit(run, params):
+                results = await self._follow(run)
+                if results is not None:
+                    await self._finish(run, kind, results)
+            if run.gone and not run.ended:
+                await self._lost(run, kind)
+            return None
+        except JobError as exc:
+            self._abort(run)
+            return exc
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a job fails alone; the runner runs on
+            log.exception("job %s failed", run.job.id)
+            self._abort(run)
+            return JobError("internal_error", f"{type(exc).__name__}: {exc}")
+
+    async def _submit(self, run: Running, params: list) -> bool:
+        try:
+            run.handles = await self.engine.submit_many_off_loop(params, stream=True)
+        except DeadlineInfeasibleError as exc:
+            raise JobError("deadline_infeasible", f"timeout_s: {exc}", "invalid") from None
+        except (QueueFullError, DeadlineRefusedError):  # the engine is full now: another time, or another process
+            self._backoff_until = time.monotonic() + self.backoff_s
+            await self._hand_back(run)
+            return False
+        except ValidationError as exc:  # an adapter deleted since the job was made, say
+            raise JobError("invalid_value", str(exc), "invalid") from None
+        except (ShuttingDownError, EngineDeadError):
+            await self._cut_short(run)
+            return False
+        if run.gone:  # deleted while it was being admitted
+            self._abort(run)
+            return False
+        return True
+
+    async def _follow(self, run: Running) -> list[GenerationResult] | None:
+        """Every request's result, in order, writing progress at each step; None when the job was lost meanwhile
+        or a request failed (the others are then aborted)."""
+        handles = run.handles
+        events: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, handle: RequestHandle) -> None:
+            async for item in handle.events():
+                events.put_nowait((index, item))
+
+        pumps = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
+        done = [0.0] * len(handles)
+        results: list[GenerationResult | None] = [None] * len(handles)
+        try:
+            while any(r is None for r in results):
+                items = [await events.get()]
+                while not events.empty():  # steps that piled up while the last write was made: one write for all
+                    items.append(events.get_nowait())
+                stepped = False
+                for index, item in items:
+                    if isinstance(item, ProgressEvent):
+                        done[index] = item.step / max(1, item.num_inference_steps)
+                        stepped = True
+                    else:
+                        results[index] = item
+                        done[index] = 1.0
+                        if not item.ok:  # one failed: the job fails; the rest need not run
+                            self._abort(run)
+                            return [item]
+                if stepped and any(r is None for r in results):
+                    progress = min(99, int(100 * sum(done) / len(done)))
+                    if not await self._progress(run, progress):
+                        return None
+            return results  # type: ignore[return-value]
+        finally:
+            for p in pumps:
+                p.cancel()
+
+    async def _progress(self, run: Running, progress: int) -> bool:
+        """Write the progress (and renew the lease); False when the job is no longer ours. A store that fails
+        here does not stop the job: the next write, or the renewal, tries again."""
+        try:
+            record = await self._write(run, status=IN_PROGRESS, progress=progress, **self._first(run))
+            run.stepped = run.stepped or record is not None
+            return record is not None
+        except Exception:  # noqa: BLE001
+            log.warning("job %s: its progress could not be written to the state store", run.job.id, exc_info=True)
+            return True
+
+    @staticmethod
+    def _first(run: Running) -> dict[str, Any]:
+        """The job's engine request ids, written with its first write after they are known."""
+        if run.stepped or not run.handles:
+            return {}
+        return {"meta": {**run.job.meta, "request_ids": [h.request_id for h in run.handles]}}
+
+    async def _finish(self, run: Running, kind: JobKind, results: list[GenerationResult]) -> None:
+        aborted = [r for r in results if r.finish_reason is FinishReason.ABORTED]
+        if run.gone:
+            return
+        if aborted:  # not by us: the engine shut down under it
+            await self._cut_short(run)
+            return
+        error = next((e for e in map(kind.error_of, results) if e is not None), None)
+        if error is not None:
+            await self._end(run, kind, FAILED, results, error=error)
+            return
+        files = await kind.finish(run.job, results)
+        names = [await asyncio.to_thread(self.results.write, name, data) for name, data in files.items()]
+        if not await self._end(run, kind, COMPLETED, results, names=names):
+            await asyncio.to_thread(self.results.delete, names)  # deleted meanwhile: its files go too
+
+    async def _end(self, run: Running, kind: JobKind, status: str, results: Sequence[GenerationResult],
+                   error: JobError | None = None, names: list[str] | None = None) -> bool:
+        changes: dict[str, Any] = {"status": status, "completed_at": None, **self._first(run)}
+        if status == COMPLETED:
+            changes.update(progress=100, results=names or [])
+        else:
+            changes["error"] = error.as_error() if error is not None else None
+        record = await self._write(run, **changes)
+        if record is None:
+            await self._lost(run, kind)
+            return False
+        run.ended = True
+        outcome = "completed" if status == COMPLETED else (error.outcome if error is not None else "failed")
+        self._tell_end(kind, record, outcome, results)
+        if record.webhook and self.sender is not None:
+            self._spawn(self._notify(kind, record))
+        return True
+
+    async def _notify(self, kind: JobKind, record: JobRecord) -> None:
+        await notify(self.sender, kind, record, self.owner)
+
+    async def _lost(self, run: Running, kind: JobKind) -> None:
+        """The job is no longer ours: deleted (its end is told here, as cancelled) or taken over (the new owner
+        tells it)."""
+        run.ended = True
+        self._abort(run)
+        record = await asyncio.to_thread(self.store.get_job, run.job.id)
+        if record is None:
+            self._tell_end(kind, run.job, "cancelled", ())
+
+    async def _hand_back(self, run: Running) -> None:
+        run.ended = True
+        record = await asyncio.to_thread(self.store.release_job, run.job.id, self.owner)
+        self.running.pop(run.job.id, None)
+        if record is not None:
+            self.changes.publish(record.id, record)
+
+    async def _cut_short(self, run: Running) -> None:
+        """The process stops before the job finished: hand it back, or (memory store) it fails."""
+        self._abort(run)
+        if self.durable:
+            await self._guarded(lambda: self._hand_back(run))
+            return
+        kind = self.kinds[run.job.kind]
+        error = JobError("shutting_down", "the server shut down before the job finished", "shutting_down")
+        await self._guarded(lambda: self._end(run, kind, FAILED, (), error=error))
+        run.ended = True
+
+    def _tell_end(self, kind: JobKind, record: JobRecord, outcome: str, results: Sequence[GenerationResult]) -> None:
+        try:
+            kind.ended(record, outcome, results)
+        except Exception:  # noqa: BLE001 - bookkeeping never fails a job
+            log.exception("recording the end of job %s failed", record.id)
+
+    def _spawn(self, coroutine) -> None:
+        self._spawn_task(asyncio.ensure_future(coroutine))
+
+    def _spawn_task(self, task: asyncio.Task) -> None:
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+

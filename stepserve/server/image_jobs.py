@@ -1,0 +1,171 @@
+"""Async image requests: `POST /v1/images/generations` or `/v1/images/edits` with the header `Prefer: respond-async`
+answers 202 with a job (Location: /v1/images/jobs/{id}) once the request has passed every check the synchronous
+request meets (a 400 makes no job). The job runs on whichever process of the service claims it (stepserve/jobs/);
+its result is exactly the body the synchronous request would have answered (kept as a file in the results folder).
+
+- GET /v1/images/jobs: the jobs kept, newest first (at most 100; without their results);
+- GET /v1/images/jobs/{id}: {"id": "imgjob_...", "object": "image.job", "status", "progress", "created_at",
+  "completed_at", "error", "result": null or the answer, "webhook": null or its delivery state};
+- GET /v1/images/jobs/{id}/events: `image.queued`, `image.in_progress`, then `image.completed` or `image.failed`,
+  each with the job (as videos' events: local changes, else the store read every 0.5 s);
+- DELETE /v1/images/jobs/{id}: cancel (when unfinished) and forget it and its files.
+
+The job stores the request as sent, with its seed (drawn at creation when none was given), and an edit's pictures
+as input files in the results folder, so that a rerun on any process makes the same images.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..jobs.kinds import JobError
+from ..jobs.service import new_id
+from ..request.types import GenerationResult, SamplingParams
+from ..store.base import COMPLETED, JobRecord
+from .edits import EditForm, edit_params
+from .errors import APIError, invalid
+from .images import check, image_body, resolve_all
+from .job_http import check_webhook, create_job, fingerprint, idempotency_key, job_events, started_from
+from .schemas import body_from_fields, engine_params
+from .state import ServerState
+from .streaming import EventStreamResponse
+from .video_jobs import job_error
+
+JOBS = "/v1/images/jobs"
+
+
+async def create_image_job(state: ServerState, request: Request, path: str, req: Any,
+                           params: Sequence[SamplingParams], sent: EditForm | None) -> Response:
+    """202 and the new job (200 and the job made earlier, for an Idempotency-Key seen before)."""
+    if req.stream:
+        raise invalid(f"stream: not with 'Prefer: respond-async'; follow the job's events instead ({JOBS}/{{id}}/"
+                      f"events)", "stream")
+    key = idempotency_key(request)
+    webhook = check_webhook(req.webhook)
+    resolved = resolve_all(state, params)
+    route = "edits" if sent is not None else "generations"
+    body = dict(sent.fields) if sent is not None else req.model_dump(exclude_none=True)
+    pictures = {} if sent is None else {"image": sent.image, **({"mask": sent.mask} if sent.mask else {})}
+    print_ = fingerprint({"route": route, "body": body,
+                          "files": {k: hashlib.sha256(v).hexdigest() for k, v in pictures.items()}})
+    job_id = new_id("imgjob")
+    results = state.jobs.results
+    inputs = {role: f"{job_id}.{role}" for role in pictures}
+    for role, data in pictures.items():
+        await asyncio.to_thread(results.write, inputs[role], data)
+    job = JobRecord(job_id, "image", {"route": route, "body": {**body, "seed": resolved[0].seed}, "inputs": inputs},
+                    0.0, webhook=webhook, idempotency_key=None if key is None else f"image:{key}",
+                    meta={"model": state.engine.model_info.name, "path": path})
+    try:
+        job, created = await create_job(state, job, print_, state.limits.max_image_jobs, "image jobs")
+    except BaseException:
+        await asyncio.to_thread(results.delete, inputs.values())
+        raise
+    if not created:  # the job made earlier under this key has its own
+        await asyncio.to_thread(results.delete, inputs.values())
+    return JSONResponse(await image_job_object(state, job), status_code=202 if created else 200,
+                        headers={"Location": f"{JOBS}/{job.id}"})
+
+
+async def image_job_object(state: ServerState, job: JobRecord, with_result: bool = True) -> dict[str, Any]:
+    result = None
+    if with_result and job.status == COMPLETED and job.results:
+        data = await asyncio.to_thread(state.jobs.results.read, job.results[0])
+        result = None if data is None else json.loads(data)
+    shown = {"id": job.id, "object": "image.job", "status": job.status, "progress": job.progress,
+             "created_at": int(job.created_at),
+             "completed_at": None if job.completed_at is None else int(job.completed_at), "error": job.error}
+    if with_result:
+        shown["result"] = result
+    shown["webhook"] = job.webhook
+    return shown
+
+
+class ImageKind:
+    """Async image jobs, as the runner runs them (stepserve/jobs/kinds.py)."""
+
+    name = event = "image"
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def params(self, job: JobRecord) -> list[SamplingParams]:
+        state, body = self.state, job.request["body"]
+        try:
+            if job.request["route"] != "edits":
+                return engine_params(body_from_fields(body, state.limits), state.limits)
+            pictures = {}
+            for role, name in job.request["inputs"].items():
+                pictures[role] = await asyncio.to_thread(state.jobs.results.read, name)
+                if pictures[role] is None:
+                    raise JobError("input_missing", f"the job's {role} is no longer in the results folder (swept, or "
+                                                    f"this server does not share the folder of the one that took "
+                                                    f"the request)")
+            _, params = await edit_params(EditForm(body, pictures["image"], pictures.get("mask")), state)
+            return params
+        except APIError as exc:  # a request this server's model cannot make (a store shared with another model)
+            raise job_error(exc) from None
+
+    def error_of(self, result: GenerationResult) -> JobError | None:
+        try:
+            check(result)
+        except APIError as exc:
+            return job_error(exc)
+        return None
+
+    async def finish(self, job: JobRecord, results: Sequence[GenerationResult]) -> dict[str, bytes]:
+        body = await image_body(self.state, results)
+        return {f"{job.id}.json": json.dumps(body, separators=(",", ":")).encode()}
+
+    async def describe(self, job: JobRecord) -> dict[str, Any]:
+        return await image_job_object(self.state, job)
+
+    def ended(self, job: JobRecord, outcome: str, results: Sequence[GenerationResult]) -> None:
+        self.state.request_done(outcome, 202, started_from(job), results, job.meta.get("path", JOBS))
+
+
+def image_job_routes(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/images/jobs")
+    async def listing() -> dict:
+        jobs = await state.jobs.list("image")
+        return {"object": "list", "data": [await image_job_object(state, j, with_result=False) for j in jobs]}
+
+    @router.get("/images/jobs/{job_id}")
+    async def status(job_id: str) -> dict:
+        return await image_job_object(state, await _job(state, job_id))
+
+    @router.get("/images/jobs/{job_id}/events")
+    async def events(job_id: str) -> Response:
+        job = await _job(state, job_id)
+        return EventStreamResponse(job_events(state, job, "image", lambda j: image_job_object(state, j)),
+                                   lambda: None)
+
+    @router.delete("/images/jobs/{job_id}")
+    async def delete(job_id: str) -> dict:
+        job = await state.jobs.delete("image", job_id)
+        if job is None:
+            raise _not_found(job_id)
+        return {"id": job.id, "object": "image.job.deleted", "deleted": True}
+
+    return router
+
+
+async def _job(state: ServerState, job_id: str) -> JobRecord:
+    job = await state.jobs.get("image", job_id)
+    if job is None:
+        raise _not_found(job_id)
+    return job
+
+
+def _not_found(job_id: str) -> APIError:
+    return APIError(404, f"image job {job_id!r} is not here (never created, deleted, or swept after its results were "
+                         f"kept for --keep-results-h hours)", code="image_job_not_found", param="job_id")

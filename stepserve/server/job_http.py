@@ -1,0 +1,110 @@
+"""What the job routes share (videos.py, image_jobs.py): the `Idempotency-Key` header, the `webhook` field,
+`Prefer: respond-async`, creating a job (its bound: 429; a key reused for another body: 409), and a job's events
+as server-sent events.
+
+- Idempotency-Key: at most 255 printable ASCII characters. A creation that carries one returns the job made
+  earlier under the same key (scoped per kind of job) instead of a second job, as long as that job is kept; the
+  same key with a different request is a 409.
+- webhook: an http(s) URL of at most 2048 characters; the job then notifies it once when it completes or fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import Request
+
+from ..jobs.service import JobsFull
+from ..store.base import JobRecord
+from . import errors
+from .errors import APIError, invalid
+from .state import ServerState
+from .streaming import sse
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_KEY_CHARS = 255
+MAX_WEBHOOK_CHARS = 2048
+_PRINTABLE = re.compile(r"[\x20-\x7e]+")
+
+
+def idempotency_key(request: Request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not _PRINTABLE.fullmatch(key) or len(key) > MAX_KEY_CHARS:
+        raise invalid(f"{IDEMPOTENCY_HEADER}: must be 1 to {MAX_KEY_CHARS} printable ASCII characters, got "
+                      f"{len(key)} characters{'' if _PRINTABLE.fullmatch(key or ' ') else ' with others among them'}",
+                      IDEMPOTENCY_HEADER, "invalid_idempotency_key")
+    return key
+
+
+def prefers_async(request: Request) -> bool:
+    """`Prefer: respond-async` (RFC 7240: preferences separated by commas, names without case)."""
+    prefer = request.headers.get("prefer", "")
+    return any(p.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async" for p in prefer.split(","))
+
+
+def check_webhook(url: str | None) -> dict[str, Any] | None:
+    """The job's webhook state for a valid `webhook` field (None when there is none); a 400 otherwise."""
+    if url is None:
+        return None
+    allowed = f"allowed: an http:// or https:// URL of at most {MAX_WEBHOOK_CHARS} characters"
+    if len(url) > MAX_WEBHOOK_CHARS:
+        raise invalid(f"webhook: {len(url)} characters; {allowed}", "webhook", "invalid_webhook")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        host = None
+    if parts.scheme not in ("http", "https") or not host or not _PRINTABLE.fullmatch(url) or " " in url:
+        raise invalid(f"webhook: {url[:80]!r} is not a valid URL; {allowed}", "webhook", "invalid_webhook")
+    return {"url": url, "state": "pending", "attempts": 0, "last_error": None}
+
+
+def fingerprint(request: Any) -> str:
+    """What makes two creations the same request (for Idempotency-Key): a hash of the request as sent."""
+    return hashlib.sha256(json.dumps(request, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfinished: int,
+                     noun: str) -> tuple[JobRecord, bool]:
+    """Store the job (see the module docstring): (job, True), or (the job made under its key, False)."""
+    job.meta["fingerprint"] = print_
+    try:
+        record, created = await state.jobs.create(job, max_unfinished)
+    except JobsFull as exc:
+        raise errors.queue_full(f"{exc.unfinished} {noun} are queued or running, the most this service holds; retry "
+                                f"once one finishes", 5) from None
+    if not created and record.meta.get("fingerprint") != print_:
+        raise APIError(409, f"{IDEMPOTENCY_HEADER}: this key was used for {record.id}, made from another request; "
+                            f"send a new key for a new request", param=IDEMPOTENCY_HEADER,
+                       code="idempotency_key_reused")
+    return record, created
+
+
+def started_from(job: JobRecord) -> float:
+    """The job's arrival as time.monotonic() (what ServerState's records measure from)."""
+    return time.monotonic() - max(0.0, time.time() - job.created_at)
+
+
+async def job_events(state: ServerState, job: JobRecord, event: str,
+                     describe: Callable[[JobRecord], Any]) -> AsyncIterator[bytes]:
+    """`{event}.{status}` with the job as GET answers it, now and at each change, until it is finished. A job
+    deleted meanwhile ends the stream with `{event}.failed`, its error `cancelled`."""
+    last = None
+    async for record in state.jobs.follow(job):
+        if record is None:
+            if last is not None:
+                last.update(status="failed", completed_at=int(time.time()),
+                            error={"code": "cancelled", "message": "the job was deleted before it finished"})
+                yield sse(f"{event}.failed", last)
+            return
+        last = await describe(record)
+        yield sse(f"{event}.{record.status}", last)
