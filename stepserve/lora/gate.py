@@ -105,7 +105,7 @@ class AdapterGate:
         says so). Raises LoraNotFoundError, LoraInUseError."""
         store = self.executor.adapters()
         if not await off_loop(self._retire, store, name):
-            return Deletion(name, unloaded=False, reloadable=True)
+            return Deletion(name, unloaded=False, reloadable=name in store.names)
         try:
             deadline = time.monotonic() + wait_s
             while name in self.in_use():
@@ -121,7 +121,8 @@ class AdapterGate:
 
     def _retire(self, store, name: str) -> bool:
         """Under the gate's lock (no eviction races it): True when `name` was loaded and is now refused to new
-        requests; False when it is not loaded but its folder file is (evicted, or never used)."""
+        requests; False when it is not loaded (evicted, or never used): a file of its own (POSTed, registered) is
+        forgotten at once (no request carries an adapter that is not loaded), a folder file stays servable."""
         with self._lock:
             if name in store.retired:
                 raise LoraInUseError(f"adapter {name!r} is being deleted already")
@@ -129,6 +130,9 @@ class AdapterGate:
                 with self.engine_lock:
                     store.retire(name)
                 return True
+            if name in store.sources:
+                store.delete(name)
+                return False
             if name in store.files():
                 return False
             raise not_loaded(name, store.names)

@@ -68,9 +68,12 @@ def parse_load(raw: bytes) -> tuple[str, str]:
 
 
 def deletion_body(done: Deletion) -> dict:
-    if not done.unloaded:
+    if not done.unloaded and done.reloadable:
         detail = ("it was not loaded (unloaded earlier to make room, or never used); its file in the adapter folder "
                   "loads again when a request names it")
+    elif not done.unloaded:
+        detail = ("it was not loaded (unloaded earlier to make room, or never used); requests naming it are refused "
+                  "until POST /v1/loras loads it again")
     elif done.reloadable:
         detail = "unloaded; its file in the adapter folder loads again when a request names it"
     else:
