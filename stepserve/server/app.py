@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from ..engine.async_engine import AsyncEngine
+from ..store.memory import MemoryStore
 from . import errors
 from .bodies import JSON, check_json, read_body
 from .errors import APIError, UnexpectedErrors, install_error_handlers
@@ -27,6 +28,7 @@ from .state import CLIENT_GONE, ServerState
 from .console import event_routes, page_routes
 from .edits import read_edit
 from .events import EngineEvents
+from .lora_registry import AdapterRegistry
 from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
@@ -44,12 +46,13 @@ MetricsView = Callable[[ServerMetrics], Awaitable[bytes]]
 def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLimits | None = None,
                shutdown_grace_s: float = 30.0, replica: str | None = None,
                metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = (),
-               access_log: bool = True) -> FastAPI:
+               access_log: bool = True, store=None) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
     whose pages may call the API from a browser (none by default). access_log: one line per image or video request
-    on the "stepserve.access" logger (ServerState.request_done, video_done)."""
+    on the "stepserve.access" logger (ServerState.request_done, video_done). store: the state store the replicas
+    share (stepserve/store; None: one in this app's memory)."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
                         cors_origins=tuple(cors_origins), access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
@@ -57,25 +60,29 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     state.events = events  # start_drain ends its streams
     jobs = VideoJobs(engine, state.limits.max_video_jobs, on_end=lambda job, outcome, result: state.video_done(
         outcome, 200, job.started, result, job.id))
+    registry = AdapterRegistry(engine, store if store is not None else MemoryStore(), replica)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await engine.start()
+        registry.start()
         try:
             yield
         finally:
+            await registry.close()
             await engine.shutdown(shutdown_grace_s)
             await jobs.close()
 
     app = FastAPI(title="stepserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
+    app.state.lora_registry = registry
     install_error_handlers(app)
     protected = [Depends(_auth(state))]
     app.include_router(_open_routes(state))
     app.include_router(page_routes())
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(event_routes(events), prefix="/v1", dependencies=protected)
-    app.include_router(lora_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(lora_routes(state, registry), prefix="/v1", dependencies=protected)
     app.include_router(video_routes(state, jobs), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
     app.include_router(_schema_route(app), dependencies=protected)

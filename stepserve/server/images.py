@@ -42,6 +42,7 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
     admission rule that replays the queue (slo) runs off the event loop."""
     engine = state.engine
     try:
+        await engine.resolve_adapters(params)  # adapters registered through another replica: looked up once
         resolved = [resolve_params(p, engine.model_info) for p in params]
     except SizeError as exc:  # the caller sent one "size", not a height and a width
         raise errors.invalid(_size_message(exc, engine), "size") from None
