@@ -42,8 +42,8 @@ TABLES = (
     "CREATE INDEX jobs_by_kind ON jobs (kind, created_at)",
     "CREATE INDEX jobs_by_owner ON jobs (owner, lease_until)",
     "CREATE INDEX jobs_by_completed ON jobs (completed_at)",
-    # what claim_job scans: the unfinished jobs, oldest first
-    "CREATE INDEX jobs_open ON jobs (created_at) WHERE status NOT IN ('completed', 'failed')",
+    # what claim_job reads: the unfinished jobs of a kind (finished ones, kept until swept, are not in it)
+    "CREATE INDEX jobs_open ON jobs (kind, created_at) WHERE status NOT IN ('completed', 'failed')",
     "CREATE TABLE adapters (name TEXT PRIMARY KEY, deleted_at REAL, doc TEXT NOT NULL)",
     "CREATE TABLE replicas (replica TEXT PRIMARY KEY, expires_at REAL NOT NULL, info TEXT NOT NULL)",
 )
@@ -182,7 +182,7 @@ class SqliteStore:
 
     def list_jobs(self, kind: str | None = None, limit: int = 100) -> list[JobRecord]:
         where, args = ("WHERE kind = ?", (kind,)) if kind is not None else ("", ())
-        rows = self._read(f"SELECT doc FROM jobs {where} ORDER BY created_at DESC, rowid LIMIT ?",
+        rows = self._read(f"SELECT doc FROM jobs {where} ORDER BY created_at DESC, rowid DESC LIMIT ?",
                           (*args, max(limit, 0)))
         return [_job(doc) for doc, in rows]
 
