@@ -51,6 +51,13 @@ UNFINISHED = "status NOT IN ('completed', 'failed')"
 assert FINISHED == ("completed", "failed")  # the SQL above spells them out
 
 
+def claim_query(kinds: int, by_id: bool) -> str:
+    """The oldest claimable job (of `kinds` kinds; the one id given first when by_id); then the clock's now."""
+    which = "id = ? AND " if by_id else ""
+    return (f"SELECT doc FROM jobs WHERE {which}{UNFINISHED} AND kind IN ({', '.join('?' * kinds)}) "
+            "AND (owner IS NULL OR lease_until < ?) ORDER BY created_at, rowid LIMIT 1")
+
+
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"))
 
@@ -203,11 +210,8 @@ class SqliteStore:
                   job_id: str | None = None) -> JobRecord | None:
         with self._write() as conn:
             now = self._clock()
-            which, args = ("id = ? AND ", (job_id,)) if job_id is not None else ("", ())
-            row = conn.execute(
-                f"SELECT doc FROM jobs WHERE {which}{UNFINISHED} AND kind IN ({', '.join('?' * len(kinds))}) "
-                "AND (owner IS NULL OR lease_until < ?) ORDER BY created_at, rowid LIMIT 1",
-                (*args, *kinds, now)).fetchone()
+            args = (*(() if job_id is None else (job_id,)), *kinds, now)
+            row = conn.execute(claim_query(len(kinds), job_id is not None), args).fetchone()
             if row is None:
                 return None
             job = _job(row[0])

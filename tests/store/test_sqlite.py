@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from stepserve.store import JobRecord, StoreError, default_url, open_store
-from stepserve.store.sqlite import SCHEMA, SqliteStore
+from stepserve.store.sqlite import SCHEMA, SqliteStore, claim_query
 
 
 def test_the_default_is_a_file_in_the_users_state_folder_made_on_first_use(tmp_path):
@@ -35,6 +35,16 @@ def test_jobs_survive_a_restart(tmp_path):
     assert again.create_job(JobRecord(id="j2", kind="video", request={}, created_at=0.0, idempotency_key="k"))[1] \
         is False
     again.close()
+
+
+def test_a_claim_reads_only_the_unfinished_jobs(tmp_path):
+    """Finished jobs stay until swept (a day by default): a claim must not read, let alone sort, all of them."""
+    store = SqliteStore(tmp_path / "state.db")
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        for kinds in (1, 2):
+            plan = conn.execute(f"EXPLAIN QUERY PLAN {claim_query(kinds, False)}", ("video",) * kinds + (0.0,))
+            assert "USING INDEX jobs_open" in " ".join(row[-1] for row in plan.fetchall())
+    store.close()
 
 
 def test_threads_of_one_process_claim_every_job_exactly_once(tmp_path):
