@@ -106,6 +106,9 @@ class SqliteStore:
             self.journal_mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate(conn)
+        except sqlite3.OperationalError as exc:  # read-only, locked past the timeout, disk full...
+            conn.close()
+            raise StoreError(f"state {self.url}: cannot use {self.path}: {exc}") from None
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StoreError(f"state {self.url}: {self.path} is not a stepserve state file ({exc})") from None

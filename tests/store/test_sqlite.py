@@ -95,3 +95,16 @@ def test_a_folder_that_cannot_be_made_is_a_clear_error(tmp_path):
         SqliteStore(tmp_path / "a-file" / "state.db")
     with pytest.raises(ValueError, match="the path is empty"):
         open_store("sqlite:///")
+
+
+def test_a_file_it_cannot_write_is_named_with_the_reason_not_called_foreign(tmp_path):
+    path = tmp_path / "state.db"
+    SqliteStore(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holding the write lock past the busy timeout
+    try:
+        with pytest.raises(StoreError, match=f"cannot use {path}: database is locked"):
+            SqliteStore(path, busy_timeout_s=0.05)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
