@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from extras import require
 from redis_server import _free_port, redis_url, running_redis  # noqa: F401  (redis_url: a fixture)
 
 from stepserve.store import AdapterRecord, JobRecord, StoreError, open_store
@@ -70,6 +71,7 @@ def test_the_password_never_appears_in_the_url_or_an_error(redis_url, tmp_path):
 
 
 def test_a_server_that_cannot_be_reached_is_one_clear_error_naming_host_and_port():
+    require("redis", "redis")
     port = _free_port()  # nothing listens there
     with pytest.raises(StoreError, match=rf"state redis://127\.0\.0\.1:{port}/0: cannot reach Redis at "
                                          rf"127\.0\.0\.1:{port}: .*refused"):
