@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import socket
 import threading
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -20,10 +22,25 @@ from stepserve.store.base import COMPLETED, FAILED, JobRecord
 from stepserve.store.memory import MemoryStore
 
 from server.server_helpers import wait_until
+from store.redis_server import redis_url  # noqa: F401  (a fixture)
+from store.store_backends import Clock, open_backend
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 QUICK = (0.01, 0.01, 0.01)  # the retries' delays in these tests
 HANG_S = 60.0  # a bound on a hang only
+
+
+@pytest.fixture(params=("memory", "sqlite", "redis"))
+def store(request, tmp_path):
+    """The state store the jobs are in, of each backend (Redis: a real redis-server, a key prefix of its own)."""
+    location, prefix = "", ""
+    if request.param == "sqlite":
+        location = str(tmp_path / "state.db")
+    elif request.param == "redis":
+        location, prefix = request.getfixturevalue("redis_url"), f"hooks-{uuid.uuid4().hex[:8]}:"
+    opened = open_backend(request.param, location, prefix)
+    yield opened
+    opened.close()
 
 
 class Receiver:
@@ -52,7 +69,7 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
-    def __enter__(self) -> "Receiver":
+    def __enter__(self):
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
@@ -79,9 +96,7 @@ def verified(got) -> list[dict]:
     return [json.loads(body) for _, _, body in got]
 
 
-def test_exactly_one_verified_delivery_per_job():
-    store = MemoryStore()
-
+def test_exactly_one_verified_delivery_per_job(store):
     async def run(url):
         sender = WebhookSender(store, SECRET, delays_s=QUICK)
         jobs = [finished_job(store, f"job{i}", url, COMPLETED if i else FAILED) for i in range(3)]
@@ -100,8 +115,7 @@ def test_exactly_one_verified_delivery_per_job():
         assert job.status == (COMPLETED if i else FAILED)
 
 
-def test_an_error_answer_is_retried_until_a_2xx():
-    store = MemoryStore()
+def test_an_error_answer_is_retried_until_a_2xx(store):
     with Receiver([500, 500, 200]) as receiver:
         job = finished_job(store, "job", receiver.url)
         asyncio.run(WebhookSender(store, SECRET, delays_s=QUICK).deliver(job, payload(job), "runner"))
@@ -133,9 +147,10 @@ def test_a_receiver_down_throughout_ends_the_retries_and_the_job_stays_completed
     assert (after.status, after.completed_at, after.results) == (job.status, job.completed_at, job.results)
 
 
-def test_a_delivery_left_pending_by_a_dead_sender_is_resumed_once_its_lease_has_passed():
-    clock = [1000.0]
-    store = MemoryStore(clock=lambda: clock[0])
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])  # on a clock the test moves (Redis keeps its own)
+def test_a_delivery_left_pending_by_a_dead_sender_is_resumed_once_its_lease_has_passed(backend, tmp_path):
+    clock = Clock()
+    store = open_backend(backend, str(tmp_path / "state.db"), clock=clock)
 
     async def run(receiver):
         job = finished_job(store, "job", receiver.url)
@@ -147,15 +162,15 @@ def test_a_delivery_left_pending_by_a_dead_sender_is_resumed_once_its_lease_has_
         second = WebhookSender(store, SECRET, delays_s=QUICK, lease_s=30)
         await second.resume("proc-2")
         assert len(receiver.got) == 1  # its lease still held: not taken yet
-        clock[0] += 31
+        clock.t += 31
         await second.resume("proc-2")
         orphan = finished_job(store, "orphan", receiver.url)  # its sender never started
-        clock[0] += 31
+        clock.t += 31
         await second.resume("proc-2")
         await second.close()
         return orphan
 
-    with Receiver([500]) as receiver:
+    with Receiver([500]) as receiver, contextlib.closing(store):
         asyncio.run(run(receiver))
     bodies = [body for _, _, body in receiver.got]
     assert [h["webhook-id"] for _, h, _ in receiver.got] == ["msg_job", "msg_job", "msg_orphan"]

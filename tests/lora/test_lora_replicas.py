@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
+import uuid
 
 import numpy as np
 import pytest
@@ -24,6 +26,8 @@ from stepserve.tiny.lora import build_tiny_lora
 from extras import require
 from lora_reference import diffusers_sd, pixels
 from server.server_helpers import wait_until
+from store.redis_server import redis_url  # noqa: F401  (a fixture)
+from store.store_backends import open_backend
 
 HANG_S = 120.0  # a bound on a hang only: every wait below waits on the servers' own state
 
@@ -36,11 +40,24 @@ def folder(tiny_sd_path, tmp_path_factory):
     return root
 
 
+@pytest.fixture(params=("memory", "sqlite", "redis"))
+def shared(request, tmp_path):
+    """The state store both apps use, of each backend (Redis: a real redis-server, a key prefix of its own)."""
+    location, prefix = "", ""
+    if request.param == "sqlite":
+        location = str(tmp_path / "state.db")
+    elif request.param == "redis":
+        location, prefix = request.getfixturevalue("redis_url"), f"lora-{uuid.uuid4().hex[:8]}:"
+    store = open_backend(request.param, location, prefix)
+    yield store
+    store.close()
+
+
 @contextlib.contextmanager
-def replicas(tiny_sd_path, folder, period_s: float | None = None):
-    """Clients of two apps ("a" and "b") on one MemoryStore; `period_s`: B's sync period (a long one leaves B to
-    hear of new registrations only through a request)."""
-    store = MemoryStore()
+def replicas(tiny_sd_path, folder, period_s: float | None = None, store=None):
+    """Clients of two apps ("a" and "b") on one state store (a MemoryStore unless given); `period_s`: B's sync
+    period (a long one leaves B to hear of new registrations only through a request)."""
+    store = MemoryStore() if store is None else store
     clients = []
     for name in ("a", "b"):
         built = build_engine(EngineConfig(model=str(tiny_sd_path), memory_cap=False, warm_up=False,
@@ -74,13 +91,14 @@ def decoded(answer) -> np.ndarray:
     return pixels(Image.open(io.BytesIO(base64.b64decode(answer.json()["data"][0]["b64_json"]))))
 
 
+@functools.cache  # the same for every backend
 def reference(tiny_sd_path, folder, i: int, scale: float) -> np.ndarray:
     p = SamplingParams(prompt=f"a small cat {i}", seed=300 + i, num_inference_steps=6, guidance_scale=4.0)
     return diffusers_sd(tiny_sd_path, {"brush": folder / "styles" / "paint.safetensors"}, p, (("brush", scale),))
 
 
-def test_registered_through_one_replica_serves_through_the_other(tiny_sd_path, folder):
-    with replicas(tiny_sd_path, folder, period_s=3600) as (a, b):  # B's sync ran once, before the POST
+def test_registered_through_one_replica_serves_through_the_other(tiny_sd_path, folder, shared):
+    with replicas(tiny_sd_path, folder, period_s=3600, store=shared) as (a, b):  # B's sync ran once, before the POST
         assert "brush" not in adapters(b).names
         made = a.post("/v1/loras", json={"name": "brush", "path": "styles/paint.safetensors"})
         assert made.status_code == 201, made.text
@@ -120,10 +138,10 @@ def test_registered_through_one_replica_serves_through_the_other(tiny_sd_path, f
         assert listed[0] == listed[1] and "brush" not in [e["name"] for e in listed[0]]
 
 
-def test_the_sync_serves_and_deletes_on_every_replica_without_a_request(tiny_sd_path, folder):
+def test_the_sync_serves_and_deletes_on_every_replica_without_a_request(tiny_sd_path, folder, shared):
     """B's own sync task (every second) makes a registration servable and refuses a deleted one: B is sent no
     request until its passes have run."""
-    with replicas(tiny_sd_path, folder) as (a, b):
+    with replicas(tiny_sd_path, folder, store=shared) as (a, b):
         sync = registry(b)
         assert sync.period_s <= 1.0  # a deletion is refused everywhere within a few seconds
         assert a.post("/v1/loras", json={"name": "brush", "path": "styles/paint.safetensors"}).status_code == 201
