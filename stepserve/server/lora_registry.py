@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import uuid
@@ -126,8 +127,8 @@ class AdapterRegistry:
             log.warning("LoRA adapter %r registered as %s cannot be served here: %s", record.name, record.path, exc)
 
     async def _unserve(self, name: str) -> None:
-        try:
-            await self.engine.delete_adapter(name)
+        try:  # refused from now on; unloaded once no request carries it, however long that takes (a DELETE here
+            await self.engine.delete_adapter(name, wait_s=math.inf)  # gives up after 60 s and serves it again)
         except LoraNotFoundError:
             pass  # not served here (any more)
         except LoraError as exc:

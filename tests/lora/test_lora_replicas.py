@@ -10,6 +10,7 @@ import contextlib
 import functools
 import io
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from stepserve.tiny.lora import build_tiny_lora
 from extras import require
 from lora_reference import diffusers_sd, pixels
 from server.server_helpers import wait_until
+from step_gate import SteppedExecutor
 from store.redis_server import redis_url  # noqa: F401  (a fixture)
 from store.store_backends import open_backend
 
@@ -54,16 +56,18 @@ def shared(request, tmp_path):
 
 
 @contextlib.contextmanager
-def replicas(tiny_sd_path, folder, period_s: float | None = None, store=None):
+def replicas(tiny_sd_path, folder, period_s: float | None = None, store=None, wrap_b=None):
     """Clients of two apps ("a" and "b") on one state store (a MemoryStore unless given); `period_s`: B's sync
-    period (a long one leaves B to hear of new registrations only through a request)."""
+    period (a long one leaves B to hear of new registrations only through a request); `wrap_b`: wraps B's
+    executor."""
     store = MemoryStore() if store is None else store
     clients = []
     for name in ("a", "b"):
         built = build_engine(EngineConfig(model=str(tiny_sd_path), memory_cap=False, warm_up=False,
                                           lora_dir=str(folder), options=EngineOptions(strategy="continuous")),
                              say=lambda _: None)
-        app = create_app(AsyncEngine(built.executor, options=built.options), store=store, replica=name)
+        executor = wrap_b(built.executor) if name == "b" and wrap_b is not None else built.executor
+        app = create_app(AsyncEngine(executor, options=built.options), store=store, replica=name)
         if name == "b" and period_s is not None:
             app.state.lora_registry.period_s = period_s
         clients.append(TestClient(app))
@@ -183,3 +187,26 @@ def test_a_load_the_store_cannot_register_is_served_nowhere(tiny_sd_path, folder
         assert answer.json()["error"]["code"] == "state_unavailable"
         assert "brush" not in adapters(client).names
         assert image(client, 1, 1.0).status_code == 400
+
+
+def test_a_deleted_registration_is_refused_at_once_and_unloaded_once_its_requests_end(tiny_sd_path, folder):
+    """On B, a request carrying the adapter is held mid-denoising (a step gate) while the registration is deleted
+    through A: B's next pass refuses new requests naming it at once, the held request ends as it began, and the
+    adapter is unloaded only then."""
+    with replicas(tiny_sd_path, folder, period_s=3600, wrap_b=SteppedExecutor) as (a, b):
+        gate = b.app.state.server.engine.executor
+        assert a.post("/v1/loras", json={"name": "brush", "path": "styles/paint.safetensors"}).status_code == 201
+        with ThreadPoolExecutor(1) as pool, contextlib.ExitStack() as freed:
+            freed.callback(gate.free)  # whatever happens, the held request ends
+            held = pool.submit(image, b, 2, 1.0)
+            assert gate.wait_held(HANG_S)  # B runs it, carrying brush
+            assert a.delete("/v1/loras/brush").status_code == 200
+            b.portal.call(registry(b).sync_once)
+            assert wait_until(lambda: "brush" in adapters(b).retired, HANG_S)  # refused from now on
+            refused = image(b, 3, 1.0)
+            assert refused.status_code == 400 and "adapter 'brush' is not loaded" in refused.text
+            assert "brush" in adapters(b).adapters and not held.done()  # still carried: not unloaded
+            gate.free()
+            assert np.abs(decoded(held.result(HANG_S)) - reference(tiny_sd_path, folder, 2, 1.0)).max() <= 1
+        b.portal.call(registry(b).settled)
+        assert "brush" not in adapters(b).adapters and "brush" not in adapters(b).names
