@@ -15,10 +15,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-# The tests also cover the integrations (ONNX, onnxruntime, Triton, Ray Serve, LitServe, LoRA via PEFT), which are
-# package extras.
+# The tests also cover the integrations (ONNX, onnxruntime, Triton, Ray Serve, LitServe, LoRA via PEFT, the Redis
+# state store), which are package extras.
 $(VENV)/.extras: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[test,onnx,triton,ray,litserve,lora,video]"
+	$(PY) -m pip install -q -e ".[test,onnx,triton,ray,litserve,lora,video,redis]"
 	touch $@
 
 setup: $(VENV)/.installed

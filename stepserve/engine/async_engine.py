@@ -172,9 +172,10 @@ class AsyncEngine(EngineThread):
         adapters must be loaded first (or while a load or delete holds the adapter gate) is admitted on the
         adapter thread. When the caller is cancelled meanwhile, what the admission accepted is aborted."""
         assert self._loop is not None, "call start() first"
+        off = self._off_loop
+        await self.resolve_adapters(params)
         group = self._new_group(params, preview_steps, request_ids)
         outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
-        off = self._off_loop
         if getattr(self.core.policy, "admission", None) is None:
             handles = self._admit(group, outlets, stream, wait=False)
         else:
@@ -227,6 +228,21 @@ class AsyncEngine(EngineThread):
         """Load LoRA adapter file `path` as `name` on the adapter thread (stepserve/lora/gate.py). Raises
         stepserve.lora.LoraError."""
         return await self._off_loop.run(self._off_loop.adapters, self.adapter_gate.load, name, path)
+
+    async def resolve_adapters(self, params: Sequence[SamplingParams]) -> None:
+        """Before validation: the LoRA adapters these requests name that this engine does not serve yet are looked
+        up once (the adapter store's resolver: registrations made on another replica), on the adapter thread; the
+        ones found become servable. Nothing to do (and no thread) when every name is known or there is no
+        resolver. Raises ValidationError for a registration this engine cannot serve (its file is missing here)."""
+        unknown = self.adapter_gate.unknown(params)
+        if unknown:
+            with _adapter_errors():
+                await self._off_loop.run(self._off_loop.adapters, self.adapter_gate.resolve, unknown)
+
+    async def register_adapter(self, name: str, path) -> bool:
+        """Serve LoRA adapter file `path` as `name` from now on, loaded on first use (an adapter registered on
+        another replica), on the adapter thread. Raises stepserve.lora.LoraError."""
+        return await self._off_loop.run(self._off_loop.adapters, self.adapter_gate.register, name, path)
 
     async def delete_adapter(self, name: str, wait_s: float = 60.0) -> Deletion:
         """Unload LoRA adapter `name` while serving (stepserve/lora/gate.py). Raises stepserve.lora.LoraError."""

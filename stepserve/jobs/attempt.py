@@ -137,6 +137,7 @@ class Attempts:
 
     async def _submit(self, run: Running, params: list) -> bool:
         try:
+            await self.engine.resolve_adapters(params)  # adapters registered through another process
             run.handles = await self.engine.submit_many_off_loop(params, stream=True)
         except DeadlineInfeasibleError as exc:
             raise JobError("deadline_infeasible", f"timeout_s: {exc}", "invalid") from None

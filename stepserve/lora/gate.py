@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from . import folder
 from .errors import LoraError, LoraInUseError, not_loaded
+from .spec import requested_names
+
+log = logging.getLogger(__name__)
 
 
 def _names(group) -> list[str]:
@@ -44,7 +49,8 @@ class AdapterGate:
         self._lock = threading.Lock()
         self._carrying: list = []  # queued requests that name adapters, until they end (their adapters stay)
 
-    def _store(self):
+    def served(self):
+        """The adapter store, where this engine has one (None: it serves no adapters, or none were asked for)."""
         return getattr(self.executor, "_adapters", None)
 
     def in_use(self) -> set[str]:
@@ -80,7 +86,7 @@ class AdapterGate:
 
     def check(self, group) -> None:
         """Under the admission lock: no request may carry an adapter that is being deleted."""
-        store = self._store()
+        store = self.served()
         gone = store.retired if store is not None else ()
         for name in _names(group):
             if name in gone:
@@ -90,6 +96,39 @@ class AdapterGate:
     def track(self, requests) -> None:
         """Under the admission lock, once `requests` are queued: their adapters are in use until they end."""
         self._carrying.extend(r for r in requests if r.params.loras)
+
+    def unknown(self, params) -> list[str]:
+        """The adapter names these SamplingParams give that are not served here but that the store's resolver may
+        know (registered elsewhere); none without a resolver. Cheap: on the event loop."""
+        store = self.served()
+        if store is None or store.resolver is None:
+            return []
+        served = store.names
+        return sorted({n for p in params for n in requested_names(p.loras) if n not in served})
+
+    def resolve(self, names) -> None:
+        """Ask the resolver once for each name still not served, and serve what it names (loaded on first use).
+        Blocks (the resolver reads the state store): call it off the event loop. Raises LoraError for a
+        registration this server cannot serve (say, its file is missing here); a name the resolver does not know
+        is left to the request's validation to refuse."""
+        store = self.served()
+        for name in names:
+            if name in store.names:
+                continue
+            try:
+                folder.check_name(name)
+                path = store.resolver(name)
+            except LoraError:
+                continue  # not a name at all: validation says so
+            except Exception as exc:  # noqa: BLE001 - the state store unreachable: refused as unknown, and logged
+                log.warning("LoRA adapter %r: the registrations could not be read: %s", name, exc)
+                continue
+            if path is not None:
+                self.register(name, path)
+
+    def register(self, name: str, path) -> bool:
+        """Serve `path` as `name`, loaded on first use (AdapterStore.register). Blocks: call it off the loop."""
+        return self.executor.adapters().register(name, path)
 
     def load(self, name: str, path) -> object:
         """POST /v1/loras: load a file under a name within the memory budget (as first use does). Blocks: call it
@@ -105,7 +144,7 @@ class AdapterGate:
         says so). Raises LoraNotFoundError, LoraInUseError."""
         store = self.executor.adapters()
         if not await off_loop(self._retire, store, name):
-            return Deletion(name, unloaded=False, reloadable=True)
+            return Deletion(name, unloaded=False, reloadable=name in store.names)
         try:
             deadline = time.monotonic() + wait_s
             while name in self.in_use():
@@ -121,7 +160,8 @@ class AdapterGate:
 
     def _retire(self, store, name: str) -> bool:
         """Under the gate's lock (no eviction races it): True when `name` was loaded and is now refused to new
-        requests; False when it is not loaded but its folder file is (evicted, or never used)."""
+        requests; False when it is not loaded (evicted, or never used): a file of its own (POSTed, registered) is
+        forgotten at once (no request carries an adapter that is not loaded), a folder file stays servable."""
         with self._lock:
             if name in store.retired:
                 raise LoraInUseError(f"adapter {name!r} is being deleted already")
@@ -129,6 +169,9 @@ class AdapterGate:
                 with self.engine_lock:
                     store.retire(name)
                 return True
+            if name in store.sources:
+                store.delete(name)
+                return False
             if name in store.files():
                 return False
             raise not_loaded(name, store.names)

@@ -44,3 +44,11 @@ def parse_loras(value: object, known: frozenset[str]) -> tuple[tuple[str, float]
             raise LoraSpecError(f"adapter {name!r} is named twice; give it once with its scale")
         out.append((name, float(scale)))
     return tuple(out)
+
+
+def requested_names(value: object) -> list[str]:
+    """The adapter names a `loras` value gives, before any check (what parse_loras refuses is left out or refused
+    later): what the front end looks up once for adapters registered elsewhere."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_PER_REQUEST:
+        return []
+    return [item["name"] for item in value if isinstance(item, Mapping) and isinstance(item.get("name"), str)]

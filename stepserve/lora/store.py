@@ -15,6 +15,7 @@ loaded from). A load is checked (name, path, file, size) before anything is unlo
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,9 @@ class AdapterStore:
         self._hooked: set[int] = set()
         self._files: tuple = (object(), {})  # (folder stamp, files) of the last look at the folder
         self._mutex = threading.RLock()  # one load, delete or cache decision at a time (a name is never half-loaded)
+        # name -> a path in the folder, or None: adapters registered elsewhere (the server wires its state store);
+        # asked off the event loop when a request names an adapter this store does not serve (gate.resolve)
+        self.resolver: Callable[[str], str | None] | None = None
 
     @property
     def names(self) -> frozenset[str]:
@@ -109,6 +113,25 @@ class AdapterStore:
             self._uses += 1
             self.last_used[name] = self._uses
             return info
+
+    def register(self, name: str, path: str | Path) -> bool:
+        """Serve `path` (in the folder) as `name` from now on, loaded on first use as an evicted adapter reloads:
+        nothing is read now. False when it is served so already; LoraInUseError when `name` is loaded (or being
+        deleted) with another file; LoraError for a name or path a load could not use."""
+        with self._mutex:
+            folder.check_name(name)
+            file = folder.check_path(self.root, path)
+            if self.sources.get(name, self.files().get(name)) == file:
+                return False
+            if name in self.adapters or name in self.retired:
+                raise LoraInUseError(f"adapter {name!r} is loaded from another file; delete it first to serve "
+                                     f"{folder.shown(self.root, file)} as it")
+            if self.files().get(name) == file:
+                self.sources.pop(name, None)
+            else:
+                self.sources[name] = file
+            self.version += 1
+            return True
 
     def load(self, name: str, path: str | Path) -> AdapterInfo:
         """Read `path` (safetensors: diffusers/PEFT, kohya, ... as diffusers reads them; or a folder holding

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from ..engine.async_engine import AsyncEngine
 from ..store.base import Store
+from ..store.memory import MemoryStore
 from ..store.results import Results
 from . import errors
 from .bodies import JSON, check_json, read_body
@@ -29,6 +30,7 @@ from .state import CLIENT_GONE, ServerState
 from .console import event_routes, page_routes
 from .edits import read_edit
 from .events import EngineEvents
+from .lora_registry import AdapterRegistry
 from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
@@ -58,34 +60,40 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     on the "stepserve.access" logger (ServerState.request_done, video_done). Jobs (videos, async images) live in
     `store` with their files in `results` (by default an in-memory store and a temporary folder, closed with the
     app: `stepserve serve` passes the ones its flags name); `owner` is this process's id in the store (a stable one
-    lets a restarted server take back its jobs at once; default: a new one)."""
+    lets a restarted server take back its jobs at once; default: a new one). The same store holds the LoRA
+    adapters registered at run time, shared by the replicas."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
                         cors_origins=tuple(cors_origins), access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
     events = EngineEvents(engine)
     state.events = events  # start_drain ends its streams
+    store = store if store is not None else MemoryStore()
+    registry = AdapterRegistry(engine, store, replica)
     jobs = attach_jobs(state, store, results, owner, webhook_secret, job_lease_s, job_poll_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await engine.start()
+        registry.start()
         jobs.start()
         try:
             yield
         finally:
             jobs.stop_claiming()
+            await registry.close()
             await engine.shutdown(shutdown_grace_s)
             await jobs.close()
 
     app = FastAPI(title="stepserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
+    app.state.lora_registry = registry
     install_error_handlers(app)
     protected = [Depends(_auth(state))]
     app.include_router(_open_routes(state))
     app.include_router(page_routes())
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(event_routes(events), prefix="/v1", dependencies=protected)
-    app.include_router(lora_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(lora_routes(state, registry), prefix="/v1", dependencies=protected)
     app.include_router(video_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(image_job_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)

@@ -49,7 +49,7 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
                       f"events)", "stream")
     key = idempotency_key(request)
     webhook = check_webhook(req.webhook)
-    resolved = resolve_all(state, params)
+    resolved = await resolve_all(state, params)
     route = "edits" if sent is not None else "generations"
     body = dict(sent.fields) if sent is not None else req.model_dump(exclude_none=True)
     pictures = {} if sent is None else {"image": sent.image, **({"mask": sent.mask} if sent.mask else {})}

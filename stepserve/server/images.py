@@ -37,11 +37,12 @@ def preview_steps(num_inference_steps: int, partial_images: int) -> frozenset[in
     return frozenset(s for s in steps if 1 <= s < num_inference_steps)
 
 
-def resolve_all(state: ServerState, params: Sequence[SamplingParams]) -> list:
+async def resolve_all(state: ServerState, params: Sequence[SamplingParams]) -> list:
     """Every image checked against the model (defaults filled in, a seed drawn where none was given), or the 400 the
     first bad one stands for; a group larger than the queue could ever hold is a 400 too."""
     engine = state.engine
     try:
+        await engine.resolve_adapters(params)  # adapters registered through another replica: looked up once
         resolved = [resolve_params(p, engine.model_info) for p in params]
     except SizeError as exc:  # the caller sent one "size", not a height and a width
         raise errors.invalid(_size_message(exc, engine), "size") from None
@@ -61,7 +62,7 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
     """Validate every image, then admit the group atomically: a 429 leaves nothing of it in the engine. An
     admission rule that replays the queue (slo) runs off the event loop."""
     engine = state.engine
-    resolved = resolve_all(state, params)
+    resolved = await resolve_all(state, params)
     previews = [preview_steps(p.num_inference_steps, partial_images) for p in resolved]
     try:
         return await engine.submit_many_off_loop(resolved, previews, stream=stream)

@@ -1,6 +1,5 @@
 """The jobs of one app (stepserve/jobs/ over the server's kinds): the store and results folder it was given (by
-default an in-memory store and a temporary folder of its own, both closed with the app: a test, or `--state
-memory`), the kinds this model makes (async images; videos on a video model), how many jobs this process runs at
+default a temporary folder of its own, removed with the app: a test, or `--state memory`), the kinds this model makes (async images; videos on a video model), how many jobs this process runs at
 once (ServerLimits.max_running_jobs, by default the engine's max_batch_size) and its owner id in the store."""
 
 from __future__ import annotations
@@ -12,20 +11,15 @@ import socket
 from ..jobs.notify import webhook_sender
 from ..jobs.service import Jobs
 from ..store.base import Store
-from ..store.memory import MemoryStore
 from ..store.results import Results
 from .image_jobs import ImageKind
 from .state import ServerState
 from .video_jobs import VideoKind
 
 
-def attach_jobs(state: ServerState, store: Store | None = None, results: Results | None = None,
-                owner: str | None = None, webhook_secret: str | None = None, lease_s: float = 30.0,
-                poll_s: float = 1.0) -> Jobs:
+def attach_jobs(state: ServerState, store: Store, results: Results | None = None, owner: str | None = None,
+                webhook_secret: str | None = None, lease_s: float = 30.0, poll_s: float = 1.0) -> Jobs:
     closers = []
-    if store is None:
-        store = MemoryStore()
-        closers.append(store.close)
     if results is None:
         results = Results.in_temporary_folder()
         closers.append(results.close)

@@ -1,13 +1,19 @@
 """The LoRA adapter endpoints (behind the API key): list, load from the adapter folder, delete while serving.
 
-    GET    /v1/loras           {"object": "list", "data": [{"name", "path", "rank", "layers", "bytes"}]}
+    GET    /v1/loras           {"object": "list", "data": [{"name", "path", "rank", "layers", "bytes", ...,
+                               "registered", "replicas"}]}: the folder's adapters and the registrations, each with
+                               the replicas holding it loaded now (details null where none does)
     POST   /v1/loras           {"name": ..., "path": ...} (Content-Type: application/json, at most 4 KiB): a file
-                               inside the server's --lora-dir (a path relative to it, or absolute inside it); 201
-                               with the adapter
-    DELETE /v1/loras/{name}    new requests naming it are refused at once; it is unloaded when no request in the
-                               engine carries it any more (at most 60 s), between two steps. The answer says what
-                               happened: {"deleted", "reloadable", "detail"} (an adapter whose file is in the
+                               inside the server's --lora-dir (a path relative to it, or absolute inside it),
+                               loaded here, then registered in the state store for every replica; 201 with the
+                               adapter
+    DELETE /v1/loras/{name}    the registration is marked deleted (every replica refuses it within a few seconds);
+                               here new requests naming it are refused at once and it is unloaded when no request
+                               in the engine carries it any more (at most 60 s), between two steps. The answer says
+                               what happened: {"deleted", "reloadable", "detail"} (an adapter whose file is in the
                                folder stays servable: it loads again when a request names it)
+
+Replicas share the registrations through lora_registry.py.
 
 Statuses come from the adapter errors' types (stepserve/lora/errors.py), the field from their `param`.
 """
@@ -68,9 +74,12 @@ def parse_load(raw: bytes) -> tuple[str, str]:
 
 
 def deletion_body(done: Deletion) -> dict:
-    if not done.unloaded:
+    if not done.unloaded and done.reloadable:
         detail = ("it was not loaded (unloaded earlier to make room, or never used); its file in the adapter folder "
                   "loads again when a request names it")
+    elif not done.unloaded:
+        detail = ("it was not loaded (unloaded earlier to make room, or never used); requests naming it are refused "
+                  "until POST /v1/loras loads it again")
     elif done.reloadable:
         detail = "unloaded; its file in the adapter folder loads again when a request names it"
     else:
@@ -78,7 +87,8 @@ def deletion_body(done: Deletion) -> dict:
     return {"deleted": done.name, "reloadable": done.reloadable, "detail": detail}
 
 
-def lora_routes(state) -> APIRouter:
+def lora_routes(state, registry) -> APIRouter:
+    """`registry` (lora_registry.py): the registrations in the state store, shared by every replica."""
     router = APIRouter()
 
     def store():
@@ -89,9 +99,7 @@ def lora_routes(state) -> APIRouter:
 
     @router.get("/loras")
     async def list_loras() -> dict:
-        adapters = store()
-        return {"object": "list", "data": [asdict(a) for n, a in sorted(adapters.adapters.items())
-                                           if n in adapters.names]}
+        return {"object": "list", "data": await registry.listing(store())}
 
     @router.post("/loras")
     async def load_lora(request: Request) -> JSONResponse:
@@ -107,18 +115,36 @@ def lora_routes(state) -> APIRouter:
         if store().root is None:
             raise invalid("adapters are loaded only from a folder the server names: start it with --lora-dir DIR",
                           "path")
+        taken = await registry.registration(name)
+        if taken is not None:
+            raise lora_error(LoraInUseError(f"adapter {name!r} is registered already (from {taken.path}); delete it "
+                                            f"first to load another file as it"))
         try:
             info = await state.engine.load_adapter(name, path)
         except LoraError as exc:
             raise lora_error(exc) from None
+        try:
+            await registry.register(name, info.path)  # every replica serves it from now on
+        except Exception as exc:  # noqa: BLE001 - the state store unreachable: served nowhere, this replica included
+            await state.engine.delete_adapter(name)
+            raise APIError(503, f"adapter {name!r} was not registered: the state store could not be written "
+                                f"({type(exc).__name__}); retry later", type="server_error",
+                           code="state_unavailable", headers={"Retry-After": "1"}) from None
         return JSONResponse(asdict(info), status_code=201)
 
     @router.delete("/loras/{name}")
     async def delete_lora(name: str) -> dict:
         store()
+        record = await registry.unregister(name)  # first: every replica refuses it from its next sync
         try:
             return deletion_body(await state.engine.delete_adapter(name))
+        except LoraNotFoundError as exc:
+            if record is None:
+                raise lora_error(exc, not_found=404) from None
+            return deletion_body(Deletion(name, unloaded=False, reloadable=name in store().names))
         except LoraError as exc:
+            if record is not None:  # still served here: registered again
+                await registry.restore(record)
             raise lora_error(exc, not_found=404) from None
 
     return router

@@ -60,7 +60,7 @@ def video_routes(state: ServerState) -> APIRouter:
                 check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
             except EncoderMissing as exc:
                 raise errors.APIError(501, str(exc), type="server_error", code="video_encoder_missing") from None
-            resolved, = resolve_all(state, [params])  # the checks an engine request meets (400s), and the seed
+            resolved, = await resolve_all(state, [params])  # the checks an engine request meets (400s), and the seed
             sent = req.model_dump(exclude_none=True)
             job = JobRecord(new_id("video"), "video", {"body": {**sent, "seed": resolved.seed}}, 0.0,
                             webhook=webhook, idempotency_key=None if key is None else f"video:{key}",

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from .base import (COMPLETED, FAILED, FINISHED, IN_PROGRESS, KINDS, QUEUED, AdapterRecord, JobRecord,  # noqa: F401
-                   Store)
+                   Store, StoreError)
 
 STATE_ENV = "STEPSERVE_STATE"
 SCHEMES = "memory, sqlite:///PATH or redis://HOST:PORT/DB"

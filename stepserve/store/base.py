@@ -56,6 +56,25 @@ class JobRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+JOB_FIELDS = frozenset(f.name for f in fields(JobRecord))
+FIXED_FIELDS = ("id", "idempotency_key")  # set at creation, never changed
+
+
+def check_changes(changes: dict[str, Any]) -> None:
+    """update_job's changes name fields of a job other than id and idempotency_key; else ValueError (before any
+    is applied)."""
+    bad = sorted(name for name in changes if name not in JOB_FIELDS or name in FIXED_FIELDS)
+    if bad:
+        allowed = ", ".join(sorted(JOB_FIELDS.difference(FIXED_FIELDS)))
+        raise ValueError(f"a job has no field {bad[0]!r} to change; allowed: {allowed}")
+
+
+class StoreError(ValueError):
+    """A store that cannot be used as asked: a file of a newer schema or not a database, a server that cannot be
+    reached. Its message names the file or host:port (never a password) and is meant to be shown as one line. A
+    ValueError, like a malformed URL, so that whatever turns a bad `--state` into one line catches both."""
+
+
 @dataclass
 class AdapterRecord:
     name: str

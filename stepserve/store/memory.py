@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .base import FINISHED, KINDS, QUEUED, AdapterRecord, JobRecord
+from .base import FINISHED, KINDS, QUEUED, AdapterRecord, JobRecord, check_changes
 
 
 class MemoryStore:
@@ -49,13 +49,16 @@ class MemoryStore:
             return [copy.deepcopy(j) for j in jobs[:limit]]
 
     def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
+        check_changes(changes)
+        return self._update(job_id, owner, changes)
+
+    def _update(self, job_id: str, owner: str | None, changes: dict[str, Any]) -> JobRecord | None:
+        """update_job with the changes as a dict, which may change the owner itself (release_job)."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None or (owner is not None and job.owner != owner):
                 return None
             for name, value in changes.items():
-                if not hasattr(job, name) or name in ("id", "idempotency_key"):
-                    raise ValueError(f"a job has no field {name!r} to change")
                 setattr(job, name, copy.deepcopy(value))
             return copy.deepcopy(job)
 
@@ -73,7 +76,7 @@ class MemoryStore:
             return None
 
     def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        return self.update_job(job_id, owner, owner=None, lease_until=0.0, status=QUEUED, progress=0)
+        return self._update(job_id, owner, {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0})
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         with self._lock:

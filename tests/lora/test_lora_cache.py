@@ -49,7 +49,11 @@ def test_first_use_loads_and_the_least_recently_used_idle_one_makes_room(folder)
         make("chalk")  # ink is now the least recently used
         oil = make("oil")  # loaded on first use; ink unloaded for room
         assert sorted(store.adapters) == ["chalk", "oil"] and store.evictions == 1
-        assert sorted(a["name"] for a in client.get("/v1/loras").json()["data"]) == ["chalk", "oil"]
+        listed = client.get("/v1/loras").json()["data"]  # every servable adapter, and where it is loaded now
+        assert [a["name"] for a in listed] == ["chalk", "ink", "oil"]
+        here = client.app.state.lora_registry.replica
+        assert [a["name"] for a in listed if here in a["replicas"]] == ["chalk", "oil"]
+        assert [a["rank"] for a in listed] == [4, None, 4]  # details where a replica holds it loaded
         make("ink")  # back again: chalk goes
         assert sorted(store.adapters) == ["ink", "oil"]
         assert make("oil") == oil  # the same image after all that loading and unloading

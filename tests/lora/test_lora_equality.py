@@ -10,12 +10,9 @@ from stepserve import Engine, SamplingParams
 from stepserve.tiny.lora import build_tiny_lora
 
 from extras import require
+from lora_reference import diffusers_sd, pixels
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
-
-
-def pixels(image) -> np.ndarray:
-    return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +26,6 @@ def sd(tiny_sd_path, tmp_path_factory):
     for name, path in files.items():
         engine.executor.adapters().load(name, path)
     return engine, files
-
-
-def diffusers_sd(path, files, p: SamplingParams, loras) -> np.ndarray:
-    import diffusers
-
-    pipe = diffusers.StableDiffusionPipeline.from_pretrained(path, safety_checker=None)
-    pipe.set_progress_bar_config(disable=True)
-    pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
-    for name, _ in loras:
-        pipe.load_lora_weights(str(files[name]), adapter_name=name)
-    if loras:
-        pipe.set_adapters([n for n, _ in loras], [s for _, s in loras])
-    image = pipe(p.prompt, height=16, width=16, num_inference_steps=p.num_inference_steps,
-                 guidance_scale=p.guidance_scale, generator=torch.Generator("cpu").manual_seed(p.seed),
-                 output_type="np").images[0]
-    return (image * 255).round().astype(np.int16)
 
 
 CASES = [(("a", 1.0),), (("b", 0.6),), (("a", 0.7), ("b", 0.5)), (("c", -1.5), ("a", 2.0))]

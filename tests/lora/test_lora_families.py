@@ -10,12 +10,9 @@ from stepserve import Engine, SamplingParams
 from stepserve.tiny.lora import build_tiny_lora
 
 from extras import require
+from lora_reference import pixels
 
 pytestmark = pytest.mark.usefixtures("batching_pays")
-
-
-def pixels(image) -> np.ndarray:
-    return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
 def _sdxl(path):

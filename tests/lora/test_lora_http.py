@@ -175,3 +175,25 @@ def test_delete_says_what_happened_and_an_evicted_folder_adapter_is_no_404(tmp_p
         missing = client.delete("/v1/loras/nope")
     error = assert_error_shape(missing, 404)
     assert error["code"] == "lora_not_found" and "nope" in error["message"]
+
+
+def test_delete_of_a_posted_adapter_unloaded_for_room_forgets_it(tmp_path):
+    """An adapter loaded by POST from a file that is not the folder's file of its name, and unloaded since to make
+    room, is still servable (it reloads from its file): DELETE forgets it (it was a 404, and requests naming it
+    went on loading it)."""
+    build_tiny_lora("embedded", tmp_path / "ink.safetensors", seed=0, rank=4, std=0.3)
+    build_tiny_lora("embedded", tmp_path / "spare" / "oil.safetensors", seed=1, rank=4, std=0.3)
+    built = build_engine(EngineConfig(model="embedded", memory_cap=False, warm_up=False, lora_dir=str(tmp_path),
+                                      lora_memory_mb=1.5 * RANK4_BYTES / 2**20,
+                                      options=EngineOptions(strategy="continuous")), say=lambda _: None)
+    store = built.executor.adapters()
+    with TestClient(create_app(AsyncEngine(built.executor, options=built.options))) as client:
+        assert client.post("/v1/loras", json={"name": "paint", "path": "spare/oil.safetensors"}).status_code == 201
+        assert generate(client, loras=[{"name": "ink"}]).status_code == 200
+        assert sorted(store.adapters) == ["ink"] and "paint" in store.names  # unloaded for room, still servable
+        deleted = client.delete("/v1/loras/paint")
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json()["reloadable"] is False and "refused" in deleted.json()["detail"]
+        refused = generate(client, loras=[{"name": "paint"}])
+        assert refused.status_code == 400 and "adapter 'paint' is not loaded" in refused.text
+        assert "paint" not in store.names and sorted(store.adapters) == ["ink"]  # nothing loaded for it

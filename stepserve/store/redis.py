@@ -1,0 +1,148 @@
+"""The state store in Redis (`redis://[:PASSWORD@]HOST:PORT/DB`, `rediss://` for TLS): replicas on several machines.
+
+Every key starts with a prefix (`stepserve:` unless told otherwise), so a shared Redis can hold other things:
+  job:ID       a hash, one JSON value per JobRecord field (and `_idem`: the key of its idempotency entry)
+  jobs, jobs:KIND   every job / every job of a kind, scored by created_at (list_jobs)
+  open         the unfinished jobs, scored by created_at (claim_job scans it, oldest first)
+  done         the finished jobs, scored by completed_at (sweep)
+  idem:KEY     an idempotency key's job id
+  adapter:NAME a hash, one JSON value per AdapterRecord field; adapters: their names
+  replica:NAME a replica's publication (expires by itself); replicas: the names, scored by when they expire
+
+Every method that reads and then writes is one Lua script, which Redis runs atomically. Not WATCH/MULTI: that is
+optimistic, so replicas claiming at the same moment would retry in a loop, one round trip per try, and the claim
+scan reads keys it cannot know before it starts. A script takes one round trip, never retries, and reads the
+server's own clock (TIME), so that replicas on several machines agree on leases whatever their own clocks say.
+The scripts build key names from the prefix: a standalone Redis (or a primary with replicas), not Redis Cluster.
+All JSON is written by Python (the scripts only compare and copy it; numbers they make are printed with 17 digits).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ..util.extras import require_extra
+from .base import KINDS, QUEUED, AdapterRecord, JobRecord, StoreError, check_changes
+from .redis_scripts import COMMON, SCRIPTS
+
+PREFIX = "stepserve:"
+
+
+def without_password(url: str) -> str:
+    """The URL with any password left out (in the user part or a `password=` query parameter)."""
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    netloc = f"{user}@{hostport}" if at and user else hostport
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _fields(record: JobRecord | AdapterRecord) -> list[str]:
+    return [item for name, value in record.to_dict().items() for item in (name, json.dumps(value))]
+
+
+def _decode(cls, flat: list[str] | None):
+    if not flat:
+        return None
+    pairs = iter(flat)
+    return cls.from_dict({name: json.loads(value) for name, value in zip(pairs, pairs) if not name.startswith("_")})
+
+
+class RedisStore:
+    def __init__(self, url: str, prefix: str = PREFIX, connect_timeout_s: float = 5.0,
+                 timeout_s: float = 30.0) -> None:
+        self.url = without_password(url)
+        scheme = urlsplit(url).scheme or "redis"
+        require_extra("redis", f"--state {scheme}://...", "redis")
+        import redis
+
+        self.prefix = prefix
+        secret = urlsplit(url).password
+        try:
+            parts = urlsplit(url)
+            where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+            self._redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=connect_timeout_s,
+                                               socket_timeout=timeout_s)
+        except ValueError as exc:
+            raise ValueError(f"state {self.url}: {_scrub(str(exc), secret)}") from None
+        try:
+            self._redis.ping()
+        except redis.RedisError as exc:
+            self._redis.close()
+            raise StoreError(f"state {self.url}: cannot reach Redis at {where}: {_scrub(str(exc), secret)}") from None
+        self._scripts = {name: self._redis.register_script(COMMON + body) for name, body in SCRIPTS.items()}
+
+    def _run(self, script: str, *args: Any):
+        return self._scripts[script](args=(self.prefix, *args))
+
+    def now(self) -> float:
+        seconds, micros = self._redis.time()
+        return seconds + micros / 1e6
+
+    def create_job(self, job: JobRecord) -> tuple[JobRecord, bool]:
+        fields = _fields(job)
+        idem = "" if job.idempotency_key is None else f"{self.prefix}idem:{job.idempotency_key}"
+        answer = self._run("create", job.id, idem, *fields)
+        if answer[0] == 0:
+            return _decode(JobRecord, answer[1]), False
+        if answer[0] == -1:
+            raise ValueError(f"job {job.id!r} exists already")
+        return _decode(JobRecord, fields), True
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        found = self._redis.hgetall(f"{self.prefix}job:{job_id}")
+        return _decode(JobRecord, [item for pair in found.items() for item in pair])
+
+    def list_jobs(self, kind: str | None = None, limit: int = 100) -> list[JobRecord]:
+        if limit <= 0:
+            return []
+        return [_decode(JobRecord, flat) for flat in self._run("list", kind or "", limit) if flat]
+
+    def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
+        check_changes(changes)
+        return self._update(job_id, owner, changes)
+
+    def _update(self, job_id: str, owner: str | None, changes: dict[str, Any]) -> JobRecord | None:
+        fence = "" if owner is None else json.dumps(owner)
+        pairs = [item for name, value in changes.items() for item in (name, json.dumps(value))]
+        return _decode(JobRecord, self._run("update", job_id, fence, *pairs))
+
+    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS,
+                  job_id: str | None = None) -> JobRecord | None:
+        return _decode(JobRecord, self._run("claim", json.dumps(owner), repr(float(lease_s)), job_id or "", *kinds))
+
+    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
+        return self._update(job_id, owner, {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0})
+
+    def delete_job(self, job_id: str) -> JobRecord | None:
+        return _decode(JobRecord, self._run("delete", job_id))
+
+    def sweep(self, finished_before: float) -> list[JobRecord]:
+        return [_decode(JobRecord, flat) for flat in self._run("sweep", repr(float(finished_before)))]
+
+    def register_adapter(self, record: AdapterRecord) -> None:
+        self._run("register", record.name, *_fields(record))
+
+    def adapters(self) -> list[AdapterRecord]:
+        return [_decode(AdapterRecord, flat) for flat in self._run("adapters") if flat]
+
+    def delete_adapter(self, name: str) -> AdapterRecord | None:
+        return _decode(AdapterRecord, self._run("delete_adapter", name))
+
+    def publish(self, replica: str, info: dict[str, Any], ttl_s: float) -> None:
+        self._run("publish", replica, json.dumps(info), repr(float(ttl_s)))
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        flat = self._run("replicas")
+        pairs = iter(flat)
+        return {name: json.loads(info) for name, info in sorted(zip(pairs, pairs))}
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def _scrub(message: str, secret: str | None) -> str:
+    return message.replace(secret, "***") if secret else message
