@@ -10,30 +10,9 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
-from ..store.base import JobRecord, Store
+from ..store.base import JobRecord
 
 log = logging.getLogger("stepserve.jobs")
-
-
-def webhook_sender(store: Store, secret: str | None) -> Any:
-    """The sender jobs notify through (stepserve/jobs/webhooks.py)."""
-    try:
-        from .webhooks import WebhookSender
-    except ImportError:
-        return Undelivered()
-    return WebhookSender(store, secret)
-
-
-class Undelivered:
-    """Stands in for the sender where webhooks.py is not part of the package: says once that nothing is sent."""
-
-    def __init__(self) -> None:
-        self.said = False
-
-    async def deliver(self, job: JobRecord, payload: dict, owner: str) -> None:
-        if not self.said:
-            self.said = True
-            log.warning("job %s names a webhook, but this server has no webhook sender: nothing is sent", job.id)
 
 
 def payload(event: str, job: JobRecord, data: dict[str, Any]) -> dict[str, Any]:

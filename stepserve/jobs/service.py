@@ -33,13 +33,14 @@ def new_id(prefix: str) -> str:
 class Jobs:
     def __init__(self, engine: AsyncEngine, store: Store, results: Results, owner: str,
                  kinds: Mapping[str, JobKind], *, max_running: int, lease_s: float = 30.0, poll_s: float = 1.0,
-                 sender=None, sweep_every_s: float = SWEEP_EVERY_S,
+                 sender=None, webhook_secret: str | None = None, sweep_every_s: float = SWEEP_EVERY_S,
                  on_close: Callable[[], None] | None = None) -> None:
         self.store, self.results, self.kinds = store, results, dict(kinds)
         self.changes = Changes()
         self.runner = JobRunner(engine, store, results, owner, kinds, max_running=max_running, lease_s=lease_s,
                                 poll_s=poll_s, changes=self.changes, sender=sender)
         self.sweep_every_s = sweep_every_s
+        self.webhook_secret = webhook_secret  # what webhooks are signed with (a job naming one needs it)
         self.on_close = on_close  # closes what the app opened for itself (a memory store, a temporary folder)
         self._sweeper: asyncio.Task | None = None
 

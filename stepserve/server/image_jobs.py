@@ -48,7 +48,7 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
         raise invalid(f"stream: not with 'Prefer: respond-async'; follow the job's events instead ({JOBS}/{{id}}/"
                       f"events)", "stream")
     key = idempotency_key(request)
-    webhook = check_webhook(req.webhook)
+    webhook = check_webhook(req.webhook, state.jobs.webhook_secret)
     resolved = await resolve_all(state, params)
     route = "edits" if sent is not None else "generations"
     body = dict(sent.fields) if sent is not None else req.model_dump(exclude_none=True)

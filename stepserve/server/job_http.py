@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 
 from ..jobs.service import JobsFull
+from ..jobs.webhooks import WebhookSecretError, require_secret
 from ..store.base import JobRecord
 from . import errors
 from .errors import APIError, invalid
@@ -50,8 +51,9 @@ def prefers_async(request: Request) -> bool:
     return any(p.split(";", 1)[0].split("=", 1)[0].strip().lower() == "respond-async" for p in prefer.split(","))
 
 
-def check_webhook(url: str | None) -> dict[str, Any] | None:
-    """The job's webhook state for a valid `webhook` field (None when there is none); a 400 otherwise."""
+def check_webhook(url: str | None, secret: str | None) -> dict[str, Any] | None:
+    """The job's webhook state for a valid `webhook` field (None when there is none); a 400 otherwise, and on a
+    server without a webhook secret (nothing is sent unsigned)."""
     if url is None:
         return None
     allowed = f"allowed: an http:// or https:// URL of at most {MAX_WEBHOOK_CHARS} characters"
@@ -65,7 +67,11 @@ def check_webhook(url: str | None) -> dict[str, Any] | None:
         host = None
     if parts.scheme not in ("http", "https") or not host or not _PRINTABLE.fullmatch(url) or " " in url:
         raise invalid(f"webhook: {url[:80]!r} is not a valid URL; {allowed}", "webhook", "invalid_webhook")
-    return {"url": url, "state": "pending", "attempts": 0, "last_error": None}
+    try:
+        require_secret(secret)
+    except WebhookSecretError as exc:
+        raise invalid(str(exc), "webhook", "webhook_secret_missing") from None
+    return {"url": url, "state": "pending", "attempts": 0, "last_error": None, "delivered_at": None}
 
 
 def fingerprint(request: Any) -> str:

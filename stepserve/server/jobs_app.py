@@ -8,8 +8,8 @@ import os
 import secrets
 import socket
 
-from ..jobs.notify import webhook_sender
 from ..jobs.service import Jobs
+from ..jobs.webhooks import WebhookSender
 from ..store.base import Store
 from ..store.results import Results
 from .image_jobs import ImageKind
@@ -29,6 +29,6 @@ def attach_jobs(state: ServerState, store: Store, results: Results | None = None
         kinds["video"] = VideoKind(state)
     state.jobs = Jobs(engine, store, results, owner or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}",
                       kinds, max_running=state.limits.max_running_jobs or engine.options.max_batch_size,
-                      lease_s=lease_s, poll_s=poll_s, sender=webhook_sender(store, webhook_secret),
-                      on_close=lambda: [close() for close in closers])
+                      lease_s=lease_s, poll_s=poll_s, sender=WebhookSender(store, webhook_secret, lease_s=lease_s),
+                      webhook_secret=webhook_secret, on_close=lambda: [close() for close in closers])
     return state.jobs

@@ -54,8 +54,8 @@ def video_routes(state: ServerState) -> APIRouter:
             else:
                 check_json(request, also="or multipart/form-data")
                 req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
-            webhook = check_webhook(req.webhook)
             params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
+            webhook = check_webhook(req.webhook, state.jobs.webhook_secret)
             try:
                 check_encoder()  # before any work: a server without the video extra cannot answer with an MP4
             except EncoderMissing as exc:

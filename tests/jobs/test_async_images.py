@@ -97,9 +97,20 @@ def test_a_request_without_a_seed_gets_one_kept_with_the_job(embedded):
 ])
 def test_bad_requests_are_400_and_make_no_job(embedded, body, headers, param, says):
     store = MemoryStore()
-    with app_client(embedded, store=store) as c:
+    with app_client(embedded, store=store, webhook_secret="s3cret") as c:
         error = assert_error_shape(c.post(GENERATIONS, json=body, headers=headers), 400)
     assert error["param"] == param and says in error["message"], error
+    assert store.list_jobs() == []
+
+
+def test_a_webhook_needs_a_server_with_a_webhook_secret(embedded):
+    store = MemoryStore()
+    with app_client(embedded, store=store) as c:
+        answer = c.post(GENERATIONS, json={"prompt": "a", "webhook": "https://example.com/x"}, headers=ASYNC)
+        video = c.post("/v1/videos", json={"prompt": "a", "webhook": "https://example.com/x"})
+    error = assert_error_shape(answer, 400)
+    assert error["param"] == "webhook" and "no webhook secret" in error["message"], error
+    assert assert_error_shape(video, 400)["param"] == "model"  # the embedded model makes no videos: checked first
     assert store.list_jobs() == []
 
 

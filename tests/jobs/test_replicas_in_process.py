@@ -38,6 +38,7 @@ def test_a_delete_through_another_process_stops_the_job_within_two_steps(wan_exe
             job = a.post("/v1/videos", json=SLOW).json()
             assert gate.wait_held(), "the job never reached its first step"
             gate.allow(3)
+            assert wait_until(lambda: gate.steps == 3 and gate.held, 240)  # three steps run, the fourth held
             assert wait_until(lambda: b.get(f"/v1/videos/{job['id']}").json()["progress"] > 0, 240)
             assert b.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"  # any process answers
             request_id = store.get_job(job["id"]).meta["request_ids"][0]
@@ -167,7 +168,7 @@ def test_a_full_engine_queue_hands_the_job_back_for_later(wan_executors, tmp_pat
 def test_a_finished_job_with_a_webhook_is_notified_once(wan_executors, tmp_path):
     store = MemoryStore()
     hook = {"webhook": "http://127.0.0.1:9/hook"}
-    with app_client(wan_executors[0], store=store) as a:
+    with app_client(wan_executors[0], store=store, webhook_secret="s3cret") as a:
         sender = a.app.state.server.jobs.runner.sender = RecordingSender()
         done = a.post("/v1/videos", json={**QUICK, **hook}).json()
         failed = a.post("/v1/videos", json={**QUICK, **hook, "timeout_s": 1e-6}).json()  # its deadline passes
