@@ -1,10 +1,20 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 # OpenMP's threads sleep when they wait instead of spinning: with the cores shared (another test run, a server this
 # suite started, the other developers' work), spinning threads took the CPU from the ones with work to do and made
 # compute-bound tests several times slower (a LoRA test: 26 s with passive waits, 120 s spinning, beside a busy
 # loop). Set before torch loads its OpenMP runtime; the servers and commands the tests start inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# `stepserve serve` keeps its state (jobs, adapter registrations) in the user's state directory by default: the
+# servers the tests start keep theirs in a folder of this test session's own, removed at its end, and never read a
+# STEPSERVE_STATE set for real use.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="stepserve-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
+os.environ.pop("STEPSERVE_STATE", None)
 
 import torch  # noqa: E402
 

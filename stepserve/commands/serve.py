@@ -20,7 +20,8 @@ from ..util.extras import MissingExtraError
 from ..engine.loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
-from ..server.startup import ServeSettings, StartupError, ready_line, start_engine
+from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
+from .state_flags import add_state_flags, state_settings
 from .flags import (OneLineParser, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
                     check_cache_and_lora_flags, engine_config, float_from, int_from)
 
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-access-log", action="store_true",
                    help="no log line per image or video request (method, path, status, outcome, latency, steps, "
                         "batch sizes)")
+    add_state_flags(p)
     return p
 
 
@@ -173,7 +175,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(config, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), api_key,
                          args.shutdown_grace_s, args.host, args.port,
                          api_key_file=os.path.abspath(args.api_key_file) if args.api_key_file else None,
-                         cors_origins=tuple(args.cors_origin or ()), access_log=not args.no_access_log)
+                         cors_origins=tuple(args.cors_origin or ()), access_log=not args.no_access_log,
+                         **state_settings(args))
 
 
 def log_to_stderr(level: str) -> None:
@@ -219,7 +222,7 @@ def claim_port(host: str, port: int) -> socket.socket:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    sock = None
+    sock = store = results = None
     try:
         if replica_mode(args):
             from ..server.ray.options import plan_replicas
@@ -231,14 +234,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise StartupError(f"--replicas needs Ray Serve: install stepserve[ray] ({exc})") from None
             if args.ray_address is None:  # a local cluster: Ray's proxy will bind the port; is it free now?
                 claim_port(args.host, args.port).close()
-            return serve_replicas(serve_settings(args), plan)
+            settings = serve_settings(args)
+            say(state_line(settings, settings.results_dir or "each replica's results folder", replicas=True))
+            return serve_replicas(settings, plan)
         check_model(args.model)
         sock = claim_port(args.host, args.port)  # before anything loads (or exports)
         settings = serve_settings(args)
+        store, results = open_state(settings)  # a state that cannot be opened fails before the model loads
         engine = start_engine(settings.engine)
     except StartupError as exc:
         if sock is not None:
             sock.close()
+        if store is not None:
+            store.close()
+            results.close()
         print(f"stepserve serve: error: {exc}", file=sys.stderr)
         return 2
     from ..server.app import create_app
@@ -247,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     name = engine.model_info.name
     app = create_app(engine, api_key=settings.api_key, limits=settings.limits,
                      shutdown_grace_s=settings.shutdown_grace_s, cors_origins=settings.cors_origins,
-                     access_log=settings.access_log)
+                     access_log=settings.access_log, store=store, results=results,
+                     owner=f"{socket.gethostname()}:{args.port}",  # the same after a restart: its jobs come back
+                     webhook_secret=settings.webhook_secret, job_lease_s=settings.job_lease_s)
     log_to_stderr(args.log_level)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
@@ -260,11 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     if settings.api_key:
         extras.append("API key required" + (f" (from {settings.api_key_file})" if settings.api_key_file else ""))
     details = f"strategy {args.strategy}, max batch {args.max_batch_size}{''.join(', ' + e for e in extras)}"
+    say(state_line(settings, results.root))
     print(f"stepserve serve: {ready_line(name, args.host, args.port, details)}", file=sys.stderr, flush=True)
     try:
         DrainingServer(config, app, args.shutdown_grace_s).run(sockets=[sock])
     finally:
         sock.close()
+        store.close()
+        results.close()  # a temporary folder (--state memory) goes; any other stays
     return 0
 
 

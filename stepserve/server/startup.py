@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 
 from ..util.api_key import API_KEY_ENV, resolve_api_key
 
+WEBHOOK_SECRET_ENV = "STEPSERVE_WEBHOOK_SECRET"
+
 from ..engine.config import EngineConfig, build_engine
 from .schemas import ServerLimits
 
@@ -25,14 +27,23 @@ class ServeSettings:
     cors_origins: tuple[str, ...] = ()  # web origins allowed to call the API from a browser
     api_key_required: bool = False  # a replica: a key must be found where it starts (never travels in here)
     access_log: bool = True  # one line per image or video request (a replica leaves it to Ray Serve, which logs each)
+    state_url: str = "memory"  # the state store (jobs, adapter registrations): each process opens it itself
+    results_dir: str | None = None  # the jobs' results; None: results/ in the state directory (memory: a temporary one)
+    keep_results_h: float = 24.0  # finished jobs and their files are swept this long after they finish
+    job_lease_s: float = 30.0  # a running job's lease (a dead process's jobs are taken up once it passes)
+    webhook_secret: str | None = None  # signs webhooks (never travels to a replica: see for_replicas)
+    webhook_secret_required: bool = False  # a replica: the secret must be found where it starts
 
 
 def for_replicas(settings: ServeSettings) -> ServeSettings:
-    """The settings that travel to Ray Serve replicas: without the key itself (deployment arguments are pickled
-    and stored by Ray). Each replica finds the key where it starts: replica_api_key()."""
-    if settings.api_key is None:
-        return settings
-    return replace(settings, api_key=None, api_key_required=True)
+    """The settings that travel to Ray Serve replicas: without the key and the webhook secret themselves
+    (deployment arguments are pickled and stored by Ray). Each replica finds them where it starts:
+    replica_api_key(), replica_webhook_secret()."""
+    if settings.api_key is not None:
+        settings = replace(settings, api_key=None, api_key_required=True)
+    if settings.webhook_secret is not None:
+        settings = replace(settings, webhook_secret=None, webhook_secret_required=True)
+    return settings
 
 
 def replica_api_key(settings: ServeSettings) -> str | None:
@@ -49,6 +60,50 @@ def replica_api_key(settings: ServeSettings) -> str | None:
         raise StartupError(f"the server requires an API key but this replica finds none: set {API_KEY_ENV} where "
                            f"the Ray cluster starts, or give --api-key-file on a path every node can read")
     return key
+
+
+def replica_webhook_secret(settings: ServeSettings) -> str | None:
+    """In a replica: the webhook secret from its own STEPSERVE_WEBHOOK_SECRET (a local cluster inherits `serve`'s);
+    StartupError when one was set for the server but this replica finds none."""
+    if not settings.webhook_secret_required:
+        return settings.webhook_secret
+    secret = os.environ.get(WEBHOOK_SECRET_ENV) or None
+    if secret is None:
+        raise StartupError(f"the server signs webhooks but this replica finds no secret: set {WEBHOOK_SECRET_ENV} "
+                           f"where the Ray cluster starts")
+    return secret
+
+
+def open_state(settings: ServeSettings):
+    """(the state store, the results folder) the settings name; StartupError in one line when either cannot be
+    opened. Memory: a temporary results folder unless --results names one (removed at close() then)."""
+    from ..store import open_store, state_dir
+    from ..store.results import Results
+
+    try:
+        store = open_store(settings.state_url)
+    except (ValueError, ImportError, OSError) as exc:  # StoreError and a missing extra are ValueErrors
+        raise StartupError(f"--state {settings.state_url}: {exc}") from None
+    keep_s = settings.keep_results_h * 3600.0
+    try:
+        if settings.results_dir is None and settings.state_url == "memory":
+            return store, Results.in_temporary_folder(keep_s)
+        return store, Results(settings.results_dir or state_dir() / "results", keep_s)
+    except OSError as exc:
+        store.close()
+        raise StartupError(f"--results {settings.results_dir or state_dir() / 'results'}: cannot use the folder: "
+                           f"{exc.strerror or exc}") from None
+
+
+def state_line(settings: ServeSettings, results_root, replicas: bool = False) -> str:
+    """What the start-up says of the state: which store, which results folder, how long results are kept."""
+    where = "a temporary folder" if settings.results_dir is None and settings.state_url == "memory" else results_root
+    line = f"jobs: state {settings.state_url}, results in {where} (kept {settings.keep_results_h:g} h)"
+    if settings.state_url == "memory":
+        line += (" - warning: with --state memory each replica keeps its own jobs and adapters (a poll that reaches "
+                 "another replica finds nothing); give --state sqlite:///PATH or redis://..." if replicas else
+                 "; nothing survives a restart")
+    return line
 
 
 class StartupError(Exception):
