@@ -20,7 +20,7 @@ VIEWERS_RETRY_S = 10  # Retry-After for the viewer past the cap: a place frees w
 QUEUE = 256  # batches a viewer may fall behind by before the oldest are dropped
 KEEPALIVE_S = 15.0
 
-Item = tuple[str, str]  # (SSE event name, its data as JSON text)
+Item = tuple[str, "str | dict"]  # (SSE event name, its data: JSON text, or a dict to write as JSON)
 
 
 def too_many_viewers(cap: int) -> APIError:
@@ -64,11 +64,18 @@ class Viewers:
             return self._open[0][0] if self._open else None
 
     def offer(self, item: Item) -> None:
-        """(the event loop) One item to every viewer."""
+        """One item to every viewer (from their event loop, or any other)."""
         with self._lock:
-            queues = [q for _, q in self._open]
-        for queue in queues:
-            _offer(queue, item)
+            viewers = list(self._open)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for loop, queue in viewers:
+            if loop is running:
+                _offer(queue, item)
+            else:
+                loop.call_soon_threadsafe(_offer, queue, item)
 
     def close(self) -> None:
         """End every stream (any thread): the server is shutting down, and an open stream would hold its graceful

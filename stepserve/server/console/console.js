@@ -6,12 +6,14 @@ const $ = (id) => document.getElementById(id);
 const WINDOWS_S = [1, 2, 5, 10, 20, 30];  // the lane view shows about 60 steps: the first of these that holds them
 const RECENT = 500;  // finished requests kept for the latency view
 let apiKey = null;  // only ever in this variable: never stored, never in the URL
-let lanes = new Map();  // short id -> {slot, cells: [[t, dt, progress or null when paused]], left, status}
-let slots = [];  // lane slot -> short id or null
-let engineNow = 0;
+// One group of lanes per replica ("" for a single server, whose records name none). Short ids are per replica.
+let groups = new Map();  // replica -> {lanes, slots, history, last, steps}
+//   lanes: short id -> {slot, cells: [[t, dt, progress or null when paused]], left, status}
+//   slots: lane slot -> short id or null; history: [t, dt, batch, cap, queue] per step (the strip under the lanes)
+//   last: the replica's latest record; steps: records seen
+let engineNow = 0;  // the newest step's end: every replica's records share one clock (the hub's)
 let windowS = 20;
 let stepEma = null;  // smoothed step time, which picks the window
-let history = [];  // [t, dt, batch, cap, queue] per step, for the strip under the lanes
 let counts = {joined: 0, left: 0};
 let recent = [];  // [status, latency_s, steps]
 let drawPending = false;
@@ -92,10 +94,16 @@ async function connectEvents() {
       showKeyForm("The server refused that key.");
       return;
     }
+    if (answer.status === 429) {  // the server feeds as many viewers as it will
+      $("model").textContent = "too many viewers on this server: retrying";
+      setTimeout(connectEvents, 1000 * (Number(answer.headers.get("Retry-After")) || 10));
+      return;
+    }
     setStatus(true);
     for await (const {event, data} of sse(answer)) {
       if (event === "hello") hello(data);
       else if (event === "steps") data.forEach(step);
+      else if (event === "replicas") keepReplicas(data.replicas);
     }
   } catch (e) { /* the stream broke: reconnect below */ }
   setStatus(false);
@@ -104,12 +112,47 @@ async function connectEvents() {
 
 function hello(h) {
   const m = h.model;
-  $("model").textContent = `${m.name} (${m.family}) · max batch ${h.max_batch_size}`;
-  $("live-strategy").textContent = `strategy ${h.strategy}`;
+  const fleet = h.replicas ? ` · ${h.replicas.length} replica${h.replicas.length === 1 ? "" : "s"}` : "";
+  $("model").textContent = m ? `${m.name} (${m.family}) · max batch ${h.max_batch_size}${fleet}`
+                             : "no replica is up yet";
+  $("live-strategy").textContent = h.strategy ? `strategy ${h.strategy}` : "";
   engineNow = h.t;
   recent = h.recent.slice(-RECENT);
-  fillForm(m);
+  if (h.replicas) keepReplicas(h.replicas);
+  if (m) fillForm(m);
   drawLatency();
+}
+
+function keepReplicas(names) {  // the replicas now serving: a group each, in the order given (by name)
+  for (const name of [...groups.keys()]) if (!names.includes(name)) groups.delete(name);
+  for (const name of names) group(name);
+  groups = new Map([...groups.entries()].sort((a, b) => a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  showReplicas();
+  if (!drawPending) { drawPending = true; requestAnimationFrame(drawLanes); }
+}
+
+function group(name) {
+  let g = groups.get(name);
+  if (!g) {
+    g = {lanes: new Map(), slots: [], history: [], last: null, steps: 0};
+    groups.set(name, g);
+  }
+  return g;
+}
+
+function showReplicas() {  // a line per replica under the totals: its name, steps seen and latest numbers
+  const box = $("live-replicas");
+  const named = [...groups.entries()].filter(([name]) => name !== "");
+  box.hidden = !named.length;
+  box.replaceChildren(...named.map(([name, g]) => {
+    const row = document.createElement("span");
+    row.className = "replica";
+    row.dataset.replica = name;
+    const r = g.last;
+    row.textContent = `${name}: ${g.steps} steps` + (r ? ` · queue ${r.queue} · running ${r.running} · batch ` +
+                      `${r.rows.length}` : "");
+    return row;
+  }));
 }
 
 function fillForm(m) {
@@ -126,25 +169,26 @@ function fillForm(m) {
   $("negative-label").hidden = !m.negative_prompt;  // a family that takes none (e.g. distilled Flux) hides it
 }
 
-function lane(id, t) {
-  let l = lanes.get(id);
+function lane(g, id, t) {
+  let l = g.lanes.get(id);
   if (!l) {
-    let slot = slots.indexOf(null);
-    if (slot < 0) { slot = slots.length; slots.push(null); }
-    slots[slot] = id;
+    let slot = g.slots.indexOf(null);
+    if (slot < 0) { slot = g.slots.length; g.slots.push(null); }
+    g.slots[slot] = id;
     l = {slot, cells: [], left: null, status: null, joined: t};
-    lanes.set(id, l);
+    g.lanes.set(id, l);
   }
   return l;
 }
 
 function step(r) {
-  engineNow = r.t + r.dt;
-  for (const id of r.joined) { lane(id, r.t); counts.joined += 1; }
-  for (const [id, done, total] of r.rows) lane(id, r.t).cells.push([r.t, r.dt, done / total]);
-  for (const id of r.paused) lane(id, r.t).cells.push([r.t, r.dt, null]);
+  const g = group(r.replica || "");
+  engineNow = Math.max(engineNow, r.t + r.dt);
+  for (const id of r.joined) { lane(g, id, r.t); counts.joined += 1; }
+  for (const [id, done, total] of r.rows) lane(g, id, r.t).cells.push([r.t, r.dt, done / total]);
+  for (const id of r.paused) lane(g, id, r.t).cells.push([r.t, r.dt, null]);
   for (const [id, status, latency, steps] of r.done) {
-    const l = lanes.get(id);
+    const l = g.lanes.get(id);
     if (l) { l.left = engineNow; l.status = status; }
     counts.left += 1;
     recent.push([status, latency, steps]);
@@ -154,19 +198,26 @@ function step(r) {
     stepEma = stepEma === null ? r.dt : 0.97 * stepEma + 0.03 * r.dt;
     windowS = WINDOWS_S.find((w) => w >= 60 * stepEma) || WINDOWS_S[WINDOWS_S.length - 1];
   }
-  history.push([r.t, r.dt, r.rows.length, r.cap, r.queue]);
-  while (history.length && history[0][0] < engineNow - WINDOWS_S[WINDOWS_S.length - 1]) history.shift();
-  for (const [id, l] of lanes) {  // lanes that left the window free their slot
-    if (l.left !== null && l.left < engineNow - windowS) { lanes.delete(id); slots[l.slot] = null; }
+  g.history.push([r.t, r.dt, r.rows.length, r.cap, r.queue]);
+  g.last = r;
+  g.steps += 1;
+  for (const h of groups.values()) {
+    while (h.history.length && h.history[0][0] < engineNow - WINDOWS_S[WINDOWS_S.length - 1]) h.history.shift();
+    for (const [id, l] of h.lanes) {  // lanes that left the window free their slot
+      if (l.left !== null && l.left < engineNow - windowS) { h.lanes.delete(id); h.slots[l.slot] = null; }
+    }
+    while (h.slots.length && h.slots[h.slots.length - 1] === null) h.slots.pop();
   }
-  while (slots.length && slots[slots.length - 1] === null) slots.pop();
-  $("live-queue").textContent = r.queue;
-  $("live-running").textContent = r.running;
-  $("live-batch").textContent = r.rows.length;
+  const latest = [...groups.values()].map((h) => h.last).filter((x) => x);  // totals over the replicas
+  const sum = (f) => latest.reduce((n, x) => n + f(x), 0);
+  $("live-queue").textContent = sum((x) => x.queue);
+  $("live-running").textContent = sum((x) => x.running);
+  $("live-batch").textContent = sum((x) => x.rows.length);
   $("live-cap").textContent = r.cap === null ? "–" : r.cap;
   $("live-step").textContent = `${(r.dt * 1000).toFixed(0)} ms`;
   $("live-joined").textContent = counts.joined;
   $("live-left").textContent = counts.left;
+  showReplicas();
   if (r.done.length) drawLatency();
   if (!drawPending) { drawPending = true; requestAnimationFrame(drawLanes); }
 }
@@ -178,46 +229,72 @@ function axis(g, W, H, x, left) {
   for (let k = 0; k <= 5; k++) g.fillText(`-${+(windowS - k * tick).toFixed(1)}s`, Math.min(W - 28, x(left + k * tick) + 2), H - 3);
 }
 
+const LABEL_H = 14;  // a replica's name above its lanes
+
 function drawLanes() {
   drawPending = false;
   const canvas = $("lanes"), g = canvas.getContext("2d");
   const W = canvas.width, H = canvas.height, left = engineNow - windowS;
-  const laneH = Math.max(3, Math.min(16, (H - 16) / Math.max(8, slots.length)));
+  const shown = [...groups.entries()];
+  const labelled = shown.some(([name]) => name !== "");
+  const rows = shown.reduce((n, [, grp]) => n + Math.max(1, grp.slots.length), 0);
+  const laneH = Math.max(3, Math.min(16, (H - 16 - (labelled ? LABEL_H * shown.length : 0)) / Math.max(8, rows)));
   const x = (t) => (t - left) / windowS * W;
   g.clearRect(0, 0, W, H);
   axis(g, W, H, x, left);
   $("live-window").textContent = `the last ${windowS} s`;
-  for (const l of lanes.values()) {
-    const y = l.slot * laneH;
-    for (const [t, dt, p] of l.cells) {
-      if (t + dt < left) continue;
-      g.fillStyle = p === null ? "#c4c8d0" : `hsl(${215 - 75 * p}, 65%, ${55 - 13 * p}%)`;
-      g.fillRect(x(t), y + 1, Math.max(1.5, dt / windowS * W - 0.5), laneH - 2);
+  let top = 0;
+  for (const [name, grp] of shown) {
+    if (labelled) {
+      g.fillStyle = "#1d2330";
+      g.font = "bold 11px system-ui";
+      g.fillText(`replica ${name}`, 2, top + LABEL_H - 3);
+      g.fillStyle = "#e3e6ee";
+      g.fillRect(0, top, W, 1);
+      top += LABEL_H;
     }
-    if (l.left !== null) {
-      g.fillStyle = l.status === "completed" ? "#2e9d5b" : "#c0392b";
-      g.fillRect(x(l.left), y, 2, laneH);
+    for (const l of grp.lanes.values()) {
+      const y = top + l.slot * laneH;
+      for (const [t, dt, p] of l.cells) {
+        if (t + dt < left) continue;
+        g.fillStyle = p === null ? "#c4c8d0" : `hsl(${215 - 75 * p}, 65%, ${55 - 13 * p}%)`;
+        g.fillRect(x(t), y + 1, Math.max(1.5, dt / windowS * W - 0.5), laneH - 2);
+      }
+      if (l.left !== null) {
+        g.fillStyle = l.status === "completed" ? "#2e9d5b" : "#c0392b";
+        g.fillRect(x(l.left), y, 2, laneH);
+      }
     }
+    top += Math.max(1, grp.slots.length) * laneH;
   }
   drawHistory(left, x);
 }
 
-function drawHistory(left, x) {  // batch size per step (bars), the cap in force (line), the queue (line)
+function drawHistory(left, x) {  // per replica, a band: batch size per step (bars), the cap in force, the queue
   const canvas = $("history"), g = canvas.getContext("2d"), W = canvas.width, H = canvas.height;
   g.clearRect(0, 0, W, H);
-  const shown = history.filter((h) => h[0] + h[1] >= left);
-  const top = Math.max(1, ...shown.map((h) => Math.max(h[2], h[3] || 0, h[4])));
-  const y = (v) => H - 16 - v / top * (H - 26);
-  g.fillStyle = "#9db7e8";
-  for (const [t, dt, n] of shown) g.fillRect(x(t), y(n), Math.max(1, dt / windowS * W - 0.5), H - 16 - y(n));
-  for (const [index, colour] of [[3, "#2e9d5b"], [4, "#e67e22"]]) {
-    g.strokeStyle = colour;
-    g.beginPath();
-    shown.forEach((h, j) => { if (h[index] === null) return; j ? g.lineTo(x(h[0]), y(h[index])) : g.moveTo(x(h[0]), y(h[index])); });
-    g.stroke();
-  }
+  const shown = [...groups.entries()];
+  const bandH = (H - 16) / Math.max(1, shown.length);
+  shown.forEach(([name, grp], i) => {
+    const steps = grp.history.filter((h) => h[0] + h[1] >= left);
+    const top = Math.max(1, ...steps.map((h) => Math.max(h[2], h[3] || 0, h[4])));
+    const base = (i + 1) * bandH;
+    const y = (v) => base - v / top * (bandH - 10);
+    g.fillStyle = "#9db7e8";
+    for (const [t, dt, n] of steps) g.fillRect(x(t), y(n), Math.max(1, dt / windowS * W - 0.5), base - y(n));
+    for (const [index, colour] of [[3, "#2e9d5b"], [4, "#e67e22"]]) {
+      g.strokeStyle = colour;
+      g.beginPath();
+      steps.forEach((h, j) => {
+        if (h[index] !== null) j ? g.lineTo(x(h[0]), y(h[index])) : g.moveTo(x(h[0]), y(h[index]));
+      });
+      g.stroke();
+    }
+    g.fillStyle = "#6b7385";
+    g.font = "11px system-ui";
+    g.fillText(name ? `${name} · ${top}` : String(top), 2, base - bandH + 12);
+  });
   axis(g, W, H, x, left);
-  g.fillText(String(top), 2, 12);
 }
 
 // --- recent latency --------------------------------------------------------------------------------------------
