@@ -30,6 +30,7 @@ from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
 from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
 from .console import EventsHubActor, deploy_console, start_forwarding, stop_console
+from .load import background_jobs
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
@@ -69,7 +70,7 @@ class StepserveReplica:
         self.hub = hub
         self.events_hub = events_hub  # the console's (console.py)
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.engine = None
+        self.engine = self.app = None
         self.pusher: asyncio.Task | None = None
         self.forwarder: asyncio.Task | None = None
 
@@ -81,7 +82,7 @@ class StepserveReplica:
                          shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
                          metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins,
                          access_log=False)  # Ray Serve logs every request itself
-        self.metrics = app.state.server.metrics
+        self.app, self.metrics = app, app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         self.forwarder = start_forwarding(self.events_hub, app, self.replica)
         return app
@@ -107,15 +108,18 @@ class StepserveReplica:
                 log.warning("replica %s cannot push metrics: %s", self.replica, exc)
             await asyncio.sleep(PUSH_EVERY_S)
 
+    def background_jobs(self) -> int:
+        """Jobs running here after their POST was answered: load Ray does not count (load.py)."""
+        return background_jobs(self.app)
+
     def check_health(self) -> None:
         """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
         if self.engine is not None and not self.engine.healthy:
             raise RuntimeError(f"engine failed: {self.engine.failure}")
 
     async def __del__(self) -> None:
-        for task in (self.pusher, self.forwarder):
-            if task is not None:
-                task.cancel()
+        for task in filter(None, (self.pusher, self.forwarder)):
+            task.cancel()
         self.hub.drop.remote(self.replica)
         self.events_hub.leave.remote(self.replica)
 
