@@ -70,7 +70,7 @@ class StepserveReplica:
         self.hub = hub
         self.events_hub = events_hub  # the console's (console.py)
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.engine = self.app = None
+        self.engine = self.http_app = None  # (`app` is Serve's own name for the ASGI app it serves)
         self.pusher: asyncio.Task | None = None
         self.forwarder: asyncio.Task | None = None
 
@@ -82,7 +82,7 @@ class StepserveReplica:
                          shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
                          metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins,
                          access_log=False)  # Ray Serve logs every request itself
-        self.app, self.metrics = app, app.state.server.metrics
+        self.http_app, self.metrics = app, app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         self.forwarder = start_forwarding(self.events_hub, app, self.replica)
         return app
@@ -110,7 +110,7 @@ class StepserveReplica:
 
     def background_jobs(self) -> int:
         """Jobs running here after their POST was answered: load Ray does not count (load.py)."""
-        return background_jobs(self.app)
+        return background_jobs(self.http_app)
 
     def check_health(self) -> None:
         """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
