@@ -6,6 +6,7 @@ HTTP proxy and router sit in front: a request goes to a replica with fewer than 
 else waits in Ray's queue, and past max_queued_requests Ray answers 429 + Retry-After. Every answer from a replica
 names it in X-Stepserve-Replica. /metrics, on whichever replica serves it, shows all replicas' metrics with a
 `replica` label: each replica pushes a snapshot to a small hub actor every second (and its own at scrape time).
+The console's live view is an application of its own over every replica's steps (console.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ..app import create_app
 from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
 from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
+from .console import EventsHubActor, deploy_console, start_forwarding, stop_console
+from .load import background_jobs
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
@@ -62,12 +65,14 @@ class MetricsHub:
 class StepserveReplica:
     """One replica: an engine and the shared app over it, built when Ray starts the replica."""
 
-    def __init__(self, settings: ServeSettings, threads: int, hub) -> None:
+    def __init__(self, settings: ServeSettings, threads: int, hub, events_hub) -> None:
         self.settings = replace(settings, engine=replace(settings.engine, threads=threads))
         self.hub = hub
+        self.events_hub = events_hub  # the console's (console.py)
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.engine = None
+        self.engine = self.http_app = None  # (`app` is Serve's own name for the ASGI app it serves)
         self.pusher: asyncio.Task | None = None
+        self.forwarder: asyncio.Task | None = None
 
     async def __serve_build_asgi_app__(self):
         api_key = replica_api_key(self.settings)  # StartupError fails the replica with its message
@@ -77,8 +82,9 @@ class StepserveReplica:
                          shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
                          metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins,
                          access_log=False)  # Ray Serve logs every request itself
-        self.metrics = app.state.server.metrics
+        self.http_app, self.metrics = app, app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
+        self.forwarder = start_forwarding(self.events_hub, app, self.replica)
         return app
 
     async def all_metrics(self, own) -> bytes:
@@ -102,15 +108,20 @@ class StepserveReplica:
                 log.warning("replica %s cannot push metrics: %s", self.replica, exc)
             await asyncio.sleep(PUSH_EVERY_S)
 
+    def background_jobs(self) -> int:
+        """Jobs running here after their POST was answered: load Ray does not count (load.py)."""
+        return background_jobs(self.http_app)
+
     def check_health(self) -> None:
         """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
         if self.engine is not None and not self.engine.healthy:
             raise RuntimeError(f"engine failed: {self.engine.failure}")
 
     async def __del__(self) -> None:
-        if self.pusher is not None:
-            self.pusher.cancel()
+        for task in filter(None, (self.pusher, self.forwarder)):
+            task.cancel()
         self.hub.drop.remote(self.replica)
+        self.events_hub.leave.remote(self.replica)
 
 
 def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
@@ -126,14 +137,15 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
     try:
         started_serve = not _serve_running()
         serve.start(http_options={"host": settings.host, "port": settings.port})
-        hub = MetricsHub.remote()
+        hub, events_hub = MetricsHub.remote(), EventsHubActor.remote()
         deployment = serve.deployment(StepserveReplica, name="Engine", **deployment_options(plan))
         engine = settings.engine
         print(f"stepserve serve: deploying {_replica_text(plan)} of {engine.model} ({plural(plan.cpus, 'CPU')}, "
               f"{plural(plan.gpus, 'GPU')}, {plural(plan.threads, 'thread')} each) ...", file=sys.stderr, flush=True)
         try:
-            serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub), name=APP_NAME, route_prefix="/",
-                      blocking=False)
+            serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub, events_hub),
+                      name=APP_NAME, route_prefix="/", blocking=False)
+            deploy_console(settings, events_hub)
         except RuntimeError as exc:
             raise StartupError(f"the replicas did not start: {exc}") from None
         details = (f"{_replica_text(plan)}, Ray Serve, strategy {engine.options.strategy}, max batch "
@@ -145,6 +157,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
                 _reap()  # Ray workers that exited and were handed to us (the subreaper)
         print(f"stepserve serve: stopping the replicas (requests in flight may finish within {plan.grace_s:g} s) "
               f"...", file=sys.stderr, flush=True)
+        _bounded(stop_console, 30.0, events_hub)
         _bounded(serve.delete, plan.grace_s + 15.0, APP_NAME)
         return 0
     finally:
