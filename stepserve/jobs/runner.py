@@ -149,6 +149,9 @@ class JobRunner(Attempts):
             job = await asyncio.to_thread(self.store.claim_job, self.owner, self.lease_s, kinds)
             if job is None:
                 return
+            if job.id in self.running:  # ours still, though its lease lapsed (a stalled loop): it runs on here
+                self.running[job.id].job = job
+                continue
             run = Running(job)
             self.running[job.id] = run
             if not self.claiming:  # draining began meanwhile
