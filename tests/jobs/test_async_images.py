@@ -147,3 +147,16 @@ def test_synchronous_requests_never_touch_the_store(embedded):
         assert c.post(GENERATIONS, json=BODY, headers=ASYNC).status_code == 202  # an async one does
         assert len(store.calls) > len(after)
     assert after == before, after[len(before):]
+
+
+def test_a_store_that_cannot_be_written_is_a_503_and_the_server_serves_on(embedded):
+    class Broken(MemoryStore):
+        def create_job(self, job):
+            raise ConnectionError("the store went away")
+
+    with app_client(embedded, store=Broken()) as c:
+        refused = c.post(GENERATIONS, json={"prompt": "a", "num_inference_steps": 2}, headers=ASYNC)
+        served = c.post(GENERATIONS, json={"prompt": "a", "num_inference_steps": 2})
+    error = assert_error_shape(refused, 503)
+    assert error["code"] == "state_unavailable" and refused.headers["retry-after"] == "1", error
+    assert served.status_code == 200
