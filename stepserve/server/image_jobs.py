@@ -32,13 +32,26 @@ from ..store.base import COMPLETED, JobRecord
 from .edits import EditForm, edit_params
 from .errors import APIError, invalid
 from .images import check, image_body, resolve_all
-from .job_http import check_webhook, create_job, fingerprint, idempotency_key, job_events, started_from
+from .job_http import (check_webhook, create_job, fingerprint, idempotency_key, job_events, prefers_async,
+                       started_from)
 from .schemas import body_from_fields, engine_params
 from .state import ServerState
 from .streaming import EventStreamResponse
 from .video_jobs import job_error
 
 JOBS = "/v1/images/jobs"
+
+
+async def async_answer(state: ServerState, request: Request, path: str, req: Any, params: Sequence[SamplingParams],
+                       sent: EditForm | None) -> Response | None:
+    """With `Prefer: respond-async`: the job's answer (create_image_job); None for a synchronous request (which
+    never touches the store; a webhook there is a 400)."""
+    if prefers_async(request):
+        return await create_image_job(state, request, path, req, params, sent)
+    if req.webhook is not None:
+        raise invalid("webhook: only a job notifies a webhook; send the request with the header 'Prefer: "
+                      "respond-async' (or leave webhook out)", "webhook")
+    return None
 
 
 async def create_image_job(state: ServerState, request: Request, path: str, req: Any,
