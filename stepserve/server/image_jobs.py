@@ -31,13 +31,12 @@ from ..request.types import GenerationResult, SamplingParams
 from ..store.base import COMPLETED, JobRecord
 from .edits import EditForm, edit_params
 from .errors import APIError, invalid
-from .images import check, image_body, resolve_all
-from .job_http import (check_webhook, create_job, fingerprint, idempotency_key, job_events, prefers_async,
-                       started_from)
+from .images import image_body, resolve_all
+from .job_http import (check_webhook, create_job, fingerprint, idempotency_key, job_error, job_events,
+                       prefers_async, result_error, started_from)
 from .schemas import body_from_fields, engine_params
 from .state import ServerState
 from .streaming import EventStreamResponse
-from .video_jobs import job_error
 
 JOBS = "/v1/images/jobs"
 
@@ -126,12 +125,7 @@ class ImageKind:
         except APIError as exc:  # a request this server's model cannot make (a store shared with another model)
             raise job_error(exc) from None
 
-    def error_of(self, result: GenerationResult) -> JobError | None:
-        try:
-            check(result)
-        except APIError as exc:
-            return job_error(exc)
-        return None
+    error_of = staticmethod(result_error)
 
     async def finish(self, job: JobRecord, results: Sequence[GenerationResult]) -> dict[str, bytes]:
         body = await image_body(self.state, results)

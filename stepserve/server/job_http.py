@@ -21,11 +21,14 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
+from ..jobs.kinds import JobError
 from ..jobs.service import JobsFull
 from ..jobs.webhooks import WebhookSecretError, require_secret
+from ..request.types import GenerationResult
 from ..store.base import JobRecord
 from . import errors
 from .errors import APIError, invalid
+from .images import check, outcome_of
 from .state import ServerState
 from .streaming import sse
 
@@ -100,6 +103,20 @@ async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfini
                             f"send a new key for a new request", param=IDEMPOTENCY_HEADER,
                        code="idempotency_key_reused")
     return record, created
+
+
+def job_error(exc: APIError) -> JobError:
+    """An error answer as a failed job's error (and its outcome in the metrics)."""
+    return JobError(exc.code or "failed", exc.message, outcome_of(exc))
+
+
+def result_error(result: GenerationResult) -> JobError | None:
+    """The failure a finished engine request stands for (the error a synchronous request would have answered)."""
+    try:
+        check(result)
+    except APIError as exc:
+        return job_error(exc)
+    return None
 
 
 def started_from(job: JobRecord) -> float:
