@@ -48,6 +48,10 @@ class Sent:
         self._out.pop(replica, None)
         self._taken.pop(replica, None)
 
+    def holds(self, replica: Hashable) -> bool:
+        """Whether anything sent to `replica` is noted."""
+        return bool(self._out.get(replica))
+
     def pending(self, replica: Hashable) -> tuple[int, float]:
         """(requests, predicted seconds) sent to `replica` since its latest stats and not yet answered."""
         out = self._out.get(replica)

@@ -119,13 +119,30 @@ def replica_stats(loads: Mapping[Bucket, list[int]], latency: LatencyModel, max_
     up to `max_batch` at once (fewer where `cost_aware` and batching does not pay: runs_at_once).
     `earliest_deadline` (absolute, on the clock of `now`): the tightest deadline among its requests."""
     work = work_s(loads, latency, max_batch)
-    ref = latency.reference_bucket
-    cap = runs_at_once(latency, ref, max_batch, cost_aware)
-    curve = tuple(latency.step_s(b, ref) for b in range(1, cap + 1))
-    fixed = latency.decode_s(1, ref) + latency.encode_s(1)
+    curve, fixed, pixels = _quote(latency, max_batch, cost_aware)
     count = sum(v[HELD] for v in loads.values()) if outstanding is None else outstanding
     slack = INF if earliest_deadline is None else earliest_deadline - now - work
-    return ReplicaStats(count, work, curve, fixed, bucket_pixels(ref), frozenset(adapters), slack, jobs)
+    return ReplicaStats(count, work, curve, fixed, pixels, frozenset(adapters), slack, jobs)
+
+
+_QUOTES: dict[tuple, tuple] = {}  # fixed latency models only (a drift-corrected one changes as it learns)
+
+
+def _quote(latency, max_batch: int, cost_aware: bool) -> tuple[tuple[float, ...], float, int]:
+    """(curve, fixed_s, pixels) a replica quotes for a newcomer of its reference bucket."""
+    key = (id(latency), max_batch, cost_aware)
+    hit = _QUOTES.get(key) if type(latency) is LatencyModel else None
+    if hit is not None and hit[0] is latency:
+        return hit[1]
+    ref = latency.reference_bucket
+    cap = runs_at_once(latency, ref, max_batch, cost_aware)
+    quote = (tuple(latency.step_s(b, ref) for b in range(1, cap + 1)), latency.decode_s(1, ref) + latency.encode_s(1),
+             bucket_pixels(ref))
+    if type(latency) is LatencyModel:
+        if len(_QUOTES) > 64:
+            _QUOTES.clear()
+        _QUOTES[key] = (latency, quote)
+    return quote
 
 
 def core_stats(core, now: float, latency=None, outstanding: int | None = None, adapters=frozenset(),

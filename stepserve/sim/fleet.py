@@ -100,6 +100,8 @@ class Fleet:
         """What the router knows of replica r at t: fresh, or its last publication plus what was sent since."""
         if self.publish_every_s > 0:
             return self.sent.adjust(r, self._published[r])
+        if not self.sent.holds(r):
+            return self.fresh(r, t)
         self.sent.published(r, t)  # fresh: only requests still on their way (an adapter load) are added
         return self.sent.adjust(r, self.fresh(r, t))
 
@@ -159,7 +161,7 @@ class Fleet:
         return self._send(self.routable, job, t, key, adapter)
 
     def _send(self, candidates: list[int], job: Job, t: float, key: int, adapter: str | None) -> tuple[int, float]:
-        stats = [self.stats(r, t) for r in candidates]
+        stats = _Lazy(self, candidates, t)
         if self.router is None:  # the central queue: the least work among those that can take one
             from ..fleet.routers import least_work
 
@@ -222,3 +224,21 @@ def _waited(params: SamplingParams, waited_s: float) -> SamplingParams:
     from dataclasses import replace
 
     return replace(params, timeout_s=max(params.timeout_s - waited_s, 1e-9))
+
+
+class _Lazy:
+    """The candidates' stats as a sequence, each computed when a router reads it (power_of_two reads two)."""
+
+    __slots__ = ("fleet", "candidates", "t", "got")
+
+    def __init__(self, fleet: Fleet, candidates: list[int], t: float) -> None:
+        self.fleet, self.candidates, self.t, self.got = fleet, candidates, t, {}
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def __getitem__(self, i: int) -> ReplicaStats:
+        s = self.got.get(i)
+        if s is None:
+            s = self.got[i] = self.fleet.stats(self.candidates[i], self.t)
+        return s
