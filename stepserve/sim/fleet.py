@@ -31,8 +31,10 @@ from ..request.types import SamplingParams
 
 class Fleet:
     def __init__(self, router: Router | None, latency: LatencyModel | None = None, publish_every_s: float = 0.0,
-                 adapter_load_s: float = 0.0, adapter_slots: int = 4, central_hold: int | None = None) -> None:
-        """`latency`: what the replicas' stats are priced with (None: each engine's own policy's model)."""
+                 adapter_load_s: float = 0.0, adapter_slots: int = 4, central_hold: int | None = None,
+                 autoscaler=None) -> None:
+        """`latency`: what the replicas' stats are priced with (None: each engine's own policy's model);
+        `autoscaler`: a sim.autoscale.Autoscaler that starts and drains replicas during the run."""
         if router is None and central_hold is None:
             raise ValueError("a fleet needs a router, or a central queue (central_hold)")
         if publish_every_s < 0 or adapter_load_s < 0:
@@ -43,6 +45,7 @@ class Fleet:
         self.publish_every_s, self.adapter_load_s, self.adapter_slots = publish_every_s, adapter_load_s, adapter_slots
         self.central_hold = central_hold
         self.loop: Any = None
+        self.autoscaler = autoscaler
         self.routable: list[int] = []  # replicas a request may be sent to now, in index order
         self.adapters: list[OrderedDict[str, float]] = []  # per replica: adapter -> when it is (was) loaded
         self.adapter_loads = 0  # loads paid, all replicas together
@@ -62,17 +65,24 @@ class Fleet:
         self._default_steps = loop.reps[0].core.model_info.default_steps
         if self.publish_every_s > 0:
             self.every(self.publish_every_s, self._publish)
+        if self.autoscaler is not None:
+            self.autoscaler.attach(self)
         for e in self._periodic:
             self._arm(e[1])
 
-    def joined(self, r: int) -> None:
-        """Replica r (just added to the loop) can be routed to."""
+    def grew(self, r: int) -> None:
+        """Replica r was added to the loop (not routable yet: it is starting)."""
         while len(self.adapters) <= r:
             self.adapters.append(OrderedDict())
             self._cache.append(None)
             self._published.append(ReplicaStats())
-        self.routable.append(r)
-        self.routable.sort()
+
+    def joined(self, r: int) -> None:
+        """Replica r (added to the loop) can be routed to."""
+        self.grew(r)
+        if r not in self.routable:
+            self.routable.append(r)
+            self.routable.sort()
         self._release(self.loop.end_time)
 
     def leave(self, r: int) -> None:

@@ -57,6 +57,8 @@ class FleetResult:
     stopped_early: bool = False  # stopped once the SLO could no longer hold (see run_replicas' miss_limit)
     lost: list[int] = field(default_factory=list)  # replicas that failed during the run
     adapter_loads: int = 0  # adapter loads paid, all replicas together
+    replica_s: float = 0.0  # replica-seconds paid: replicas times the time they ran (starting included)
+    replicas: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas paid for) at every change
 
 
 @dataclass
@@ -166,6 +168,12 @@ def run_replicas(
     result.busy_s += [0.0] * (len(loop.reps) - len(result.busy_s))
     result.end_time, result.stopped_early = loop.end_time, loop.stopped_early
     result.lost, result.adapter_loads = sorted(loop.lost), fleet.adapter_loads
+    if fleet.autoscaler is not None:
+        result.replica_s = fleet.autoscaler.total_replica_s(loop.end_time)
+        result.replicas = list(fleet.autoscaler.counts)
+    else:
+        result.replica_s = len(cores) * loop.end_time
+        result.replicas = [(0.0, len(cores))]
     return result
 
 
