@@ -146,7 +146,7 @@ def _quote(latency, max_batch: int, cost_aware: bool) -> tuple[tuple[float, ...]
 
 
 def core_stats(core, now: float, latency=None, outstanding: int | None = None, adapters=frozenset(),
-               jobs: int = 0) -> ReplicaStats:
+               jobs: int | None = None) -> ReplicaStats:
     """The stats of an engine core (its tally, policy and deadlines: engine/core.py, read duck-typed) predicted
     with `latency`, by default its policy's own latency model (the slo policy's, corrected by the steps it saw);
     without one, every step costs 1 s at any batch size: the bare count of remaining steps."""
@@ -156,8 +156,11 @@ def core_stats(core, now: float, latency=None, outstanding: int | None = None, a
         if latency is None or latency.metadata.get("source") == "zero":
             latency = STEPS_ONLY
     cost_aware = bool(getattr(policy, "cost_aware", False)) or policy.name == "adaptive"
-    return replica_stats(core.tally.snapshot(), latency, policy.max_batch_size, outstanding, adapters,
-                         core.earliest_deadline(), now, jobs, cost_aware)
+    loads = core.tally.snapshot()
+    if jobs is None:  # a video (frames > 1) runs as a background job: count them from what the engine holds
+        jobs = sum(v[HELD] for b, v in loads.items() if len(b) == 3 and b[0] > 1)
+    return replica_stats(loads, latency, policy.max_batch_size, outstanding, adapters, core.earliest_deadline(),
+                         now, jobs, cost_aware)
 
 
 STEPS_ONLY = LatencyModel(step={(1, 1): Curve(((1, 1.0),))}, encode=Curve(((1, 0.0),)),

@@ -28,6 +28,7 @@ from ..app import create_app
 from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
 from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
+from .fleet import autoscaling_stats, routing_stats
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
@@ -101,6 +102,14 @@ class StepserveReplica:
             except ray.exceptions.RayError as exc:  # the hub is gone (the server is stopping): keep serving
                 log.warning("replica %s cannot push metrics: %s", self.replica, exc)
             await asyncio.sleep(PUSH_EVERY_S)
+
+    def record_routing_stats(self) -> dict:
+        """Ray Serve asks every ROUTING_STATS_PERIOD_S: this replica's load, for the routers (router.py)."""
+        return routing_stats(self.engine)
+
+    def record_autoscaling_stats(self) -> dict:
+        """Ray Serve asks for the custom autoscaling policy: work in hand and jobs (fleet.py)."""
+        return autoscaling_stats(self.engine)
 
     def check_health(self) -> None:
         """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
@@ -202,6 +211,7 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+        os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1")  # fresh work in hand
         # Ray enables token authentication for a new local cluster by default (other users of this machine cannot
         # run code in it), and says so on every start: nothing to act on here, so not said
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
