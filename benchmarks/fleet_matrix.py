@@ -109,7 +109,23 @@ def main() -> None:
     p.add_argument("--loads", default="0.7,0.9")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("fleet-matrix.json"))
+    p.add_argument("--plot", type=Path, help="only draw the matrix in --out as this PNG")
+    p.add_argument("--staleness", help="instead of the matrix: least_work's p95 when the replicas publish their "
+                                       "stats every P seconds, for each P given (e.g. 0,0.5,2,10)")
     args = p.parse_args()
+    if args.plot:
+        plot(json.loads(args.out.read_text())["cells"], args.plot)
+        return
+    if args.staleness:
+        periods = [float(x) for x in args.staleness.split(",")]
+        for name in args.curves.split(","):
+            for replicas in [int(x) for x in args.replicas.split(",")]:
+                for load in [float(x) for x in args.loads.split(",")]:
+                    p95 = staleness(name, replicas, load, args.seed, periods)
+                    print(f"{name} {replicas} x {load:.0%}: " + ", ".join(
+                        f"every {t:g} s: p95 {v:.3f} s ({v / p95[0]:.2f}x)" for t, v in zip(periods, p95)),
+                          flush=True)
+        return
     rows = []
     print(f"{'curve':<24} {'reps':>4} {'load':>4} {'least_work':>10} {'pow2':>8} {'least_out':>9} {'central':>8}   "
           f"lw/pow2  lw/lo  lw/central", flush=True)
@@ -125,6 +141,53 @@ def main() -> None:
                       f"{r['vs_central']:>10.2f}  [{sum(row['wall_s'].values()):.0f} s]", flush=True)
                 args.out.write_text(json.dumps({"seed": args.seed, "cells": rows}, indent=1) + "\n")
     print(f"wrote {args.out}")
+
+
+def staleness(name: str, replicas: int, load: float, seed: int, periods: list[float]) -> list[float]:
+    """least_work's p95 on one cell's trace, the replicas' stats published every period (0: read fresh), the
+    router adding what it sent since (fleet/sent.py), as in Ray Serve."""
+    file, duration, costly = CURVES[name]
+    latency = LatencyModel.load(ROOT / "stepserve/models/latency" / file)
+    setup, contender = SimSetup(latency), Contender(DEFAULT_STRATEGY, max_batch_size=MAX_BATCH)
+    m = mix()
+    capacity = asyncio.run(measure_capacity(SimulatedDriver(setup), contender_maker(contender), Mix(steps=m.steps),
+                                            2 * MAX_BATCH, 300.0 if costly else 60.0, 30.0, seed, progress=False))
+    trace = arrivals(m, load * replicas * capacity.rps, duration, seed)
+    load_s, out = 10 * latency.step_s(1), []
+    for period in periods:
+        fleet = Fleet(make_router("least_work", seed, load_s), latency, publish_every_s=period,
+                      adapter_load_s=load_s, adapter_slots=ADAPTER_SLOTS)
+        cores = [make_core(setup, contender, seed * 1000 + r) for r in range(replicas)]
+        out.append(summarize(run_replicas(cores, trace, fleet), warmup_s=0.1 * duration).p95_s)
+    return out
+
+
+def plot(cells: list[dict], path: Path) -> None:
+    """Each router's p95 over least_outstanding's, per cell, curves side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{c['curve'].replace('gpu-', '').replace('-compute-bound', ' (compute-bound)')}\n"
+              f"{c['replicas']} x, {c['load']:.0%}" for c in cells]
+    routers = ["least_work", "power_of_two", "central"]
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(cells)), 4.2))
+    width = 0.8 / len(routers)
+    for k, name in enumerate(routers):
+        ys = []
+        for c in cells:
+            value = next(v for key, v in c["p95_s"].items() if key.startswith(name))
+            ys.append(value / c["p95_s"]["least_outstanding"])
+        ax.bar([i + (k - 1) * width for i in range(len(cells))], ys, width, label=name)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(cells)), labels, fontsize=6.5, rotation=0)
+    ax.set_ylabel("p95 / least_outstanding's p95")
+    ax.set_title("Simulated fleet: p95 by router (lower is better; 1 = least_outstanding)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

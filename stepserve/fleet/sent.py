@@ -34,13 +34,13 @@ class Sent:
             out.pop(request, None)
 
     def published(self, replica: Hashable, taken_at: float) -> None:
-        """Stats of `replica` taken at `taken_at` arrived: requests sent before then are in them."""
+        """Stats of `replica` taken at `taken_at` arrived: requests sent by then are in them."""
         if taken_at <= self._taken.get(replica, float("-inf")):
             return
         self._taken[replica] = taken_at
         out = self._out.get(replica)
         if out:
-            for key in [k for k, (at, _) in out.items() if at < taken_at]:
+            for key in [k for k, (at, _) in out.items() if at <= taken_at]:
                 del out[key]
 
     def forget(self, replica: Hashable) -> None:
