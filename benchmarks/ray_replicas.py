@@ -1,4 +1,6 @@
-"""One replica against two, through Ray Serve, on one open-loop trace (and the single-process server beside them).
+"""One replica against two, through Ray Serve, on one open-loop trace (and the single-process server beside them);
+or two replicas behind the fleet's router (least_work) against two behind Ray Serve's own (power of two choices),
+with a second power-of-two pair as an A/A control that shows the noise.
 
 1. `stepserve bench` in process on the model (one thread) measures one engine's capacity and writes a seeded
    Poisson trace at --rate-frac of it.
@@ -11,6 +13,8 @@
 
     python benchmarks/ray_replicas.py --out bench-out/ray-replicas --rate-frac 0.7 --duration 30 --repeats 3
     python benchmarks/ray_replicas.py --out bench-out/ray-replicas --summarize     # the table again
+    python benchmarks/ray_replicas.py --out bench-out/ray-routers --contenders lw-2,p2-2,p2-2b --baseline p2-2 \
+        --steps 4,20,50 --rate-frac 1.6 --duration 60 --repeats 3    # 80% of the pair's capacity
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ import sys
 from common import ROOT, add_run_args, bench, free_port, stop_server, wait_until_healthy
 
 CONTENDERS = {"single": [], "ray-1": ["--replicas", "1", "--replica-cpus", "1"],
-              "ray-2": ["--replicas", "2", "--replica-cpus", "1"]}
+              "ray-2": ["--replicas", "2", "--replica-cpus", "1"],
+              # the routers (docs/SCALING.md): the fleet's least_work, Ray's power of two choices, and that again
+              "lw-2": ["--replicas", "2", "--replica-cpus", "1", "--router", "least_work"],
+              "p2-2": ["--replicas", "2", "--replica-cpus", "1", "--router", "power_of_two"],
+              "p2-2b": ["--replicas", "2", "--replica-cpus", "1", "--router", "power_of_two"]}
 
 
 def start(label: str, args) -> tuple[subprocess.Popen, str]:
@@ -55,6 +63,7 @@ def main() -> None:
     p.add_argument("--contenders", default="single,ray-1,ray-2")
     p.add_argument("--rate-frac", type=float, default=1.5, help="of one engine's in-process capacity (1 thread)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--baseline", default=None, help="the contender the ratios are to (default: ray-1, else the first)")
     p.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -65,7 +74,7 @@ def main() -> None:
     if args.summarize:
         rows = {label: [json.loads(f.read_text())["runs"][0]
                         for f in sorted(args.out.glob(f"{label}-r*/results.json"))] for label in labels}
-        table(rows, args.duration)
+        table(rows, args.duration, args.baseline)
         return
 
     common = ["--steps", args.steps, "--duration", str(args.duration), "--warmup", str(args.warmup), "--seed",
@@ -92,10 +101,10 @@ def main() -> None:
                 rows[label].append(run)
             finally:
                 stop_server(proc, grace_s=120)  # Ray's replicas take a while to shut down
-    table(rows, args.duration)
+    table(rows, args.duration, args.baseline)
 
 
-def table(rows: dict[str, list[dict]], duration_s: float) -> None:
+def table(rows: dict[str, list[dict]], duration_s: float, baseline: str | None = None) -> None:
     """Per round and the median over rounds (the mean of the middle two for an even count); ratios to ray-1 are
     taken round by round (the contenders of one round ran back to back) before their median."""
 
@@ -109,7 +118,7 @@ def table(rows: dict[str, list[dict]], duration_s: float) -> None:
         value = run["p95_all_s"]  # None or inf when more than 5% never finished
         return float("inf") if value is None else value
 
-    base = "ray-1" if "ray-1" in rows else next(iter(rows))
+    base = baseline or ("ray-1" if "ray-1" in rows else next(iter(rows)))
     print(f"\n{'contender':10} {'done/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'done x':>7} {'p95 x':>6}  per round "
           f"(p50/p95 ms)")
     summary = {}

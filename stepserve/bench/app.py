@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .fleet_view import REPLICA_LOAD, plot_replica_load
 from .repeats import summarize_repeats
 from .quality import add_quality
 from .plots import (BATCH_SIZE_OVER_TIME, LATENCY_CDF, THROUGHPUT_VS_LATENCY, plot_batch_sizes, plot_latency_cdf,
@@ -72,6 +73,7 @@ async def run_bench(cfg: BenchConfig, bed: Testbed | None = None) -> BenchRun:
                              f"{duration:g} s; give a longer --capacity-duration, or an absolute --rate")
 
     plan = _plan(cfg, capacity.rps if capacity else None, drain_s, timeout_s)
+    plan.slo_s = slo_s
     runs: list[ContenderRun] = []
     for repeat in range(cfg.repeats):
         for maker in rotate(makers, repeat):
@@ -191,6 +193,9 @@ def write_outputs(run: BenchRun, out: Path) -> list[Path]:
     if any(t.t_s for t in results.timelines):
         written.append(out / BATCH_SIZE_OVER_TIME)
         plot_batch_sizes(results.timelines, written[-1], simulated)
+    if any(getattr(m, "fleet", None) is not None for m in results.runs):
+        written.append(out / REPLICA_LOAD)
+        plot_replica_load(results.runs, written[-1])
     if run.plan.trace is not None:
         written.append(out / "trace.jsonl")
         save_trace(run.plan.trace, written[-1])

@@ -21,6 +21,7 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from .load import LoadResult, Outcome
 from .targets import FAILED, OK, REJECTED, TIMEOUT, UNFINISHED, StepSample
@@ -160,6 +161,7 @@ class RunMetrics:
     late_ok_max_over_ms: float | None = None
     own_slo: int = 0  # measured requests judged against their own SLO (slo_ms) rather than the run's
     latency_by_kind: list[KindLatency] = field(default_factory=list)  # when the run has edits: per kind
+    fleet: Any = None  # a simulated fleet's run: replicas, router, replica-seconds, load over time (sim.fleet_run)
 
 
 def rejection_reasons(outcomes: list[Outcome]) -> dict[str, int]:

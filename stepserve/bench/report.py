@@ -9,6 +9,7 @@ from ..util.words import plural
 from .quality import quality_lines
 from .repeats import ContenderSummary
 from .report_edits import by_kind
+from .fleet_view import fleet_lines
 from .report_format import fmt, fmt_spread, ms, table as _table
 from .report_pace import kept_pace, kept_pace_text, realised_text
 from .report_runs import batches, by_steps, refusals
@@ -247,6 +248,7 @@ def render(results: BenchResults) -> str:
                           fmt(p.throughput_rps, "rate"), fmt(p.slo_attainment, "share"), "yes" if p.held else "no"]
                          for p in r.sweep])
     lines += quality_lines(r.summaries)
+    lines += fleet_lines(r.runs)
     lines += ["## Conclusion", ""] + [f"- {c}" for c in r.conclusions] + [""]
     lines += ["## Method", "",
               "- Open-loop load sends each request at its scheduled time whatever the server is doing; latency runs "

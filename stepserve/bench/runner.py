@@ -37,6 +37,7 @@ class LoadPlan:
     users: int = 0  # closed loop
     rate_rps: float | None = None  # Poisson traces: the rate they were drawn at
     timeout_s: float | None = None  # closed loop: every request's deadline (open loop: already on the trace)
+    slo_s: float | None = None  # the run's p95 SLO (a simulated fleet's autoscaler aims at it)
 
     @property
     def description(self) -> str:
@@ -80,6 +81,7 @@ class LoadRun:
     wall_s: float
     usage: Usage
     engine_start_s: float = 0.0
+    fleet: Any = None  # simulated fleets: what the fleet did (sim.fleet_run.FleetReport)
 
 
 class Driver(Protocol):
@@ -107,6 +109,7 @@ async def run_contender(driver: Driver, maker: TargetMaker, plan: LoadPlan, repe
         bar.close()
     result, samples = ran.result, ran.samples
     metrics = summarize(result, maker.name, repeat, slo_s, samples, ran.busy_s, ran.wall_s, ran.usage)
+    metrics.fleet = getattr(ran, "fleet", None)
     timeline = BatchTimeline(maker.name, [round(s.t - result.start, 4) for s in samples],
                              [s.batch_size for s in samples], [round(s.duration_s, 6) for s in samples])
     images = [SampleImage(o.index, o.spec, o.reply.image) for o in result.outcomes if o.reply.image is not None]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{plural(args.threads, 'thread')}) ...", file=sys.stderr, flush=True)
     try:  # the engine as it will serve (fast path included), without the memory cap: every batch size is measured
         config = engine_config(args, EngineOptions(max_batch_size=args.max_batch_size), memory_cap=False)
+        loading = time.perf_counter()
         executor = build_engine(config).executor
+        load_s = time.perf_counter() - loading  # a replica's start-up, as `simulate --autoscale` models it
     except (OSError, ValueError) as exc:
         print(f"{PROG}: error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
@@ -105,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     latency.metadata.update(run_metadata(args))
+    latency.metadata["load_s"] = round(load_s, 3)
     try:
         latency.save(out)
     except OSError as exc:

@@ -20,6 +20,7 @@ from ..util.extras import MissingExtraError
 from ..engine.loading import available_cores
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
+from ..fleet.routers import DEFAULT_ROUTER, ROUTERS
 from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
 from .state_flags import add_state_flags, state_settings
 from .flags import (OneLineParser, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
@@ -138,6 +139,14 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-ongoing-requests", type=float_from(0.0, False, "a positive number"), default=None,
                    help="autoscaling: the requests in flight per replica Ray Serve aims for (default: "
                         "--max-batch-size)")
+    g.add_argument("--slo-p95-ms", type=float_from(0.0, False, "a positive number of milliseconds"), default=None,
+                   help="autoscaling on the replicas' predicted work in hand against this p95, instead of a count "
+                        "of requests (docs/SCALING.md)")
+    g.add_argument("--router", default=None, choices=ROUTERS,
+                   help=f"how Ray Serve spreads requests over the replicas (default {DEFAULT_ROUTER}: where each is "
+                        f"predicted to finish first; power_of_two: Ray's own)")
+    g.add_argument("--adapter-load-s", type=float_from(0.0, True, "a number of seconds >= 0"), default=None,
+                   help="least_work: what loading a LoRA adapter costs a replica that does not hold it (default 1)")
     g.add_argument("--replica-cpus", type=float_from(0.0, False, "a positive number of CPUs (fractions allowed)"),
                    default=None, help="CPUs Ray reserves for each replica (default 1); torch then runs on at most "
                                       "that many threads (at least 1)")
@@ -289,7 +298,9 @@ def replica_mode(args: argparse.Namespace) -> bool:
     alone = [flag for flag, value in (("--replica-cpus", args.replica_cpus), ("--replica-gpus", args.replica_gpus),
                                       ("--max-ongoing-requests", args.max_ongoing_requests),
                                       ("--max-queued-requests", args.max_queued_requests),
-                                      ("--target-ongoing-requests", args.target_ongoing_requests))
+                                      ("--target-ongoing-requests", args.target_ongoing_requests),
+                                      ("--slo-p95-ms", args.slo_p95_ms), ("--router", args.router),
+                                      ("--adapter-load-s", args.adapter_load_s))
              if value is not None]
     if alone:
         raise StartupError(f"{', '.join(alone)} only apply to Ray Serve replicas; add --replicas N (or --autoscale "

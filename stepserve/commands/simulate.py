@@ -19,6 +19,8 @@ import math
 import sys
 
 from .bench import UsageError, build_parser, config_from_args, write_and_conclude
+from .simulate_fleet import EPILOG as FLEET_EPILOG
+from .simulate_fleet import FleetUsageError, split_fleet
 
 # bench flags that mean nothing on a simulated clock: kept out of --help (--target and --model are refused, the
 # others accepted and ignored so that a bench command line still runs)
@@ -46,8 +48,13 @@ def _split_noise(argv: list[str]) -> tuple[list[str], float]:
 
 
 def parse(argv: list[str]):
-    """(BenchConfig, noise) from a simulate command line; a bad flag raises UsageError with one line."""
+    """(BenchConfig, noise, fleet settings) from a simulate command line; a bad flag raises UsageError with one
+    line."""
     rest, noise = _split_noise(argv)
+    try:
+        rest, fleet = split_fleet(rest)
+    except FleetUsageError as exc:
+        raise UsageError(str(exc)) from None
     if any(a == "--model" or a.startswith("--model=") for a in rest):
         raise UsageError("--model: simulate runs no model; give --latency-model FILE (from `stepserve profile`)")
     cfg = config_from_args(rest, command="simulate")
@@ -56,7 +63,7 @@ def parse(argv: list[str]):
         raise UsageError("--target: a server cannot be simulated; give --latency-model FILE instead")
     if cfg.latency_model is None:
         raise UsageError("--latency-model FILE is required (a latency model from `stepserve profile`)")
-    return cfg, noise
+    return cfg, noise, fleet
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,14 +72,17 @@ def main(argv: list[str] | None = None) -> int:
         p = build_parser("stepserve simulate", __doc__)
         for flag in ("--latency-model",) + NOT_HONOURED:  # bench's wording (see the epilog), or no effect here
             p._option_string_actions[flag].help = argparse.SUPPRESS
-        p.epilog = EPILOG
+        p.epilog = EPILOG + "\n" + FLEET_EPILOG
         p.print_help()
         return 0
     from ..sim.bench import load_setup, run_simulation
 
     try:
-        cfg, noise = parse(argv)
+        cfg, noise, fleet = parse(argv)
         setup = load_setup(cfg.latency_model, noise)
+        if fleet.active:
+            setup.fleet = fleet
+            setup.source += f"; {fleet.describe()}"
         if noise > 0:
             from ..sim.bench import make_executor
 

@@ -112,11 +112,19 @@ class LatencyModel:
         object.__setattr__(self, "step", {tuple(b): c for b, c in self.step.items()})
         object.__setattr__(self, "decode", {tuple(b): c for b, c in self.decode.items()})
         object.__setattr__(self, "metadata", dict(self.metadata))
+        object.__setattr__(self, "_memo", {})  # (stage, bucket, n) -> seconds: the model never changes
 
     # --- predictions -------------------------------------------------------------------------------------------
     def step_s(self, batch_size: int, bucket: Bucket | None = None) -> float:
         """One denoising forward of `batch_size` requests of `bucket` (guidance rows as measured)."""
-        return _at(self.step, bucket or self.reference_bucket, batch_size)
+        key = (0, bucket, batch_size)
+        try:
+            return self._memo[key]
+        except KeyError:
+            t = self._memo[key] = _at(self.step, tuple(bucket or self.reference_bucket), batch_size)
+            return t
+        except TypeError:  # a bucket given as a list: not kept
+            return _at(self.step, tuple(bucket), batch_size)
 
     def encode_s(self, n: int) -> float:
         """Encoding the prompts of `n` requests admitted together."""
@@ -124,7 +132,14 @@ class LatencyModel:
 
     def decode_s(self, n: int, bucket: Bucket | None = None) -> float:
         """Decoding `n` finished images of `bucket` together."""
-        return _at(self.decode, bucket or self.reference_bucket, n)
+        key = (1, bucket, n)
+        try:
+            return self._memo[key]
+        except KeyError:
+            t = self._memo[key] = _at(self.decode, tuple(bucket or self.reference_bucket), n)
+            return t
+        except TypeError:  # a bucket given as a list: not kept
+            return _at(self.decode, tuple(bucket), n)
 
     # --- construction ------------------------------------------------------------------------------------------
     @classmethod

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from .admission_errors import (AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError,
                                QueueFullError)
 from ..executor.base import Executor
+from ..fleet.work import Tally
 from ..scheduling import Policy
 from ..scheduling.queue import Deadlines, WaitingQueue
 from ..request.buckets import bucket_of
@@ -59,6 +60,7 @@ class EngineCore:
         self._logged_failures: set[tuple[str, str]] = set()  # executor failure kinds already logged
         self._deadlines = Deadlines()  # of every queued request that has one
         self._by_id: dict[str, list[Request]] = {}  # live requests (waiting, running, to decode) by request_id
+        self.tally = Tally()  # the live requests per bucket, for the work in hand the fleet reads (fleet/work.py)
 
     @property
     def model_info(self):
@@ -115,6 +117,7 @@ class EngineCore:
         """Queue a request that passed check_admission. Its deadline is read here; it must not change later."""
         self.waiting.append(request)
         self._by_id.setdefault(request.request_id, []).append(request)
+        self.tally.add(request)
         if request.deadline is not None:
             self._deadlines.push(request, len(self.waiting) + len(self.running) + len(self.to_decode))
 
@@ -136,6 +139,10 @@ class EngineCore:
             return []
         return self._remove(gone, RequestStatus.CANCELLED, FinishReason.ABORTED, now,
                             "cancelled: the caller stopped before it finished")
+
+    def earliest_deadline(self) -> float | None:
+        """The earliest deadline of a live request (None: none has one)."""
+        return self._deadlines.earliest() if len(self._deadlines) else None
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.to_decode or self._aborts or self._rejected)
@@ -164,6 +171,7 @@ class EngineCore:
             report.admitted = list(plan.admit)
             for r in plan.admit:
                 self.waiting.discard(r)
+                self.tally.started(r)
                 r.status = RequestStatus.RUNNING
                 r.timing.admitted = now
             self.running.extend(plan.admit)
@@ -184,6 +192,7 @@ class EngineCore:
             for g in groups:
                 for r in g:
                     r.step += 1
+                    self.tally.advanced(r.bucket, 1)
                     r.timing.batch_sizes.append(len(g))
                     if r.timing.first_step_done is None:
                         r.timing.first_step_done = t
@@ -301,6 +310,7 @@ class EngineCore:
         same = self._by_id.get(r.request_id)
         if same is not None and r in same:  # it leaves the core (a refused request never was in it)
             same.remove(r)
+            self.tally.remove(r)
             if not same:
                 del self._by_id[r.request_id]
         r.status = status

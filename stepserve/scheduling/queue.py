@@ -8,6 +8,13 @@ buckets costs O(B log B) for B buckets with waiting requests.
 
 The deadline heap lets a step find the requests whose deadline has passed without looking at the others.
 
+Ordered indexes (`index`, `first`): a policy that serves each bucket in an order of its own (the slo policy:
+priority, then deadline or remaining steps) registers it once; from then on every request queued is also pushed
+into a heap per group (its bucket, say) by that key, and the first k of a group in that order are read in
+O(k log k), whatever the queue's length. Keys must not change while a request waits (its priority, deadline,
+remaining steps do not). Removed requests stay in the heaps until they come up (lazy deletion; a heap mostly of
+removed entries is rebuilt, so this is amortised O(1)).
+
 Iterating the queue yields every waiting request in arrival order (the order they were appended), as the plain
 list it replaces did; policies that are given a plain sequence (tests, a front end's snapshot) wrap it with
 `as_queue`.
@@ -19,7 +26,7 @@ import heapq
 import itertools
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from ..request.buckets import Bucket
 from ..request.types import Request
@@ -28,7 +35,7 @@ from ..request.types import Request
 class WaitingQueue:
     """Waiting requests in arrival order, and per shape bucket in arrival order (an OrderedDict each)."""
 
-    __slots__ = ("_all", "_by_bucket", "_seq", "urgent")
+    __slots__ = ("_all", "_by_bucket", "_seq", "urgent", "_indexes", "_steps")
 
     def __init__(self, requests: Iterable[Request] = ()) -> None:
         self._all: OrderedDict[Request, int] = OrderedDict()  # request -> its arrival number
@@ -37,6 +44,8 @@ class WaitingQueue:
         # waiting requests with a deadline or a non-zero priority: while there are none, arrival order is every
         # policy's service order, and the slo policy need not look past the head of each bucket
         self.urgent = 0
+        self._indexes: dict[str, _Index] = {}
+        self._steps: dict[Bucket, list[int]] = {}  # per bucket: [remaining steps, non-zero priorities] summed
         for r in requests:
             self.append(r)
 
@@ -50,7 +59,13 @@ class WaitingQueue:
         q = self._by_bucket.get(r.bucket)
         if q is None:
             q = self._by_bucket[r.bucket] = OrderedDict()
+            self._steps[r.bucket] = [0, 0]
         q[r] = n
+        sums = self._steps[r.bucket]
+        sums[0] += r.num_inference_steps - r.step
+        sums[1] += r.priority != 0
+        for index in self._indexes.values():
+            index.push(r, n)
 
     def remove(self, r: Request) -> None:
         """Take `r` out (KeyError when it is not waiting)."""
@@ -58,8 +73,12 @@ class WaitingQueue:
         self.urgent -= is_urgent(r)
         q = self._by_bucket[r.bucket]
         del q[r]
+        sums = self._steps[r.bucket]
+        sums[0] -= r.num_inference_steps - r.step
+        sums[1] -= r.priority != 0
         if not q:
             del self._by_bucket[r.bucket]
+            del self._steps[r.bucket]
 
     def discard(self, r: Request) -> bool:
         """Take `r` out if it is waiting; whether it was."""
@@ -84,6 +103,35 @@ class WaitingQueue:
         q = self._by_bucket.get(bucket)
         return 0 if q is None else len(q)
 
+    def steps(self, bucket: Bucket) -> int:
+        """The remaining denoising steps of the waiting requests of `bucket`, summed."""
+        sums = self._steps.get(bucket)
+        return 0 if sums is None else sums[0]
+
+    def prioritised(self, bucket: Bucket) -> int:
+        """How many waiting requests of `bucket` have a non-zero priority."""
+        sums = self._steps.get(bucket)
+        return 0 if sums is None else sums[1]
+
+    # --- ordered indexes -----------------------------------------------------------------------------------------
+    def index(self, name: str, group: Callable[[Request], Hashable | None], key: Callable[[Request], tuple]) -> None:
+        """Keep the waiting requests in heaps, one per group(r) (None: not indexed), ordered by key(r); built from
+        the present queue the first time a name is given (the functions are not compared: one name, one index)."""
+        if name not in self._indexes:
+            index = self._indexes[name] = _Index(self, group, key)
+            for r, n in self._all.items():
+                index.push(r, n)
+
+    def first(self, name: str, group: Hashable, k: int | None = None,
+              skip: Callable[[Request], bool] | None = None) -> Iterator[Request]:
+        """The waiting requests of `group` in index `name`'s order (at most k; those `skip` says not counted)."""
+        index = self._indexes[name]
+        return index.first(group, k, skip)
+
+    def groups(self, name: str) -> list[Hashable]:
+        """The groups of index `name` that may hold waiting requests (some may have only removed ones)."""
+        return list(self._indexes[name].heaps)
+
     def position(self, r: Request) -> int:
         """A number that orders waiting requests by arrival (KeyError when `r` is not waiting)."""
         return self._all[r]
@@ -102,6 +150,54 @@ class WaitingQueue:
 
     def __repr__(self) -> str:
         return f"WaitingQueue({len(self)} waiting in {len(self._by_bucket)} bucket(s))"
+
+
+class _Index:
+    """Heaps of (key, arrival number, request) per group, with lazy deletion: an entry is live while its request
+    is waiting under that arrival number."""
+
+    __slots__ = ("queue", "group", "key", "heaps")
+
+    def __init__(self, queue: WaitingQueue, group, key) -> None:
+        self.queue, self.group, self.key = queue, group, key
+        self.heaps: dict[Hashable, list[tuple]] = {}
+
+    def push(self, r: Request, n: int) -> None:
+        g = self.group(r)
+        if g is None:
+            return
+        heap = self.heaps.get(g)
+        if heap is None:
+            heap = self.heaps[g] = []
+        elif len(heap) > 64 and len(heap) > 2 * len(self.queue):  # mostly removed entries: rebuild
+            heap[:] = [e for e in heap if self._live(e)]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (self.key(r), n, r))
+
+    def _live(self, entry: tuple) -> bool:
+        return self.queue._all.get(entry[2]) == entry[1]
+
+    def first(self, g: Hashable, k: int | None, skip) -> Iterator[Request]:
+        """Live entries of group g in key order, without popping: a walk of the heap's tree, smallest first
+        (O(m log m) for the m entries it passes)."""
+        heap = self.heaps.get(g)
+        if not heap:
+            return
+        while heap and not self._live(heap[0]):  # drop removed entries from the top
+            heapq.heappop(heap)
+        if not heap:
+            del self.heaps[g]
+            return
+        frontier = [(heap[0], 0)]
+        given = 0
+        while frontier and (k is None or given < k):
+            entry, i = heapq.heappop(frontier)
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+            if self._live(entry) and (skip is None or not skip(entry[2])):
+                given += 1
+                yield entry[2]
 
 
 def is_urgent(r: Request) -> bool:

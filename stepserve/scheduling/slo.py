@@ -54,10 +54,13 @@ LatencyModel alone:
 
 Cost. While no request in the engine has a deadline or a priority, the service order is arrival order and a step
 reads only the running requests and the head of each bucket's queue (`_plain_step`; the same plans): about 20 us a
-step with 10 and with 10,000 queued (benchmarks/host_cost.py --no-deadlines). Otherwise (same measurement as
-predict.py, 200 requests queued): admission() about 0.55 ms (two replays per bucket);
-schedule() one replay when the deadlines are loose, and one per batch size tried when they are tight: 1.8 ms at
-max_batch_size 8 and 6 ms at 32 when every size has to be tried.
+step with 10 and with 10,000 queued (benchmarks/host_cost.py --no-deadlines). Otherwise the step reads the queue
+through indexes kept as requests are queued (scheduling/slo_index.py: per bucket the service order, per bucket and
+remaining steps the deadlines, per bucket the sums), so its host work does not grow with the queue either: the
+adaptive cap replays the slot holders and one batch (`horizon`) of the queue behind them, and a bucket with more
+than that is taken at its fluid backlog (fleet/work.py). Within the horizon the plans are those of a full scan.
+admission() still replays the bucket's queue (same measurement as predict.py, 200 requests queued: about
+0.55 ms; once per arrival, not per step).
 
 Predictions are only as good as the latency model, which is read corrected by the step times the engine observes
 (costs/drift.py: the profile times observed over predicted, per bucket), so a machine that became slower or
@@ -79,9 +82,11 @@ from ..request.types import Request, RequestStatus, StepPlan
 from .adaptive import cost_aware_cap
 from .predict import earliest_finish, interleave, predict_finish_times
 from .queue import WaitingQueue, as_queue, is_urgent
-from .slo_front import EPS_S, SLOFrontEnd, _by_bucket
+from .slo_front import EPS_S, SLOFrontEnd
+from .slo_index import Indexed
 
 ORDERS = ("edf", "srs")
+HORIZON_BATCHES = 1  # the deadline cap judges the slot holders and this many batches of the queue behind them
 DEFAULT_STARVATION_S = 30.0
 
 
@@ -124,6 +129,8 @@ class SLOPolicy(SLOFrontEnd):
         self.cost_aware = cost_aware
         self.cap: dict[Bucket, int] = {}  # the cost-aware cap in force per bucket (for logs and /metrics)
         self._steps = 0
+        # requests past the slots to fill that the adaptive cap's replay predicts (None: the whole queue)
+        self.horizon: int | None = HORIZON_BATCHES * max_batch_size
 
     # --- the step ----------------------------------------------------------------------------------------------
     def schedule(
@@ -133,23 +140,35 @@ class SLOPolicy(SLOFrontEnd):
         queue = as_queue(waiting)
         if self.plain_path and not queue.urgent and not any(is_urgent(r) for r in running):
             return self._plain_step(queue, running)
-        give_up = [r for r in list(running) + list(waiting) if self.cannot_make_it(r, now)]
+        seen = Indexed(self, queue, now)
+        give_up = [r for r in running if self.cannot_make_it(r, now)] + seen.hopeless()
         if give_up:
-            gone = {id(r) for r in give_up}
-            running = [r for r in running if id(r) not in gone]
-            waiting = [r for r in waiting if id(r) not in gone]
-        groups = _by_bucket(running, waiting)
-        if not groups:
+            gone = set(give_up)
+            running = [r for r in running if r not in gone]
+        held: dict[Bucket, list[Request]] = {}
+        for r in running:
+            held.setdefault(r.bucket, []).append(r)
+        oldest = {b: min(r.arrival_time for r in rs) for b, rs in held.items()}
+        for b in queue.buckets():
+            if seen.count(b) > 0:
+                oldest[b] = min(oldest.get(b, math.inf), seen.oldest(b))
+        if not oldest:
             self._deficit.clear()
             return StepPlan(give_up=give_up)
+        groups = sorted(oldest, key=oldest.__getitem__)  # by their oldest request, as _by_bucket orders them
         free = max(self.max_batch_size - len(running), 0)  # slots are shared by all buckets
-        demand = {b: len(run_b) + len(wait_b) for b, (run_b, wait_b) in groups.items()}
-        room = {b: min(free, max(q - len(groups[b][0]), 0)) for b, q in self._quotas(demand).items()}
-        bucket = self._pick_bucket([b for b, (run_b, _) in groups.items() if run_b or room[b]])
+        demand = {b: len(held.get(b, ())) + seen.count(b) for b in groups}
+        room = {b: min(free, max(q - len(held.get(b, ())), 0)) for b, q in self._quotas(demand).items()}
+        bucket = self._pick_bucket([b for b in groups if held.get(b) or room[b]])
         key = self._key(now)
-        pool, rest = self._service_order(*groups[bucket], key, room[bucket])
-        others = [self._backlog_s(b, *groups[b], key, now) for b in groups if b != bucket]
-        queued = len(rest) if self._loose(pool + rest, bucket, now) else 0  # the backlog rule (rule: cost-aware)
+        mine = held.get(bucket, [])
+        horizon = self.horizon
+        head = seen.order(bucket, None if horizon is None else room[bucket] + horizon)
+        joining, rest = head[:room[bucket]], head[room[bucket]:]
+        pool = sorted(mine + joining, key=key)
+        left = seen.count(bucket) - len(joining)  # requests of the bucket that stay queued
+        others = [seen.backlog_s(b, held.get(b, []), horizon, key) for b in groups if b != bucket]
+        queued = left if seen.loose(pool, joining, left, bucket) else 0  # the backlog rule (rule: cost-aware)
         return self._run(bucket, pool, self._choose_cap(pool, rest, bucket, others, now), give_up, queued)
 
     def _plain_step(self, queue: WaitingQueue, running: Sequence[Request]) -> StepPlan:
@@ -178,7 +197,7 @@ class SLOPolicy(SLOFrontEnd):
              queued: int = 0) -> StepPlan:
         """The step's plan: the first `cap` of `pool` (slot holders in service order), bounded by the cost-aware
         cap (`queued`: the bucket's requests left waiting for a slot, 0 when a deadline or priority among them
-        could be hurt: _loose); the rest pause."""
+        could be hurt: slo_index.Indexed.loose); the rest pause."""
         if self.cost_aware:
             self._steps += 1
             remaining = [r.num_inference_steps - r.step for r in pool]
@@ -193,19 +212,6 @@ class SLOPolicy(SLOFrontEnd):
         """A denoising step of `batch_size` requests of `bucket` took `seconds` (the executor's own measure)."""
         self.curve.observe(bucket, batch_size, seconds)
         self.latency_model.observe(bucket, batch_size, seconds)
-
-    def _loose(self, requests: list[Request], bucket: Bucket, now: float) -> bool:
-        """Whether every deadline and priority among `requests` leaves throughput the only concern: no priority
-        differs from 0, and every deadline would be met even if all of them ran one at a time, in turn."""
-        if any(r.priority != 0 for r in requests):
-            return False
-        deadlines = [r.deadline for r in requests if r.deadline is not None]
-        if not deadlines:
-            return True
-        steps = sum(r.num_inference_steps - r.step for r in requests)
-        drained = now + steps * self.latency_model.step_s(1, bucket) + len(requests) * self.latency_model.decode_s(
-            1, bucket)
-        return min(deadlines) >= drained
 
     def cannot_make_it(self, r: Request, now: float) -> bool:
         """Even alone, at batch size 1, from now, `r` would finish after its deadline."""
@@ -254,13 +260,6 @@ class SLOPolicy(SLOFrontEnd):
             if met > best_met:
                 best_met, best_cap = met, cap
         return best_cap
-
-    def _backlog_s(self, bucket: Bucket, running: list[Request], waiting: list[Request],
-                   key: Callable[[Request], tuple], now: float) -> float:
-        """Seconds of engine time the work of `bucket` needs, alone at the full batch cap."""
-        pool, rest = self._service_order(running, waiting, key)
-        fins = predict_finish_times(pool + rest, self.max_batch_size, self.latency_model, now, bucket)
-        return max(fins) - now
 
     def _quotas(self, demand: dict[Bucket, int]) -> dict[Bucket, int]:
         """Slots per bucket: max_batch_size shared max-min fairly by the buckets' demands (running + waiting, in

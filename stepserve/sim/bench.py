@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..engine.async_engine import DEFAULT_ANSWER_MARGIN_S
@@ -29,6 +29,7 @@ from ..engine.core import EngineCore
 from ..engine.config import EngineOptions
 from ..util.words import plural
 from .drive import Driven, drive_closed, drive_open
+from .fleet_run import FleetSettings, build_fleet, finish_report
 
 
 @dataclass
@@ -38,6 +39,7 @@ class SimSetup:
     latency: LatencyModel
     noise: float = 0.0  # spread of the charged costs (see stepserve.costs.LatencyCharges); 0: exactly the model
     source: str = ""  # where the latency model came from, for the report
+    fleet: FleetSettings | None = None  # every contender a fleet of replicas (sim.fleet_run); None: one engine
 
 
 def load_setup(path: str | Path, noise: float = 0.0) -> SimSetup:
@@ -69,19 +71,32 @@ class SimulatedDriver:
         self.setup = setup
 
     async def run(self, maker: TargetMaker, plan: LoadPlan, seed: int, done: Callable[[Outcome], None]) -> LoadRun:
-        core = make_core(self.setup, maker.make(), seed)
+        contender, settings = maker.make(), self.setup.fleet
+        fleet = report = None
+        users = plan.users
+        end_s = max(plan.trace.duration_s, plan.warmup_s) if plan.mode == "open" else plan.warmup_s + plan.duration_s
+        if settings is not None and settings.autoscale is not None and getattr(plan, "slo_s", None) is None:
+            settings = replace(settings, autoscale=None)  # the capacity measurement: the replicas it starts with
+        if settings is not None and settings.active:
+            core, fleet, report = build_fleet(settings, self.setup.latency,
+                                              lambda r: make_core(self.setup, contender, seed * 1000 + r),
+                                              getattr(plan, "slo_s", None), seed, end_s + plan.drain_s)
+            users *= settings.replicas  # a closed loop (the capacity measurement too) keeps every replica busy
+        else:
+            core = make_core(self.setup, contender, seed)
         if plan.mode == "open":
-            end_s = max(plan.trace.duration_s, plan.warmup_s)
-            driven = drive_open(core, plan.trace, plan.warmup_s, end_s + plan.drain_s)
+            driven = drive_open(core, plan.trace, plan.warmup_s, end_s + plan.drain_s, fleet)
             result = LoadResult(driven.outcomes, 0.0, plan.warmup_s, end_s, "open-loop", plan.trace.description)
         else:
-            users = [user_requests(plan.mix, plan.seed, u, plan.timeout_s) for u in range(plan.users)]
-            end_s = plan.warmup_s + plan.duration_s
-            driven = drive_closed(core, users, plan.warmup_s, end_s, end_s + plan.drain_s)
+            requests = [user_requests(plan.mix, plan.seed, u, plan.timeout_s) for u in range(users)]
+            driven = drive_closed(core, requests, plan.warmup_s, end_s, end_s + plan.drain_s, fleet)
             result = LoadResult(driven.outcomes, 0.0, plan.warmup_s, end_s, "closed-loop",
-                                f"closed-loop, {plural(plan.users, 'user')} for {plan.duration_s:g} s")
+                                f"closed-loop, {plural(users, 'user')} for {plan.duration_s:g} s")
         _report(driven, done)
-        return LoadRun(result, driven.samples, None, driven.end_time, Usage())
+        run = LoadRun(result, driven.samples, None, driven.end_time, Usage())
+        if report is not None:
+            run.fleet = finish_report(report, fleet, driven.end_time, driven.lost_failed)
+        return run
 
     async def lone(self, maker: TargetMaker, specs: list[RequestSpec], seed: int,
                    done: Callable[[], None]) -> list[tuple[Reply, float]]:

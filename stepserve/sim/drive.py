@@ -21,7 +21,7 @@ from ..bench.workload import RequestSpec, Trace
 from ..engine.core import EngineCore
 from ..request.types import Request, StepReport
 from ..request.validation import ValidationError
-from .loop import SimLoop
+from .loop import ReplicaLost, SimLoop
 
 REFUSED_RETRY_S = 0.001  # closed loop: a user whose request was refused (or invalid) sends again this much later
 
@@ -31,32 +31,38 @@ class Driven:
     outcomes: list[Outcome]  # open loop: trace order; closed loop: send order
     samples: list[StepSample] = field(default_factory=list)  # engine steps that ran the executor
     end_time: float = 0.0  # simulated time the run stopped
+    loop: SimLoop | None = None
+    lost_failed: int = 0  # requests that failed because their replica was lost
 
 
-def drive_open(core: EngineCore, trace: Trace, warmup_s: float, stop_at: float) -> Driven:
-    """The bench's open loop (run_open_loop) on simulated time."""
+def drive_open(core: EngineCore | list[EngineCore], trace: Trace, warmup_s: float, stop_at: float,
+               fleet=None) -> Driven:
+    """The bench's open loop (run_open_loop) on simulated time; `core` a list of replicas behind `fleet`
+    (sim.fleet.Fleet) for a fleet."""
     outcomes = [Outcome(i, item.spec, item.offset_s, sent_s=item.offset_s, warmup=item.offset_s < warmup_s)
                 for i, item in enumerate(trace.items)]
-    return _drive(core, outcomes, None, 0.0, warmup_s, stop_at)
+    return _drive(core, outcomes, None, 0.0, warmup_s, stop_at, fleet)
 
 
-def drive_closed(core: EngineCore, users: list[Iterator[RequestSpec]], warmup_s: float, end_s: float,
-                 stop_at: float) -> Driven:
+def drive_closed(core: EngineCore | list[EngineCore], users: list[Iterator[RequestSpec]], warmup_s: float,
+                 end_s: float, stop_at: float, fleet=None) -> Driven:
     """The bench's closed loop (run_closed_loop) on simulated time: every user sends at 0, then on each answer
     until `end_s`."""
     first = [Outcome(u, next(requests), 0.0, sent_s=0.0, warmup=warmup_s > 0) for u, requests in enumerate(users)]
-    driven = _drive(core, first, users, end_s, warmup_s, stop_at)
+    driven = _drive(core, first, users, end_s, warmup_s, stop_at, fleet)
     driven.outcomes.sort(key=lambda o: (o.scheduled_s, o.index))
     return driven
 
 
-def _drive(core: EngineCore, outcomes: list[Outcome], users: list[Iterator[RequestSpec]] | None, end_s: float,
-           warmup_s: float, stop_at: float) -> Driven:
+def _drive(core, outcomes: list[Outcome], users: list[Iterator[RequestSpec]] | None, end_s: float,
+           warmup_s: float, stop_at: float, fleet=None) -> Driven:
     """Both loads on the simulated clock's loop. `users` None: open loop (outcomes are the whole trace).
     Otherwise outcome i of the first list belongs to user i, and each answer before `end_s` makes that user's
-    next outcome."""
-    loop = SimLoop([core], stop_at=stop_at)
-    driven = Driven(list(outcomes))
+    next outcome. With a fleet, a request's adapter is the fleet's to model (it is not sent to the engine)."""
+    loop = SimLoop(core if isinstance(core, list) else [core], fleet, stop_at=stop_at)
+    if fleet is not None:
+        fleet.until = max([o.scheduled_s for o in outcomes] + [end_s])
+    driven = Driven(list(outcomes), loop=loop)
     out: dict[int, Outcome] = {}
     owner: dict[int, int] = {}
 
@@ -64,11 +70,16 @@ def _drive(core: EngineCore, outcomes: list[Outcome], users: list[Iterator[Reque
         out[o.index] = o
         if user is not None:
             owner[o.index] = user
-        loop.arrive(o.scheduled_s, o.spec.to_params(), o.index)
+        params, adapter = o.spec.to_params(), None
+        if fleet is not None and params.loras:
+            adapter, params.loras = str(params.loras[0]["name"]), None
+        loop.arrive(o.scheduled_s, params, o.index, adapter)
 
     def ended(key: int, done: float, request: Request | None, error: Exception | None) -> None:
         o = out.pop(key)
         o.reply, o.done_s = _reply(request, error), done
+        if isinstance(error, ReplicaLost):
+            driven.lost_failed += 1
         if users is None:
             return
         user = owner.pop(key)
@@ -98,4 +109,7 @@ def _reply(request: Request | None, error: Exception | None) -> Reply:
         return reply_of(request)
     if isinstance(error, ValidationError):
         return Reply(FAILED, error=str(error), reason="invalid_request")
+    if isinstance(error, (ReplicaLost, RuntimeError)):  # its replica was lost; or its caller went away first
+        return Reply(FAILED, error=str(error), reason="replica_failed" if isinstance(error, ReplicaLost) else
+                     "cancelled")
     return Reply(REJECTED, error=str(error), reason=type(error).__name__)

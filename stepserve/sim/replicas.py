@@ -1,14 +1,15 @@
 """Several replicas behind a router, on one simulated clock.
 
 Each replica is a real EngineCore (its own policy and queue) around its own executor, normally the fake executor
-charging a measured latency model, so its steps take the time the model says. A router (stepserve.sim.routers)
-places each arrival at its arrival time, from the replicas' outstanding counts at that moment. The clock is the
-simulated clock's one loop (stepserve.sim.loop), the one `simulate` runs a single engine on, so one replica behind
-any router gives the same finish times as simulate on the same trace.
+charging a measured latency model, so its steps take the time the model says. A router (stepserve.fleet.routers)
+places each arrival at its arrival time from the replicas' stats at that moment (sim.fleet.Fleet: what each
+engine holds, priced by the latency model; adapters; staleness; or a central queue instead of a router). The
+clock is the simulated clock's one loop (stepserve.sim.loop), the one `simulate` runs a single engine on, so one
+replica behind any router gives the same finish times as simulate on the same trace.
 
 Every arrival ends with one outcome: completed, rejected (refused at admission), failed (a deadline, an executor
-error, an invalid request) or unfinished (still out when the run stopped: at `stop_at`, or early once enough
-requests missed the SLO that its p95 cannot hold).
+error, an invalid request, its replica lost) or unfinished (still out when the run stopped: at `stop_at`, or
+early once enough requests missed the SLO that its p95 cannot hold).
 
 Cost: bounded by the engines themselves (100k requests over a few replicas: tens of seconds).
 """
@@ -22,8 +23,9 @@ from dataclasses import dataclass, field
 from ..bench.metrics import percentile
 from ..engine.core import EngineCore
 from ..request.types import Request, RequestStatus, StepReport
+from ..fleet.routers import Router
+from .fleet import Fleet
 from .loop import Arrival, SimLoop
-from .routers import Router
 
 COMPLETED, REJECTED, FAILED, UNFINISHED = "completed", "rejected", "failed", "unfinished"
 INF = math.inf
@@ -53,6 +55,10 @@ class FleetResult:
     steps: int = 0  # engine steps taken, all replicas together
     busy_s: list[float] = field(default_factory=list)  # per replica: time spent in executor steps
     stopped_early: bool = False  # stopped once the SLO could no longer hold (see run_replicas' miss_limit)
+    lost: list[int] = field(default_factory=list)  # replicas that failed during the run
+    adapter_loads: int = 0  # adapter loads paid, all replicas together
+    replica_s: float = 0.0  # replica-seconds paid: replicas times the time they ran (starting included)
+    replicas: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas paid for) at every change
 
 
 @dataclass
@@ -95,32 +101,40 @@ def allowed_misses(n: int, q: float = 95.0) -> int:
 def run_replicas(
     cores: Sequence[EngineCore],
     arrivals: Sequence[Arrival],
-    router: Router,
+    router: Router | Fleet | None,
     stop_at: float | None = None,
     slo_s: float | None = None,
     miss_limit: int | None = None,
     warmup_s: float = 0.0,
     on_progress: Callable[[int], None] | None = None,
+    failures: Sequence[tuple[int, float]] = (),
+    on_step: Callable[[int, float, StepReport], None] | None = None,
 ) -> FleetResult:
-    """Serve `arrivals` on `cores` (one per replica, each fresh) behind `router`.
+    """Serve `arrivals` on `cores` (one per replica, each fresh) behind `router` (a Router, read from fresh
+    stats priced by the cores' own latency model; or a Fleet built by the caller).
 
     stop_at: simulated time at which the run stops (what is still out is unfinished); None runs until every
     request has ended. miss_limit (with slo_s): stop as soon as more than this many measured requests (arrived at
     or after warmup_s) are known to miss the SLO (rejected, failed, or completed later than slo_s): with
     miss_limit = allowed_misses(measured count) the p95 can no longer hold, so the rest need not be simulated.
-    on_progress(k) is called with the number of requests that ended since the last call."""
+    failures: (replica, time) pairs: that replica is lost then, and what it holds fails. on_progress(k) is called
+    with the number of requests that ended since the last call."""
     if not cores:
         raise ValueError("run_replicas needs at least one replica")
     if miss_limit is not None and slo_s is None:
         raise ValueError("miss_limit needs slo_s: a miss is a request later than the SLO")
-    loop = SimLoop(cores, router, stop_at)
+    fleet = router if isinstance(router, Fleet) else Fleet(router, latency_of(cores[0]))
+    fleet.until = max((a.time for a in arrivals), default=0.0)
+    loop = SimLoop(cores, fleet, stop_at)
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].time)
     for i in order:
-        loop.arrive(arrivals[i].time, arrivals[i].params, i)
+        loop.arrive(arrivals[i].time, arrivals[i].params, i, arrivals[i].adapter)
         if arrivals[i].abort_at is not None:
             loop.abort(arrivals[i].abort_at, i)
+    for r, t in failures:
+        fleet.once(t, lambda t, r=r: fleet.fail(r, t))
     outcomes = [Outcome(a.time) for a in arrivals]
-    result = FleetResult(outcomes, busy_s=[0.0] * len(cores))
+    result = FleetResult(outcomes)
     misses = ended = 0
 
     def routed(i: int, replica: int) -> None:
@@ -137,7 +151,11 @@ def run_replicas(
 
     def stepped(r: int, t: float, report: StepReport) -> None:
         result.steps += 1
+        while len(result.busy_s) <= r:
+            result.busy_s.append(0.0)
         result.busy_s[r] += report.duration_s
+        if on_step is not None:
+            on_step(r, t, report)
 
     def after_event() -> bool:
         nonlocal ended
@@ -147,8 +165,26 @@ def run_replicas(
         return miss_limit is not None and misses > miss_limit
 
     loop.run(end, stepped, routed, after_event)
+    result.busy_s += [0.0] * (len(loop.reps) - len(result.busy_s))
     result.end_time, result.stopped_early = loop.end_time, loop.stopped_early
+    result.lost, result.adapter_loads = sorted(loop.lost), fleet.adapter_loads
+    if fleet.autoscaler is not None:
+        result.replica_s = fleet.autoscaler.total_replica_s(loop.end_time)
+        result.replicas = list(fleet.autoscaler.counts)
+    else:
+        result.replica_s = len(cores) * loop.end_time
+        result.replicas = [(0.0, len(cores))]
     return result
+
+
+def latency_of(core: EngineCore):
+    """The latency model a simulated engine charges (its executor's), else the fake cost model's as one."""
+    cost = core.executor.cost
+    if hasattr(cost, "latency"):
+        return cost.latency
+    from ..costs import LatencyModel
+
+    return LatencyModel.from_cost_model(cost)
 
 
 _STATUS = {RequestStatus.COMPLETED: COMPLETED, RequestStatus.REJECTED: REJECTED}

@@ -33,6 +33,7 @@ def test_profile_of_the_tiny_pipeline_writes_a_loadable_model_with_metadata(tiny
     assert meta["threads"] == 1 and meta["repeats"] == 1 and meta["batch_sizes"] == [1, 2]
     assert meta["versions"]["torch"] == torch.__version__ and "stepserve" in meta["versions"]
     assert meta["machine"]["cores"] >= 1 and meta["machine"]["processor"]
+    assert meta["load_s"] > 0  # a replica's start-up, as `simulate --autoscale` models it
     assert meta["guidance_rows"] == 2  # the tiny pipeline's default guidance is > 1
     bucket = model.reference_bucket
     assert [n for n, _ in model.step[bucket].points] == [1, 2]

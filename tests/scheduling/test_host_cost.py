@@ -32,13 +32,20 @@ def _params(i: int) -> SamplingParams:
                           timeout_s=1e6 if i % 4 < 2 else None)
 
 
-def reads_per_step(strategy: str, depth: int, steps: int = 60) -> list[int]:
+def reads_per_step(strategy: str, depth: int, steps: int = 60, admit: bool = True) -> list[int]:
+    """Attribute reads of requests per step, the queue topped up to `depth` before each (`admit` False: queued
+    without the admission rule, whose prediction reads the queue once per arrival, outside the step)."""
     core = EngineCore(FakeExecutor(), make_policy(strategy, max_batch_size=4, max_queue_delay_ms=5.0,
                                                   static_flush_timeout_s=0.05))
     n, now, counts = 0, 0.0, []
     for _ in range(steps):
         while len(core.waiting) < depth:
-            core.add_request(_params(n), now).__class__ = Watched
+            if admit:
+                core.add_request(_params(n), now).__class__ = Watched
+            else:
+                request = core.new_request(_params(n), now)
+                request.__class__ = Watched
+                core.enqueue(request)
             n += 1
         _Reads.n, _Reads.on = 0, True
         try:
@@ -55,6 +62,15 @@ def test_step_reads_the_same_requests_at_any_queue_depth(strategy):
     shallow, deep = reads_per_step(strategy, 200), reads_per_step(strategy, 3000)
     assert deep == shallow  # the same decisions, and not one more request looked at
     assert sum(shallow) > 0 and max(shallow) < 400  # a few requests per step, not the queue
+
+
+def test_slo_with_deadlines_reads_no_more_requests_per_step_at_any_queue_depth():
+    """Half the requests carry a deadline: the slo step reads its queue through indexes (scheduling/slo_index.py),
+    built once on the first step, so later steps read about the same few requests at 3000 queued as at 200 (a
+    scan read all of them: thousands per step)."""
+    shallow, deep = reads_per_step("slo", 200, 30, admit=False), reads_per_step("slo", 3000, 30, admit=False)
+    assert max(deep[1:]) < 400 and max(deep[1:]) <= 1.5 * max(shallow[1:])
+    assert sum(shallow[1:]) > 0
 
 
 def test_waiting_queue_indexes_buckets_by_age_and_keeps_arrival_order():

@@ -57,7 +57,7 @@ def test_cli_writes_plan_json_and_the_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("bad, says", [
-    (["--router", "random"], "allowed: round_robin, least_outstanding, power_of_two"),
+    (["--router", "random"], "allowed: least_work, least_work_sampled, power_of_two, least_outstanding, round_robin"),
     (["--strategy", "continuous,fast"], "allowed: continuous, dynamic"),
     (["--rate", "-3"], "--rate"),
     (["--slo-p95-ms", "abc"], "--slo-p95-ms"),

@@ -19,7 +19,7 @@ from stepserve.sim.replicas import (
     run_replicas,
     summarize,
 )
-from stepserve.sim.routers import make_router
+from stepserve.fleet.routers import make_router
 
 A = (32, 32)
 # about 16 requests/s per replica at batch 8 and 10 steps

@@ -30,6 +30,7 @@ from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
 from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
 from .console import EventsHubActor, deploy_console, start_forwarding, stop_console
+from .fleet import autoscaling_stats, routing_stats
 from .load import background_jobs
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings
@@ -111,6 +112,14 @@ class StepserveReplica:
     def background_jobs(self) -> int:
         """Jobs running here after their POST was answered: load Ray does not count (load.py)."""
         return background_jobs(self.http_app)
+
+    def record_routing_stats(self) -> dict:
+        """Ray Serve asks every ROUTING_STATS_PERIOD_S: this replica's load, for the routers (router.py)."""
+        return routing_stats(self.engine, self.background_jobs())
+
+    def record_autoscaling_stats(self) -> dict:
+        """Ray Serve asks for the custom autoscaling policy: work in hand and jobs (fleet.py)."""
+        return autoscaling_stats(self.engine, self.background_jobs())
 
     def check_health(self) -> None:
         """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
@@ -215,6 +224,7 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+        os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1")  # fresh work in hand
         # Ray enables token authentication for a new local cluster by default (other users of this machine cannot
         # run code in it), and says so on every start: nothing to act on here, so not said
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)

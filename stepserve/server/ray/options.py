@@ -30,6 +30,9 @@ class ReplicaPlan:
     ray_address: str | None = None
     notes: list[str] = field(default_factory=list)
     memory_share: float = 1.0  # of its device's (or host's) free memory, each replica's budget for the memory cap
+    router: str = "least_work"  # fleet/routers.py; power_of_two is Ray Serve's own
+    adapter_load_s: float = 1.0  # the routers' price for loading an adapter a replica does not hold
+    slo_s: float | None = None  # --slo-p95-ms: autoscale on the predicted backlog against it (fleet/autoscale.py)
 
     @property
     def most_replicas(self) -> int:
@@ -62,6 +65,15 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
         max_queued_requests=-1 if args.max_queued_requests is None else args.max_queued_requests,
         target_ongoing_requests=args.target_ongoing_requests or float(args.max_batch_size),
         grace_s=args.shutdown_grace_s, ray_address=args.ray_address)
+    plan.router = getattr(args, "router", None) or plan.router
+    plan.adapter_load_s = getattr(args, "adapter_load_s", None) or plan.adapter_load_s
+    slo_ms = getattr(args, "slo_p95_ms", None)
+    if slo_ms is not None:
+        if not autoscale:
+            raise StartupError("--slo-p95-ms steers the autoscaler; add --autoscale MIN:MAX")
+        if args.target_ongoing_requests is not None:
+            raise StartupError("--slo-p95-ms and --target-ongoing-requests are two autoscaling policies; give one")
+        plan.slo_s = slo_ms / 1000.0
     plan.memory_share = memory_share(plan, args.device)
     if plan.memory_share < 1 and not getattr(args, "no_memory_cap", False):
         plan.notes.append(f"each replica's memory cap counts on {plan.memory_share:.0%} of the free "
@@ -109,6 +121,25 @@ def deployment_options(plan: ReplicaPlan) -> dict:
         options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high,
                                          "initial_replicas": plan.replicas,
                                          "target_ongoing_requests": plan.target_ongoing_requests}
+        if plan.slo_s is not None:  # our policy on the replicas' work in hand; its own delays, not Ray's
+            from .fleet import LOOK_BACK_S, POLICY_FUNCTION
+
+            options["autoscaling_config"].update(
+                policy={"policy_function": POLICY_FUNCTION,
+                        "policy_kwargs": {"slo_s": plan.slo_s, "low": low, "high": high}},
+                upscale_delay_s=0.0, downscale_delay_s=0.0, look_back_period_s=LOOK_BACK_S)
     else:
         options["num_replicas"] = plan.replicas
+    config = _router_config(plan)
+    if config is not None:
+        options["request_router_config"] = config
     return options
+
+
+def _router_config(plan: ReplicaPlan) -> dict | None:
+    """Ray Serve's request_router_config for the plan's router (None: Ray's own power of two choices)."""
+    if plan.router == "power_of_two":
+        return None
+    from .router import router_config  # imports Ray Serve's router API, as the deployment does
+
+    return router_config(plan.router, plan.adapter_load_s)

@@ -1,0 +1,105 @@
+"""`serve --replicas N --router least_work|least_work_sampled|...`: Ray Serve's request router running the fleet's
+own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
+
+- Each replica publishes its stats (fleet.stats.ReplicaStats: seconds of work in hand from its engine's own
+  latency model, the steps a newcomer would run at, adapters loaded, tightest deadline slack, background jobs)
+  through Ray Serve's `record_routing_stats`, stamped with the time they were taken. Ray's controller asks for them
+  every ROUTING_STATS_PERIOD_S and hands them to the routers, so they are that old, and a little more.
+- Between publications the router adds what it sent since (fleet/sent.py): each request's own price, predicted
+  when it was placed, until stats taken after it arrive or the request comes back.
+- Ray's HTTP proxy routes a request before reading its body, so the router does not know its steps or size: it
+  prices each at the model's default steps and reference size (what each replica quotes). The replicas' work in
+  hand, which is what differs between them, is exact. A client that names its LoRA adapter in Ray's
+  `serve_multiplexed_model_id` header gets adapter affinity (a replica holding it wins unless another finishes
+  sooner by more than --adapter-load-s).
+- The choice is one rank per replica, best first; Ray then sends to the first that has room (its
+  max_ongoing_requests), as it does for its own routers.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+
+from ...fleet.routers import DEFAULT_CHOICES, make_router
+from ...fleet.sent import Sent
+from ...fleet.stats import Job, ReplicaStats, finish_s, price_s
+
+ROUTING_STATS_PERIOD_S = 0.5  # how often Ray's controller asks each replica for its stats
+ROUTER_CLASS = "stepserve.server.ray.router.FleetRouter"
+IMAGE_ROUTES = ("/v1/images", "/v1/videos")  # requests that make work; the others (health, models) cost nothing
+
+
+class FleetRouter(FIFOMixin, RequestRouter):
+    """A Ray Serve RequestRouter that ranks replicas with a stepserve router (kwargs: router, adapter_load_s,
+    choices, default_steps, seed)."""
+
+    def initialize_state(self, router: str = "least_work", adapter_load_s: float = 0.0,
+                         choices: int = DEFAULT_CHOICES, default_steps: int = 20, seed: int | None = None,
+                         **_: Any) -> None:
+        self.policy = make_router(router, random.randrange(2**31) if seed is None else seed, adapter_load_s,
+                                  choices)
+        self.adapter_load_s = adapter_load_s
+        self.default_steps = default_steps
+        self.sent = Sent()
+        self._prices: dict[str, dict[Any, float]] = {}  # request -> replica id -> price, until it is placed
+
+    def job(self, pending: PendingRequest | None) -> Job:
+        if pending is None:
+            return Job(self.default_steps)
+        meta = pending.metadata
+        steps = self.default_steps if any(meta.route.startswith(r) for r in IMAGE_ROUTES) or not meta.route else 0
+        adapter = meta.multiplexed_model_id
+        return Job(steps, 0, frozenset((adapter,)) if adapter else frozenset())
+
+    def stats_of(self, replica: RunningReplica) -> ReplicaStats:
+        """The replica's published stats plus what this router sent it since they were taken."""
+        published = replica.routing_stats or {}
+        taken = published.get("taken_at")
+        if taken is not None:
+            self.sent.published(replica.replica_id, float(taken))
+        return self.sent.adjust(replica.replica_id, ReplicaStats.from_dict(published))
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        published = next((r.routing_stats for r in candidate_replicas if r.routing_stats), {})
+        self.default_steps = int(published.get("default_steps", self.default_steps))  # the model's, as served
+        job = self.job(pending_request)
+        stats = [self.stats_of(r) for r in candidate_replicas]
+        first = self.policy.pick(stats, job)
+        scored = sorted(range(len(stats)), key=lambda i: (i != first, finish_s(stats[i], job, self.adapter_load_s)))
+        if pending_request is not None:
+            if len(self._prices) > 10_000:  # requests placed elsewhere or given up: forget the oldest notes
+                for key in list(self._prices)[:5_000]:
+                    del self._prices[key]
+            self._prices[pending_request.metadata.internal_request_id] = {
+                candidate_replicas[i].replica_id: price_s(stats[i], job) for i in scored}
+        return [[candidate_replicas[i]] for i in scored]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
+        rid = pending_request.metadata.internal_request_id
+        prices = self._prices.pop(rid, {})
+        self.sent.sent(replica_id, rid, time.time(), prices.get(replica_id, 0.0))
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        self.sent.done(replica_id, internal_request_id)
+        self._prices.pop(internal_request_id, None)
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.sent.forget(replica_id)
+
+
+def router_config(router: str, adapter_load_s: float) -> dict | None:
+    """Ray Serve's request_router_config for `--router` (None: power_of_two is Ray's own default router)."""
+    if router == "power_of_two":
+        return None
+    return {"request_router_class": ROUTER_CLASS,
+            "request_router_kwargs": {"router": router, "adapter_load_s": adapter_load_s},
+            "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
+            "request_routing_stats_timeout_s": 10.0}

@@ -1,0 +1,153 @@
+"""The fleet's router and autoscaling policy inside Ray Serve, without a cluster: the RequestRouter subclass ranks
+replicas by their published stats plus what it sent since, the SLO policy reads the replicas' work in hand, and
+the serve flags map onto Ray Serve's options (the loopback runs are in test_ray_serve.py and the benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+from extras import require
+
+from stepserve.commands.serve import main as serve_main
+from stepserve.fleet.stats import ReplicaStats
+
+
+@dataclass
+class FakeReplica:
+    """What FleetRouter reads of Ray Serve's RunningReplica."""
+
+    replica_id: str
+    routing_stats: dict = field(default_factory=dict)
+    max_ongoing_requests: int = 16
+
+
+@dataclass
+class FakeMeta:
+    internal_request_id: str
+    route: str = "/v1/images/generations"
+    multiplexed_model_id: str = ""
+
+
+@dataclass
+class FakePending:
+    metadata: FakeMeta
+
+
+def published(work_s: float, n: int, taken_at: float, adapters=()) -> dict:
+    d = ReplicaStats(outstanding=n, work_s=work_s, curve=(0.1,), adapters=frozenset(adapters)).to_dict()
+    d.update(taken_at=taken_at, default_steps=20)
+    return d
+
+
+def make_router(**kwargs):
+    require("ray", "ray")
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+
+    from stepserve.server.ray.router import FleetRouter
+
+    router = FleetRouter(DeploymentID(name="Engine", app_name="stepserve"), DeploymentHandleSource.PROXY)
+    router.initialize_state(**kwargs)
+    return router
+
+
+def choose(router, replicas, rid, **meta):
+    pending = FakePending(FakeMeta(rid, **meta))
+    ranks = asyncio.run(router.choose_replicas(replicas, pending))
+    return [r[0].replica_id for r in ranks], pending
+
+
+def test_the_router_ranks_by_predicted_finish_and_counts_what_it_sent_since():
+    router = make_router(router="least_work")
+    a, b = FakeReplica("a", published(4.0, 1, 100.0)), FakeReplica("b", published(1.0, 3, 100.0))
+    order, pending = choose(router, [a, b], "r1")
+    assert order == ["b", "a"]  # less work in hand, though it holds more requests
+    router.on_request_routed(pending, "b", None)  # sent to b: 20 steps x 0.1 s at its quote
+    router.on_request_routed(choose(router, [a, b], "r2")[1], "b", None)
+    assert router.sent.pending("b")[0] == 2
+    assert choose(router, [a, b], "r3")[0] == ["a", "b"]  # b now holds its 1 s and the 4 s just sent
+    b.routing_stats = published(5.5, 5, 1e12)  # stats taken after those sends: they are in them now
+    assert choose(router, [a, b], "r4")[0] == ["a", "b"] and router.sent.pending("b") == (0, 0.0)
+    router.on_request_completed("a", "r-unknown")  # nothing noted: nothing to drop
+
+
+def test_a_request_naming_a_held_adapter_goes_where_it_is_held():
+    router = make_router(router="least_work", adapter_load_s=5.0)
+    a = FakeReplica("a", published(2.0, 1, 1.0, adapters=("ink",)))
+    b = FakeReplica("b", published(0.0, 0, 1.0))
+    assert choose(router, [a, b], "r1", multiplexed_model_id="ink")[0][0] == "a"
+    assert choose(router, [a, b], "r2")[0][0] == "b"
+    assert choose(router, [a, b], "r3", route="/health")[0][0] == "b"  # no work: the least loaded all the same
+
+
+def test_a_replica_that_published_nothing_yet_counts_as_idle():
+    router = make_router(router="least_work")
+    assert choose(router, [FakeReplica("a", published(3.0, 2, 1.0)), FakeReplica("new")], "r")[0] == ["new", "a"]
+
+
+@dataclass
+class FakeContext:
+    running_replicas: list
+    target_num_replicas: int
+    raw_metrics: dict
+    policy_state: dict = field(default_factory=dict)
+    current_time: float = 0.0
+
+
+@dataclass
+class Point:
+    timestamp: float
+    value: float
+
+
+def test_the_slo_autoscaling_policy_reads_the_latest_work_and_keeps_replicas_running_jobs():
+    require("ray", "ray")
+    from stepserve.server.ray.fleet import SLOAutoscaling
+
+    policy = SLOAutoscaling(slo_s=2.0, low=1, high=4)
+    work = {"r1": [Point(1.0, 0.1), Point(2.0, 3.0)], "r2": [Point(2.0, 3.0)]}  # the latest: 3 s each
+    want, state = policy(FakeContext(["r1", "r2"], 2, {"work_s": work}))
+    assert want == 4  # 6 s of work: a request waits 3 s on two replicas, the SLO allows 1 s of waiting
+    idle = {"work_s": {"r1": [Point(9.0, 0.0)], "r2": [Point(9.0, 0.0)]}}
+    jobs = dict(idle, jobs={"r1": [Point(9.0, 1.0)]})
+    state = {"low_since": -1000.0}  # low for long enough to come down
+    assert policy(FakeContext(["r1", "r2"], 2, jobs, dict(state), 9.0))[0] == 2  # r1 runs a video: none stops
+    assert policy(FakeContext(["r1", "r2"], 2, idle, dict(state), 9.0))[0] == 1
+
+
+def test_router_and_slo_flags_map_onto_ray_serve_options():
+    require("ray", "ray")
+    from stepserve.commands.serve import build_parser
+    from stepserve.server.ray.options import deployment_options, plan_replicas
+    from stepserve.server.ray.router import ROUTER_CLASS
+
+    def options(*flags):
+        return deployment_options(plan_replicas(build_parser().parse_args(list(flags)), local_cores=4))
+
+    default = options("--replicas", "2")
+    config = default["request_router_config"]
+    assert config["request_router_class"] == ROUTER_CLASS and config["request_router_kwargs"]["router"] == "least_work"
+    assert config["request_routing_stats_period_s"] <= 1.0
+    assert "request_router_config" not in options("--replicas", "2", "--router", "power_of_two")  # Ray's own
+    sampled = options("--replicas", "2", "--router", "least_work_sampled", "--adapter-load-s", "3")
+    assert sampled["request_router_config"]["request_router_kwargs"] == {"router": "least_work_sampled",
+                                                                         "adapter_load_s": 3.0}
+    scaled = options("--replicas", "1", "--autoscale", "1:2", "--slo-p95-ms", "800")["autoscaling_config"]
+    assert scaled["policy"]["policy_function"] == "stepserve.server.ray.fleet:SLOAutoscaling"
+    assert scaled["policy"]["policy_kwargs"] == {"slo_s": 0.8, "low": 1, "high": 2}
+    assert scaled["upscale_delay_s"] == 0.0 and scaled["downscale_delay_s"] == 0.0  # the policy's own delays
+    assert "policy" not in options("--replicas", "1", "--autoscale", "1:2")["autoscaling_config"]  # Ray's default
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--router", "least_work"], "--router only apply to Ray Serve replicas"),
+    (["--replicas", "2", "--slo-p95-ms", "500"], "--slo-p95-ms steers the autoscaler; add --autoscale"),
+    (["--replicas", "1", "--autoscale", "1:2", "--slo-p95-ms", "500", "--target-ongoing-requests", "2"],
+     "two autoscaling policies"),
+])
+def test_bad_fleet_flags_get_one_line_errors(flags, message, capsys, monkeypatch):
+    monkeypatch.setattr("stepserve.commands.serve.available_cores", lambda: 4)
+    assert serve_main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stepserve serve: error: ") and message in err and err.count("\n") == 1, err
