@@ -1,6 +1,7 @@
 """`stepserve serve --replicas N`: the HTTP app as Ray Serve replicas, one engine per replica (docs/SCALING.md).
 
 deployment.py is the only module here that imports Ray: options.py checks the replica flags and maps them onto
-Serve's deployment options before a cluster starts, metrics.py merges the replicas' metrics into one page, and
-proxy_errors.py runs in Ray's HTTP proxy and gives its own errors the OpenAI shape.
+Serve's deployment options before a cluster starts, metrics.py merges the replicas' metrics into one page,
+processes.py keeps track of a local cluster's processes, and proxy_errors.py runs in Ray's HTTP proxy and gives its
+own errors the OpenAI shape.
 """

@@ -30,6 +30,7 @@ from ...util.words import plural
 from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings
+from .processes import adopt_orphans, end_leftovers, reap
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
 APP_NAME = "stepserve"
@@ -142,7 +143,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
               flush=True)
         while not stop.wait(1.0):
             if local:
-                _reap()  # Ray workers that exited and were handed to us (the subreaper)
+                reap()  # Ray workers that exited and were handed to us (the subreaper)
         print(f"stepserve serve: stopping the replicas (requests in flight may finish within {plan.grace_s:g} s) "
               f"...", file=sys.stderr, flush=True)
         _bounded(serve.delete, plan.grace_s + 15.0, APP_NAME)
@@ -155,7 +156,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         session = _session_dir() if local else None
         ray.shutdown()  # a local cluster started by ray.init stops with it
         if local:
-            _end_leftovers()
+            end_leftovers()
             _remove_session(session)
 
 
@@ -207,7 +208,7 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         if not (sys.stdout.isatty() and sys.stderr.isatty()):
             os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI colour codes in a log file
-        _adopt_orphans()
+        adopt_orphans()
         print(f"stepserve serve: starting a local Ray cluster ({available_cores()} CPUs, loopback) ...",
               file=sys.stderr, flush=True)
         ray.init(num_cpus=available_cores(), include_dashboard=False, _node_ip_address="127.0.0.1",
@@ -224,60 +225,6 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
             "; a cluster with token authentication (Ray's default) needs RAY_AUTH_MODE=token here, and its token in "
             "~/.ray/auth_token or RAY_AUTH_TOKEN")
         raise StartupError(f"cannot join the Ray cluster at --ray-address {plan.ray_address!r}: {exc}{hint}") from None
-
-
-def _adopt_orphans() -> None:
-    """Linux: become the child subreaper, so that Ray workers orphaned by a raylet killed from outside (a signal to
-    the whole process group) stay our descendants, and _end_leftovers() can stop them."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def _end_leftovers(wait_s: float = 5.0) -> None:
-    """Stop whatever the local cluster left running below this process: SIGTERM, then SIGKILL after wait_s."""
-    pids = _descendants(os.getpid())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while pids and time.monotonic() < deadline:
-            _reap()
-            pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
-            time.sleep(0.1)
-        if not pids:
-            return
-
-
-def _reap() -> None:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
-
-
-def _descendants(root: int) -> list[int]:
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, frontier = [], [root]
-    while frontier:
-        children = [p for p, pp in parent.items() if pp in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 def _serve_running() -> bool:
