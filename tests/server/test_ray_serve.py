@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from extras import require
-from ray_cluster import Cluster, ServeProcess, assert_all_gone, marked_pids, ray_env
+from ray_cluster import Cluster, ServeProcess, assert_all_gone, free_port, marked_pids, ray_env
 from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode_png
 
 from stepserve.commands.serve import main as serve_main
@@ -294,3 +294,24 @@ def test_flags_map_to_ray_serve_options():
     assert options["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 0.0}
     assert options["max_ongoing_requests"] == 12 and options["max_queued_requests"] == 10
     assert options["backpressure_config"]["status_code"] == 429
+
+
+def test_a_state_that_cannot_be_opened_is_one_line_before_a_cluster_starts(monkeypatch, capsys):
+    require("redis", "redis")
+    monkeypatch.setattr("stepserve.commands.serve.available_cores", lambda: 2)
+    monkeypatch.setattr("stepserve.server.ray.deployment.serve_replicas", lambda *_: pytest.fail("a cluster started"))
+    assert serve_main(["--replicas", "1", "--state", "redis://127.0.0.1:1/0", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stepserve serve: error: --state redis://127.0.0.1:1/0") and err.count("\n") == 1, err
+    assert "cannot reach Redis at 127.0.0.1:1" in err
+
+
+def test_memory_state_with_replicas_warns_once_that_nothing_is_shared(monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr("stepserve.commands.serve.available_cores", lambda: 2)
+    monkeypatch.setattr("stepserve.server.ray.deployment.serve_replicas", lambda *args: started.append(args) or 0)
+    assert serve_main(["--replicas", "2", "--state", "memory", "--port", str(free_port())]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: with --state memory each replica keeps its own jobs and adapters") == 1, err
+    [(settings, plan)] = started
+    assert settings.state_url == "memory" and plan.replicas == 2

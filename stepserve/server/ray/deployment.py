@@ -6,6 +6,12 @@ HTTP proxy and router sit in front: a request goes to a replica with fewer than 
 else waits in Ray's queue, and past max_queued_requests Ray answers 429 + Retry-After. Every answer from a replica
 names it in X-Stepserve-Replica. /metrics, on whichever replica serves it, shows all replicas' metrics with a
 `replica` label: each replica pushes a snapshot to a small hub actor every second (and its own at scrape time).
+
+What outlives a request is shared through the state store (docs/SCALING.md): each replica opens the store that
+--state names and the --results folder itself (only their names travel, never a connection), runs jobs under its
+Ray replica id as their owner and holds adapters under that name, and reads the webhook secret from its own
+environment. When Ray stops a replica (scale-down, serve.delete) it runs the app's lifespan shutdown: the replica
+stops claiming jobs, gives the ones it runs the grace period, and hands back to the store what is unfinished.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ from ...engine.loading import available_cores
 from ..app import create_app
 from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
-from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
+from ..startup import (WEBHOOK_SECRET_ENV, ServeSettings, StartupError, for_replicas, open_state, ready_line,
+                       replica_api_key, replica_webhook_secret, start_engine)
 from .metrics import merge, snapshot
-from .options import ReplicaPlan, deployment_options, replica_settings
+from .options import ReplicaPlan, deployment_options, replica_settings, stop_budget_s
 from .processes import adopt_orphans, end_leftovers, reap
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
@@ -69,15 +76,24 @@ class StepserveReplica:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.engine = None
         self.pusher: asyncio.Task | None = None
+        self.state: tuple = ()  # the store and results folder this replica opened
 
     async def __serve_build_asgi_app__(self):
-        api_key = replica_api_key(self.settings)  # StartupError fails the replica with its message
-        engine = start_engine(self.settings.engine)
-        self.engine = engine
-        app = create_app(engine, api_key=api_key, limits=self.settings.limits,
-                         shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
-                         metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins,
-                         access_log=False)  # Ray Serve logs every request itself
+        settings = self.settings
+        api_key = replica_api_key(settings)  # StartupError fails the replica with its message
+        webhook_secret = replica_webhook_secret(settings)
+        store, results = self.state = open_state(settings)  # this replica's own connection to the shared state
+        try:
+            engine = self.engine = start_engine(settings.engine)
+        except BaseException:
+            self._close_state()
+            raise
+        app = create_app(engine, api_key=api_key, limits=settings.limits,
+                         shutdown_grace_s=settings.shutdown_grace_s, replica=self.replica,
+                         metrics_view=self.all_metrics, cors_origins=settings.cors_origins,
+                         access_log=False,  # Ray Serve logs every request itself
+                         store=store, results=results, owner=self.replica, webhook_secret=webhook_secret,
+                         job_lease_s=settings.job_lease_s)
         self.metrics = app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         return app
@@ -109,9 +125,16 @@ class StepserveReplica:
             raise RuntimeError(f"engine failed: {self.engine.failure}")
 
     async def __del__(self) -> None:
+        """Ray Serve calls this once the app's lifespan shutdown has run (jobs handed back)."""
         if self.pusher is not None:
             self.pusher.cancel()
         self.hub.drop.remote(self.replica)
+        self._close_state()
+
+    def _close_state(self) -> None:
+        for opened in self.state[::-1]:  # the results folder (a temporary one goes), then the store
+            opened.close()
+        self.state = ()
 
 
 def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
@@ -121,6 +144,8 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
     local = plan.ray_address is None
     if local and settings.api_key is not None and settings.api_key_file is None:
         os.environ[API_KEY_ENV] = settings.api_key  # the local cluster's processes inherit it; no argument carries it
+    if local and settings.webhook_secret is not None:
+        os.environ[WEBHOOK_SECRET_ENV] = settings.webhook_secret  # the same for the webhook secret
     _connect(plan, local)
     stop = _stop_on_signal()  # after ray.init, whose own SIGTERM handler would abort the process
     started_serve = False
@@ -146,7 +171,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
                 reap()  # Ray workers that exited and were handed to us (the subreaper)
         print(f"stepserve serve: stopping the replicas (requests in flight may finish within {plan.grace_s:g} s) "
               f"...", file=sys.stderr, flush=True)
-        _bounded(serve.delete, plan.grace_s + 15.0, APP_NAME)
+        _bounded(serve.delete, stop_budget_s(plan) + 15.0, APP_NAME)
         return 0
     finally:
         if started_serve and not local:  # a cluster we joined keeps running: take down the Serve we started there
