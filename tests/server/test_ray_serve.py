@@ -34,8 +34,11 @@ def local_server():
     cluster so that the two boot side by side; test_local_cluster_* uses it last."""
     require("ray", "ray")
     mark = uuid.uuid4().hex
-    env = {k: v for k, v in ray_env(mark).items() if k != "RAY_AUTH_MODE"}  # stepserve's own default applies
-    server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2", env=env)
+    env = {k: v for k, v in ray_env(mark).items()
+           if k not in ("RAY_AUTH_MODE", "STEPSERVE_WEBHOOK_SECRET")}  # stepserve's own default applies
+    # the webhook secret as a flag: it never travels to the replica, which finds it in the environment it inherits
+    server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2", "--webhook-secret", "local-secret",
+                          env=env)
     try:
         yield server, mark
     finally:
@@ -248,6 +251,10 @@ def test_local_cluster_serves_and_stops_without_leftovers(local_server):
     server.wait_ready()
     r = httpx.post(server.url + GENERATIONS, json=CONFIGS[0], timeout=60)
     assert r.status_code == 200 and r.headers["X-Stepserve-Replica"]
+    # the replica signs webhooks (without a secret a job naming one is a 400)
+    job = httpx.post(server.url + GENERATIONS, json={**CONFIGS[0], "webhook": "http://127.0.0.1:9/hook"},
+                     headers={"Prefer": "respond-async"}, timeout=60)
+    assert job.status_code == 202, job.text
     assert len(marked_pids(mark)) > 3  # the CLI, Ray's own processes and the replica
     assert server.stop() == 0, server.tail()
     assert_all_gone(mark)
