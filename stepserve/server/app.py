@@ -8,7 +8,6 @@ down (letting in-flight work finish within the grace period) when the server sto
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +22,7 @@ from ..store.base import Store
 from ..store.memory import MemoryStore
 from ..store.results import Results
 from . import errors
+from .auth import require_key
 from .bodies import JSON, check_json, read_body
 from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import backstop_s, check, image_body, outcome_of, submit_all, wait_all
@@ -146,22 +146,7 @@ def is_idle(app: FastAPI) -> bool:
 
 
 def _auth(state: ServerState):
-    expected = None if state.api_key is None else state.api_key.encode()
-
-    async def require_key(request: Request) -> None:
-        if expected is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if not header:
-            _count_refusal(state, request)
-            raise errors.unauthorized("missing API key; send the header 'Authorization: Bearer <key>'")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            _count_refusal(state, request)
-            raise errors.unauthorized("invalid API key; send the header 'Authorization: Bearer <key>' with the "
-                                      "key the server was started with")
-
-    return require_key
+    return require_key(state.api_key, lambda request: _count_refusal(state, request))
 
 
 def _count_refusal(state: ServerState, request: Request) -> None:

@@ -1,6 +1,10 @@
 """The web console: `GET /` serves a page (HTML, CSS and JS in stepserve/server/console/, no build step, nothing
 from a CDN) with a playground and a live view of the batch; `GET /v1/engine/events` feeds that view (events.py).
 
+Under Ray Serve the stream is served apart from the engine replicas: events_app() is the whole app of a light
+deployment of its own (ray/console.py), fed by every replica through a hub (ray/fleet_events.py), so that open
+streams hold none of the replicas' request slots.
+
 The page itself holds no secret and is served without a key. When the server has an API key, the page asks for it
 and sends it in the Authorization header of its API calls, as any client does; it is kept in the page's memory
 only, never in storage or the URL.
@@ -9,15 +13,28 @@ only, never in storage or the URL.
 from __future__ import annotations
 
 from importlib import resources
+from typing import Protocol
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import Response
 
-from .events import EngineEvents
+from .auth import require_key
+from .errors import install_error_handlers
 from .streaming import EventStreamResponse
 
+
+class StreamSource(Protocol):
+    """What feeds /v1/engine/events: this process's engine (events.EngineEvents) or the fleet's hub
+    (ray/fleet_events.FleetEvents)."""
+
+    def subscribe(self): ...  # a queue for a new viewer; APIError 429 past the viewer cap
+
+    def unsubscribe(self, queue) -> None: ...
+
+    def chunks(self, queue): ...  # the viewer's SSE body
+
 ASSETS = {"index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8",
-          "console.js": "text/javascript; charset=utf-8"}
+          "console.js": "text/javascript; charset=utf-8", "lanes.js": "text/javascript; charset=utf-8"}
 
 
 def _asset(name: str) -> Response:
@@ -42,7 +59,7 @@ def page_routes() -> APIRouter:
     return router
 
 
-def event_routes(events: EngineEvents) -> APIRouter:
+def event_routes(events: StreamSource) -> APIRouter:
     """`/engine/events` under /v1, behind the API key like the rest of /v1."""
     router = APIRouter()
 
@@ -52,3 +69,22 @@ def event_routes(events: EngineEvents) -> APIRouter:
         return EventStreamResponse(events.chunks(queue), lambda: events.unsubscribe(queue))
 
     return router
+
+
+def events_app(events: StreamSource, api_key: str | None, cors_origins: tuple[str, ...] = (),
+               name: str | None = None) -> FastAPI:
+    """An app that serves /v1/engine/events alone, behind the key, errors in the OpenAI shape. `name` goes in
+    X-Stepserve-Replica on every answer (so Ray's proxy passes its 429s through as the app's own)."""
+    from .app import REPLICA_HEADER, ReplicaHeader
+
+    app = FastAPI(title="stepserve console events", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    app.include_router(event_routes(events), prefix="/v1", dependencies=[Depends(require_key(api_key))])
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET"],
+                           allow_headers=["Authorization"], expose_headers=[REPLICA_HEADER])
+    if name is not None:
+        app.add_middleware(ReplicaHeader, replica=name)
+    return app

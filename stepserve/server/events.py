@@ -10,13 +10,16 @@ Each engine step becomes one compact record, built once in the engine thread and
      "done": [[5, "completed", 1.234, 20]],  # finished: [id, status, latency from arrival (s), steps]
      "queue": 3, "running": 6, "cap": 4}     # queue depth, requests admitted, the batch cap in force (or null)
 
-Short ids are small integers, given to a request the first time a record names it. Records reach the viewers
-in batches, FLUSH_S apart: one wake-up of the event loop per batch, not per step (each `event: steps` carries a
-JSON list of records, in order). A viewer that reads too slowly loses the oldest batches, never blocks the engine. While no viewer is connected no record is built: the
-hub subscribes to the engine's steps when the first viewer arrives and leaves with the last; all it does
-meanwhile is remember the last finished requests (status, latency, steps) in `remember`, one append per finished
-request. On connect a viewer first gets `event: hello` with the model (its sizes and defaults), the batch bound and those recent finished
-requests (for the latency view), then `event: steps`, each a JSON list of step records in order.
+A Ray Serve replica's records also carry `"replica": "<its id>"`, and their `t` counts from the start of the hub
+that merges all replicas' records (ray/fleet_events.py). Short ids are small integers, given to a request the first
+time a record names it (per replica). Records reach the viewers in batches, FLUSH_S apart: one wake-up of the event
+loop per batch, not per step (each `event: steps` carries a JSON list of records, in order). A viewer that reads too
+slowly loses the oldest batches, never blocks the engine. While no viewer is connected no record is built: the hub
+subscribes to the engine's steps when the first viewer arrives and leaves with the last; all it does meanwhile is
+remember the last finished requests (status, latency, steps) in `remember`, one append per finished request. On
+connect a viewer first gets `event: hello` with the model (its sizes and defaults), the batch bound and those
+recent finished requests (for the latency view), then `event: steps`, each a JSON list of step records in order.
+At most MAX_VIEWERS streams at once (viewers.py).
 """
 
 from __future__ import annotations
@@ -29,27 +32,25 @@ import time
 from collections import deque
 
 from ..request.types import StepReport
-from .streaming import sse
+from .viewers import Viewers
 
 RECENT = 500  # finished requests remembered for a viewer that connects later
-QUEUE = 256  # batches of records a viewer may fall behind by before the oldest are dropped
 FLUSH_S = 0.1  # records reach the viewers in batches this far apart (10 a second: enough for a live picture)
-KEEPALIVE_S = 15.0
 
 
 class EngineEvents:
     def __init__(self, engine, started: float | None = None) -> None:
         self.engine = engine
         self.started = time.monotonic() if started is None else started
+        self.label: str | None = None  # a Ray Serve replica's id: every record then names it
         self._recent: deque[list] = deque(maxlen=RECENT)
-        self._viewers: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
+        self._viewers = Viewers()
         self._lock = threading.Lock()
         self._ids: dict[str, int] = {}
         self._next = itertools.count(1)
         self._attached = False
         self._pending: list[str] = []  # records built since the last flush (engine thread -> event loop)
         self._flush_due = False
-        self.closed = False  # the server is draining: every stream ends, and a new one ends after its hello
         engine.on_step.append(self.remember)
 
     # --- the engine thread ---------------------------------------------------------------------------------------
@@ -65,21 +66,20 @@ class EngineEvents:
         line = json.dumps(self.record(report), separators=(",", ":"))
         with self._lock:
             self._pending.append(line)
-            if self._flush_due or not self._viewers:
+            if self._flush_due:
+                return
+            loop = self._viewers.loop()
+            if loop is None:
                 return
             self._flush_due = True
-            loop = self._viewers[0][0]
         loop.call_soon_threadsafe(loop.call_later, FLUSH_S, self._flush)
 
     def _flush(self) -> None:
         """(the event loop) Every record since the last flush, to every viewer as one batch."""
         with self._lock:
             lines, self._pending, self._flush_due = self._pending, [], False
-            viewers = list(self._viewers)
         if lines:
-            batch = "[" + ",".join(lines) + "]"
-            for _, queue in viewers:
-                _offer(queue, batch)
+            self._viewers.offer(("steps", "[" + ",".join(lines) + "]"))
 
     def record(self, report: StepReport) -> dict:
         stepped = {r.request_id for r in report.progressed}
@@ -91,6 +91,8 @@ class EngineEvents:
                   "done": [[self._id(r.request_id), r.status.value, _latency(r), r.num_inference_steps]
                            for r in report.finished],
                   "queue": len(core.waiting), "running": len(core.running), "cap": self._cap(report)}
+        if self.label is not None:
+            record["replica"] = self.label
         for r in report.finished:  # after every mention above: a request may step and finish in one step
             self._ids.pop(r.request_id, None)
         return record
@@ -110,9 +112,9 @@ class EngineEvents:
 
     # --- viewers (the event loop) --------------------------------------------------------------------------------
     def subscribe(self) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue(QUEUE)
+        """A new viewer's queue (APIError 429 past MAX_VIEWERS); the first one attaches to the engine's steps."""
+        queue = self._viewers.add()
         with self._lock:
-            self._viewers.append((asyncio.get_running_loop(), queue))
             if not self._attached:
                 self._ids.clear()  # ids of requests that finished unwatched
                 self.engine.on_step.append(self.on_step)
@@ -120,22 +122,21 @@ class EngineEvents:
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue) -> None:
+        left = self._viewers.remove(queue)
         with self._lock:
-            self._viewers = [v for v in self._viewers if v[1] is not queue]
-            if not self._viewers:
+            if not left:
                 self._pending = []
-            if not self._viewers and self._attached:
+            if not left and self._attached:
                 self.engine.on_step.remove(self.on_step)
                 self._attached = False
 
     def close(self) -> None:
-        """End every viewer's stream (any thread): the server is shutting down, and an open stream would hold
-        uvicorn's graceful shutdown for its whole timeout."""
-        with self._lock:
-            self.closed = True
-            viewers = list(self._viewers)
-        for loop, queue in viewers:
-            loop.call_soon_threadsafe(_offer, queue, None)
+        """End every viewer's stream (any thread): the server is draining."""
+        self._viewers.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._viewers.closed
 
     @property
     def viewers(self) -> int:
@@ -155,26 +156,14 @@ class EngineEvents:
                 "strategy": self.engine.core.policy.name, "recent": recent,
                 "t": round(time.monotonic() - self.started, 4)}
 
-    async def chunks(self, queue: asyncio.Queue):
-        """The SSE body for the viewer of `queue` (from subscribe): hello, then step records, with a comment line
-        as keep-alive when the engine is idle. The response unsubscribes it when the stream ends."""
-        yield sse("hello", self.hello())
-        while not self.closed:
-            try:
-                line = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-            except asyncio.TimeoutError:
-                yield b": keep-alive\n\n"
-                continue
-            if line is None:  # close(): the server is shutting down
-                return
-            yield sse("steps", line)
+    def chunks(self, queue: asyncio.Queue):
+        """The SSE body for the viewer of `queue` (from subscribe): hello, then step records. The response
+        unsubscribes it when the stream ends."""
+        async def hello() -> dict:
+            return self.hello()
+
+        return self._viewers.stream(queue, hello)
 
 
 def _latency(r) -> float | None:
     return None if r.timing.finished is None else round(r.timing.finished - r.timing.arrival, 4)
-
-
-def _offer(queue: asyncio.Queue, line: str) -> None:
-    if queue.full():
-        queue.get_nowait()  # the slow viewer loses its oldest record
-    queue.put_nowait(line)

@@ -23,7 +23,7 @@ def test_the_page_and_its_files_are_served_without_a_key(serve):
         page = httpx.get(server.url + "/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "/console/console.js" in page.text and "secret" not in page.text
-        for name, kind in (("console.js", "javascript"), ("console.css", "css")):
+        for name, kind in (("console.js", "javascript"), ("lanes.js", "javascript"), ("console.css", "css")):
             asset = httpx.get(f"{server.url}/console/{name}")
             assert asset.status_code == 200 and kind in asset.headers["content-type"]
         assert httpx.get(server.url + "/console/../app.py").status_code == 404
@@ -31,7 +31,7 @@ def test_the_page_and_its_files_are_served_without_a_key(serve):
         # nothing is fetched from another host: every src/href is a local path
         links = re.findall(r'(?:src|href)="([^"]+)"', page.text)
         assert links and all(link.startswith("/console/") for link in links)
-        for name in ("console.js", "console.css"):
+        for name in ("console.js", "lanes.js", "console.css"):
             assert not re.search(r"https?://", httpx.get(f"{server.url}/console/{name}").text)
 
 
@@ -138,8 +138,9 @@ def test_the_console_stream_is_framed_by_the_one_sse_function():
     batch = '[{"t":0.1,"rows":[[1,2,20]]}]'
 
     async def first_two():
-        queue = asyncio.Queue()
-        queue.put_nowait(batch)
+        queue = hub.subscribe()
+        hub._pending = [batch[1:-1]]  # one record built in the engine thread, flushed to the viewers as a batch
+        hub._flush()
         stream = hub.chunks(queue)
         chunks = [await stream.__anext__(), await stream.__anext__()]
         await stream.aclose()
@@ -149,3 +150,43 @@ def test_the_console_stream_is_framed_by_the_one_sse_function():
     assert chunks == [sse("hello", hello), sse("steps", batch)]
     assert chunks[0] == b'event: hello\ndata: {"model":{"name":"tiny","sizes":[256,512]},"max_batch_size":4,' \
                         b'"recent":[],"t":1.5}\n\n'
+
+
+def test_at_most_16_viewers_the_next_gets_a_429_and_a_closed_stream_frees_its_place(serve):
+    """Every stream holds a connection for as long as its tab is open: one server feeds at most MAX_VIEWERS; the
+    next is refused at once in the OpenAI shape with Retry-After, and a viewer that leaves frees its place."""
+    import asyncio
+    import contextlib
+
+    from server_helpers import assert_error_shape
+
+    from stepserve.server.viewers import MAX_VIEWERS
+
+    assert MAX_VIEWERS == 16
+    with serve(strategy="continuous", api_key="secret") as server:
+        hub = server.app.state.server.events
+        url = server.url + "/v1/engine/events"
+
+        async def viewers():
+            limits = httpx.Limits(max_connections=MAX_VIEWERS + 4)
+            async with httpx.AsyncClient(timeout=240, limits=limits,
+                                         headers={"Authorization": "Bearer secret"}) as client, \
+                    contextlib.AsyncExitStack() as stack:
+                streams = [await stack.enter_async_context(client.stream("GET", url)) for _ in range(MAX_VIEWERS)]
+                assert [s.status_code for s in streams] == [200] * MAX_VIEWERS and hub.viewers == MAX_VIEWERS
+                async with client.stream("GET", url) as refused:  # a stream: the check cannot hang on one
+                    assert refused.status_code == 429
+                    await refused.aread()
+                error = assert_error_shape(refused, 429)
+                assert error["code"] == "too_many_viewers" and "16 viewers" in error["message"]
+                assert refused.headers["Retry-After"] == "10" and hub.viewers == MAX_VIEWERS
+                await streams[0].aclose()  # one tab closes
+                while hub.viewers != MAX_VIEWERS - 1:  # the server sees it go (bounded by the test timeout)
+                    await asyncio.sleep(0.02)
+                async with client.stream("GET", url) as again:
+                    assert again.status_code == 200
+                    assert (await again.aiter_lines().__anext__()) == "event: hello"
+
+        asyncio.run(viewers())
+        wait_until(lambda: hub.viewers == 0, 240)
+        assert hub.viewers == 0

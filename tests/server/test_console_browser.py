@@ -151,3 +151,41 @@ def test_a_model_without_negative_prompts_has_no_field_for_one(serve, browser, t
         assert "negative_prompt" not in sent.value.post_data_json
         page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
         page.close()
+
+
+def test_lanes_of_two_replicas_show_up_under_their_names(browser, shots):
+    """Behind several replicas the page gets every replica's steps through one stream (here two engines forward
+    to one hub, as under Ray: fleet_helpers.py) and shows each replica's lanes and numbers under its name."""
+    from fleet_helpers import fleet
+
+    from stepserve.engine.async_engine import AsyncEngine
+    from stepserve.engine.loading import load_executor
+    from stepserve.server.app import create_app
+
+    def make_app(key):
+        return create_app(AsyncEngine(load_executor("embedded"), strategy="continuous", max_batch_size=4),
+                          api_key=key, shutdown_grace_s=5.0)
+
+    with fleet(make_app, names=("r-alpha", "r-beta")) as f:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f.url + "/")
+        page.wait_for_selector("#status.live", timeout=120_000)
+        page.wait_for_selector("#live-replicas .replica[data-replica='r-beta']", timeout=120_000)
+        assert "2 replicas" in page.inner_text("#model")
+        stop = threading.Event()
+        load = [t for url in f.urls.values() for t in background_load(url, stop)]
+        try:
+            for name in f.urls:  # each replica's line counts its own steps
+                page.wait_for_function(
+                    f"(document.querySelector(\"#live-replicas .replica[data-replica='{name}']\") || {{}})"
+                    f".textContent?.match(/: [1-9][0-9]* steps/)", timeout=240_000)
+            lines = page.locator("#live-replicas .replica").all_inner_texts()
+            assert [line.split(":")[0] for line in lines] == ["r-alpha", "r-beta"]
+            page.wait_for_function("Number(document.getElementById('live-left').textContent) >= 4",
+                                   timeout=240_000)
+            page.locator("#live").screenshot(path=str(shots / "live-two-replicas.png"))
+        finally:
+            stop.set()
+            for t in load:
+                t.join(60)
+        page.close()

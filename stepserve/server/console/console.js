@@ -3,18 +3,9 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const WINDOWS_S = [1, 2, 5, 10, 20, 30];  // the lane view shows about 60 steps: the first of these that holds them
 const RECENT = 500;  // finished requests kept for the latency view
 let apiKey = null;  // only ever in this variable: never stored, never in the URL
-let lanes = new Map();  // short id -> {slot, cells: [[t, dt, progress or null when paused]], left, status}
-let slots = [];  // lane slot -> short id or null
-let engineNow = 0;
-let windowS = 20;
-let stepEma = null;  // smoothed step time, which picks the window
-let history = [];  // [t, dt, batch, cap, queue] per step, for the strip under the lanes
-let counts = {joined: 0, left: 0};
 let recent = [];  // [status, latency_s, steps]
-let drawPending = false;
 
 function headers(extra) {
   const h = Object.assign({}, extra || {});
@@ -92,10 +83,16 @@ async function connectEvents() {
       showKeyForm("The server refused that key.");
       return;
     }
+    if (answer.status === 429) {  // the server feeds as many viewers as it will
+      $("model").textContent = "too many viewers on this server: retrying";
+      setTimeout(connectEvents, 1000 * (Number(answer.headers.get("Retry-After")) || 10));
+      return;
+    }
     setStatus(true);
     for await (const {event, data} of sse(answer)) {
       if (event === "hello") hello(data);
       else if (event === "steps") data.forEach(step);
+      else if (event === "replicas") keepReplicas(data.replicas);
     }
   } catch (e) { /* the stream broke: reconnect below */ }
   setStatus(false);
@@ -104,11 +101,14 @@ async function connectEvents() {
 
 function hello(h) {
   const m = h.model;
-  $("model").textContent = `${m.name} (${m.family}) · max batch ${h.max_batch_size}`;
-  $("live-strategy").textContent = `strategy ${h.strategy}`;
+  const fleet = h.replicas ? ` · ${h.replicas.length} replica${h.replicas.length === 1 ? "" : "s"}` : "";
+  $("model").textContent = m ? `${m.name} (${m.family}) · max batch ${h.max_batch_size}${fleet}`
+                             : "no replica is up yet";
+  $("live-strategy").textContent = h.strategy ? `strategy ${h.strategy}` : "";
   engineNow = h.t;
   recent = h.recent.slice(-RECENT);
-  fillForm(m);
+  if (h.replicas) keepReplicas(h.replicas);
+  if (m) fillForm(m);
   drawLatency();
 }
 
@@ -124,100 +124,6 @@ function fillForm(m) {
   $("guidance").value = m.default_guidance_scale;
   $("guidance").max = m.max_guidance_scale;
   $("negative-label").hidden = !m.negative_prompt;  // a family that takes none (e.g. distilled Flux) hides it
-}
-
-function lane(id, t) {
-  let l = lanes.get(id);
-  if (!l) {
-    let slot = slots.indexOf(null);
-    if (slot < 0) { slot = slots.length; slots.push(null); }
-    slots[slot] = id;
-    l = {slot, cells: [], left: null, status: null, joined: t};
-    lanes.set(id, l);
-  }
-  return l;
-}
-
-function step(r) {
-  engineNow = r.t + r.dt;
-  for (const id of r.joined) { lane(id, r.t); counts.joined += 1; }
-  for (const [id, done, total] of r.rows) lane(id, r.t).cells.push([r.t, r.dt, done / total]);
-  for (const id of r.paused) lane(id, r.t).cells.push([r.t, r.dt, null]);
-  for (const [id, status, latency, steps] of r.done) {
-    const l = lanes.get(id);
-    if (l) { l.left = engineNow; l.status = status; }
-    counts.left += 1;
-    recent.push([status, latency, steps]);
-  }
-  if (recent.length > RECENT) recent = recent.slice(-RECENT);
-  if (r.rows.length) {
-    stepEma = stepEma === null ? r.dt : 0.97 * stepEma + 0.03 * r.dt;
-    windowS = WINDOWS_S.find((w) => w >= 60 * stepEma) || WINDOWS_S[WINDOWS_S.length - 1];
-  }
-  history.push([r.t, r.dt, r.rows.length, r.cap, r.queue]);
-  while (history.length && history[0][0] < engineNow - WINDOWS_S[WINDOWS_S.length - 1]) history.shift();
-  for (const [id, l] of lanes) {  // lanes that left the window free their slot
-    if (l.left !== null && l.left < engineNow - windowS) { lanes.delete(id); slots[l.slot] = null; }
-  }
-  while (slots.length && slots[slots.length - 1] === null) slots.pop();
-  $("live-queue").textContent = r.queue;
-  $("live-running").textContent = r.running;
-  $("live-batch").textContent = r.rows.length;
-  $("live-cap").textContent = r.cap === null ? "–" : r.cap;
-  $("live-step").textContent = `${(r.dt * 1000).toFixed(0)} ms`;
-  $("live-joined").textContent = counts.joined;
-  $("live-left").textContent = counts.left;
-  if (r.done.length) drawLatency();
-  if (!drawPending) { drawPending = true; requestAnimationFrame(drawLanes); }
-}
-
-function axis(g, W, H, x, left) {
-  g.fillStyle = "#6b7385";
-  g.font = "11px system-ui";
-  const tick = windowS / 5;
-  for (let k = 0; k <= 5; k++) g.fillText(`-${+(windowS - k * tick).toFixed(1)}s`, Math.min(W - 28, x(left + k * tick) + 2), H - 3);
-}
-
-function drawLanes() {
-  drawPending = false;
-  const canvas = $("lanes"), g = canvas.getContext("2d");
-  const W = canvas.width, H = canvas.height, left = engineNow - windowS;
-  const laneH = Math.max(3, Math.min(16, (H - 16) / Math.max(8, slots.length)));
-  const x = (t) => (t - left) / windowS * W;
-  g.clearRect(0, 0, W, H);
-  axis(g, W, H, x, left);
-  $("live-window").textContent = `the last ${windowS} s`;
-  for (const l of lanes.values()) {
-    const y = l.slot * laneH;
-    for (const [t, dt, p] of l.cells) {
-      if (t + dt < left) continue;
-      g.fillStyle = p === null ? "#c4c8d0" : `hsl(${215 - 75 * p}, 65%, ${55 - 13 * p}%)`;
-      g.fillRect(x(t), y + 1, Math.max(1.5, dt / windowS * W - 0.5), laneH - 2);
-    }
-    if (l.left !== null) {
-      g.fillStyle = l.status === "completed" ? "#2e9d5b" : "#c0392b";
-      g.fillRect(x(l.left), y, 2, laneH);
-    }
-  }
-  drawHistory(left, x);
-}
-
-function drawHistory(left, x) {  // batch size per step (bars), the cap in force (line), the queue (line)
-  const canvas = $("history"), g = canvas.getContext("2d"), W = canvas.width, H = canvas.height;
-  g.clearRect(0, 0, W, H);
-  const shown = history.filter((h) => h[0] + h[1] >= left);
-  const top = Math.max(1, ...shown.map((h) => Math.max(h[2], h[3] || 0, h[4])));
-  const y = (v) => H - 16 - v / top * (H - 26);
-  g.fillStyle = "#9db7e8";
-  for (const [t, dt, n] of shown) g.fillRect(x(t), y(n), Math.max(1, dt / windowS * W - 0.5), H - 16 - y(n));
-  for (const [index, colour] of [[3, "#2e9d5b"], [4, "#e67e22"]]) {
-    g.strokeStyle = colour;
-    g.beginPath();
-    shown.forEach((h, j) => { if (h[index] === null) return; j ? g.lineTo(x(h[0]), y(h[index])) : g.moveTo(x(h[0]), y(h[index])); });
-    g.stroke();
-  }
-  axis(g, W, H, x, left);
-  g.fillText(String(top), 2, 12);
 }
 
 // --- recent latency --------------------------------------------------------------------------------------------

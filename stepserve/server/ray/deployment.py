@@ -12,6 +12,8 @@ What outlives a request is shared through the state store (docs/SCALING.md): eac
 Ray replica id as their owner and holds adapters under that name, and reads the webhook secret from its own
 environment. When Ray stops a replica (scale-down, serve.delete) it runs the app's lifespan shutdown: the replica
 stops claiming jobs, gives the ones it runs the grace period, and hands back to the store what is unfinished.
+
+The console's live view is an application of its own over every replica's steps (console.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
 from ..startup import (WEBHOOK_SECRET_ENV, ServeSettings, StartupError, for_replicas, open_state, ready_line,
                        replica_api_key, replica_webhook_secret, start_engine)
+from .console import EventsHubActor, deploy_console, start_forwarding, stop_console
+from .load import background_jobs
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings, stop_budget_s
 from .processes import adopt_orphans, end_leftovers, reap
@@ -70,12 +74,14 @@ class MetricsHub:
 class StepserveReplica:
     """One replica: an engine and the shared app over it, built when Ray starts the replica."""
 
-    def __init__(self, settings: ServeSettings, threads: int, hub) -> None:
+    def __init__(self, settings: ServeSettings, threads: int, hub, events_hub) -> None:
         self.settings = replace(settings, engine=replace(settings.engine, threads=threads))
         self.hub = hub
+        self.events_hub = events_hub  # the console's (console.py)
         self.replica = serve.get_replica_context().replica_id.unique_id
-        self.engine = None
+        self.engine = self.http_app = None  # (`app` is Serve's own name for the ASGI app it serves)
         self.pusher: asyncio.Task | None = None
+        self.forwarder: asyncio.Task | None = None
         self.state: tuple = ()  # the store and results folder this replica opened
 
     async def __serve_build_asgi_app__(self):
@@ -94,8 +100,9 @@ class StepserveReplica:
                          access_log=False,  # Ray Serve logs every request itself
                          store=store, results=results, owner=self.replica, webhook_secret=webhook_secret,
                          job_lease_s=settings.job_lease_s)
-        self.metrics = app.state.server.metrics
+        self.http_app, self.metrics = app, app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
+        self.forwarder = start_forwarding(self.events_hub, app, self.replica)
         return app
 
     async def all_metrics(self, own) -> bytes:
@@ -119,6 +126,10 @@ class StepserveReplica:
                 log.warning("replica %s cannot push metrics: %s", self.replica, exc)
             await asyncio.sleep(PUSH_EVERY_S)
 
+    def background_jobs(self) -> int:
+        """Jobs running here after their POST was answered: load Ray does not count (load.py)."""
+        return background_jobs(self.http_app)
+
     def check_health(self) -> None:
         """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
         if self.engine is not None and not self.engine.healthy:
@@ -126,9 +137,10 @@ class StepserveReplica:
 
     async def __del__(self) -> None:
         """Ray Serve calls this once the app's lifespan shutdown has run (jobs handed back)."""
-        if self.pusher is not None:
-            self.pusher.cancel()
+        for task in filter(None, (self.pusher, self.forwarder)):
+            task.cancel()
         self.hub.drop.remote(self.replica)
+        self.events_hub.leave.remote(self.replica)
         self._close_state()
 
     def _close_state(self) -> None:
@@ -152,14 +164,15 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
     try:
         started_serve = not _serve_running()
         serve.start(http_options={"host": settings.host, "port": settings.port})
-        hub = MetricsHub.remote()
+        hub, events_hub = MetricsHub.remote(), EventsHubActor.remote()
         deployment = serve.deployment(StepserveReplica, name="Engine", **deployment_options(plan))
         engine = settings.engine
         print(f"stepserve serve: deploying {_replica_text(plan)} of {engine.model} ({plural(plan.cpus, 'CPU')}, "
               f"{plural(plan.gpus, 'GPU')}, {plural(plan.threads, 'thread')} each) ...", file=sys.stderr, flush=True)
         try:
-            serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub), name=APP_NAME, route_prefix="/",
-                      blocking=False)
+            serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub, events_hub),
+                      name=APP_NAME, route_prefix="/", blocking=False)
+            deploy_console(settings, events_hub)
         except RuntimeError as exc:
             raise StartupError(f"the replicas did not start: {exc}") from None
         details = (f"{_replica_text(plan)}, Ray Serve, strategy {engine.options.strategy}, max batch "
@@ -171,6 +184,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
                 reap()  # Ray workers that exited and were handed to us (the subreaper)
         print(f"stepserve serve: stopping the replicas (requests in flight may finish within {plan.grace_s:g} s) "
               f"...", file=sys.stderr, flush=True)
+        _bounded(stop_console, 30.0, events_hub)
         _bounded(serve.delete, stop_budget_s(plan) + 15.0, APP_NAME)
         return 0
     finally:
