@@ -256,6 +256,9 @@ class Attempts:
         record = await asyncio.to_thread(self.store.get_job, run.job.id)
         if record is None:
             self._tell_end(kind, run.job, "cancelled", ())
+        else:
+            log.warning("job %s: taken over by %s (this process, %s, let its lease pass); stopped here", run.job.id,
+                        record.owner, self.owner)
 
     async def _hand_back(self, run: Running) -> None:
         run.ended = True

@@ -60,6 +60,8 @@ class JobRunner(Attempts):
         self._loop_task: asyncio.Task | None = None
         self._deliveries: set[asyncio.Task] = set()
         self._failing = False  # the store failed on the last round (logged once until it answers again)
+        self.model = engine.model_info.name  # a job names the model it was made for in meta["model"]
+        self._foreigners: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -149,12 +151,26 @@ class JobRunner(Attempts):
             job = await asyncio.to_thread(self.store.claim_job, self.owner, self.lease_s, kinds)
             if job is None:
                 return
+            if job.id in self.running:  # ours still, though its lease lapsed (a stalled loop): it runs on here
+                self.running[job.id].job = job
+                continue
             run = Running(job)
+            if job.meta.get("model", self.model) != self.model:  # made by a server of another model, same state
+                self._foreign(job)
+                self._backoff_until = time.monotonic() + self.backoff_s
+                await self._hand_back(run)
+                return
             self.running[job.id] = run
             if not self.claiming:  # draining began meanwhile
                 await self._hand_back(run)
                 return
             run.task = asyncio.ensure_future(self._run(run))
+
+    def _foreign(self, job) -> None:
+        if job.id not in self._foreigners:
+            self._foreigners.add(job.id)
+            log.warning("job %s was made for model %s; this server serves %s: left for a server of that model (give "
+                        "each model a state of its own)", job.id, job.meta.get("model"), self.model)
 
     async def _renew_due(self) -> None:
         due = time.monotonic() - self.lease_s / 3

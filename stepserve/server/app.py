@@ -35,8 +35,7 @@ from .loras import lora_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
 from .streaming import EventStreamResponse, StreamJob, image_events
-from .image_jobs import create_image_job, image_job_routes
-from .job_http import prefers_async
+from .image_jobs import async_answer, image_job_routes
 from .jobs_app import attach_jobs
 from .videos import video_routes
 
@@ -252,11 +251,9 @@ async def answer(state: ServerState, request: Request, read) -> Response:
     streaming = False
     try:
         req, params, sent = await read()
-        if prefers_async(request):
-            return await create_image_job(state, request, path, req, params, sent)
-        if req.webhook is not None:
-            raise errors.invalid("webhook: only a job notifies a webhook; send the request with the header 'Prefer: "
-                                 "respond-async' (or leave webhook out)", "webhook")
+        created = await async_answer(state, request, path, req, params, sent)
+        if created is not None:  # Prefer: respond-async
+            return created
         handles = await submit_all(state, params, (req.partial_images or 0) if req.stream else 0, stream=req.stream)
         if req.stream:
             job = StreamJob(state, handles, started, path)

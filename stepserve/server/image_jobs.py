@@ -31,14 +31,26 @@ from ..request.types import GenerationResult, SamplingParams
 from ..store.base import COMPLETED, JobRecord
 from .edits import EditForm, edit_params
 from .errors import APIError, invalid
-from .images import check, image_body, resolve_all
-from .job_http import check_webhook, create_job, fingerprint, idempotency_key, job_events, started_from
+from .images import image_body, resolve_all
+from .job_http import (check_webhook, create_job, fingerprint, idempotency_key, job_error, job_events,
+                       prefers_async, result_error, started_from)
 from .schemas import body_from_fields, engine_params
 from .state import ServerState
 from .streaming import EventStreamResponse
-from .video_jobs import job_error
 
 JOBS = "/v1/images/jobs"
+
+
+async def async_answer(state: ServerState, request: Request, path: str, req: Any, params: Sequence[SamplingParams],
+                       sent: EditForm | None) -> Response | None:
+    """With `Prefer: respond-async`: the job's answer (create_image_job); None for a synchronous request (which
+    never touches the store; a webhook there is a 400)."""
+    if prefers_async(request):
+        return await create_image_job(state, request, path, req, params, sent)
+    if req.webhook is not None:
+        raise invalid("webhook: only a job notifies a webhook; send the request with the header 'Prefer: "
+                      "respond-async' (or leave webhook out)", "webhook")
+    return None
 
 
 async def create_image_job(state: ServerState, request: Request, path: str, req: Any,
@@ -113,12 +125,7 @@ class ImageKind:
         except APIError as exc:  # a request this server's model cannot make (a store shared with another model)
             raise job_error(exc) from None
 
-    def error_of(self, result: GenerationResult) -> JobError | None:
-        try:
-            check(result)
-        except APIError as exc:
-            return job_error(exc)
-        return None
+    error_of = staticmethod(result_error)
 
     async def finish(self, job: JobRecord, results: Sequence[GenerationResult]) -> dict[str, bytes]:
         body = await image_body(self.state, results)

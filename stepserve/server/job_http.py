@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,14 +21,18 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
+from ..jobs.kinds import JobError
 from ..jobs.service import JobsFull
 from ..jobs.webhooks import WebhookSecretError, require_secret
+from ..request.types import GenerationResult
 from ..store.base import JobRecord
 from . import errors
 from .errors import APIError, invalid
+from .images import check, outcome_of
 from .state import ServerState
 from .streaming import sse
 
+log = logging.getLogger("stepserve.server")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
 MAX_WEBHOOK_CHARS = 2048
@@ -88,11 +93,30 @@ async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfini
     except JobsFull as exc:
         raise errors.queue_full(f"{exc.unfinished} {noun} are queued or running, the most this service holds; retry "
                                 f"once one finishes", 5) from None
+    except Exception as exc:  # noqa: BLE001 - the state store unreachable (a Redis restart, a locked file)
+        log.warning("a job could not be stored in %s: %s", state.jobs.store.url, exc)
+        raise APIError(503, f"the job was not made: the state store could not be written ({type(exc).__name__}); "
+                            f"retry later", type="server_error", code="state_unavailable",
+                       headers={"Retry-After": "1"}) from None
     if not created and record.meta.get("fingerprint") != print_:
         raise APIError(409, f"{IDEMPOTENCY_HEADER}: this key was used for {record.id}, made from another request; "
                             f"send a new key for a new request", param=IDEMPOTENCY_HEADER,
                        code="idempotency_key_reused")
     return record, created
+
+
+def job_error(exc: APIError) -> JobError:
+    """An error answer as a failed job's error (and its outcome in the metrics)."""
+    return JobError(exc.code or "failed", exc.message, outcome_of(exc))
+
+
+def result_error(result: GenerationResult) -> JobError | None:
+    """The failure a finished engine request stands for (the error a synchronous request would have answered)."""
+    try:
+        check(result)
+    except APIError as exc:
+        return job_error(exc)
+    return None
 
 
 def started_from(job: JobRecord) -> float:

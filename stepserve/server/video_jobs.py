@@ -28,8 +28,7 @@ from ..store.base import JobRecord
 from .bodies import from_fields, parse_object
 from .errors import APIError, invalid
 from .forms import bounded_form, form_fields
-from .images import check, outcome_of
-from .job_http import started_from
+from .job_http import job_error, result_error, started_from
 from .mp4 import EncoderMissing, encode_mp4
 from .schemas import request_size
 from .state import ServerState
@@ -146,10 +145,6 @@ def video_object(job: JobRecord) -> dict[str, Any]:
             "stepserve": details}
 
 
-def job_error(exc: APIError) -> JobError:
-    return JobError(exc.code or "failed", exc.message, outcome_of(exc))
-
-
 class VideoKind:
     """Video jobs, as the runner runs them (stepserve/jobs/kinds.py)."""
 
@@ -166,12 +161,7 @@ class VideoKind:
             raise job_error(exc) from None
         return [params]
 
-    def error_of(self, result: GenerationResult) -> JobError | None:
-        try:
-            check(result)
-        except APIError as exc:
-            return job_error(exc)
-        return None
+    error_of = staticmethod(result_error)
 
     async def finish(self, job: JobRecord, results: Sequence[GenerationResult]) -> dict[str, bytes]:
         try:

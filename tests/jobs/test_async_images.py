@@ -147,3 +147,38 @@ def test_synchronous_requests_never_touch_the_store(embedded):
         assert c.post(GENERATIONS, json=BODY, headers=ASYNC).status_code == 202  # an async one does
         assert len(store.calls) > len(after)
     assert after == before, after[len(before):]
+
+
+def test_a_store_that_cannot_be_written_is_a_503_and_the_server_serves_on(embedded):
+    class Broken(MemoryStore):
+        def create_job(self, job):
+            raise ConnectionError("the store went away")
+
+    with app_client(embedded, store=Broken()) as c:
+        refused = c.post(GENERATIONS, json={"prompt": "a", "num_inference_steps": 2}, headers=ASYNC)
+        served = c.post(GENERATIONS, json={"prompt": "a", "num_inference_steps": 2})
+    error = assert_error_shape(refused, 503)
+    assert error["code"] == "state_unavailable" and refused.headers["retry-after"] == "1", error
+    assert served.status_code == 200
+
+
+def test_a_server_of_another_model_on_the_same_state_leaves_the_job_alone(embedded, tiny_sd_path, caplog):
+    """Two services of different models sharing one state: a job made for the one is never run by the other (it
+    made images of the wrong model before: a runner took whatever job of its kind it claimed)."""
+    from server.server_helpers import wait_until
+
+    store = MemoryStore()
+    with app_client(embedded, store=store, owner="a") as a, \
+            app_client(load_executor(str(tiny_sd_path)), store=store, owner="b") as b:
+        a.app.state.server.jobs.runner.claiming = False  # b sees the job first
+        submitted = []
+        b.app.state.server.engine.on_step.append(lambda report: submitted.extend(report.progressed))
+        job = a.post(GENERATIONS, json={"prompt": "one", "num_inference_steps": 2}, headers=ASYNC).json()
+        assert wait_until(lambda: store.get_job(job["id"]).attempts >= 1 and store.get_job(job["id"]).owner is None,
+                          240), store.get_job(job["id"])
+        a.app.state.server.jobs.runner.claiming = True
+        a.app.state.server.jobs.runner.wake()
+        done = wait_job(a, f"{JOBS}/{job['id']}")
+    assert done["status"] == "completed" and done["result"]["stepserve"]["model"] == "embedded", done
+    assert submitted == []
+    assert any("was made for model embedded" in r.getMessage() for r in caplog.records), caplog.text

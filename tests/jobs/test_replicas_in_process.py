@@ -6,8 +6,11 @@ once, with the payload the sender delivers; a durable store gets a draining proc
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from extras import require
+from store.redis_server import redis_url  # noqa: F401  (a fixture)
 from job_helpers import RecordingSender, app_client, wait_job
 from server.server_helpers import wait_until
 from step_gate import SteppedExecutor
@@ -59,12 +62,30 @@ def test_a_delete_through_another_process_stops_the_job_within_two_steps(wan_exe
     assert sum(steps_with_it) <= 2, steps_with_it
 
 
-def test_a_dead_owners_job_is_taken_over_after_its_lease_and_completes(wan_executors, tmp_path):
-    store, results = MemoryStore(), Results(tmp_path, keep_s=3600)
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def two_stores(request, tmp_path):
+    """Two processes' views of one state: the one memory store, or two connections to one SQLite file or one
+    redis-server (a real one; a key prefix of this test's own)."""
+    if request.param == "memory":
+        store = MemoryStore()
+        yield store, store
+        return
+    from store.store_backends import open_backend
+
+    location, prefix = str(tmp_path / "state.db"), ""
+    if request.param == "redis":
+        location, prefix = request.getfixturevalue("redis_url"), f"takeover-{uuid.uuid4().hex[:8]}:"
+    stores = open_backend(request.param, location, prefix), open_backend(request.param, location, prefix)
+    yield stores
+    for opened in stores:
+        opened.close()
+
+
+def test_a_dead_owners_job_is_taken_over_after_its_lease_and_completes(wan_executors, two_stores, tmp_path):
+    (store, other), results = two_stores, Results(tmp_path, keep_s=3600)
     gate = SteppedExecutor(wan_executors[0])
     with app_client(gate, store=store, results=results, owner="a", lease_s=1.0) as a, \
-            app_client(wan_executors[1], store=store, results=results, owner="b", poll_s=0.05, lease_s=1.0,
-                       ) as b:
+            app_client(wan_executors[1], store=other, results=results, owner="b", poll_s=0.05) as b:
         b.app.state.server.jobs.runner.claiming = False  # b takes nothing until a has the job
         try:
             job = a.post("/v1/videos", json=QUICK).json()
@@ -156,7 +177,9 @@ def test_a_full_engine_queue_hands_the_job_back_for_later(wan_executors, tmp_pat
             third = a.post("/v1/videos", json=QUICK).json()  # refused by the engine: handed back
             assert wait_until(lambda: store.get_job(third["id"]).attempts >= 1 and
                               store.get_job(third["id"]).owner is None, 240), store.get_job(third["id"])
-            assert set(runner.running) == {first["id"], second["id"]}
+            assert {first["id"], second["id"]} <= set(runner.running)  # the third comes and goes, refused again
+            assert a.get(f"/v1/videos/{third['id']}").json()["status"] == "queued"
+            assert a.app.state.server.engine.queue_depth == 1 and gate.held_requests == 1
             a.delete(f"/v1/videos/{first['id']}")
         finally:
             gate.free()
@@ -188,3 +211,31 @@ def test_a_finished_job_with_a_webhook_is_notified_once(wan_executors, tmp_path)
         assert payload["data"] == shown[job_id] and payload["timestamp"].endswith("Z")
         assert owner == a.app.state.server.jobs.owner
     assert shown[done["id"]]["stepserve"]["webhook"]["url"] == hook["webhook"]
+
+
+def test_a_job_whose_lease_lapsed_under_its_own_runner_runs_there_once(wan_executors):
+    """A runner that claims a job it is running (its lease lapsed: a stalled event loop, say) keeps its one run
+    of it; it had started a second, which submitted the job to the engine again."""
+    store = MemoryStore()
+    gate = SteppedExecutor(wan_executors[0])
+    with app_client(gate, store=store, owner="a") as a:
+        engine, runner = a.app.state.server.engine, a.app.state.server.jobs.runner
+        submitted = []
+        submit = engine.submit_many_off_loop
+
+        async def counted(*args, **kwargs):
+            submitted.append(args)
+            return await submit(*args, **kwargs)
+
+        engine.submit_many_off_loop = counted
+        try:
+            job = a.post("/v1/videos", json=SLOW).json()
+            assert gate.wait_held(), "the job never reached its first step"
+            store.update_job(job["id"], lease_until=0.0)  # as if it had not been renewed in time
+            runner.wake()
+            assert wait_until(lambda: store.get_job(job["id"]).attempts == 2, 240), "never claimed again"
+            assert wait_until(lambda: runner.running[job["id"]].handles, 240)  # the run it has now: submitted
+            assert len(submitted) == 1 and engine.queue_depth == 0 and gate.held_requests == 1
+            a.delete(f"/v1/videos/{job['id']}")
+        finally:
+            gate.free()
