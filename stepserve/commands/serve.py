@@ -244,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.ray_address is None:  # a local cluster: Ray's proxy will bind the port; is it free now?
                 claim_port(args.host, args.port).close()
             settings = serve_settings(args)
+            for opened in open_state(settings)[::-1]:  # one line here, not every replica failing to start
+                opened.close()
             say(state_line(settings, settings.results_dir or "each replica's results folder", replicas=True))
             return serve_replicas(settings, plan)
         check_model(args.model)

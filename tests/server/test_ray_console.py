@@ -2,7 +2,7 @@
 with max_ongoing_requests 4 per replica. One stream shows both replicas' steps, labelled by replica; open streams
 are served by the console's own application and hold none of the replicas' slots; the 17th viewer gets the
 console's own 429 through Ray's proxy; and the streams end when the server stops. (The helpers are
-test_ray_serve.py's.)"""
+ray_cluster.py's.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import uuid
 import httpx
 import pytest
 from extras import require
+from ray_cluster import ServeProcess, assert_all_gone, ray_env
 from server_helpers import GENERATIONS, assert_error_shape
-from test_ray_serve import ServeProcess, _env, assert_all_gone
 
 EVENTS = "/v1/engine/events"
 
@@ -25,7 +25,7 @@ EVENTS = "/v1/engine/events"
 def fleet_server():
     require("ray", "ray")
     mark = uuid.uuid4().hex
-    env = {k: v for k, v in _env(mark).items() if k != "RAY_AUTH_MODE"}  # a local cluster: stepserve's default
+    env = {k: v for k, v in ray_env(mark).items() if k != "RAY_AUTH_MODE"}  # a local cluster: stepserve's default
     server = ServeProcess(mark, "--replicas", "2", "--max-batch-size", "2", "--max-ongoing-requests", "4",
                           "--shutdown-grace-s", "2", env=env)
     try:

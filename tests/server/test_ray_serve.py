@@ -10,13 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -24,112 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 from extras import require
+from ray_cluster import Cluster, ServeProcess, assert_all_gone, free_port, marked_pids, ray_env
 from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode_png
 
 from stepserve.commands.serve import main as serve_main
 
-ROOT = Path(__file__).resolve().parents[2]
-MARK = "STEPSERVE_RAY_TEST_MARK"
 # 12 distinct requests (steps 2-5, two samplers, guidance on and off)
 CONFIGS = [dict(prompt=f"digit {i % 10}", seed=300 + i, num_inference_steps=2 + i % 4,
                 sampler=("euler", "ddim")[i % 2], guidance_scale=1.0 if i % 3 else 3.0) for i in range(12)]
-
-CLUSTER = """
-import sys, ray
-from stepserve.server.ray.deployment import _adopt_orphans, _end_leftovers
-_adopt_orphans()
-ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-print(ray.get_runtime_context().gcs_address, flush=True)
-for line in sys.stdin:
-    replica = line.strip()
-    [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith("#" + replica)]
-    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
-    print("killed", flush=True)
-ray.shutdown()
-_end_leftovers()
-"""
-
-
-# Ray Serve gives its HTTP proxy 5 s to say it is ready (10 s per health check) and gives up on the third miss: on a
-# machine shared with other test runs that fails `serve.start` now and then. These bound a hang only.
-RAY_PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120"}
-
-
-def _env(mark: str) -> dict:
-    from stepserve.server.ray.proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
-
-    return {**os.environ, "PYTHONPATH": str(ROOT), MARK: mark, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", PROXY_CALLBACK_ENV: PROXY_CALLBACK, "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false", **RAY_PATIENCE}
-
-
-def marked_pids(mark: str) -> list[int]:
-    """Processes whose environment carries this marker: everything a test started, Ray's workers included."""
-    found = []
-    needle = f"{MARK}={mark}".encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        with open(f"/proc/{entry}/stat") as s:
-                            if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                                found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
-def assert_all_gone(mark: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while marked_pids(mark) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    left = marked_pids(mark)
-    assert not left, f"processes left behind: {[Path(f'/proc/{p}/cmdline').read_bytes()[:80] for p in left]}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServeProcess:
-    """`stepserve serve --replicas ...` as a child process; its log goes to a file (Ray logs a lot)."""
-
-    def __init__(self, mark: str, *flags: str, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="stepserve-ray-", suffix=".log")
-        args = ["--model", "embedded", "--port", str(self.port), "--threads", "1", "--log-level", "warning",
-                "--no-memory-cap", *flags]
-        self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=ROOT,
-                                     env=env or _env(mark), stdout=self.log, stderr=subprocess.STDOUT)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def tail(self) -> str:
-        return Path(self.log.name).read_text()[-3000:]
-
-    def wait_ready(self, timeout_s: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"stepserve serve exited early:\n{self.tail()}"
-            if "on http://" in Path(self.log.name).read_text():
-                return
-            time.sleep(0.25)
-        raise AssertionError(f"stepserve serve --replicas did not come up:\n{self.tail()}")
-
-    def stop(self) -> int:
-        """SIGTERM to the CLI alone, as a process manager would send it; its exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(90)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"stepserve serve did not stop on SIGTERM:\n{self.tail()}") from None
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +34,11 @@ def local_server():
     cluster so that the two boot side by side; test_local_cluster_* uses it last."""
     require("ray", "ray")
     mark = uuid.uuid4().hex
-    env = {k: v for k, v in _env(mark).items() if k != "RAY_AUTH_MODE"}  # stepserve's own default applies
-    server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2", env=env)
+    env = {k: v for k, v in ray_env(mark).items()
+           if k not in ("RAY_AUTH_MODE", "STEPSERVE_WEBHOOK_SECRET")}  # stepserve's own default applies
+    # the webhook secret as a flag: it never travels to the replica, which finds it in the environment it inherits
+    server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2", "--webhook-secret", "local-secret",
+                          env=env)
     try:
         yield server, mark
     finally:
@@ -150,23 +49,16 @@ def local_server():
 
 @pytest.fixture(scope="module")
 def cluster(local_server):
-    mark = uuid.uuid4().hex
-    helper = subprocess.Popen([sys.executable, "-c", CLUSTER], cwd=ROOT, env=_env(mark), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    address = helper.stdout.readline().strip()
+    cluster = Cluster(uuid.uuid4().hex)
     try:
-        assert address, "the test's Ray cluster did not start"
-        yield helper, address, mark
+        yield cluster
     finally:
-        helper.stdin.close()
-        helper.wait(60)
-        assert_all_gone(mark)
+        cluster.close()
 
 
 @pytest.fixture(scope="module")
 def replicas(cluster):
-    _, address, mark = cluster
-    server = ServeProcess(mark, "--replicas", "2", "--ray-address", address, "--max-batch-size", "4",
+    server = ServeProcess(cluster.mark, "--replicas", "2", "--ray-address", cluster.address, "--max-batch-size", "4",
                           "--max-queue", "8", "--max-ongoing-requests", "8", "--max-queued-requests", "40",
                           "--shutdown-grace-s", "5")
     try:
@@ -330,7 +222,6 @@ def test_ray_queue_limit_is_a_429_with_retry_after_and_replica_429s_pass_through
 
 
 def test_killing_a_replica_mid_load_loses_no_request_silently(replicas, cluster):
-    helper, _, _ = cluster
     body = {"prompt": "kill", "num_inference_steps": 40, "guidance_scale": 1.0}
 
     async def load_then_kill():
@@ -339,9 +230,7 @@ def test_killing_a_replica_mid_load_loses_no_request_silently(replicas, cluster)
         async with first:
             victim = (await first.post(GENERATIONS, json={**body, "num_inference_steps": 2})).headers[
                 "X-Stepserve-Replica"]
-        helper.stdin.write(victim + "\n")
-        helper.stdin.flush()
-        assert (await asyncio.to_thread(helper.stdout.readline)).strip() == "killed"
+        await asyncio.to_thread(cluster.kill, victim)
         return victim, await task
 
     victim, responses = asyncio.run(load_then_kill())
@@ -362,6 +251,10 @@ def test_local_cluster_serves_and_stops_without_leftovers(local_server):
     server.wait_ready()
     r = httpx.post(server.url + GENERATIONS, json=CONFIGS[0], timeout=60)
     assert r.status_code == 200 and r.headers["X-Stepserve-Replica"]
+    # the replica signs webhooks (without a secret a job naming one is a 400)
+    job = httpx.post(server.url + GENERATIONS, json={**CONFIGS[0], "webhook": "http://127.0.0.1:9/hook"},
+                     headers={"Prefer": "respond-async"}, timeout=60)
+    assert job.status_code == 202, job.text
     assert len(marked_pids(mark)) > 3  # the CLI, Ray's own processes and the replica
     assert server.stop() == 0, server.tail()
     assert_all_gone(mark)
@@ -408,3 +301,24 @@ def test_flags_map_to_ray_serve_options():
     assert options["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 0.0}
     assert options["max_ongoing_requests"] == 12 and options["max_queued_requests"] == 10
     assert options["backpressure_config"]["status_code"] == 429
+
+
+def test_a_state_that_cannot_be_opened_is_one_line_before_a_cluster_starts(monkeypatch, capsys):
+    require("redis", "redis")
+    monkeypatch.setattr("stepserve.commands.serve.available_cores", lambda: 2)
+    monkeypatch.setattr("stepserve.server.ray.deployment.serve_replicas", lambda *_: pytest.fail("a cluster started"))
+    assert serve_main(["--replicas", "1", "--state", "redis://127.0.0.1:1/0", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stepserve serve: error: --state redis://127.0.0.1:1/0") and err.count("\n") == 1, err
+    assert "cannot reach Redis at 127.0.0.1:1" in err
+
+
+def test_memory_state_with_replicas_warns_once_that_nothing_is_shared(monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr("stepserve.commands.serve.available_cores", lambda: 2)
+    monkeypatch.setattr("stepserve.server.ray.deployment.serve_replicas", lambda *args: started.append(args) or 0)
+    assert serve_main(["--replicas", "2", "--state", "memory", "--port", str(free_port())]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: with --state memory each replica keeps its own jobs and adapters") == 1, err
+    [(settings, plan)] = started
+    assert settings.state_url == "memory" and plan.replicas == 2

@@ -6,6 +6,13 @@ HTTP proxy and router sit in front: a request goes to a replica with fewer than 
 else waits in Ray's queue, and past max_queued_requests Ray answers 429 + Retry-After. Every answer from a replica
 names it in X-Stepserve-Replica. /metrics, on whichever replica serves it, shows all replicas' metrics with a
 `replica` label: each replica pushes a snapshot to a small hub actor every second (and its own at scrape time).
+
+What outlives a request is shared through the state store (docs/SCALING.md): each replica opens the store that
+--state names and the --results folder itself (only their names travel, never a connection), runs jobs under its
+Ray replica id as their owner and holds adapters under that name, and reads the webhook secret from its own
+environment. When Ray stops a replica (scale-down, serve.delete) it runs the app's lifespan shutdown: the replica
+stops claiming jobs, gives the ones it runs the grace period, and hands back to the store what is unfinished.
+
 The console's live view is an application of its own over every replica's steps (console.py).
 """
 
@@ -28,12 +35,14 @@ from ...engine.loading import available_cores
 from ..app import create_app
 from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
-from ..startup import ServeSettings, StartupError, for_replicas, ready_line, replica_api_key, start_engine
+from ..startup import (WEBHOOK_SECRET_ENV, ServeSettings, StartupError, for_replicas, open_state, ready_line,
+                       replica_api_key, replica_webhook_secret, start_engine)
 from .console import EventsHubActor, deploy_console, start_forwarding, stop_console
 from .fleet import autoscaling_stats, routing_stats
 from .load import background_jobs
 from .metrics import merge, snapshot
-from .options import ReplicaPlan, deployment_options, replica_settings
+from .options import ReplicaPlan, deployment_options, replica_settings, stop_budget_s
+from .processes import adopt_orphans, end_leftovers, reap
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
 APP_NAME = "stepserve"
@@ -74,15 +83,24 @@ class StepserveReplica:
         self.engine = self.http_app = None  # (`app` is Serve's own name for the ASGI app it serves)
         self.pusher: asyncio.Task | None = None
         self.forwarder: asyncio.Task | None = None
+        self.state: tuple = ()  # the store and results folder this replica opened
 
     async def __serve_build_asgi_app__(self):
-        api_key = replica_api_key(self.settings)  # StartupError fails the replica with its message
-        engine = start_engine(self.settings.engine)
-        self.engine = engine
-        app = create_app(engine, api_key=api_key, limits=self.settings.limits,
-                         shutdown_grace_s=self.settings.shutdown_grace_s, replica=self.replica,
-                         metrics_view=self.all_metrics, cors_origins=self.settings.cors_origins,
-                         access_log=False)  # Ray Serve logs every request itself
+        settings = self.settings
+        api_key = replica_api_key(settings)  # StartupError fails the replica with its message
+        webhook_secret = replica_webhook_secret(settings)
+        store, results = self.state = open_state(settings)  # this replica's own connection to the shared state
+        try:
+            engine = self.engine = start_engine(settings.engine)
+        except BaseException:
+            self._close_state()
+            raise
+        app = create_app(engine, api_key=api_key, limits=settings.limits,
+                         shutdown_grace_s=settings.shutdown_grace_s, replica=self.replica,
+                         metrics_view=self.all_metrics, cors_origins=settings.cors_origins,
+                         access_log=False,  # Ray Serve logs every request itself
+                         store=store, results=results, owner=self.replica, webhook_secret=webhook_secret,
+                         job_lease_s=settings.job_lease_s)
         self.http_app, self.metrics = app, app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         self.forwarder = start_forwarding(self.events_hub, app, self.replica)
@@ -127,10 +145,17 @@ class StepserveReplica:
             raise RuntimeError(f"engine failed: {self.engine.failure}")
 
     async def __del__(self) -> None:
+        """Ray Serve calls this once the app's lifespan shutdown has run (jobs handed back)."""
         for task in filter(None, (self.pusher, self.forwarder)):
             task.cancel()
         self.hub.drop.remote(self.replica)
         self.events_hub.leave.remote(self.replica)
+        self._close_state()
+
+    def _close_state(self) -> None:
+        for opened in self.state[::-1]:  # the results folder (a temporary one goes), then the store
+            opened.close()
+        self.state = ()
 
 
 def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
@@ -140,6 +165,8 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
     local = plan.ray_address is None
     if local and settings.api_key is not None and settings.api_key_file is None:
         os.environ[API_KEY_ENV] = settings.api_key  # the local cluster's processes inherit it; no argument carries it
+    if local and settings.webhook_secret is not None:
+        os.environ[WEBHOOK_SECRET_ENV] = settings.webhook_secret  # the same for the webhook secret
     _connect(plan, local)
     stop = _stop_on_signal()  # after ray.init, whose own SIGTERM handler would abort the process
     started_serve = False
@@ -163,11 +190,11 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
               flush=True)
         while not stop.wait(1.0):
             if local:
-                _reap()  # Ray workers that exited and were handed to us (the subreaper)
+                reap()  # Ray workers that exited and were handed to us (the subreaper)
         print(f"stepserve serve: stopping the replicas (requests in flight may finish within {plan.grace_s:g} s) "
               f"...", file=sys.stderr, flush=True)
         _bounded(stop_console, 30.0, events_hub)
-        _bounded(serve.delete, plan.grace_s + 15.0, APP_NAME)
+        _bounded(serve.delete, stop_budget_s(plan) + 15.0, APP_NAME)
         return 0
     finally:
         if started_serve and not local:  # a cluster we joined keeps running: take down the Serve we started there
@@ -177,7 +204,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         session = _session_dir() if local else None
         ray.shutdown()  # a local cluster started by ray.init stops with it
         if local:
-            _end_leftovers()
+            end_leftovers()
             _remove_session(session)
 
 
@@ -230,7 +257,7 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         if not (sys.stdout.isatty() and sys.stderr.isatty()):
             os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI colour codes in a log file
-        _adopt_orphans()
+        adopt_orphans()
         print(f"stepserve serve: starting a local Ray cluster ({available_cores()} CPUs, loopback) ...",
               file=sys.stderr, flush=True)
         ray.init(num_cpus=available_cores(), include_dashboard=False, _node_ip_address="127.0.0.1",
@@ -247,60 +274,6 @@ def _connect(plan: ReplicaPlan, local: bool) -> None:
             "; a cluster with token authentication (Ray's default) needs RAY_AUTH_MODE=token here, and its token in "
             "~/.ray/auth_token or RAY_AUTH_TOKEN")
         raise StartupError(f"cannot join the Ray cluster at --ray-address {plan.ray_address!r}: {exc}{hint}") from None
-
-
-def _adopt_orphans() -> None:
-    """Linux: become the child subreaper, so that Ray workers orphaned by a raylet killed from outside (a signal to
-    the whole process group) stay our descendants, and _end_leftovers() can stop them."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def _end_leftovers(wait_s: float = 5.0) -> None:
-    """Stop whatever the local cluster left running below this process: SIGTERM, then SIGKILL after wait_s."""
-    pids = _descendants(os.getpid())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while pids and time.monotonic() < deadline:
-            _reap()
-            pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
-            time.sleep(0.1)
-        if not pids:
-            return
-
-
-def _reap() -> None:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
-
-
-def _descendants(root: int) -> list[int]:
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, frontier = [], [root]
-    while frontier:
-        children = [p for p, pp in parent.items() if pp in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 def _serve_running() -> bool:

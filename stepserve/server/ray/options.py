@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 
 from ...util.words import plural
 
+HAND_BACK_S = 15.0  # after the grace periods: aborting what is left, the engine's stop, handing jobs back
+
 
 @dataclass
 class ReplicaPlan:
@@ -105,6 +107,14 @@ def replica_settings(settings, plan: ReplicaPlan):
     return replace(settings, engine=replace(settings.engine, memory_share=plan.memory_share))
 
 
+def stop_budget_s(plan: ReplicaPlan) -> float:
+    """How long Ray gives a stopping replica before it kills it (graceful_shutdown_timeout_s). A replica stops as
+    one server does on SIGTERM: requests in flight get the grace period, then the app's lifespan shutdown gives the
+    engine's remaining work (jobs among it) the grace period again, aborts what is left and hands unfinished jobs
+    back to the state store. Killed before that, its jobs would wait out their leases."""
+    return 2 * plan.grace_s + HAND_BACK_S
+
+
 def deployment_options(plan: ReplicaPlan) -> dict:
     """Keyword arguments for `ray.serve.deployment(...)`."""
     options = {
@@ -113,7 +123,7 @@ def deployment_options(plan: ReplicaPlan) -> dict:
         "max_queued_requests": plan.max_queued_requests,
         # Ray's own queue limit answers like our admission control: 429 with Retry-After (Ray's default is 503).
         "backpressure_config": {"status_code": 429, "retry_after_s": 1},
-        "graceful_shutdown_timeout_s": plan.grace_s,
+        "graceful_shutdown_timeout_s": stop_budget_s(plan),
         "graceful_shutdown_wait_loop_s": 0.5,
     }
     if plan.autoscale:
