@@ -21,8 +21,8 @@ from ..engine.async_engine import AsyncEngine
 from ..store.base import Store
 from ..store.memory import MemoryStore
 from ..store.results import Results
-from . import errors
 from .auth import require_key
+from .replica_header import REPLICA_HEADER, ReplicaHeader  # noqa: F401 (REPLICA_HEADER: part of the app's API)
 from .bodies import JSON, check_json, read_body
 from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import backstop_s, check, image_body, outcome_of, submit_all, wait_all
@@ -39,7 +39,6 @@ from .image_jobs import async_answer, image_job_routes
 from .jobs_app import attach_jobs
 from .videos import video_routes
 
-REPLICA_HEADER = "X-Stepserve-Replica"
 log = logging.getLogger("stepserve.server")
 
 
@@ -106,26 +105,6 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     if replica is not None:
         app.add_middleware(ReplicaHeader, replica=replica)
     return app
-
-
-class ReplicaHeader:
-    """Pure ASGI middleware (streams pass through untouched) that names the serving replica on every response."""
-
-    def __init__(self, app, replica: str) -> None:
-        self.app = app
-        self.header = (REPLICA_HEADER.lower().encode(), replica.encode())
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_named(message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), self.header]}
-            await send(message)
-
-        await self.app(scope, receive, send_named)
 
 
 def start_drain(app: FastAPI) -> None:

@@ -20,6 +20,7 @@ from fastapi.responses import Response
 
 from .auth import require_key
 from .errors import install_error_handlers
+from .replica_header import REPLICA_HEADER, ReplicaHeader
 from .streaming import EventStreamResponse
 
 
@@ -75,7 +76,6 @@ def events_app(events: StreamSource, api_key: str | None, cors_origins: tuple[st
                name: str | None = None) -> FastAPI:
     """An app that serves /v1/engine/events alone, behind the key, errors in the OpenAI shape. `name` goes in
     X-Stepserve-Replica on every answer (so Ray's proxy passes its 429s through as the app's own)."""
-    from .app import REPLICA_HEADER, ReplicaHeader
 
     app = FastAPI(title="stepserve console events", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)

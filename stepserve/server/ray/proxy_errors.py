@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ..app import REPLICA_HEADER
+from ..replica_header import REPLICA_HEADER
 from ..errors import APIError
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
