@@ -51,7 +51,8 @@ class Fleet:
         self.server = ServeProcess(
             self.cluster.mark, "--replicas", "2", "--ray-address", self.cluster.address, "--strategy", "continuous",
             "--max-batch-size", "4", "--max-ongoing-requests", "16", "--shutdown-grace-s", "5",
-            "--state", state.url, "--results", str(state.results), "--job-lease-s", f"{self.lease_s:g}", *flags,
+            "--state", state.url, "--results", str(state.results), "--job-lease-s", f"{self.lease_s:g}",
+            "--router", "power_of_two", *flags,  # Anchors steer a request by requests in flight: Ray's own router
             model=path)
         self.key = (model, state.url)
         if while_booting is not None:
