@@ -59,17 +59,32 @@ def choose(router, replicas, rid, **meta):
 
 
 def test_the_router_ranks_by_predicted_finish_and_counts_what_it_sent_since():
+    """Driven as Ray Serve drives it: choose_replicas, then on_send_request for the replica it sent to (Ray calls
+    on_request_routed only when replicas may refuse, which stepserve's do not), on_request_completed at the end."""
     router = make_router(router="least_work")
     a, b = FakeReplica("a", published(4.0, 1, 100.0)), FakeReplica("b", published(1.0, 3, 100.0))
-    order, pending = choose(router, [a, b], "r1")
-    assert order == ["b", "a"]  # less work in hand, though it holds more requests
-    router.on_request_routed(pending, "b", None)  # sent to b: 20 steps x 0.1 s at its quote
-    router.on_request_routed(choose(router, [a, b], "r2")[1], "b", None)
-    assert router.sent.pending("b")[0] == 2
+    assert choose(router, [a, b], "r1")[0] == ["b", "a"]  # less work in hand, though it holds more requests
+    router.on_send_request("b")  # 20 steps x 0.1 s at its quote
+    assert choose(router, [a, b], "r2")[0] == ["b", "a"]  # 1 + 2 s: still sooner than a's 4 s
+    router.on_send_request("b")
+    assert router.sent.pending("b") == (2, 4.0)
     assert choose(router, [a, b], "r3")[0] == ["a", "b"]  # b now holds its 1 s and the 4 s just sent
-    b.routing_stats = published(5.5, 5, 1e12)  # stats taken after those sends: they are in them now
-    assert choose(router, [a, b], "r4")[0] == ["a", "b"] and router.sent.pending("b") == (0, 0.0)
+    router.on_request_completed("b", "whichever")  # one came back: one note goes
+    assert router.sent.pending("b") == (1, 2.0)
+    b.routing_stats = published(3.0, 4, 1e12)  # stats taken after the sends: they are in them now
+    assert choose(router, [a, b], "r4")[0] == ["b", "a"] and router.sent.pending("b") == (0, 0.0)
     router.on_request_completed("a", "r-unknown")  # nothing noted: nothing to drop
+
+
+def test_a_burst_before_any_new_stats_alternates_between_equal_replicas():
+    router = make_router(router="least_work")
+    replicas = [FakeReplica("a", published(0.0, 0, 1.0)), FakeReplica("b", published(0.0, 0, 1.0))]
+    sent = []
+    for i in range(6):
+        first = choose(router, replicas, f"r{i}")[0][0]
+        router.on_send_request(first)
+        sent.append(first)
+    assert sent.count("a") == sent.count("b") == 3
 
 
 def test_a_request_naming_a_held_adapter_goes_where_it_is_held():

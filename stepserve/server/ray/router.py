@@ -5,8 +5,10 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
   latency model, the steps a newcomer would run at, adapters loaded, tightest deadline slack, background jobs)
   through Ray Serve's `record_routing_stats`, stamped with the time they were taken. Ray's controller asks for them
   every ROUTING_STATS_PERIOD_S and hands them to the routers, so they are that old, and a little more.
-- Between publications the router adds what it sent since (fleet/sent.py): each request's own price, predicted
-  when it was placed, until stats taken after it arrive or the request comes back.
+- Between publications the router adds what it sent since (fleet/sent.py): each request's price there, as this
+  router last quoted it, from the moment Ray sends it (`on_send_request`) until stats taken after it arrive or a
+  request to that replica comes back (`on_request_completed`; Ray calls `on_request_routed` only when replicas may
+  refuse requests, which stepserve's deployment does not ask for).
 - Ray's HTTP proxy routes a request before reading its body, so the router does not know its steps or size: it
   prices each at the model's default steps and reference size (what each replica quotes). The replicas' work in
   hand, which is what differs between them, is exact. A client that names its LoRA adapter in Ray's
@@ -18,8 +20,10 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
+from collections import deque
 from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
@@ -45,7 +49,9 @@ class FleetRouter(FIFOMixin, RequestRouter):
         self.adapter_load_s = adapter_load_s
         self.default_steps = default_steps
         self.sent = Sent()
-        self._prices: dict[str, dict[Any, float]] = {}  # request -> replica id -> price, until it is placed
+        self._price: dict[Any, float] = {}  # replica id -> what the last request priced for it costs there
+        self._notes: dict[Any, deque] = {}  # replica id -> its notes in Sent, oldest first
+        self._count = itertools.count()
 
     def job(self, pending: PendingRequest | None) -> Job:
         if pending is None:
@@ -73,26 +79,29 @@ class FleetRouter(FIFOMixin, RequestRouter):
         stats = [self.stats_of(r) for r in candidate_replicas]
         first = self.policy.pick(stats, job)
         scored = sorted(range(len(stats)), key=lambda i: (i != first, finish_s(stats[i], job, self.adapter_load_s)))
-        if pending_request is not None:
-            if len(self._prices) > 10_000:  # requests placed elsewhere or given up: forget the oldest notes
-                for key in list(self._prices)[:5_000]:
-                    del self._prices[key]
-            self._prices[pending_request.metadata.internal_request_id] = {
-                candidate_replicas[i].replica_id: price_s(stats[i], job) for i in scored}
+        for i in scored:
+            self._price[candidate_replicas[i].replica_id] = price_s(stats[i], job)
         return [[candidate_replicas[i]] for i in scored]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
-        rid = pending_request.metadata.internal_request_id
-        prices = self._prices.pop(rid, {})
-        self.sent.sent(replica_id, rid, time.time(), prices.get(replica_id, 0.0))
+    def on_send_request(self, replica_id) -> None:
+        """Ray calls this as it sends a request to `replica_id` (whichever request its queue gave that replica):
+        noted at the price this router last quoted for that replica."""
+        super().on_send_request(replica_id)
+        key = next(self._count)
+        self.sent.sent(replica_id, key, time.time(), self._price.get(replica_id, 0.0))
+        self._notes.setdefault(replica_id, deque()).append(key)
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
-        self.sent.done(replica_id, internal_request_id)
-        self._prices.pop(internal_request_id, None)
+        """A request to `replica_id` came back: its oldest note goes (the count of those out stays right)."""
+        notes = self._notes.get(replica_id)
+        if notes:
+            self.sent.done(replica_id, notes.popleft())
 
     def on_replica_actor_died(self, replica_id) -> None:
         super().on_replica_actor_died(replica_id)
         self.sent.forget(replica_id)
+        self._notes.pop(replica_id, None)
+        self._price.pop(replica_id, None)
 
 
 def router_config(router: str, adapter_load_s: float) -> dict | None:
