@@ -116,7 +116,8 @@ class Attempts:
     async def _steps(self, run: Running, kind: JobKind) -> JobError | None:
         """Run the job to its end; the error it failed with when that is still to be written."""
         try:
-            self.results.touch((run.job.request.get("inputs") or {}).values())  # they outlive this run
+            inputs = (run.job.request.get("inputs") or {}).values()
+            await asyncio.to_thread(self.results.touch, inputs)  # they outlive this run (the sweep goes by age)
             params = await kind.params(run.job)
             if await self._submit(run, params):
                 results = await self._follow(run)

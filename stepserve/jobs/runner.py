@@ -57,6 +57,7 @@ class JobRunner(Attempts):
         self.running: dict[str, Running] = {}
         self._wake = asyncio.Event()
         self._backoff_until = 0.0
+        self._closing = False
         self._loop_task: asyncio.Task | None = None
         self._deliveries: set[asyncio.Task] = set()
         self._failing = False  # the store failed on the last round (logged once until it answers again)
@@ -76,7 +77,7 @@ class JobRunner(Attempts):
     async def close(self, wait_s: float = 5.0) -> None:
         """Stop: the jobs running get `wait_s` to end (the engine has shut down by now, or is about to), then what
         is unfinished is handed back (durable store) or fails as shutting_down (memory)."""
-        self.claiming = False
+        self.claiming, self._closing = False, True
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -100,7 +101,7 @@ class JobRunner(Attempts):
     def abandon(self) -> None:
         """Stop at once without a word to the store, as a process that is killed does: its jobs keep this owner
         until their leases pass, then another process takes them."""
-        self.claiming = False
+        self.claiming, self._closing = False, True
         for task in [self._loop_task, *(r.task for r in self.running.values())]:
             if task is not None:
                 task.cancel()
@@ -122,7 +123,7 @@ class JobRunner(Attempts):
     async def _loop(self) -> None:
         await self._guarded(self._hand_back_orphans)
         next_resume, resuming = 0.0, None
-        while True:
+        while not self._closing:  # (a cancellation that asyncio.wait_for swallowed in 3.11 still ends the loop)
             self._wake.clear()
             await self._guarded(self._claim_while_room)
             await self._guarded(self._renew_due)
