@@ -1,10 +1,13 @@
 """Helpers of the jobs tests: an app over a store of the test's choosing (the routes and the runner of one process;
-two of them on one store stand for two replicas), waiting for a job's end, a store that counts its calls, and a
-webhook sender that records what it was asked to send."""
+two of them on one store stand for two replicas), waiting for a job's end, a store that counts its calls, a webhook
+sender that records what it was asked to send; and fixtures (import them by name: this folder has no conftest.py,
+whose module name the server tests import): a tiny random Wan folder, one torch thread."""
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from fastapi.testclient import TestClient
 
@@ -58,3 +61,22 @@ class RecordingSender:
 
     async def deliver(self, job, payload, owner) -> None:
         self.delivered.append((job, payload, owner))
+
+
+@pytest.fixture(scope="session")
+def wan_folder(tmp_path_factory):
+    """A tiny random Wan pipeline folder (video jobs), built once per session."""
+    from stepserve.tiny.wan import build_tiny_wan
+
+    return build_tiny_wan(tmp_path_factory.mktemp("wan_jobs") / "pipe")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread: a test runs two engines (two processes' worth) on the machine's cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

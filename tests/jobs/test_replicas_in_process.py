@@ -12,6 +12,7 @@ import pytest
 from extras import require
 from store.redis_server import redis_url  # noqa: F401  (a fixture)
 from job_helpers import RecordingSender, app_client, wait_job
+from job_helpers import wan_folder, one_torch_thread  # noqa: F401  (fixtures)
 from server.server_helpers import wait_until
 from step_gate import SteppedExecutor
 
@@ -24,7 +25,7 @@ QUICK = {"prompt": "b", "num_frames": 5, "num_inference_steps": 3, "seed": 5}
 
 
 @pytest.fixture(scope="module")
-def wan_executors(wan_folder):
+def wan_executors(wan_folder, one_torch_thread):
     require("imageio_ffmpeg", "video")
     return load_executor(str(wan_folder)), load_executor(str(wan_folder))
 

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 from extras import require
+from job_helpers import wan_folder  # noqa: F401  (fixtures)
 from store.redis_server import redis_url  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]

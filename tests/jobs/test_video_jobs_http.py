@@ -9,6 +9,7 @@ import json
 import pytest
 from extras import require
 from job_helpers import app_client, wait_job
+from job_helpers import wan_folder  # noqa: F401  (fixtures)
 from server.server_helpers import assert_error_shape
 
 from stepserve.engine.loading import load_executor
