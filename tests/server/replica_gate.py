@@ -10,7 +10,8 @@ The folder:
   the file is gone or says more. No file: steps run freely.
 - `pace` (written by the test): S. A replica starts a denoising step at most every S seconds.
 - `<replica id>.json` (written by each replica, atomically): {"held": whether a step waits at the gate now,
-  "steps": {request id: denoising steps taken}, "finished": [request ids that ended, any way]}.
+  "steps": {request id: denoising steps taken}, "finished": [request ids that ended, any way],
+  "aborted": [request ids whose abort was told to the engine]}.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ def _gated(start_engine):
         gate = FileGate(engine, Path(os.environ[ENV]), serve.get_replica_context().replica_id.unique_id)
         engine.executor = engine.core.executor = gate
         engine.on_step.append(gate.on_step)
+        abort = engine.abort
+
+        def told_abort(request_id, *args, **kwargs):
+            gate.on_abort(request_id)
+            return abort(request_id, *args, **kwargs)
+
+        engine.abort = told_abort
         return engine
 
     return start
@@ -82,6 +90,7 @@ class FileGate:
         self.held = False
         self.steps: dict[str, int] = {}
         self.finished: list[str] = []
+        self.aborted: list[str] = []
         self._last_start = 0.0
         self._lock = threading.Lock()
         self._report()
@@ -110,6 +119,10 @@ class FileGate:
             self.finished += [r.request_id for r in report.finished]
             self._report()
 
+    def on_abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self._report()
+
     def _must_wait(self, requests) -> bool:
         allow = _read(self.folder / "allow")
         if allow is not None and any(self.steps.get(r.request_id, 0) >= allow for r in requests):
@@ -119,7 +132,7 @@ class FileGate:
 
     def _report(self) -> None:
         with self._lock:
-            state = {"held": self.held, "steps": self.steps, "finished": self.finished}
+            state = {"held": self.held, "steps": self.steps, "finished": self.finished, "aborted": self.aborted}
             path = self.folder / f"{self.replica}.json"
             temporary = path.with_suffix(".tmp")
             temporary.write_text(json.dumps(state))
@@ -159,7 +172,7 @@ class Gate:
         try:
             return json.loads((self.folder / f"{replica}.json").read_text())
         except (OSError, ValueError):
-            return {"held": False, "steps": {}, "finished": []}
+            return {"held": False, "steps": {}, "finished": [], "aborted": []}
 
     def wait(self, replica: str, check, timeout_s: float = 240.0) -> dict:
         """The replica's report once `check(report)` holds (timeout_s bounds a hang only)."""

@@ -160,6 +160,10 @@ def test_a_delete_through_the_other_replica_stops_the_job_within_two_steps(fleet
         deleted = fresh("DELETE", f"{server.url}/v1/videos/{job['id']}")
         assert deleted.json() == {"id": job["id"], "object": "video.deleted", "deleted": True}, deleted.text
         assert replica(deleted) != owner, "the DELETE reached the replica that runs the job"
+        # One more step, whose progress write finds the record gone; the engine waits at the next step until the
+        # owner has told it to abort (steps of this tiny model take milliseconds, a store write may take longer).
+        gate.allow(4)
+        gate.wait(owner, lambda s: request_id in s["aborted"])
         gate.free()
         ran = gate.wait(owner, lambda s: request_id in s["finished"])["steps"][request_id]
     finally:
