@@ -169,10 +169,11 @@ def plot(cells: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{c['curve'].replace('gpu-', '').replace('-compute-bound', ' (compute-bound)')}\n"
-              f"{c['replicas']} x, {c['load']:.0%}" for c in cells]
+    short = {"gpu-1024-compute-bound": "GPU 1024\n(n costs n)", "gpu-512-sublinear": "GPU 512\nsublinear",
+             "gpu-sd15-512": "GPU SD1.5\n512", "embedded-cpu": "embedded\nCPU"}
+    labels = [f"{short.get(c['curve'], c['curve'])}\n{c['replicas']}x {c['load']:.0%}" for c in cells]
     routers = ["least_work", "power_of_two", "central"]
-    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(cells)), 4.2))
+    fig, ax = plt.subplots(figsize=(max(8, 0.75 * len(cells)), 4.4))
     width = 0.8 / len(routers)
     for k, name in enumerate(routers):
         ys = []

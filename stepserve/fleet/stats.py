@@ -46,7 +46,7 @@ class ReplicaStats:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ReplicaStats":
+    def from_dict(cls, data: Mapping) -> ReplicaStats:
         """What to_dict wrote; missing fields take their defaults (a replica that published nothing yet)."""
         slack = data.get("slack_s")
         return cls(outstanding=int(data.get("outstanding", 0)), work_s=float(data.get("work_s", 0.0)),
@@ -65,7 +65,7 @@ class Job:
     adapters: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
-    def of(cls, steps: int, bucket: Bucket | None = None, adapters=()) -> "Job":
+    def of(cls, steps: int, bucket: Bucket | None = None, adapters=()) -> Job:
         return cls(int(steps), bucket_pixels(bucket) if bucket else 0, frozenset(adapters))
 
 

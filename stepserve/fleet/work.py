@@ -39,7 +39,7 @@ def bucket_s(held: int, steps: int, fresh: int, bucket: Bucket, latency: Latency
     return (steps * latency.step_s(b, bucket) + held * latency.decode_s(b, bucket) + fresh * latency.encode_s(b)) / b
 
 
-def work_s(loads: Mapping[Bucket, list[int]] | "Tally", latency: LatencyModel, max_batch: int) -> float:
+def work_s(loads: Mapping[Bucket, list[int]] | Tally, latency: LatencyModel, max_batch: int) -> float:
     """Predicted seconds of work in hand: the sum over buckets of bucket_s. `loads` maps a bucket to [held,
     steps, fresh] (a Tally's `loads`, or a Tally)."""
     if isinstance(loads, Tally):

@@ -128,6 +128,10 @@ class WaitingQueue:
         index = self._indexes[name]
         return index.first(group, k, skip)
 
+    def top(self, name: str, group: Hashable) -> Request | None:
+        """The first waiting request of `group` in index `name`'s order (None: none)."""
+        return self._indexes[name].top(group)
+
     def groups(self, name: str) -> list[Hashable]:
         """The groups of index `name` that may hold waiting requests (some may have only removed ones)."""
         return list(self._indexes[name].heaps)
@@ -176,6 +180,15 @@ class _Index:
 
     def _live(self, entry: tuple) -> bool:
         return self.queue._all.get(entry[2]) == entry[1]
+
+    def top(self, g: Hashable) -> Request | None:
+        heap = self.heaps.get(g)
+        while heap and not self._live(heap[0]):  # drop removed entries from the top
+            heapq.heappop(heap)
+        if not heap:
+            self.heaps.pop(g, None)
+            return None
+        return heap[0][2]
 
     def first(self, g: Hashable, k: int | None, skip) -> Iterator[Request]:
         """Live entries of group g in key order, without popping: a walk of the heap's tree, smallest first

@@ -27,6 +27,7 @@ from ..request.buckets import Bucket
 from ..request.types import Request
 from .predict import predict_finish_times
 from .queue import WaitingQueue
+from .slo_front import EPS_S
 
 SERVICE, GIVEUP, DEADLINE = "slo-service-", "slo-giveup", "slo-deadline"
 
@@ -46,11 +47,22 @@ class Indexed:
 
     def hopeless(self) -> list[Request]:
         """Waiting requests that cannot make their deadline even alone (policy.cannot_make_it), by arrival."""
-        out = []
+        out, alone, model, now = [], {}, self.policy.latency_model, self.now
         for group in self.queue.groups(GIVEUP):
+            top = self.queue.top(GIVEUP, group)
+            if top is None:
+                continue
+            bucket, steps = group
+            cost = alone.get(bucket)
+            if cost is None:  # predict.earliest_finish's terms, read once per bucket and step
+                cost = alone[bucket] = (model.step_s(1, bucket), model.decode_s(1, bucket), model.encode_s(1))
+            finish = now + steps * cost[0] + cost[1]
+            finish += cost[2]
+            if finish <= top.deadline + EPS_S:
+                continue  # the group's earliest deadline can be met: so can the rest (same cost, later)
             for r in self.queue.first(GIVEUP, group):
-                if not self.policy.cannot_make_it(r, self.now):
-                    break  # the rest of the group has later deadlines at the same cost
+                if not self.policy.cannot_make_it(r, now):
+                    break
                 out.append(r)
         out.sort(key=self.queue.position)
         self.dead.update(out)
