@@ -143,8 +143,8 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
                    help="autoscaling on the replicas' predicted work in hand against this p95, instead of a count "
                         "of requests (docs/SCALING.md)")
     g.add_argument("--router", default=None, choices=ROUTERS,
-                   help=f"how Ray Serve spreads requests over the replicas (default {DEFAULT_ROUTER}: where each is "
-                        f"predicted to finish first; power_of_two: Ray's own)")
+                   help="how Ray Serve spreads requests over the replicas (default power_of_two: Ray's own; "
+                        f"{DEFAULT_ROUTER}: where each is predicted to finish first, docs/SCALING.md)")
     g.add_argument("--adapter-load-s", type=float_from(0.0, True, "a number of seconds >= 0"), default=None,
                    help="least_work: what loading a LoRA adapter costs a replica that does not hold it (default 1)")
     g.add_argument("--replica-cpus", type=float_from(0.0, False, "a positive number of CPUs (fractions allowed)"),

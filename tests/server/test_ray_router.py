@@ -140,8 +140,8 @@ def test_router_and_slo_flags_map_onto_ray_serve_options():
     def options(*flags):
         return deployment_options(plan_replicas(build_parser().parse_args(list(flags)), local_cores=4))
 
-    default = options("--replicas", "2")
-    config = default["request_router_config"]
+    assert "request_router_config" not in options("--replicas", "2")  # the default: Ray's own power of two
+    config = options("--replicas", "2", "--router", "least_work")["request_router_config"]
     assert config["request_router_class"] == ROUTER_CLASS and config["request_router_kwargs"]["router"] == "least_work"
     assert config["request_routing_stats_period_s"] <= 1.0
     assert "request_router_config" not in options("--replicas", "2", "--router", "power_of_two")  # Ray's own

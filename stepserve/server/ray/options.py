@@ -32,7 +32,10 @@ class ReplicaPlan:
     ray_address: str | None = None
     notes: list[str] = field(default_factory=list)
     memory_share: float = 1.0  # of its device's (or host's) free memory, each replica's budget for the memory cap
-    router: str = "least_work"  # fleet/routers.py; power_of_two is Ray Serve's own
+    # fleet/routers.py; power_of_two is Ray Serve's own. Behind Ray the default stays Ray's own router: live, with
+    # two replicas on a shared machine, least_work fell behind in some rounds (requests left unfinished) where
+    # power of two did not (docs/SCALING.md, "Live: two replicas"); it is there with --router least_work.
+    router: str = "power_of_two"
     adapter_load_s: float = 1.0  # the routers' price for loading an adapter a replica does not hold
     slo_s: float | None = None  # --slo-p95-ms: autoscale on the predicted backlog against it (fleet/autoscale.py)
 
