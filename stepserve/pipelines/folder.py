@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..request.types import ModelInfo
+from .weights import Weights, check_denoiser_file, load_denoiser, quantization_config
 
 SERVING_DEFAULTS_FILE = "stepserve.json"
 EMBEDDED_PATH = Path(__file__).resolve().parent.parent / "models" / "embedded"
@@ -55,23 +56,29 @@ def read_scheduler_config(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class PipelineFolder:
-    """An opened pipeline folder: `path`, `name` (ModelInfo.name: 'embedded' or the folder's name) and `index`
-    (model_index.json). The scheduler config and serving defaults are read when asked for."""
+    """An opened pipeline folder: `path`, `name` (ModelInfo.name: 'embedded' or the folder's name), `index`
+    (model_index.json) and `weights` (a file that replaces the folder's denoiser, weights.py). The scheduler config
+    and serving defaults are read when asked for."""
 
     path: Path
     name: str
     index: dict
+    weights: Weights = Weights()
 
     @classmethod
-    def open(cls, model: str | os.PathLike, pipeline_class: str | tuple[str, ...] | None = None) -> "PipelineFolder":
+    def open(cls, model: str | os.PathLike, pipeline_class: str | tuple[str, ...] | None = None,
+             weights: Weights | None = None) -> "PipelineFolder":
         """`model`: 'embedded' or a local diffusers folder; with `pipeline_class` (one name or several), its
-        model_index.json must name that diffusers pipeline."""
+        model_index.json must name that diffusers pipeline. `weights`: where the denoiser's come from, if not
+        from the folder."""
         path = resolve_model_path(model)
         index = json.loads((path / "model_index.json").read_text())
         allowed = (pipeline_class,) if isinstance(pipeline_class, str) else pipeline_class
         if allowed is not None and index.get("_class_name") not in allowed:
             raise ValueError(f"model: {path} holds a {index.get('_class_name')!r}, not a {' or '.join(allowed)}")
-        return cls(path, model_name(model, path), index)
+        weights = weights or Weights()
+        check_denoiser_file(weights, tuple(k for k in index if not k.startswith("_")))
+        return cls(path, model_name(model, path), index, weights)
 
     def scheduler_config(self) -> dict:
         return read_scheduler_config(self.path)
@@ -87,8 +94,13 @@ class PipelineFolder:
         with loading_bars_only_on_a_terminal():
             for name, part_class in parts.items():
                 options = {}
+                if self.weights.replaces(name):
+                    loaded.append(load_denoiser(part_class, self.path / name, self.weights, dtype))
+                    continue
                 if dtype is not None and issubclass(part_class, torch.nn.Module):
                     options["torch_dtype"] = dtype
+                if self.weights.quantizes(name):
+                    options["quantization_config"] = quantization_config(self.weights, dtype)
                 loaded.append(load_local(part_class, self.path / name, **options))
         return loaded
 

@@ -56,11 +56,14 @@ def adapter_class(class_name: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def load_family_adapter(model: str | os.PathLike, device: str = "cpu", dtype=None):
-    """Load `model` ('embedded' or a local diffusers folder) with its family's adapter on the torch backend."""
+def load_family_adapter(model: str | os.PathLike, device: str = "cpu", dtype=None, weights=None):
+    """Load `model` ('embedded' or a local diffusers folder) with its family's adapter on the torch backend.
+    `weights` (weights.Weights): a file that replaces the folder's denoiser."""
     import torch
 
     cls = adapter_class(pipeline_class_name(model))
+    if weights is not None and weights.changed:
+        return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32, weights=weights)
     return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32)
 
 
