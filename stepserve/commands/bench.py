@@ -33,6 +33,7 @@ from .flags import (
     add_fast_path_flags,
     add_model_flags,
     fast_path_from_args,
+    model_of,
     weights_from_args,
 )
 
@@ -217,7 +218,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
                          "the peers make images; drop the mix's frames field (or --target/--peers)")
     if peers and set(mix.edit.values) - {None, "none"}:
         raise UsageError("--peers: the peers serve text to image only; drop the mix's edit field (or --peers)")
-    model = args.model
+    model = model_of(args) if command == "bench" else args.model
     if command == "bench" and not args.target and model != "fake":
         from ..deploy.onnx_cache import serving_model
 

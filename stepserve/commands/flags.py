@@ -95,6 +95,10 @@ def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, w
     only)'); `model_in`: the group --model goes in (a mutually exclusive one), default the parser."""
     (model_in or p).add_argument("--model", default="embedded",
                                  help=model_help or "'embedded' or a local diffusers folder (model_index.json)")
+    p.add_argument("--config", metavar="DIR", default=None,
+                   help="with --model FILE.safetensors (a whole SD 1/2 or SDXL checkpoint): a diffusers folder of the "
+                        "same model that gives its configs, tokenizers and scheduler (its weights are not read)"
+                        + where)
     files = p.add_mutually_exclusive_group()
     files.add_argument("--transformer", metavar="FILE", default=None,
                        help="the denoiser's weights from one file instead of --model's transformer folder: a "
@@ -196,15 +200,34 @@ def fast_path_from_args(args: argparse.Namespace):
     return FastPathOptions(compile=args.compile, deterministic=args.deterministic, batch_buckets=args.compile_buckets)
 
 
+def is_checkpoint_file(model: str) -> bool:
+    """Whether --model names a whole-model file rather than a folder."""
+    return str(model).lower().endswith((".safetensors", ".ckpt", ".gguf"))
+
+
 def weights_from_args(args: argparse.Namespace):
-    """--transformer FILE / --unet FILE as a pipelines.weights.Weights, or None."""
+    """--model FILE (with --config DIR), --transformer FILE / --unet FILE and --quantize as a
+    pipelines.weights.Weights, or None: the folder's own weights."""
     from ..pipelines.weights import Weights
 
     quantize = getattr(args, "quantize", None)
+    checkpoint = args.model if is_checkpoint_file(args.model) else None
+    config = getattr(args, "config", None)
+    if checkpoint and not config:
+        raise ValueError(f"--model {args.model} is one file: add --config DIR, a diffusers folder of the same model "
+                         "(its configs, tokenizers and scheduler; its weights are not read)")
+    if config and not checkpoint:
+        raise ValueError(f"--config {config} goes with --model FILE.safetensors (a whole-model file); "
+                         f"--model {args.model} is a folder already")
     for part in ("transformer", "unet"):
         if getattr(args, part, None):
-            return Weights(denoiser=getattr(args, part), part=part, quantize=quantize)
-    return Weights(quantize=quantize) if quantize else None
+            return Weights(denoiser=getattr(args, part), part=part, quantize=quantize, checkpoint=checkpoint)
+    return Weights(quantize=quantize, checkpoint=checkpoint) if quantize or checkpoint else None
+
+
+def model_of(args: argparse.Namespace) -> str:
+    """The diffusers folder to load: --model, or --config when --model is a whole-model file."""
+    return args.config if is_checkpoint_file(args.model) and getattr(args, "config", None) else args.model
 
 
 def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
@@ -213,9 +236,10 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     from ..deploy.onnx_cache import serving_model
     from ..engine.config import EngineConfig
 
-    model = serving_model(args.model, args.backend)
+    weights = weights_from_args(args)
+    model = serving_model(model_of(args), args.backend)
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
-                        threads=args.threads, weights=weights_from_args(args), memory_cap=memory_cap, fast_path=fast_path_from_args(args),
+                        threads=args.threads, weights=weights, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
                         cache=getattr(args, "cache", None), lora_dir=getattr(args, "lora_dir", None),
                         lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0), options=options)
 

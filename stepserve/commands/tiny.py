@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "diffusers folder)")
     lora.add_argument("--quant", default=None, choices=GGUF_TYPES,
                       help="single-file to a .gguf: how its weight matrices are quantized")
+    lora.add_argument("--whole", action="store_true",
+                      help="single-file: the whole SD 1/2 model (UNet, VAE, text encoder) in the original layout, "
+                           "for --model FILE --config DIR")
     lora.add_argument("--rank", type=int, default=4, help="the adapter's rank")
     lora.add_argument("--text-encoder", action="store_true", help="adapt the (first) text encoder too")
     return p
@@ -96,6 +99,18 @@ def _single_file(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if (args.out.suffix == ".gguf") != (args.quant is not None):
         p.error("--quant goes with a .gguf --out (and a .gguf needs it): "
                 f"allowed: {', '.join(GGUF_TYPES)}")
+    if args.whole:
+        from ..tiny.ldm_file import write_ldm_file
+
+        if args.quant or args.out.suffix != ".safetensors":
+            p.error("--whole writes a .safetensors (no --quant)")
+        try:
+            path = write_ldm_file(resolve_model_path(args.model), args.out)
+        except (OSError, ValueError, KeyError) as exc:
+            p.error(f"cannot write --model {args.model} as one file: {exc}")
+        print(f"stepserve tiny: wrote {args.model} as one file to {path}; serve it with `stepserve serve --model "
+              f"{path} --config {args.model}`", file=sys.stderr)
+        return 0
     try:
         folder = resolve_model_path(args.model)
         part = next((d for d in ("transformer", "unet") if (folder / d).is_dir()), None)

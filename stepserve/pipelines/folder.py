@@ -20,7 +20,14 @@ from typing import Any
 import torch
 
 from ..request.types import ModelInfo
-from .weights import Weights, check_denoiser_file, load_denoiser, quantization_config
+from .weights import (
+    Weights,
+    check_checkpoint,
+    check_denoiser_file,
+    load_checkpoint,
+    load_denoiser,
+    quantization_config,
+)
 
 SERVING_DEFAULTS_FILE = "stepserve.json"
 EMBEDDED_PATH = Path(__file__).resolve().parent.parent / "models" / "embedded"
@@ -78,7 +85,9 @@ class PipelineFolder:
             raise ValueError(f"model: {path} holds a {index.get('_class_name')!r}, not a {' or '.join(allowed)}")
         weights = weights or Weights()
         check_denoiser_file(weights, tuple(k for k in index if not k.startswith("_")))
-        return cls(path, model_name(model, path), index, weights)
+        check_checkpoint(weights, index.get("_class_name"))
+        name = Path(weights.checkpoint).stem if weights.checkpoint else model_name(model, path)
+        return cls(path, name, index, weights)
 
     def scheduler_config(self) -> dict:
         return read_scheduler_config(self.path)
@@ -94,6 +103,9 @@ class PipelineFolder:
         with loading_bars_only_on_a_terminal():
             for name, part_class in parts.items():
                 options = {}
+                if self.weights.checkpoint is not None:
+                    loaded.append(self._from_checkpoint(name, part_class, dtype))
+                    continue
                 if self.weights.replaces(name):
                     loaded.append(load_denoiser(part_class, self.path / name, self.weights, dtype))
                     continue
@@ -103,6 +115,19 @@ class PipelineFolder:
                     options["quantization_config"] = quantization_config(self.weights, dtype)
                 loaded.append(load_local(part_class, self.path / name, **options))
         return loaded
+
+
+    def _from_checkpoint(self, name: str, part_class: type, dtype: torch.dtype | None) -> Any:
+        """Part `name` of the whole-model file (read once), in `dtype` when it is a network."""
+        pipe = self.__dict__.get("_checkpoint")
+        if pipe is None:
+            pipe = self.__dict__["_checkpoint"] = load_checkpoint(self.weights, self.path, self.index["_class_name"])
+        part = getattr(pipe, name, None)
+        if part is None:
+            raise ValueError(f"model: {self.weights.checkpoint} gave no {name} ({part_class.__name__})")
+        if dtype is not None and isinstance(part, torch.nn.Module):
+            part = part.to(dtype)
+        return part
 
 
 def load_local(part_class: type, folder: Path, **options) -> Any:

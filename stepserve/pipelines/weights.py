@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 DENOISER_PARTS = ("unet", "transformer")
 FILE_KINDS = (".safetensors", ".gguf")
+# whole-model files: the pipelines diffusers reads them for (with the options they take)
+WHOLE_FILE_PIPELINES = {"StableDiffusionPipeline": {"safety_checker": None, "requires_safety_checker": False},
+                        "StableDiffusionXLPipeline": {}}
 # --quantize TYPE: (the library's config, the devices it runs on)
 QUANTIZE_TYPES = {"int8wo": ("torchao Int8WeightOnlyConfig", ("cpu", "cuda")),
                   "int8dq": ("torchao Int8DynamicActivationInt8WeightConfig", ("cpu", "cuda")),
@@ -42,19 +45,26 @@ class Weights:
     denoiser: str | None = None
     part: str = "transformer"
     quantize: str | None = None  # QUANTIZE_TYPES: the denoiser quantized as it loads
+    checkpoint: str | None = None  # a whole-model file (SD 1/2, SDXL) whose parts replace the folder's weights
 
     def __post_init__(self) -> None:
         if self.part not in DENOISER_PARTS:
             raise ValueError(f"weights: part {self.part!r} is not a denoiser; allowed: {', '.join(DENOISER_PARTS)}")
         if self.quantize is not None and self.quantize not in QUANTIZE_TYPES:
             raise ValueError(f"--quantize: {self.quantize!r} is not a type; allowed: {', '.join(QUANTIZE_TYPES)}")
+        if self.checkpoint is not None and self.denoiser is not None:
+            raise ValueError(f"{self.flag} FILE replaces one part; --model {self.checkpoint} is a whole model "
+                             "already: give one of them")
+        if self.checkpoint is not None and self.quantize is not None:
+            raise ValueError(f"--quantize: not available with a whole-model file (--model {self.checkpoint}); "
+                             "allowed with a diffusers folder, or a --transformer/--unet .safetensors file")
         if self.quantize is not None and self.denoiser is not None and self.denoiser.lower().endswith(".gguf"):
             raise ValueError(f"--quantize {self.quantize}: {self.denoiser} is quantized already (GGUF); give one")
 
     @property
     def changed(self) -> bool:
         """Whether anything differs from the folder's own weights."""
-        return self.denoiser is not None or self.quantize is not None
+        return self.denoiser is not None or self.quantize is not None or self.checkpoint is not None
 
     def replaces(self, name: str) -> bool:
         return self.denoiser is not None and name == self.part
@@ -81,6 +91,35 @@ def check_denoiser_file(weights: Weights, parts: dict[str, Any] | tuple[str, ...
         other = next((p for p in DENOISER_PARTS if p in parts), None)
         hint = f"; this model's denoiser is its {other} (use --{other} FILE)" if other else ""
         raise ValueError(f"{weights.flag}: this model has no {weights.part}{hint}")
+
+
+def check_checkpoint(weights: Weights, pipeline_class: str | None) -> None:
+    """Before any weight is read: the whole-model file exists and is a .safetensors, and the folder that gives
+    its configs is one diffusers reads whole files for."""
+    if weights.checkpoint is None:
+        return
+    path = Path(weights.checkpoint).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"model: {weights.checkpoint} is not a file")
+    if path.suffix.lower() != ".safetensors":
+        raise ValueError(f"model: {weights.checkpoint} is not a .safetensors file (a whole-model checkpoint)")
+    if pipeline_class not in WHOLE_FILE_PIPELINES:
+        raise ValueError(f"model: a whole-model file loads for {', '.join(WHOLE_FILE_PIPELINES)} configs; "
+                         f"--config holds a {pipeline_class}")
+
+
+def load_checkpoint(weights: Weights, config: Path, pipeline_class: str) -> Any:
+    """The diffusers pipeline of the whole-model file, its parts configured by the folder `config`."""
+    import diffusers
+
+    path = Path(weights.checkpoint).expanduser().resolve()
+    try:
+        return getattr(diffusers, pipeline_class).from_single_file(
+            str(path), config=str(config), local_files_only=True, **WHOLE_FILE_PIPELINES[pipeline_class])
+    except Exception as exc:  # noqa: BLE001: diffusers raises KeyError, RuntimeError, ValueError, OSError here
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"model: {path} is not a {pipeline_class} checkpoint of the shapes that {config} "
+                         f"describes ({type(exc).__name__}: {reason[:300]})") from exc
 
 
 def check_quantize(weights: Weights, device: str) -> None:
