@@ -109,6 +109,8 @@ def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, w
     p.add_argument("--quantize", default=None, choices=QUANTIZE_TYPES, metavar="TYPE",
                    help="quantize the denoiser as it loads: int8wo, int8dq (CPU or GPU), int4wo, float8wo, nf4 "
                         "(GPU); torchao's or bitsandbytes' (stepserve[quant], stepserve[bnb])" + where)
+    p.add_argument("--quantize-text", action="store_true",
+                   help="with --quantize (a torchao type): quantize the text encoders too" + where)
     p.add_argument("--device", default="cpu", choices=DEVICES, help="where the networks run" + where)
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the networks' precision" + where)
     p.add_argument("--backend", default="torch", choices=BACKENDS,
@@ -210,7 +212,7 @@ def weights_from_args(args: argparse.Namespace):
     pipelines.weights.Weights, or None: the folder's own weights."""
     from ..pipelines.weights import Weights
 
-    quantize = getattr(args, "quantize", None)
+    quantize, text = getattr(args, "quantize", None), getattr(args, "quantize_text", False)
     checkpoint = args.model if is_checkpoint_file(args.model) else None
     config = getattr(args, "config", None)
     if checkpoint and not config:
@@ -221,8 +223,11 @@ def weights_from_args(args: argparse.Namespace):
                          f"--model {args.model} is a folder already")
     for part in ("transformer", "unet"):
         if getattr(args, part, None):
-            return Weights(denoiser=getattr(args, part), part=part, quantize=quantize, checkpoint=checkpoint)
-    return Weights(quantize=quantize, checkpoint=checkpoint) if quantize or checkpoint else None
+            return Weights(denoiser=getattr(args, part), part=part, quantize=quantize, checkpoint=checkpoint,
+                           quantize_text=text)
+    if quantize or checkpoint or text:
+        return Weights(quantize=quantize, checkpoint=checkpoint, quantize_text=text)
+    return None
 
 
 def model_of(args: argparse.Namespace) -> str:

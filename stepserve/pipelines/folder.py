@@ -112,7 +112,7 @@ class PipelineFolder:
                 if dtype is not None and issubclass(part_class, torch.nn.Module):
                     options["torch_dtype"] = dtype
                 if self.weights.quantizes(name):
-                    options["quantization_config"] = quantization_config(self.weights, dtype)
+                    options["quantization_config"] = quantization_config(self.weights, dtype, part_class)
                 loaded.append(load_local(part_class, self.path / name, **options))
         return loaded
 

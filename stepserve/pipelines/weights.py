@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 DENOISER_PARTS = ("unet", "transformer")
 FILE_KINDS = (".safetensors", ".gguf")
+TEXT_TYPES = ("int8wo", "int8dq", "int4wo", "float8wo")  # --quantize-text: torchao's, through transformers
 # whole-model files: the pipelines diffusers reads them for (with the options they take)
 WHOLE_FILE_PIPELINES = {"StableDiffusionPipeline": {"safety_checker": None, "requires_safety_checker": False},
                         "StableDiffusionXLPipeline": {}}
@@ -46,6 +47,7 @@ class Weights:
     part: str = "transformer"
     quantize: str | None = None  # QUANTIZE_TYPES: the denoiser quantized as it loads
     checkpoint: str | None = None  # a whole-model file (SD 1/2, SDXL) whose parts replace the folder's weights
+    quantize_text: bool = False  # the text encoders too (transformers' TorchAoConfig; torchao types only)
 
     def __post_init__(self) -> None:
         if self.part not in DENOISER_PARTS:
@@ -55,6 +57,9 @@ class Weights:
         if self.checkpoint is not None and self.denoiser is not None:
             raise ValueError(f"{self.flag} FILE replaces one part; --model {self.checkpoint} is a whole model "
                              "already: give one of them")
+        if self.quantize_text and self.quantize not in TEXT_TYPES:
+            raise ValueError(f"--quantize-text goes with --quantize {' or '.join(TEXT_TYPES)}; got --quantize "
+                             f"{self.quantize}")
         if self.checkpoint is not None and self.quantize is not None:
             raise ValueError(f"--quantize: not available with a whole-model file (--model {self.checkpoint}); "
                              "allowed with a diffusers folder, or a --transformer/--unet .safetensors file")
@@ -70,7 +75,8 @@ class Weights:
         return self.denoiser is not None and name == self.part
 
     def quantizes(self, name: str) -> bool:
-        return self.quantize is not None and name in DENOISER_PARTS
+        return self.quantize is not None and (name in DENOISER_PARTS
+                                              or (self.quantize_text and name.startswith("text_encoder")))
 
     @property
     def flag(self) -> str:
@@ -138,9 +144,16 @@ def check_quantize(weights: Weights, device: str) -> None:
         raise ImportError(f"--quantize {weights.quantize} needs {module}: pip install 'stepserve[{extra}]'") from None
 
 
-def quantization_config(weights: Weights, dtype: torch.dtype | None):
-    """diffusers' config for --quantize TYPE."""
+def quantization_config(weights: Weights, dtype: torch.dtype | None, part_class: type | None = None):
+    """The config for --quantize TYPE: diffusers', or transformers' for a transformers model (a text encoder)."""
     import torch
+
+    if part_class is not None and part_class.__module__.startswith("transformers"):
+        from torchao import quantization as q
+        from transformers import TorchAoConfig as TextConfig
+
+        return TextConfig({"int8wo": q.Int8WeightOnlyConfig, "int8dq": q.Int8DynamicActivationInt8WeightConfig,
+                           "int4wo": q.Int4WeightOnlyConfig, "float8wo": q.Float8WeightOnlyConfig}[weights.quantize]())
 
     if weights.quantize == "nf4":
         from diffusers import BitsAndBytesConfig

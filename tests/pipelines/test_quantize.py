@@ -109,3 +109,34 @@ def test_an_unknown_type_and_a_gguf_file_are_refused():
         Weights(quantize="int3")
     with pytest.raises(ValueError, match="is quantized already"):
         Weights(denoiser="x.gguf", quantize="int8wo")
+
+
+def test_quantize_text_quantizes_the_text_encoder_as_diffusers_would(folders):
+    """--quantize int8wo --quantize-text: the CLIP text encoder holds int8 weights too (transformers' TorchAoConfig),
+    and the image equals diffusers' pipeline with both parts loaded that way."""
+    from diffusers import StableDiffusionPipeline, TorchAoConfig, UNet2DConditionModel
+    from stepserve.engine.loading import load_executor
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import CLIPTextModel
+    from transformers import TorchAoConfig as TextConfig
+
+    folder = folders["sd"]
+    served = load_executor(str(folder), weights=Weights(quantize="int8wo", quantize_text=True))
+    encoder = served.pipeline.networks.text_encoder
+    assert any("Int8" in type(m.weight).__name__ for m in encoder.modules() if isinstance(m, torch.nn.Linear))
+    unet = UNet2DConditionModel.from_pretrained(folder, subfolder="unet", torch_dtype=torch.float32,
+                                                quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))
+    text = CLIPTextModel.from_pretrained(folder, subfolder="text_encoder",
+                                         quantization_config=TextConfig(Int8WeightOnlyConfig()))
+    pipe = StableDiffusionPipeline.from_pretrained(folder, unet=unet, text_encoder=text, safety_checker=None)
+    pipe.set_progress_bar_config(disable=True)
+    params = requests("sd")[:3]
+    results = Engine(served, strategy="continuous", max_batch_size=4, max_queue_delay_ms=1).generate(params)
+    for r, p in zip(results, params):
+        want = pipe(p.prompt, height=p.height, width=p.width, num_inference_steps=p.num_inference_steps,
+                    guidance_scale=p.guidance_scale, generator=torch.Generator("cpu").manual_seed(p.seed),
+                    output_type="np").images[0]
+        diff = np.abs(np.asarray(r.image.convert("RGB"), dtype=np.int16) - (want * 255).round().astype(np.int16))
+        assert diff.max() <= 1, (p, diff.max())
+    with pytest.raises(ValueError, match="--quantize-text goes with --quantize int8wo"):
+        Weights(quantize="nf4", quantize_text=True)
