@@ -61,10 +61,13 @@ def load_family_adapter(model: str | os.PathLike, device: str = "cpu", dtype=Non
     `weights` (weights.Weights): a file that replaces the folder's denoiser."""
     import torch
 
+    from .folder import quiet_optional_imports
+
     cls = adapter_class(pipeline_class_name(model))
-    if weights is not None and weights.changed:
-        return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32, weights=weights)
-    return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32)
+    with quiet_optional_imports():
+        if weights is not None and weights.changed:
+            return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32, weights=weights)
+        return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32)
 
 
 def require_export_family(model: str | os.PathLike, backend: str) -> None:
