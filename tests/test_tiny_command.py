@@ -37,3 +37,28 @@ def test_tiny_refuses_a_folder_that_holds_a_model(tmp_path, capsys):
         stepserve_main(["tiny", "sd", "--out", str(out)])
     assert exc.value.code == 2
     assert "already holds a model" in capsys.readouterr().err
+
+
+def test_single_file_writes_a_denoiser_that_serve_flags_load(tmp_path, capfd):
+    """`tiny single-file` writes the folder's transformer as GGUF; `serve`'s flags carry it (and --quantize) into
+    the engine's config; a .gguf without --quant, or a file that exists, is refused."""
+    from stepserve.commands.flags import weights_from_args
+    from stepserve.commands.serve import build_parser
+    from stepserve.engine.loading import load_executor
+
+    folder = tmp_path / "flux"
+    assert stepserve_main(["tiny", "flux-dev", "--out", str(folder)]) == 0
+    out = tmp_path / "t.gguf"
+    assert stepserve_main(["tiny", "single-file", "--model", str(folder), "--out", str(out), "--quant", "Q8_0"]) == 0
+    assert f"--transformer {out}" in capfd.readouterr().err
+    args = build_parser().parse_args(["--model", str(folder), "--transformer", str(out)])
+    weights = weights_from_args(args)
+    assert (weights.denoiser, weights.part, weights.quantize) == (str(out), "transformer", None)
+    assert load_executor(str(folder), weights=weights).pipeline.networks.transformer is not None
+    quantized = weights_from_args(build_parser().parse_args(["--model", str(folder), "--quantize", "int8wo"]))
+    assert (quantized.denoiser, quantized.quantize) == (None, "int8wo")
+    for argv, message in ((["--out", str(tmp_path / "u.gguf")], "--quant goes with a .gguf --out"),
+                          (["--out", str(out), "--quant", "Q8_0"], "exists")):
+        with pytest.raises(SystemExit) as exc:
+            stepserve_main(["tiny", "single-file", "--model", str(folder), *argv])
+        assert exc.value.code == 2 and message in capfd.readouterr().err

@@ -21,6 +21,7 @@ class BenchConfig:
     dtype: str = "float32"
     backend: str = "torch"  # in-process: torch | onnxruntime | tensorrt
     fast_path: Any = None  # in-process torch: backends.fast_path.FastPathOptions (--compile, --deterministic)
+    weights: Any = None  # in-process torch: pipelines.weights.Weights (--transformer/--unet FILE, --quantize)
     contenders: list[Contender] = field(default_factory=list)
     load: str = "poisson"  # poisson | closed | trace
     rate: float | None = None

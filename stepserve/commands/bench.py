@@ -28,7 +28,14 @@ from ..bench.workload import Mix
 from ..util.interrupts import INTERRUPTED, sigterm_as_ctrl_c
 from ..util.words import noun_for, plural
 from ..scheduling import DEFAULT_STRATEGY, STRATEGIES
-from .flags import DefaultsHelpFormatter, add_fast_path_flags, add_model_flags, fast_path_from_args
+from .flags import (
+    DefaultsHelpFormatter,
+    add_fast_path_flags,
+    add_model_flags,
+    fast_path_from_args,
+    model_of,
+    weights_from_args,
+)
 
 LOADS = ("poisson", "closed", "trace")
 
@@ -211,7 +218,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
                          "the peers make images; drop the mix's frames field (or --target/--peers)")
     if peers and set(mix.edit.values) - {None, "none"}:
         raise UsageError("--peers: the peers serve text to image only; drop the mix's edit field (or --peers)")
-    model = args.model
+    model = model_of(args) if command == "bench" else args.model
     if command == "bench" and not args.target and model != "fake":
         from ..deploy.onnx_cache import serving_model
 
@@ -223,6 +230,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         argv=[command, *argv], mix=mix, out=args.out, targets=list(args.target), model=model,
         device=args.device, dtype=args.dtype, backend=args.backend, contenders=contenders, load=args.load,
         fast_path=fast_path_from_args(args) if command == "bench" else None,
+        weights=weights_from_args(args) if command == "bench" else None,
         rate=args.rate,
         rate_frac=args.rate_frac, users=args.users, trace_file=str(args.trace) if args.trace else None,
         duration_s=args.duration, warmup_s=args.warmup, drain_s=args.drain, sweep=args.sweep,

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ..engine.loading import BACKENDS, DEVICES, DTYPES, default_threads
+from ..pipelines.weights import QUANTIZE_TYPES
 
 
 class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -94,6 +95,22 @@ def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, w
     only)'); `model_in`: the group --model goes in (a mutually exclusive one), default the parser."""
     (model_in or p).add_argument("--model", default="embedded",
                                  help=model_help or "'embedded' or a local diffusers folder (model_index.json)")
+    p.add_argument("--config", metavar="DIR", default=None,
+                   help="with --model FILE.safetensors (a whole SD 1/2 or SDXL checkpoint): a diffusers folder of the "
+                        "same model that gives its configs, tokenizers and scheduler (its weights are not read)"
+                        + where)
+    files = p.add_mutually_exclusive_group()
+    files.add_argument("--transformer", metavar="FILE", default=None,
+                       help="the denoiser's weights from one file instead of --model's transformer folder: a "
+                            ".safetensors (original or diffusers keys) or a .gguf (quantized; stepserve[quant]); "
+                            "--model gives the architecture (docs/MODELS.md)" + where)
+    files.add_argument("--unet", metavar="FILE", default=None,
+                       help="as --transformer, for models whose denoiser is a UNet (SD 1/2, SDXL)" + where)
+    p.add_argument("--quantize", default=None, choices=QUANTIZE_TYPES, metavar="TYPE",
+                   help="quantize the denoiser as it loads: int8wo, int8dq (CPU or GPU), int4wo, float8wo, nf4 "
+                        "(GPU); torchao's or bitsandbytes' (stepserve[quant], stepserve[bnb])" + where)
+    p.add_argument("--quantize-text", action="store_true",
+                   help="with --quantize (a torchao type): quantize the text encoders too" + where)
     p.add_argument("--device", default="cpu", choices=DEVICES, help="where the networks run" + where)
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the networks' precision" + where)
     p.add_argument("--backend", default="torch", choices=BACKENDS,
@@ -185,15 +202,49 @@ def fast_path_from_args(args: argparse.Namespace):
     return FastPathOptions(compile=args.compile, deterministic=args.deterministic, batch_buckets=args.compile_buckets)
 
 
+def is_checkpoint_file(model: str) -> bool:
+    """Whether --model names a whole-model file rather than a folder."""
+    return str(model).lower().endswith((".safetensors", ".ckpt", ".gguf"))
+
+
+def weights_from_args(args: argparse.Namespace):
+    """--model FILE (with --config DIR), --transformer FILE / --unet FILE and --quantize as a
+    pipelines.weights.Weights, or None: the folder's own weights."""
+    from ..pipelines.weights import Weights
+
+    quantize, text = getattr(args, "quantize", None), getattr(args, "quantize_text", False)
+    checkpoint = args.model if is_checkpoint_file(args.model) else None
+    config = getattr(args, "config", None)
+    if checkpoint and not config:
+        raise ValueError(f"--model {args.model} is one file: add --config DIR, a diffusers folder of the same model "
+                         "(its configs, tokenizers and scheduler; its weights are not read)")
+    if config and not checkpoint:
+        raise ValueError(f"--config {config} goes with --model FILE.safetensors (a whole-model file); "
+                         f"--model {args.model} is a folder already")
+    for part in ("transformer", "unet"):
+        if getattr(args, part, None):
+            return Weights(denoiser=getattr(args, part), part=part, quantize=quantize, checkpoint=checkpoint,
+                           quantize_text=text)
+    if quantize or checkpoint or text:
+        return Weights(quantize=quantize, checkpoint=checkpoint, quantize_text=text)
+    return None
+
+
+def model_of(args: argparse.Namespace) -> str:
+    """The diffusers folder to load: --model, or --config when --model is a whole-model file."""
+    return args.config if is_checkpoint_file(args.model) and getattr(args, "config", None) else args.model
+
+
 def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     """The EngineConfig of the model flags, the fast path flags and a command's EngineOptions. On --backend
     onnxruntime a diffusers folder becomes its cached ONNX export (exported once, on first use)."""
     from ..deploy.onnx_cache import serving_model
     from ..engine.config import EngineConfig
 
-    model = serving_model(args.model, args.backend)
+    weights = weights_from_args(args)
+    model = serving_model(model_of(args), args.backend)
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
-                        threads=args.threads, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
+                        threads=args.threads, weights=weights, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
                         cache=getattr(args, "cache", None), lora_dir=getattr(args, "lora_dir", None),
                         lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0), options=options)
 

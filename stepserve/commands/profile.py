@@ -19,7 +19,7 @@ from typing import Any
 from ..engine.loading import available_cores
 from ..request.buckets import bucket_name
 from ..util.words import plural
-from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from
+from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from, model_of
 
 PROG = "stepserve profile"
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..profiling.measure import measure_with_and_without_guidance
 
     try:
-        check_model_argument(args.model)  # before the heavy imports
+        check_model_argument(model_of(args))  # before the heavy imports
     except FileNotFoundError as exc:
         print(f"{PROG}: error: --{exc}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from ..engine.config import EngineOptions
 from ..fleet.routers import DEFAULT_ROUTER, ROUTERS
 from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
 from .state_flags import add_state_flags, state_settings
-from .flags import (OneLineParser, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
+from .flags import (OneLineParser, model_of, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
                     check_cache_and_lora_flags, engine_config, float_from, int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 opened.close()
             say(state_line(settings, settings.results_dir or "each replica's results folder", replicas=True))
             return serve_replicas(settings, plan)
-        check_model(args.model)
+        check_model(model_of(args))
         sock = claim_port(args.host, args.port)  # before anything loads (or exports)
         settings = serve_settings(args)
         store, results = open_state(settings)  # a state that cannot be opened fails before the model loads

@@ -4,6 +4,7 @@ model family, the server or the bench without downloading anything. It serves no
     stepserve tiny sdxl --out tiny-sdxl && stepserve serve --model tiny-sdxl
     stepserve tiny flux-dev --out tiny-flux --bench-size    # the size the benchmarks use (compute-bound on a CPU)
     stepserve tiny lora --model tiny-sdxl --out loras/ink.safetensors   # a random LoRA adapter for that model
+    stepserve tiny single-file --model tiny-flux --out flux-q8.gguf --quant Q8_0   # its transformer as one file
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
+from ..tiny.single_file import GGUF_TYPES
 from .flags import DefaultsHelpFormatter, OneLineParser
 
 # KIND: (module of stepserve.tiny, keyword options of its builder)
@@ -41,17 +43,25 @@ KINDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="stepserve tiny", description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.add_argument("kind", choices=[*KINDS, "lora"],
-                   help="model family (and variant) of the folder, or 'lora': an adapter for --model")
+    p.add_argument("kind", choices=[*KINDS, "lora", "single-file"],
+                   help="model family (and variant) of the folder; 'lora': an adapter for --model; "
+                        "'single-file': --model's denoiser as one file (.safetensors or .gguf), for "
+                        "--transformer FILE / --unet FILE")
     p.add_argument("--out", type=Path, required=True,
                    help="folder to write (created; must not hold a model yet); lora: a .safetensors file, or a "
                         "folder to hold pytorch_lora_weights.safetensors as diffusers' save_lora_weights writes")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--bench-size", action="store_true",
                    help="the larger size the benchmarks use (the module's BENCH_OPTIONS), not the test size")
-    lora = p.add_argument_group("lora")
+    lora = p.add_argument_group("lora and single-file")
     lora.add_argument("--model", default="embedded",
-                      help="the model folder the adapter is for ('embedded', or a diffusers folder)")
+                      help="the model folder the adapter is for, or whose denoiser to write ('embedded', or a "
+                           "diffusers folder)")
+    lora.add_argument("--quant", default=None, choices=GGUF_TYPES,
+                      help="single-file to a .gguf: how its weight matrices are quantized")
+    lora.add_argument("--whole", action="store_true",
+                      help="single-file: the whole SD 1/2 model (UNet, VAE, text encoder) in the original layout, "
+                           "for --model FILE --config DIR")
     lora.add_argument("--rank", type=int, default=4, help="the adapter's rank")
     lora.add_argument("--text-encoder", action="store_true", help="adapt the (first) text encoder too")
     return p
@@ -78,11 +88,51 @@ def _lora(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
+def _single_file(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..pipelines.folder import resolve_model_path
+    from ..tiny.single_file import write_denoiser_file
+
+    if args.out.exists():
+        p.error(f"--out: {args.out} exists; give a new file")
+    if args.out.suffix not in (".safetensors", ".gguf"):
+        p.error(f"--out: {args.out} must end in .safetensors or .gguf")
+    if (args.out.suffix == ".gguf") != (args.quant is not None):
+        p.error("--quant goes with a .gguf --out (and a .gguf needs it): "
+                f"allowed: {', '.join(GGUF_TYPES)}")
+    if args.whole:
+        from ..tiny.ldm_file import write_ldm_file
+
+        if args.quant or args.out.suffix != ".safetensors":
+            p.error("--whole writes a .safetensors (no --quant)")
+        try:
+            path = write_ldm_file(resolve_model_path(args.model), args.out)
+        except (OSError, ValueError, KeyError) as exc:
+            p.error(f"cannot write --model {args.model} as one file: {exc}")
+        print(f"stepserve tiny: wrote {args.model} as one file to {path}; serve it with `stepserve serve --model "
+              f"{path} --config {args.model}`", file=sys.stderr)
+        return 0
+    try:
+        folder = resolve_model_path(args.model)
+        part = next((d for d in ("transformer", "unet") if (folder / d).is_dir()), None)
+        if part is None:
+            p.error(f"--model: {folder} has neither a transformer nor a unet folder")
+        path = write_denoiser_file(folder, part, args.out, args.quant)
+    except ImportError as exc:
+        p.error(f"writing a .gguf needs the gguf package: install stepserve[quant] ({exc})")
+    except (OSError, ValueError) as exc:
+        p.error(f"cannot write the denoiser of --model {args.model}: {exc}")
+    print(f"stepserve tiny: wrote {args.model}'s {part} to {path}; serve it with `stepserve serve --model "
+          f"{args.model} --{part} {path}`", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     if args.kind == "lora":
         return _lora(p, args)
+    if args.kind == "single-file":
+        return _single_file(p, args)
     if (args.out / "model_index.json").exists():
         p.error(f"--out: {args.out} already holds a model (model_index.json); give an empty or new folder")
     family, options = KINDS[args.kind]

@@ -79,6 +79,7 @@ class EngineConfig:
     dtype: str = "float32"
     backend: str = "torch"  # torch | onnxruntime | tensorrt
     threads: int | None = None  # torch's intra-op threads (onnxruntime's too); None: leave torch's setting
+    weights: Any = None  # pipelines.weights.Weights: a single file for the denoiser (--transformer/--unet FILE)
     memory_cap: bool = True  # lower max_batch_size to what fits in memory (torch backend only)
     # the fraction of the device's (or host's) free memory this engine may take: engines that share one (Ray Serve
     # replicas with --replica-gpus 0.5, or several on one host) each take their share, not the whole
@@ -114,7 +115,8 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if loaded:
         from .loading import load_executor
 
-        executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads)
+        executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
+                                 config.weights)
     if config.memory_cap and config.backend != "torch":
         say(f"no memory cap on backend {config.backend}: the check measures torch's allocator")
     elif config.memory_cap:

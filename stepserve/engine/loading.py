@@ -64,27 +64,35 @@ def check_runtime(device: str, dtype: str, backend: str) -> None:
 
 
 def load_executor(model: str | os.PathLike = "embedded", device: str = "cpu", dtype: str = "float32",
-                  backend: str = "torch", threads: int | None = None):
+                  backend: str = "torch", threads: int | None = None, weights=None):
     """A TorchExecutor over `model`'s family adapter on `backend`. `threads`: onnxruntime's intra-op threads
-    (torch's are set by the engine builder). Raises FileNotFoundError or ValueError with a message that names the
+    (torch's are set by the engine builder); `weights` (pipelines.weights.Weights): a file that replaces the
+    folder's denoiser (torch backend). Raises FileNotFoundError or ValueError with a message that names the
     argument and what is allowed."""
     check_runtime(device, dtype, backend)
     check_model_argument(model)
+    if weights is not None and weights.changed:
+        if backend != "torch":
+            flag = f"{weights.flag} FILE" if weights.denoiser else "--quantize"
+            raise ValueError(f"{flag} loads on the torch backend only; got --backend {backend}")
+        from ..pipelines.weights import check_quantize
+
+        check_quantize(weights, device)
     import torch
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' was asked for but no CUDA device is available; use --device cpu")
     from ..executor.torch_executor import TorchExecutor
 
-    return TorchExecutor(_load_adapter(model, backend, device, getattr(torch, dtype), threads))
+    return TorchExecutor(_load_adapter(model, backend, device, getattr(torch, dtype), threads, weights))
 
 
-def _load_adapter(model, backend: str, device: str, dtype, threads: int | None):
+def _load_adapter(model, backend: str, device: str, dtype, threads: int | None, weights=None):
     from ..pipelines.diffusers_sd import StableDiffusionAdapter
     from ..pipelines.registry import load_family_adapter, require_export_family
 
     if backend == "torch":  # the folder's model_index.json _class_name picks the family adapter
-        return load_family_adapter(model, device=device, dtype=dtype)
+        return load_family_adapter(model, device=device, dtype=dtype, weights=weights)
     if not is_export_dir(model):
         require_export_family(model, backend)  # another family: say so by name first
         kind = "stepserve export onnx" if backend == "onnxruntime" else "stepserve export tensorrt"

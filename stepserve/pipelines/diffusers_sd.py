@@ -33,6 +33,7 @@ from .folder import (  # noqa: F401  (EMBEDDED_PATH, resolve_model_path: importe
     serving_defaults,
     serving_info,
 )
+from .weights import Weights
 from .inpaint import inpaint_mode
 
 __all__ = ["StableDiffusionAdapter", "PromptCache", "to_pil", "resolve_model_path", "model_info_for"]
@@ -84,11 +85,11 @@ class StableDiffusionAdapter(FamilyAdapter):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike = "embedded", device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "StableDiffusionAdapter":
+                        dtype: torch.dtype = torch.float32, weights: Weights | None = None) -> "StableDiffusionAdapter":
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTokenizer
 
-        folder = PipelineFolder.open(model)
+        folder = PipelineFolder.open(model, weights=weights)
         # the text encoder loads in float32 and is cast by from_modules
         tokenizer, text_encoder = folder.load(tokenizer=CLIPTokenizer, text_encoder=CLIPTextModel)
         unet, vae = folder.load(dtype, unet=UNet2DConditionModel, vae=AutoencoderKL)

@@ -31,6 +31,7 @@ from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info
+from .weights import Weights
 
 PIPELINE_CLASSES = ("FluxPipeline", "FluxFillPipeline")  # Fill: inpainting, mask and masked image as channels
 FILL_GUIDANCE = 30.0  # FluxFillPipeline.__call__'s default guidance_scale
@@ -149,11 +150,11 @@ class FluxAdapter(FamilyAdapter):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "FluxAdapter":
+                        dtype: torch.dtype = torch.float32, weights: Weights | None = None) -> "FluxAdapter":
         from diffusers import AutoencoderKL, FluxTransformer2DModel
         from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, T5EncoderModel
 
-        folder = PipelineFolder.open(model, PIPELINE_CLASSES)
+        folder = PipelineFolder.open(model, PIPELINE_CLASSES, weights=weights)
         device = torch.device(device)
         tokenizer, tokenizer_2, text_encoder, text_encoder_2, transformer, vae = folder.load(
             dtype, tokenizer=CLIPTokenizer, tokenizer_2=AutoTokenizer, text_encoder=CLIPTextModel,

@@ -35,6 +35,7 @@ from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .flux import latent_grid
 from .folder import PipelineFolder, serving_info
+from .weights import Weights
 
 PIPELINE_CLASSES = ("Flux2KleinPipeline",)
 MAX_SEQUENCE_LENGTH = 512  # __call__'s max_sequence_length default (both pipelines)
@@ -155,10 +156,10 @@ class Flux2Adapter(FamilyAdapter):
     # --- loading -----------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "Flux2Adapter":
+                        dtype: torch.dtype = torch.float32, weights: Weights | None = None) -> "Flux2Adapter":
         from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
 
-        folder = PipelineFolder.open(model, cls.pipeline_classes)
+        folder = PipelineFolder.open(model, cls.pipeline_classes, weights=weights)
         device = torch.device(device)
         tokenizer, text_encoder, transformer, vae = folder.load(
             dtype, **cls.text_parts(folder), transformer=Flux2Transformer2DModel, vae=AutoencoderKLFlux2)

@@ -20,6 +20,14 @@ from typing import Any
 import torch
 
 from ..request.types import ModelInfo
+from .weights import (
+    Weights,
+    check_checkpoint,
+    check_denoiser_file,
+    load_checkpoint,
+    load_denoiser,
+    quantization_config,
+)
 
 SERVING_DEFAULTS_FILE = "stepserve.json"
 EMBEDDED_PATH = Path(__file__).resolve().parent.parent / "models" / "embedded"
@@ -55,23 +63,31 @@ def read_scheduler_config(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class PipelineFolder:
-    """An opened pipeline folder: `path`, `name` (ModelInfo.name: 'embedded' or the folder's name) and `index`
-    (model_index.json). The scheduler config and serving defaults are read when asked for."""
+    """An opened pipeline folder: `path`, `name` (ModelInfo.name: 'embedded' or the folder's name), `index`
+    (model_index.json) and `weights` (a file that replaces the folder's denoiser, weights.py). The scheduler config
+    and serving defaults are read when asked for."""
 
     path: Path
     name: str
     index: dict
+    weights: Weights = Weights()
 
     @classmethod
-    def open(cls, model: str | os.PathLike, pipeline_class: str | tuple[str, ...] | None = None) -> "PipelineFolder":
+    def open(cls, model: str | os.PathLike, pipeline_class: str | tuple[str, ...] | None = None,
+             weights: Weights | None = None) -> "PipelineFolder":
         """`model`: 'embedded' or a local diffusers folder; with `pipeline_class` (one name or several), its
-        model_index.json must name that diffusers pipeline."""
+        model_index.json must name that diffusers pipeline. `weights`: where the denoiser's come from, if not
+        from the folder."""
         path = resolve_model_path(model)
         index = json.loads((path / "model_index.json").read_text())
         allowed = (pipeline_class,) if isinstance(pipeline_class, str) else pipeline_class
         if allowed is not None and index.get("_class_name") not in allowed:
             raise ValueError(f"model: {path} holds a {index.get('_class_name')!r}, not a {' or '.join(allowed)}")
-        return cls(path, model_name(model, path), index)
+        weights = weights or Weights()
+        check_denoiser_file(weights, tuple(k for k in index if not k.startswith("_")))
+        check_checkpoint(weights, index.get("_class_name"))
+        name = Path(weights.checkpoint).stem if weights.checkpoint else model_name(model, path)
+        return cls(path, name, index, weights)
 
     def scheduler_config(self) -> dict:
         return read_scheduler_config(self.path)
@@ -87,10 +103,31 @@ class PipelineFolder:
         with loading_bars_only_on_a_terminal():
             for name, part_class in parts.items():
                 options = {}
+                if self.weights.checkpoint is not None:
+                    loaded.append(self._from_checkpoint(name, part_class, dtype))
+                    continue
+                if self.weights.replaces(name):
+                    loaded.append(load_denoiser(part_class, self.path / name, self.weights, dtype))
+                    continue
                 if dtype is not None and issubclass(part_class, torch.nn.Module):
                     options["torch_dtype"] = dtype
+                if self.weights.quantizes(name):
+                    options["quantization_config"] = quantization_config(self.weights, dtype, part_class)
                 loaded.append(load_local(part_class, self.path / name, **options))
         return loaded
+
+
+    def _from_checkpoint(self, name: str, part_class: type, dtype: torch.dtype | None) -> Any:
+        """Part `name` of the whole-model file (read once), in `dtype` when it is a network."""
+        pipe = self.__dict__.get("_checkpoint")
+        if pipe is None:
+            pipe = self.__dict__["_checkpoint"] = load_checkpoint(self.weights, self.path, self.index["_class_name"])
+        part = getattr(pipe, name, None)
+        if part is None:
+            raise ValueError(f"model: {self.weights.checkpoint} gave no {name} ({part_class.__name__})")
+        if dtype is not None and isinstance(part, torch.nn.Module):
+            part = part.to(dtype)
+        return part
 
 
 def load_local(part_class: type, folder: Path, **options) -> Any:
@@ -128,6 +165,27 @@ def serving_info(name: str, defaults: dict, *, size_multiple: int, default_size:
                      default_guidance_scale=float(defaults.get("default_guidance_scale", default_guidance_scale)),
                      default_height=height, default_width=width, size_multiple=size_multiple, min_size=min_size,
                      max_size=max_size, samplers=samplers, **family_rules)
+
+
+# What optional libraries print as they are first imported, harmless to serving: torchao (stepserve[quant]) warns
+# of its CUDA-only kernels on a CPU machine and of enum registrations, and diffusers of torchao tensor types that
+# newer torchao versions dropped. Kept to errors while a model loads (when diffusers imports them).
+IMPORT_NOISE = ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer")
+
+
+@contextlib.contextmanager
+def quiet_optional_imports() -> Iterator[None]:
+    import logging
+
+    loggers = [logging.getLogger(name) for name in IMPORT_NOISE]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ from .family import Conditioning, FamilyAdapter, stack_rows
 from .vae import to_pil
 from .flux import latent_grid, pack_latents, unpack_latents
 from .folder import PipelineFolder, serving_info
+from .weights import Weights
 
 PIPELINE_CLASSES = ("QwenImagePipeline",)
 TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
@@ -114,11 +115,11 @@ class QwenImageAdapter(FamilyAdapter):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "QwenImageAdapter":
+                        dtype: torch.dtype = torch.float32, weights: Weights | None = None) -> "QwenImageAdapter":
         from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-        folder = PipelineFolder.open(model, PIPELINE_CLASSES)
+        folder = PipelineFolder.open(model, PIPELINE_CLASSES, weights=weights)
         device = torch.device(device)
         tokenizer, text_encoder, transformer, vae = folder.load(
             dtype, tokenizer=AutoTokenizer, text_encoder=Qwen2_5_VLForConditionalGeneration,

@@ -56,12 +56,18 @@ def adapter_class(class_name: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def load_family_adapter(model: str | os.PathLike, device: str = "cpu", dtype=None):
-    """Load `model` ('embedded' or a local diffusers folder) with its family's adapter on the torch backend."""
+def load_family_adapter(model: str | os.PathLike, device: str = "cpu", dtype=None, weights=None):
+    """Load `model` ('embedded' or a local diffusers folder) with its family's adapter on the torch backend.
+    `weights` (weights.Weights): a file that replaces the folder's denoiser."""
     import torch
 
+    from .folder import quiet_optional_imports
+
     cls = adapter_class(pipeline_class_name(model))
-    return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32)
+    with quiet_optional_imports():
+        if weights is not None and weights.changed:
+            return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32, weights=weights)
+        return cls.from_pretrained(model, device=device, dtype=dtype or torch.float32)
 
 
 def require_export_family(model: str | os.PathLike, backend: str) -> None:

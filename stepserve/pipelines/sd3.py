@@ -30,6 +30,7 @@ from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info
+from .weights import Weights
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
 T5_MAX_LENGTH = 256  # the pipeline's max_sequence_length default
@@ -104,13 +105,13 @@ class SD3Adapter(FamilyAdapter):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "SD3Adapter":
+                        dtype: torch.dtype = torch.float32, weights: Weights | None = None) -> "SD3Adapter":
         """Load a StableDiffusion3Pipeline folder. text_encoder_3/tokenizer_3 may both be null (or absent) in
         model_index.json: the model then runs without T5, as diffusers does with text_encoder_3=None."""
         from diffusers import AutoencoderKL, SD3Transformer2DModel
         from transformers import AutoTokenizer, CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel
 
-        folder = PipelineFolder.open(model, PIPELINE_CLASS)
+        folder = PipelineFolder.open(model, PIPELINE_CLASS, weights=weights)
         device = torch.device(device)
         clip_l, clip_g, text_encoder, text_encoder_2 = folder.load(
             dtype, tokenizer=CLIPTokenizer, tokenizer_2=CLIPTokenizer, text_encoder=CLIPTextModelWithProjection,

@@ -30,6 +30,7 @@ from .diffusers_sd import model_info_for
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_decode, vae_dtype, vae_scale_factor_of
 from .folder import PipelineFolder
+from .weights import Weights
 from .inpaint import inpaint_mode
 
 SDXL_GUIDANCE = 5.0  # StableDiffusionXLPipeline.__call__'s default guidance_scale
@@ -121,11 +122,11 @@ class StableDiffusionXLAdapter(FamilyAdapter):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "StableDiffusionXLAdapter":
+                        dtype: torch.dtype = torch.float32, weights: Weights | None = None) -> "StableDiffusionXLAdapter":
         from diffusers import AutoencoderKL, UNet2DConditionModel
         from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-        folder = PipelineFolder.open(model)
+        folder = PipelineFolder.open(model, weights=weights)
         missing = [name for name in ("tokenizer", "tokenizer_2", "text_encoder", "text_encoder_2", "unet", "vae",
                                      "scheduler") if not (folder.path / name).is_dir()]
         if missing:

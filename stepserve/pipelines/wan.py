@@ -34,6 +34,7 @@ from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil
 from .folder import PipelineFolder, serving_info
+from .weights import Weights
 
 PIPELINE_CLASSES = ("WanPipeline",)
 MAX_SEQUENCE_LENGTH = 512  # __call__'s max_sequence_length default
@@ -129,11 +130,11 @@ class WanAdapter(FamilyAdapter):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "WanAdapter":
+                        dtype: torch.dtype = torch.float32, weights: Weights | None = None) -> "WanAdapter":
         from diffusers import AutoencoderKLWan, WanTransformer3DModel
         from transformers import AutoTokenizer, UMT5EncoderModel
 
-        folder = PipelineFolder.open(model, PIPELINE_CLASSES)
+        folder = PipelineFolder.open(model, PIPELINE_CLASSES, weights=weights)
         if folder.index.get("expand_timesteps"):
             raise ValueError(f"{folder.name}: Wan 2.2 TI2V (expand_timesteps: per-token timesteps) is not served; "
                              "allowed: Wan 2.1 and Wan 2.2 A14B text-to-video folders")
