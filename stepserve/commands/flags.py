@@ -99,13 +99,12 @@ def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, w
                    help="with --model FILE.safetensors (a whole SD 1/2 or SDXL checkpoint): a diffusers folder of the "
                         "same model that gives its configs, tokenizers and scheduler (its weights are not read)"
                         + where)
-    files = p.add_mutually_exclusive_group()
-    files.add_argument("--transformer", metavar="FILE", default=None,
-                       help="the denoiser's weights from one file instead of --model's transformer folder: a "
-                            ".safetensors (original or diffusers keys) or a .gguf (quantized; stepserve[quant]); "
-                            "--model gives the architecture (docs/MODELS.md)" + where)
-    files.add_argument("--unet", metavar="FILE", default=None,
-                       help="as --transformer, for models whose denoiser is a UNet (SD 1/2, SDXL)" + where)
+    p.add_argument("--transformer", metavar="FILE", default=None,
+                   help="the denoiser's weights from one file instead of --model's transformer folder: a "
+                        ".safetensors (original or diffusers keys) or a .gguf (quantized; stepserve[quant]); "
+                        "--model gives the architecture (docs/MODELS.md)" + where)
+    p.add_argument("--unet", metavar="FILE", default=None,
+                   help="as --transformer, for models whose denoiser is a UNet (SD 1/2, SDXL)" + where)
     p.add_argument("--quantize", default=None, choices=QUANTIZE_TYPES, metavar="TYPE",
                    help="quantize the denoiser as it loads: int8wo, int8dq (CPU or GPU), int4wo, float8wo, nf4 "
                         "(GPU); torchao's or bitsandbytes' (stepserve[quant], stepserve[bnb])" + where)
@@ -221,6 +220,8 @@ def weights_from_args(args: argparse.Namespace):
     if config and not checkpoint:
         raise ValueError(f"--config {config} goes with --model FILE.safetensors (a whole-model file); "
                          f"--model {args.model} is a folder already")
+    if getattr(args, "transformer", None) and getattr(args, "unet", None):
+        raise ValueError("--transformer and --unet both replace the denoiser: give one")
     for part in ("transformer", "unet"):
         if getattr(args, part, None):
             return Weights(denoiser=getattr(args, part), part=part, quantize=quantize, checkpoint=checkpoint,
