@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -212,7 +213,7 @@ def weights_from_args(args: argparse.Namespace):
     from ..pipelines.weights import Weights
 
     quantize, text = getattr(args, "quantize", None), getattr(args, "quantize_text", False)
-    checkpoint = args.model if is_checkpoint_file(args.model) else None
+    checkpoint = os.path.abspath(args.model) if is_checkpoint_file(args.model) else None  # (Ray workers' cwd)
     config = getattr(args, "config", None)
     if checkpoint and not config:
         raise ValueError(f"--model {args.model} is one file: add --config DIR, a diffusers folder of the same model "
@@ -224,7 +225,7 @@ def weights_from_args(args: argparse.Namespace):
         raise ValueError("--transformer and --unet both replace the denoiser: give one")
     for part in ("transformer", "unet"):
         if getattr(args, part, None):
-            return Weights(denoiser=getattr(args, part), part=part, quantize=quantize, checkpoint=checkpoint,
+            return Weights(denoiser=os.path.abspath(getattr(args, part)), part=part, quantize=quantize, checkpoint=checkpoint,
                            quantize_text=text)
     if quantize or checkpoint or text:
         return Weights(quantize=quantize, checkpoint=checkpoint, quantize_text=text)
