@@ -201,7 +201,10 @@ def run_phases(args, device: str, dtype: str) -> dict:
     # 6. strategy comparison on the same compiled engine
     if time_left("strategies", 110):
         report["strategies"] = strategies(args, executor, folder, device, dtype, smoke)
-    # 7. flux-sized transformer
+    # 7. quantized denoisers (--quantize): int8 weight-only everywhere, float8 weight-only on CUDA
+    if time_left("quantized", 60):
+        report["quantized"] = quantized(folder, device, dtype, smoke, executor, eager_out, pargs, pkwargs)
+    # 8. flux-sized transformer
     if (ROOT_FLUX.is_file() and on_cuda and not smoke) and time_left("flux", 150):
         report["flux"] = flux_forward(device, getattr(torch, dtype), peak)
         notes.append(f"flux (bare transformer, 512x512, 512 text tokens): {report['flux']}")
@@ -212,6 +215,32 @@ def run_phases(args, device: str, dtype: str) -> dict:
 
 
 ROOT_FLUX = Path(__file__).resolve().parent.parent / "stepserve" / "pipelines" / "flux.py"
+
+
+def quantized(folder: Path, device: str, dtype: str, smoke: bool, executor, eager_out, pargs, pkwargs) -> list[dict]:
+    """Per --quantize type the device runs: the denoiser's relative error against the eager one of the same dtype
+    on the check's recorded rows, and an engine step at batch 1 and 8 against the check's (compiled) engine."""
+    from stepserve.engine.loading import load_executor
+    from stepserve.pipelines.weights import Weights
+
+    rows = []
+    for kind in ("int8wo",) + (("float8wo",) if device.startswith("cuda") else ()):
+        try:
+            q = load_executor(str(folder), device, dtype, weights=Weights(quantize=kind))
+        except (ImportError, ValueError) as exc:
+            rows.append({"type": kind, "error": str(exc)[:200]})
+            continue
+        with torch.no_grad():
+            out = q.pipeline.networks.denoise(*pargs, **pkwargs)
+        row = {"type": kind, "rel_err_vs_unquantized": rel_err(out if isinstance(out, torch.Tensor) else out[0],
+                                                                eager_out)}
+        for batch in ((1, 2) if smoke else (1, 8)):
+            base, quant = requests_for(executor, batch), requests_for(q, batch)
+            row[f"step_s_b{batch}"] = timed(lambda: q.denoise(quant), device, repeats=3)
+            row[f"unquantized_step_s_b{batch}"] = timed(lambda: executor.denoise(base), device, repeats=3)
+        rows.append(row)
+        del q
+    return rows
 
 
 def strategies(args, executor, folder: Path, device: str, dtype: str, smoke: bool) -> list[dict]:
