@@ -175,4 +175,13 @@ def with_sent(stats: ReplicaStats, requests: int, seconds: float) -> ReplicaStat
                    slack_s=stats.slack_s - seconds)
 
 
-__all__ = ["FRESH", "HELD", "INF", "Job", "ReplicaStats", "finish_s", "price_s", "replica_stats", "with_sent"]
+def with_in_flight(stats: ReplicaStats, in_flight: int, seconds_each: float) -> ReplicaStats:
+    """`stats` holding at least the `in_flight` requests a router knows it has out there (sent and not answered):
+    a request on its way, in the server's queue or HTTP layer, is not in the engine's stats yet, so a replica slow
+    to take requests in would otherwise look emptier than it is. Each one missing counts `seconds_each`."""
+    missing = in_flight - stats.outstanding
+    return stats if missing <= 0 else with_sent(stats, missing, missing * seconds_each)
+
+
+__all__ = ["FRESH", "HELD", "INF", "Job", "ReplicaStats", "finish_s", "price_s", "replica_stats", "with_in_flight",
+           "with_sent"]

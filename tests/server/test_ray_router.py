@@ -76,6 +76,20 @@ def test_the_router_ranks_by_predicted_finish_and_counts_what_it_sent_since():
     router.on_request_completed("a", "r-unknown")  # nothing noted: nothing to drop
 
 
+def test_requests_out_there_count_though_newer_stats_do_not_hold_them_yet():
+    """A request sent to b and not answered that b's engine does not hold yet (stats taken after the send show b
+    empty): it still counts, so the next request goes to a. Without the floor b looks idle and draws it too."""
+    router = make_router(router="least_work")
+    a, b = FakeReplica("a", published(1.0, 1, 1.0)), FakeReplica("b", published(0.0, 0, 1.0))
+    assert choose(router, [a, b], "r1")[0][0] == "b"  # a: 1 s before its 2 s; b: at once
+    router.on_send_request("b")  # priced 20 steps x 0.1 s = 2 s there
+    b.routing_stats = published(0.0, 0, 1e12)  # taken after the send; the request is not in b's engine yet
+    assert choose(router, [a, b], "r2")[0] == ["a", "b"]  # b: 2 s out there before its own 2 s; a: 1 s before
+    assert router.sent.pending("b") == (0, 0.0)  # the note went with the newer stats: the floor is what counted
+    router.on_request_completed("b", "r1")
+    assert choose(router, [a, b], "r3")[0] == ["b", "a"]  # back: b is idle again
+
+
 def test_a_burst_before_any_new_stats_alternates_between_equal_replicas():
     router = make_router(router="least_work")
     replicas = [FakeReplica("a", published(0.0, 0, 1.0)), FakeReplica("b", published(0.0, 0, 1.0))]

@@ -9,6 +9,11 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
   router last quoted it, from the moment Ray sends it (`on_send_request`) until stats taken after it arrive or a
   request to that replica comes back (`on_request_completed`; Ray calls `on_request_routed` only when replicas may
   refuse requests, which stepserve's deployment does not ask for).
+- A request counts at a replica once its engine holds it. Until then (on its way, in Ray's queue or the replica's
+  HTTP layer) the published stats miss it, and its note is dropped as soon as stats taken after the send arrive.
+  So the requests this router has out there and not back (`on_send_request` to `on_request_completed`) are a
+  floor on what a replica holds (`with_in_flight`); without it, live runs on a loaded machine let a replica slow
+  to take requests in look emptier than it was and draw ever more.
 - Ray's HTTP proxy routes a request before reading its body, so the router does not know its steps or size: it
   prices each at the model's default steps and reference size (what each replica quotes). The replicas' work in
   hand, which is what differs between them, is exact. A client that names its LoRA adapter in Ray's
@@ -30,7 +35,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 
 from ...fleet.routers import DEFAULT_CHOICES, make_router
 from ...fleet.sent import Sent
-from ...fleet.stats import Job, ReplicaStats, finish_s, price_s
+from ...fleet.stats import Job, ReplicaStats, finish_s, price_s, with_in_flight
 
 ROUTING_STATS_PERIOD_S = 0.5  # how often Ray's controller asks each replica for its stats
 ROUTER_CLASS = "stepserve.server.ray.router.FleetRouter"
@@ -62,12 +67,15 @@ class FleetRouter(FIFOMixin, RequestRouter):
         return Job(steps, 0, frozenset((adapter,)) if adapter else frozenset())
 
     def stats_of(self, replica: RunningReplica) -> ReplicaStats:
-        """The replica's published stats plus what this router sent it since they were taken."""
+        """The replica's published stats plus what this router sent it since they were taken, holding at least
+        what this router has out there."""
+        rid = replica.replica_id
         published = replica.routing_stats or {}
         taken = published.get("taken_at")
         if taken is not None:
-            self.sent.published(replica.replica_id, float(taken))
-        return self.sent.adjust(replica.replica_id, ReplicaStats.from_dict(published))
+            self.sent.published(rid, float(taken))
+        stats = self.sent.adjust(rid, ReplicaStats.from_dict(published))
+        return with_in_flight(stats, len(self._notes.get(rid, ())), self._price.get(rid, 0.0))
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
