@@ -53,6 +53,10 @@ class OnlineStepCurve:
     _shape: dict[Bucket, list[float]] = field(default_factory=dict)
     _sizes: dict[tuple[Bucket, int], Sums] = field(default_factory=dict)  # per batch size: its own steps' times
     _contradiction: dict[Bucket, bool] = field(default_factory=dict)  # _contradicted, until the next step observed
+    # What the steps of each size say, kept until a step of that size is observed (a function of its sums alone):
+    _size_mean_se: dict[tuple[Bucket, int], tuple[float, float] | None] = field(default_factory=dict)
+    _size_verdict: dict[Bucket, dict[int, bool]] = field(default_factory=dict)  # n -> sizes 1 and n contradict
+    _said: dict[Bucket, list[float]] = field(default_factory=dict)  # the prior's gain at each n (_contradicts)
 
     def __post_init__(self) -> None:
         if not self.half_life_steps > 0:
@@ -70,6 +74,13 @@ class OnlineStepCurve:
         size = self._sizes.setdefault((bucket, batch_size), Sums())
         size.scale(SIZE_DECAY)
         size.add(batch_size, seconds)
+        self._size_mean_se.pop((bucket, batch_size), None)
+        verdicts = self._size_verdict.get(bucket)
+        if verdicts:  # a step of one changes every size's verdict, a step of n that of n alone
+            if batch_size == 1:
+                verdicts.clear()
+            else:
+                verdicts.pop(batch_size, None)
         self._contradiction.pop(bucket, None)
         self.observations += 1
 
@@ -116,17 +127,37 @@ class OnlineStepCurve:
         return self._contradiction[bucket]
 
     def _contradicts(self, bucket: Bucket) -> bool:
-        ones = mean_se(self._sizes.get((bucket, 1)))  # read once for every n
+        ones = self._mean_se(bucket, 1)  # read once for every n
         if ones is None:
             return False
-        one = self._prior_at(bucket, 1)
+        verdicts = self._size_verdict.setdefault(bucket, {})
         for n in range(2, self.max_batch_size + 1):
-            bounds = self.size_gain_bounds(bucket, n, CONFIDENCE, ones)
-            if bounds is not None:
-                said = min(max(n * one / max(self._prior_at(bucket, n), 1e-12), 1.0), float(n))
-                if not bounds[0] - 1e-9 <= said <= bounds[1] + 1e-9:
-                    return True
+            verdict = verdicts.get(n)
+            if verdict is None:
+                verdict = verdicts[n] = self._size_contradicts(bucket, n, ones)
+            if verdict:
+                return True
         return False
+
+    def _size_contradicts(self, bucket: Bucket, n: int, ones: tuple[float, float]) -> bool:
+        """Whether the steps seen at one (`ones`) and at n put the gain of a batch of n outside the prior's."""
+        bounds = self.size_gain_bounds(bucket, n, CONFIDENCE, ones)
+        if bounds is None:
+            return False
+        said = self._said.get(bucket)
+        if said is None:
+            one = self._prior_at(bucket, 1)
+            said = self._said[bucket] = [min(max(b * one / max(self._prior_at(bucket, b), 1e-12), 1.0), float(b))
+                                         for b in range(1, self.max_batch_size + 1)]
+        return not bounds[0] - 1e-9 <= said[n - 1] <= bounds[1] + 1e-9
+
+    def _mean_se(self, bucket: Bucket, n: int) -> tuple[float, float] | None:
+        """mean_se of the steps seen at size n, kept until the next of them is observed."""
+        key = (bucket, n)
+        if key in self._size_mean_se:
+            return self._size_mean_se[key]
+        got = self._size_mean_se[key] = mean_se(self._sizes.get(key))
+        return got
 
     def gain_unsettled(self, bucket: Bucket, n: int, min_gain: float, fit: "Fit | None") -> bool:
         """Whether the steps seen leave it open if a batch of n gains more than `min_gain`: the fit's bounds
@@ -146,9 +177,10 @@ class OnlineStepCurve:
         noise is each size's own, where the fit's is one for all sizes: step times that spread in proportion
         to the step (a shared CPU) leave the fit's bound wide however many steps of one size are seen. `ones`:
         the steps of one's (mean, standard error) when the caller has them already."""
+        bucket = tuple(bucket)
         if ones is None:
-            ones = mean_se(self._sizes.get((tuple(bucket), 1)))
-        many = mean_se(self._sizes.get((tuple(bucket), n)))
+            ones = self._mean_se(bucket, 1)
+        many = self._mean_se(bucket, n)
         if ones is None or many is None:
             return None
         return gain_interval(ones[0], spread * ones[1], many[0], spread * many[1], n)

@@ -95,11 +95,11 @@ def finish_s(stats: ReplicaStats, job: Job, adapter_load_s: float = 0.0) -> floa
     work in hand is done which frees a place: all of it where the replica runs one request at a time (a batch
     of n costs about n steps of one, so it does not batch: first come first served), a fraction where it runs
     several."""
-    b, step, fixed = _joins(stats, job)
+    b, step, fixed = _joins(stats, job)  # read once: price_s's terms too (the router calls this per replica)
     n, cap = stats.outstanding, max(len(stats.curve), 1)
     wait = 0.0 if n < cap else stats.work_s * (n - cap + 1) / n
-    missing = sum(1 for a in job.adapters if a not in stats.adapters)
-    late = max(price_s(stats, job) - stats.slack_s, 0.0)
+    missing = sum(1 for a in job.adapters if a not in stats.adapters) if job.adapters else 0
+    late = max((job.steps * step + fixed) / b - stats.slack_s, 0.0)  # price_s
     return wait + job.steps * step + fixed + missing * adapter_load_s + late
 
 

@@ -98,11 +98,12 @@ class Fleet:
     # --- stats -------------------------------------------------------------------------------------------------
     def fresh(self, r: int, t: float) -> ReplicaStats:
         """Replica r's stats now, from its engine (cached until its tally changes)."""
-        core = self.loop.reps[r].core
+        loop = self.loop
+        core, outstanding = loop.reps[r].core, loop.outstanding[r]
         cached = self._cache[r]
-        if cached is not None and cached[0] == core.tally.version and self.loop.outstanding[r] == cached[1].outstanding:
+        if cached is not None and cached[0] == core.tally.version and outstanding == cached[1].outstanding:
             return cached[1]
-        stats = core_stats(core, t, self.latency, self.loop.outstanding[r], frozenset(self.adapters[r]))
+        stats = core_stats(core, t, self.latency, outstanding, frozenset(self.adapters[r]))
         self._cache[r] = (core.tally.version, stats)
         return stats
 
@@ -242,13 +243,13 @@ class _Lazy:
     __slots__ = ("fleet", "candidates", "t", "got")
 
     def __init__(self, fleet: Fleet, candidates: list[int], t: float) -> None:
-        self.fleet, self.candidates, self.t, self.got = fleet, candidates, t, {}
+        self.fleet, self.candidates, self.t, self.got = fleet, candidates, t, [None] * len(candidates)
 
     def __len__(self) -> int:
         return len(self.candidates)
 
     def __getitem__(self, i: int) -> ReplicaStats:
-        s = self.got.get(i)
+        s = self.got[i]
         if s is None:
             s = self.got[i] = self.fleet.stats(self.candidates[i], self.t)
         return s
