@@ -92,9 +92,13 @@ def measure_model(name: str, args, root: Path) -> dict:
     steps = params[0].num_inference_steps
     rows = {fmt: {"format": fmt, "file_bytes": file_bytes(folder, fmt, files[fmt])} for fmt in formats}
     failed: dict[str, str] = {}
-    for fmt in formats:  # first, while nothing else of this run is loaded: each in a fresh process
-        rows[fmt]["rss"] = rss = peak_rss(folder, fmt, files[fmt], steps, args.batch, args.threads)
-        print(f"{name} {fmt}: peak RSS {rss}", flush=True)
+    runs: dict[str, list[dict]] = {fmt: [] for fmt in formats}
+    for k in range(args.rss_repeats):  # first, while nothing else of this run is loaded: each in a fresh process
+        for fmt in formats[k % len(formats):] + formats[:k % len(formats)]:
+            runs[fmt].append(peak_rss(folder, fmt, files[fmt], steps, args.batch, args.threads))
+            print(f"{name} {fmt}: resident memory {runs[fmt][-1]}", flush=True)
+    for fmt in formats:
+        rows[fmt]["rss"] = rss_summary(runs[fmt])
     engines: dict[str, dict[int, Engine]] = {}
     for fmt in formats:
         try:
@@ -150,6 +154,17 @@ def measure_model(name: str, args, root: Path) -> dict:
             "rows": [rows[f] for f in formats]}
 
 
+def rss_summary(runs: list[dict]) -> dict:
+    """Medians over the fresh processes (and the peak's range), or the first error."""
+    errors = [r["error"] for r in runs if "error" in r]
+    if errors:
+        return {"error": errors[0]}
+    out = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    out["peak_range_mb"] = [min(r["peak_mb"] for r in runs), max(r["peak_mb"] for r in runs)]
+    out["grown_mb"] = statistics.median(r["served_mb"] - r["imported_mb"] for r in runs)
+    return out
+
+
 def _mb(n) -> str:
     return "-" if n is None else f"{n / 1e6:.2f}"
 
@@ -157,7 +172,7 @@ def _mb(n) -> str:
 def print_table(result: dict, batch: int) -> None:
     print(f"\n{result['model']}: {result['steps']} steps, {result['images']} images at batch {batch}, "
           f"{result['batch1_images']} at batch 1")
-    head = (f"{'format':12} {'file MB':>8} {'loaded MB':>9} {'quantized':>18} {'peak RSS':>9} {'+load':>7} "
+    head = (f"{'format':12} {'file MB':>8} {'loaded MB':>9} {'quantized':>18} {'peak RSS (range)':>16} {'+load':>7} "
             f"{'img/s b1':>9} {'x':>6} {f'img/s b{batch}':>9} {'x':>6} {'PSNR':>6} {'SSIM':>6} {'acc':>6}")
     print(head)
     for r in result["rows"]:
@@ -166,17 +181,18 @@ def print_table(result: dict, batch: int) -> None:
             continue
         rss = r["rss"]
         quant = f"{r['quantized_params']:,}/{r['params']:,}"
-        peak = f"{rss['peak_mb']:.0f}" if "peak_mb" in rss else "error"
-        extra = f"{rss['served_mb'] - rss['imported_mb']:.1f}" if "peak_mb" in rss else "-"
+        peak = "{:.0f} ({:.0f}-{:.0f})".format(rss["peak_mb"], *rss["peak_range_mb"]) if "peak_mb" in rss else "error"
+        extra = f"{rss['grown_mb']:.1f}" if "peak_mb" in rss else "-"
         acc = f"{r['accuracy']:.1%}" if "accuracy" in r else "-"
-        print(f"{r['format']:12} {_mb(r['file_bytes']):>8} {_mb(r['module_bytes']):>9} {quant:>18} {peak:>9} "
+        print(f"{r['format']:12} {_mb(r['file_bytes']):>8} {_mb(r['module_bytes']):>9} {quant:>18} {peak:>16} "
               f"{extra:>7} {r['images_per_s_b1']:9.2f} {r['vs_folder_b1']:5.2f}x "
               f"{r[f'images_per_s_b{batch}']:9.2f} {r[f'vs_folder_b{batch}']:5.2f}x {r['psnr_db']:6.1f} "
               f"{r['ssim']:6.3f} {acc:>6}")
         if "error" in rss:
             print(f"  (peak RSS child failed: {rss['error'][:200]})")
-    print(f"(peak RSS: ru_maxrss in MB of a fresh process that loads the format and serves one batch; +load: its "
-          f"RSS after serving over its RSS after the imports; PSNR of an identical image counts as {PSNR_CAP_DB:g} dB)")
+    print("(peak RSS: ru_maxrss in MB of a fresh process that loads the format and serves one batch, median and "
+          "range over the processes; +load: its RSS after serving over its RSS after the imports, median; PSNR of "
+          f"an identical image counts as {PSNR_CAP_DB:g} dB)")
 
 
 def main() -> None:
@@ -191,6 +207,7 @@ def main() -> None:
     p.add_argument("--embedded-steps", type=int, default=15)
     p.add_argument("--flux-steps", type=int, default=8)
     p.add_argument("--flux-images", type=int, default=16)
+    p.add_argument("--rss-repeats", type=int, default=3, help="fresh processes per format for resident memory")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
