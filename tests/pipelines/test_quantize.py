@@ -10,6 +10,8 @@ from stepserve import Engine, SamplingParams
 from stepserve.pipelines.weights import Weights
 from stepserve.scheduling import STRATEGIES
 
+from served_equal import assert_served_equal
+
 pytestmark = pytest.mark.usefixtures("batching_pays")
 
 
@@ -81,12 +83,7 @@ def test_int8wo_serves_what_diffusers_makes_of_it(folders, references, family, s
     params = requests(family)
     engine = Engine(executor(folders[family]), strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
     results = engine.generate(params)
-    assert all(r.ok for r in results), [r.error for r in results]
-    if strategy != "none":
-        assert max(max(r.timing.batch_sizes) for r in results) > 1, "the requests never shared a batch"
-    for r, p, ref in zip(results, params, references[family]):
-        diff = np.abs(np.asarray(r.image.convert("RGB"), dtype=np.int16) - ref)
-        assert diff.max() <= 1, (family, p, diff.max())
+    assert_served_equal(results, params, references[family], strategy, family)
 
 
 def test_the_denoiser_holds_int8_weights(folders):

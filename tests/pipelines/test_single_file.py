@@ -11,6 +11,8 @@ from stepserve import Engine, SamplingParams
 from stepserve.pipelines.weights import Weights
 from stepserve.scheduling import STRATEGIES
 
+from served_equal import assert_served_equal
+
 pytestmark = pytest.mark.usefixtures("batching_pays")
 
 KINDS = {"safetensors": ("transformer.safetensors", None), "q8_0": ("transformer-q8_0.gguf", "Q8_0"),
@@ -85,12 +87,7 @@ def test_a_transformer_file_serves_what_diffusers_makes_of_it(flux, references, 
     params = requests()
     engine = Engine(executor(folder, files[kind]), strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
     results = engine.generate(params)
-    assert all(r.ok for r in results), [r.error for r in results]
-    if strategy != "none":
-        assert max(max(r.timing.batch_sizes) for r in results) > 1, "the requests never shared a batch"
-    for r, p, ref in zip(results, params, references[kind]):
-        diff = np.abs(np.asarray(r.image.convert("RGB"), dtype=np.int16) - ref)
-        assert diff.max() <= 1, (kind, p, diff.max())
+    assert_served_equal(results, params, references[kind], strategy, kind)
 
 
 def test_gguf_weights_stay_quantized_and_change_the_image(flux, references):

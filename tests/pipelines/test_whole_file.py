@@ -10,6 +10,8 @@ from stepserve import Engine, SamplingParams
 from stepserve.pipelines.weights import Weights
 from stepserve.scheduling import STRATEGIES
 
+from served_equal import assert_served_equal
+
 pytestmark = pytest.mark.usefixtures("batching_pays")
 
 
@@ -68,12 +70,7 @@ def test_a_whole_file_serves_what_diffusers_makes_of_it(whole, references, strat
     params = requests()
     engine = Engine(executor(folder, file), strategy=strategy, max_batch_size=4, max_queue_delay_ms=1)
     results = engine.generate(params)
-    assert all(r.ok for r in results), [r.error for r in results]
-    if strategy != "none":
-        assert max(max(r.timing.batch_sizes) for r in results) > 1, "the requests never shared a batch"
-    for r, p, ref in zip(results, params, references):
-        diff = np.abs(np.asarray(r.image.convert("RGB"), dtype=np.int16) - ref)
-        assert diff.max() <= 1, (p, diff.max())
+    assert_served_equal(results, params, references, strategy, "")
 
 
 def test_the_model_is_named_after_the_file_and_its_weights_are_the_files(whole):
