@@ -65,15 +65,19 @@ def print_table(report: dict) -> None:
         for s in report["strategies"]:
             p50, p95 = (f"{v * 1e3:.0f}" if v is not None else "-" for v in (s["p50_s"], s["p95_s"]))
             print(f"{s['strategy']:<14}{s['images_per_s']:>10.2f}{p50:>10}{p95:>10}{s['mean_batch']:>12.1f}")
-    if report.get("quantized"):
-        batches = [k.removeprefix("step_s_b") for k in report["quantized"][0] if k.startswith("step_s_b")]
-        print(f"\n{'--quantize':<12}{'rel err':>10}" + "".join(f"{f'step b{b} / plain':>18}" for b in batches))
-        for q in report["quantized"]:
+    if report.get("weights"):
+        done = [q for q in report["weights"] if "error" not in q]
+        batches = [k.removeprefix("step_s_b") for k in (done[0] if done else {}) if k.startswith("step_s_b")]
+        print(f"\n{'weights':<20}{'rel err':>10}" + "".join(f"{f'step b{b} / plain':>18}" for b in batches)
+              + f"{'peak MB':>10}")
+        for q in report["weights"]:
             if "error" in q:
-                print(f"{q['type']:<12} not run: {q['error']}")
+                print(f"{q['type']:<20} not run: {q['error']}")
                 continue
             ratios = [q[k] / q[f"unquantized_{k}"] for k in q if k.startswith("step_s_b")]
-            print(f"{q['type']:<12}{q['rel_err_vs_unquantized']:>10.3g}" + "".join(f"{r:>17.2f}x" for r in ratios))
+            peak = f"{q['peak_mb']:.0f}" if "peak_mb" in q else "-"
+            print(f"{q['type']:<20}{q['rel_err_vs_unquantized']:>10.3g}" + "".join(f"{r:>17.2f}x" for r in ratios)
+                  + f"{peak:>10}")
     for note in report["notes"]:
         print(f"- {note}")
 

@@ -201,9 +201,9 @@ def run_phases(args, device: str, dtype: str) -> dict:
     # 6. strategy comparison on the same compiled engine
     if time_left("strategies", 110):
         report["strategies"] = strategies(args, executor, folder, device, dtype, smoke)
-    # 7. quantized denoisers (--quantize): int8 weight-only everywhere, float8 weight-only on CUDA
-    if time_left("quantized", 60):
-        report["quantized"] = quantized(folder, device, dtype, smoke, executor, eager_out, pargs, pkwargs)
+    # 7. other weights: --quantize (int8 weight-only everywhere, float8 weight-only on CUDA) and --offload (CUDA)
+    if time_left("weights", 90):
+        report["weights"] = weight_variants(folder, device, dtype, smoke, executor, eager_out, pargs, pkwargs)
     # 8. flux-sized transformer
     if (ROOT_FLUX.is_file() and on_cuda and not smoke) and time_left("flux", 150):
         report["flux"] = flux_forward(device, getattr(torch, dtype), peak)
@@ -217,26 +217,40 @@ def run_phases(args, device: str, dtype: str) -> dict:
 ROOT_FLUX = Path(__file__).resolve().parent.parent / "stepserve" / "pipelines" / "flux.py"
 
 
-def quantized(folder: Path, device: str, dtype: str, smoke: bool, executor, eager_out, pargs, pkwargs) -> list[dict]:
-    """Per --quantize type the device runs: the denoiser's relative error against the eager one of the same dtype
-    on the check's recorded rows, and an engine step at batch 1 and 8 against the check's (compiled) engine."""
+def weight_variants(folder: Path, device: str, dtype: str, smoke: bool, executor, eager_out, pargs, pkwargs
+                    ) -> list[dict]:
+    """Per --quantize type and --offload mode the device runs: the denoiser's relative error against the eager one
+    of the same dtype on the check's recorded rows, an engine step at batch 1 and 8 against the check's (compiled)
+    engine, and the device memory those steps hold at their peak beyond what was allocated before the variant
+    loaded (CUDA: its weights on the device and its activations). Offloading moves the denoiser's weights once per
+    step whatever the batch, so its step ratio should fall from batch 1 to 8."""
     from stepserve.engine.loading import load_executor
     from stepserve.pipelines.weights import Weights
 
+    cuda = device.startswith("cuda")
+    variants = [("--quantize int8wo", Weights(quantize="int8wo"))]
+    if cuda:
+        variants += [("--quantize float8wo", Weights(quantize="float8wo")),
+                     ("--offload model", Weights(offload="model")), ("--offload group", Weights(offload="group"))]
     rows = []
-    for kind in ("int8wo",) + (("float8wo",) if device.startswith("cuda") else ()):
+    for label, weights in variants:
+        before = torch.cuda.memory_allocated() if cuda else 0
         try:
-            q = load_executor(str(folder), device, dtype, weights=Weights(quantize=kind))
+            q = load_executor(str(folder), device, dtype, weights=weights)
         except (ImportError, ValueError) as exc:
-            rows.append({"type": kind, "error": str(exc)[:200]})
+            rows.append({"type": label, "error": str(exc)[:200]})
             continue
         with torch.no_grad():
             out = q.pipeline.networks.denoise(*pargs, **pkwargs)
-        row = {"type": kind, "rel_err_vs_unquantized": rel_err(out if isinstance(out, torch.Tensor) else out[0],
+        row = {"type": label, "rel_err_vs_unquantized": rel_err(out if isinstance(out, torch.Tensor) else out[0],
                                                                 eager_out)}
         for batch in ((1, 2) if smoke else (1, 8)):
             base, quant = requests_for(executor, batch), requests_for(q, batch)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             row[f"step_s_b{batch}"] = timed(lambda: q.denoise(quant), device, repeats=3)
+            if cuda:
+                row["peak_mb"] = max(row.get("peak_mb", 0.0), (torch.cuda.max_memory_allocated() - before) / 2**20)
             row[f"unquantized_step_s_b{batch}"] = timed(lambda: executor.denoise(base), device, repeats=3)
         rows.append(row)
         del q

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..engine.loading import BACKENDS, DEVICES, DTYPES, default_threads
+from ..pipelines.offload import OFFLOAD_MODES
 from ..pipelines.weights import QUANTIZE_TYPES
 
 
@@ -111,6 +112,10 @@ def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, w
                         "(GPU); torchao's or bitsandbytes' (stepserve[quant], stepserve[bnb])" + where)
     p.add_argument("--quantize-text", action="store_true",
                    help="with --quantize (a torchao type): quantize the text encoders too" + where)
+    p.add_argument("--offload", default=None, choices=OFFLOAD_MODES, metavar="MODE",
+                   help="for models larger than the device: hold the networks in CPU memory and move them to it as "
+                        "they run; model (each network whole, one at a time) or group (the denoiser block by "
+                        "block); needs --device cuda" + where)
     p.add_argument("--device", default="cpu", choices=DEVICES, help="where the networks run" + where)
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the networks' precision" + where)
     p.add_argument("--backend", default="torch", choices=BACKENDS,
@@ -208,11 +213,12 @@ def is_checkpoint_file(model: str) -> bool:
 
 
 def weights_from_args(args: argparse.Namespace):
-    """--model FILE (with --config DIR), --transformer FILE / --unet FILE and --quantize as a
+    """--model FILE (with --config DIR), --transformer FILE / --unet FILE, --quantize and --offload as a
     pipelines.weights.Weights, or None: the folder's own weights."""
     from ..pipelines.weights import Weights
 
     quantize, text = getattr(args, "quantize", None), getattr(args, "quantize_text", False)
+    offload = getattr(args, "offload", None)
     checkpoint = os.path.abspath(args.model) if is_checkpoint_file(args.model) else None  # (Ray workers' cwd)
     config = getattr(args, "config", None)
     if checkpoint and not config:
@@ -225,10 +231,10 @@ def weights_from_args(args: argparse.Namespace):
         raise ValueError("--transformer and --unet both replace the denoiser: give one")
     for part in ("transformer", "unet"):
         if getattr(args, part, None):
-            return Weights(denoiser=os.path.abspath(getattr(args, part)), part=part, quantize=quantize, checkpoint=checkpoint,
-                           quantize_text=text)
-    if quantize or checkpoint or text:
-        return Weights(quantize=quantize, checkpoint=checkpoint, quantize_text=text)
+            return Weights(denoiser=os.path.abspath(getattr(args, part)), part=part, quantize=quantize,
+                           checkpoint=checkpoint, quantize_text=text, offload=offload)
+    if quantize or checkpoint or text or offload:
+        return Weights(quantize=quantize, checkpoint=checkpoint, quantize_text=text, offload=offload)
     return None
 
 

@@ -25,7 +25,8 @@ from .simulate_fleet import FleetUsageError, split_fleet
 # bench flags that mean nothing on a simulated clock: kept out of --help (--target and --model are refused, the
 # others accepted and ignored so that a bench command line still runs)
 NOT_HONOURED = ("--target", "--peers", "--api-key", "--model", "--device", "--dtype", "--backend", "--threads",
-                "--transformer", "--unet", "--quantize", "--quantize-text", "--config")
+                "--transformer", "--unet", "--quantize", "--quantize-text", "--config",
+                "--offload")
 EPILOG = """simulate-only flags:
   --latency-model PATH  (required) the cost model every engine charges: a file from `stepserve profile`,
                         LatencyModel.save, or a bench run's latency_model.json

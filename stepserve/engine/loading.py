@@ -75,9 +75,11 @@ def load_executor(model: str | os.PathLike = "embedded", device: str = "cpu", dt
         if backend != "torch":
             flag = f"{weights.flag} FILE" if weights.denoiser else "--quantize"
             raise ValueError(f"{flag} loads on the torch backend only; got --backend {backend}")
+        from ..pipelines.offload import check_offload
         from ..pipelines.weights import check_quantize
 
         check_quantize(weights, device)
+        check_offload(weights.offload, device)
     import torch
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():

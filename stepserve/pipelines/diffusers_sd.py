@@ -33,6 +33,7 @@ from .folder import (  # noqa: F401  (EMBEDDED_PATH, resolve_model_path: importe
     serving_defaults,
     serving_info,
 )
+from .offload import Offload
 from .weights import Weights
 from .inpaint import inpaint_mode
 
@@ -69,14 +70,16 @@ class StableDiffusionAdapter(FamilyAdapter):
 
     @classmethod
     def from_modules(cls, tokenizer, text_encoder, unet, vae, scheduler_config: dict, info: ModelInfo,
-                     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-                     ) -> "StableDiffusionAdapter":
-        """The torch backend: the diffusers/transformers modules themselves, moved to `device` and `dtype`."""
+                     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                     offload: str | None = None) -> "StableDiffusionAdapter":
+        """The torch backend: the diffusers/transformers modules themselves, in `dtype`, moved to `device` (or held
+        in CPU memory and moved as they run: `offload`, offload.py)."""
         device = torch.device(device)
-        text_encoder = text_encoder.to(device, dtype).eval()
+        place = Offload(offload, device).place
+        text_encoder = place(text_encoder.to(dtype)).eval()
         # diffusers models are loaded in their dtype already (from_pretrained(torch_dtype=...)); cast only if not
-        unet = (unet if unet.dtype == dtype else unet.to(dtype=dtype)).to(device).eval()
-        vae = (vae if vae.dtype == dtype else vae.to(dtype=dtype)).to(device).eval()
+        unet = place(unet if unet.dtype == dtype else unet.to(dtype=dtype), denoiser=True).eval()
+        vae = place(vae if vae.dtype == dtype else vae.to(dtype=dtype)).eval()
         adapter = cls(tokenizer, TorchNetworks(text_encoder, unet, vae), scheduler_config, info,
                       **_options_from_configs(unet.config, vae.config, text_encoder.config), device=device,
                       dtype=dtype)
@@ -95,7 +98,8 @@ class StableDiffusionAdapter(FamilyAdapter):
         unet, vae = folder.load(dtype, unet=UNet2DConditionModel, vae=AutoencoderKL)
         scheduler_config = folder.scheduler_config()
         info = model_info_for(folder.name, unet.config, vae.config, scheduler_config, folder.serving_defaults())
-        return cls.from_modules(tokenizer, text_encoder, unet, vae, scheduler_config, info, device, dtype)
+        return cls.from_modules(tokenizer, text_encoder, unet, vae, scheduler_config, info, device, dtype,
+                                offload=folder.weights.offload)
 
     @classmethod
     def from_export_dir(cls, path: str | os.PathLike, networks: Networks, backend: str,

@@ -31,6 +31,7 @@ from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info
+from .offload import Offload
 from .weights import Weights
 
 PIPELINE_CLASSES = ("FluxPipeline", "FluxFillPipeline")  # Fill: inpainting, mask and masked image as channels
@@ -159,7 +160,8 @@ class FluxAdapter(FamilyAdapter):
         tokenizer, tokenizer_2, text_encoder, text_encoder_2, transformer, vae = folder.load(
             dtype, tokenizer=CLIPTokenizer, tokenizer_2=AutoTokenizer, text_encoder=CLIPTextModel,
             text_encoder_2=T5EncoderModel, transformer=FluxTransformer2DModel, vae=AutoencoderKL)
-        modules = [m.to(device).eval() for m in (text_encoder, text_encoder_2, transformer, vae)]
+        place = Offload(folder.weights.offload, device).place
+        modules = [place(m, denoiser=m is transformer).eval() for m in (text_encoder, text_encoder_2, transformer, vae)]
         scheduler_config = folder.scheduler_config()
         defaults = folder.serving_defaults()
         vae_scale = vae_scale_factor_of(vae.config)

@@ -35,6 +35,7 @@ from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .flux import latent_grid
 from .folder import PipelineFolder, serving_info
+from .offload import Offload
 from .weights import Weights
 
 PIPELINE_CLASSES = ("Flux2KleinPipeline",)
@@ -164,7 +165,8 @@ class Flux2Adapter(FamilyAdapter):
         tokenizer, text_encoder, transformer, vae = folder.load(
             dtype, **cls.text_parts(folder), transformer=Flux2Transformer2DModel, vae=AutoencoderKLFlux2)
         cls.check_transformer(folder.name, transformer.config)
-        text_encoder, transformer, vae = (m.to(device).eval() for m in (text_encoder, transformer, vae))
+        place = Offload(folder.weights.offload, device).place
+        text_encoder, transformer, vae = place(text_encoder).eval(), place(transformer, True).eval(), place(vae).eval()
         scheduler_config = folder.scheduler_config()
         defaults = folder.serving_defaults()
         vae_scale = vae_scale_factor_of(vae.config)

@@ -33,6 +33,7 @@ from .family import Conditioning, FamilyAdapter, stack_rows
 from .vae import to_pil
 from .flux import latent_grid, pack_latents, unpack_latents
 from .folder import PipelineFolder, serving_info
+from .offload import Offload
 from .weights import Weights
 
 PIPELINE_CLASSES = ("QwenImagePipeline",)
@@ -127,7 +128,8 @@ class QwenImageAdapter(FamilyAdapter):
         if transformer.config.guidance_embeds:
             raise ValueError(f"{folder.name}: a guidance-distilled Qwen-Image transformer (guidance_embeds) is not "
                              "served; allowed: guidance_embeds false (true CFG with a negative prompt)")
-        modules = [m.to(device).eval() for m in (text_encoder, transformer, vae)]
+        place = Offload(folder.weights.offload, device).place
+        modules = [place(m, denoiser=m is transformer).eval() for m in (text_encoder, transformer, vae)]
         scheduler_config = folder.scheduler_config()
         defaults = folder.serving_defaults()
         vae_scale = 2 ** len(vae.config.temperal_downsample)  # QwenImagePipeline.vae_scale_factor

@@ -30,6 +30,7 @@ from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info
+from .offload import Offload
 from .weights import Weights
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
@@ -120,8 +121,9 @@ class SD3Adapter(FamilyAdapter):
         if _t5_declared(folder.index, folder.path):
             tokenizers[2], encoders[2] = folder.load(dtype, tokenizer_3=AutoTokenizer, text_encoder_3=T5EncoderModel)
         transformer, vae = folder.load(dtype, transformer=SD3Transformer2DModel, vae=AutoencoderKL)
-        encoders = [e.to(device).eval() if e is not None else None for e in encoders]
-        transformer, vae = transformer.to(device).eval(), vae.to(device).eval()
+        place = Offload(folder.weights.offload, device).place
+        encoders = [place(e).eval() if e is not None else None for e in encoders]
+        transformer, vae = place(transformer, denoiser=True).eval(), place(vae).eval()
         scheduler_config = folder.scheduler_config()
         info = sd3_model_info(folder.name, transformer.config, vae.config, folder.serving_defaults(),
                               scheduler_config)

@@ -30,6 +30,7 @@ from .diffusers_sd import model_info_for
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_decode, vae_dtype, vae_scale_factor_of
 from .folder import PipelineFolder
+from .offload import Offload
 from .weights import Weights
 from .inpaint import inpaint_mode
 
@@ -138,7 +139,9 @@ class StableDiffusionXLAdapter(FamilyAdapter):
         if vae.dtype != vae_dtype(vae.config, dtype):
             vae = vae.to(dtype=vae_dtype(vae.config, dtype))
         device = torch.device(device)
-        networks = SDXLNetworks(*(m.to(device).eval() for m in (text_encoder, text_encoder_2, unet, vae)))
+        place = Offload(folder.weights.offload, device).place
+        networks = SDXLNetworks(place(text_encoder).eval(), place(text_encoder_2).eval(),
+                                place(unet, denoiser=True).eval(), place(vae).eval())
         scheduler_config = folder.scheduler_config()
         defaults = {"default_guidance_scale": SDXL_GUIDANCE, **folder.serving_defaults()}
         info = model_info_for(folder.name, unet.config, vae.config, scheduler_config, defaults, family="sdxl")

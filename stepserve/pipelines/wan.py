@@ -34,6 +34,7 @@ from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil
 from .folder import PipelineFolder, serving_info
+from .offload import Offload
 from .weights import Weights
 
 PIPELINE_CLASSES = ("WanPipeline",)
@@ -151,8 +152,9 @@ class WanAdapter(FamilyAdapter):
         if two:
             parts["transformer_2"] = WanTransformer3DModel
         tokenizer, text_encoder, transformer, vae, *second = folder.load(dtype, **parts)
-        text_encoder, transformer, vae = (m.to(device).eval() for m in (text_encoder, transformer, vae))
-        second = [m.to(device).eval() for m in second]
+        place = Offload(folder.weights.offload, device).place
+        text_encoder, transformer, vae = place(text_encoder).eval(), place(transformer, True).eval(), place(vae).eval()
+        second = [place(m, denoiser=True).eval() for m in second]
         shipped = folder.scheduler_config()
         train_steps = int(shipped.get("num_train_timesteps", 1000))
         scheduler_config = flow_scheduler_config(shipped)

@@ -12,6 +12,8 @@ the folder's own sub-folder config, so the Hub is never touched; the folder's we
 `TorchAoConfig` (torchao: `int8wo`, `int8dq`, `int4wo`, `float8wo`) or `BitsAndBytesConfig` (`nf4`). A type the
 device cannot run is refused before anything loads (QUANTIZE_TYPES says where each runs).
 
+`Weights(offload=MODE)` holds the networks in CPU memory and moves them to the device as they run (offload.py).
+
 Every error names the file (or the type) and what was expected.
 """
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .offload import OFFLOAD_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +52,7 @@ class Weights:
     quantize: str | None = None  # QUANTIZE_TYPES: the denoiser quantized as it loads
     checkpoint: str | None = None  # a whole-model file (SD 1/2, SDXL) whose parts replace the folder's weights
     quantize_text: bool = False  # the text encoders too (transformers' TorchAoConfig; torchao types only)
+    offload: str | None = None  # offload.OFFLOAD_MODES: the networks held in CPU memory, moved to the device to run
 
     def __post_init__(self) -> None:
         if self.part not in DENOISER_PARTS:
@@ -63,13 +68,16 @@ class Weights:
         if self.checkpoint is not None and self.quantize is not None:
             raise ValueError(f"--quantize: not available with a whole-model file (--model {self.checkpoint}); "
                              "allowed with a diffusers folder, or a --transformer/--unet .safetensors file")
+        if self.offload is not None and self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"--offload: {self.offload!r} is not a mode; allowed: {', '.join(OFFLOAD_MODES)}")
         if self.quantize is not None and self.denoiser is not None and self.denoiser.lower().endswith(".gguf"):
             raise ValueError(f"--quantize {self.quantize}: {self.denoiser} is quantized already (GGUF); give one")
 
     @property
     def changed(self) -> bool:
         """Whether anything differs from the folder's own weights."""
-        return self.denoiser is not None or self.quantize is not None or self.checkpoint is not None
+        return (self.denoiser is not None or self.quantize is not None or self.checkpoint is not None
+                or self.offload is not None)
 
     def replaces(self, name: str) -> bool:
         return self.denoiser is not None and name == self.part
