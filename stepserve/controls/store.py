@@ -101,6 +101,8 @@ class ControlNetStore:
             f"it is a {config.get('_class_name')}, not a ControlNetModel"
             if config.get("_class_name") != "ControlNetModel" else "",
             "it is made for SDXL (added text and time embeddings)" if config.get("addition_embed_type") else "",
+            "it pools its conditions (global_pool_conditions: guess mode, not served)"
+            if config.get("global_pool_conditions") else "",
             f"its cross_attention_dim {config.get('cross_attention_dim')} is not the UNet's "
             f"{unet.cross_attention_dim}" if config.get("cross_attention_dim") != unet.cross_attention_dim else "",
             f"its block_out_channels {config.get('block_out_channels')} are not the UNet's "
