@@ -49,12 +49,12 @@ def residuals(store, sample: Tensor, timesteps: Tensor, hidden: Tensor, rows: li
         order.append(names)
     if not uses:
         return {}
-    store.ensure(list(uses))
+    nets = store.ensure(list(uses))
     outputs: dict[str, tuple[dict[int, int], list[Tensor]]] = {}
     for name, used in uses.items():
         at = [i for i, _, _ in used]
         index = torch.tensor(at, device=sample.device)
-        down, mid = store.get(name)(
+        down, mid = nets[name](
             sample.index_select(0, index), timesteps.index_select(0, index), hidden.index_select(0, index),
             controlnet_cond=torch.cat([pixels for _, _, pixels in used]), conditioning_scale=1.0, return_dict=False)
         weight = torch.tensor([w for _, w, _ in used], dtype=mid.dtype, device=mid.device).view(-1, 1, 1, 1)

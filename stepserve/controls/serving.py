@@ -1,4 +1,6 @@
-"""What an engine asks of its ControlNets at start-up: serve a folder (the executor's store does the rest)."""
+"""What an engine asks of its ControlNets: serve a folder at start-up, and load what a request names before it is
+queued (the front end, off its event loop), so that no step waits for a load; the executor's store does the
+rest."""
 
 from __future__ import annotations
 
@@ -21,3 +23,26 @@ def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | Non
     names = sorted(store.names)
     return (f"ControlNet: {len(names)} in {root} ({', '.join(names) or 'none yet'}), loaded on first use within "
             f"{'no bound' if budget is None else f'{memory_mb:g} MiB'}")
+
+
+def to_load(executor: Any, params) -> list[str]:
+    """The served ControlNets these requests name (before any check: what validation refuses is left out) that are
+    not loaded now. Cheap: on the event loop."""
+    store = getattr(executor, "_controlnets", None)
+    if store is None:
+        return []
+    names = [c.get("name") for p in params if isinstance(getattr(p, "controls", None), (list, tuple))
+             for c in p.controls if isinstance(c, dict)]
+    served = store.names
+    return sorted({n for n in names if isinstance(n, str) and n in served and n not in store.loaded})
+
+
+def load(executor: Any, names: list[str]) -> None:
+    """Load `names` (a thread of the front end's own). A ControlNet that cannot be loaded is left to the request's
+    first step, which fails that request alone with the reason."""
+    from .errors import ControlNetError
+
+    try:
+        executor.controlnets().ensure(names)
+    except ControlNetError:
+        pass

@@ -58,25 +58,32 @@ class ControlNetStore:
 
     def listing(self) -> list[dict]:
         """GET /v1/controlnets: every servable ControlNet, loaded or not."""
-        return [{"name": n, "loaded": n in self.loaded,
-                 "bytes": self.loaded[n].bytes if n in self.loaded else None} for n in sorted(self.names)]
+        loaded = dict(self.loaded)
+        return [{"name": n, "loaded": n in loaded, "bytes": loaded[n].bytes if n in loaded else None}
+                for n in sorted(self.names)]
 
-    def get(self, name: str):
-        return self.loaded[name].module
-
-    def ensure(self, names) -> None:
-        """Load those of `names` that are not loaded (they count as just used), unloading least recently used
-        others for room. Raises ControlNetError (not servable, not for this model), ControlNetTooLargeError,
-        ControlNetBudgetError (it does not fit beside the others of `names`)."""
+    def ensure(self, names) -> dict:
+        """The modules of `names` by name, loading those that are not loaded (they count as just used) and
+        unloading least recently used others for room. Safe beside a load on another thread (the front end loads
+        before queueing): what it returns stays usable even if unloaded meanwhile. Raises ControlNetError (not
+        servable, not for this model), ControlNetTooLargeError, ControlNetBudgetError (it does not fit beside the
+        others of `names`)."""
         names = list(dict.fromkeys(names))
-        with self._mutex:
-            self._uses += 1
-            for name in names:
-                self.last_used[name] = self._uses
-            for name in (n for n in names if n not in self.loaded):
-                self._load(name, keep=set(names))
+        self._uses += 1
+        try:  # all loaded (every step after the first): no lock, so a load elsewhere never stalls a step
+            modules = {name: self.loaded[name].module for name in names}
+        except KeyError:
+            with self._mutex:
+                for name in (n for n in names if n not in self.loaded):
+                    self._load(name, keep=set(names))
+                modules = {name: self.loaded[name].module for name in names}
+        for name in names:
+            self.last_used[name] = self._uses
+        return modules
 
     def _load(self, name: str, keep: set[str]) -> None:
+        if name in self.loaded:  # loaded by another thread meanwhile
+            return
         folder = discover(self.root).get(name)
         if folder is None:
             raise ControlNetError(unknown_name(name, self.names))

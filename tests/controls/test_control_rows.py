@@ -21,13 +21,12 @@ def counting(engine, monkeypatch):
     """Per ControlNet name, the row count of every forward it ran."""
     store = engine.executor.controlnets()
     seen: dict[str, list[int]] = {}
-    get = store.get
+    ensure = store.ensure
 
-    def counted(name):
-        net = get(name)
+    def counted(net, name):
         return lambda sample, *a, **k: (seen.setdefault(name, []).append(sample.shape[0]), net(sample, *a, **k))[1]
 
-    monkeypatch.setattr(store, "get", counted)
+    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m, n) for n, m in ensure(names).items()})
     return seen
 
 
