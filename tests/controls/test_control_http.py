@@ -99,3 +99,12 @@ def test_an_async_request_with_controls_gives_the_synchronous_image(served):
     assert done["status"] == "completed", done
     assert done["result"]["data"][0]["b64_json"] == sync.json()["data"][0]["b64_json"]
     assert done["result"]["stepserve"]["images"][0]["controls"][0]["name"] == "pose"
+
+
+def test_an_edit_with_controls_is_refused_not_ignored(served):
+    client, _ = served
+    files = {"image": ("a.png", base64.b64decode(b64(start_image(1))), "image/png")}
+    answer = client.post("/v1/images/edits", files=files,
+                         data={"prompt": "a cat", "controls": '[{"name": "pose", "image": "x"}]'})
+    error = assert_error_shape(answer, 400)
+    assert error["param"] == "controls" and "text to image" in error["message"]
