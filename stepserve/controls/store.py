@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..lora.folder import stamp
 from .errors import ControlNetBudgetError, ControlNetError, ControlNetTooLargeError, unknown_name
 
 WEIGHT_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
@@ -47,10 +48,18 @@ class ControlNetStore:
         self.evictions = 0
         self.version = 0  # bumped when the folder's names may have changed (the executor's ModelInfo lists them)
         self._mutex = threading.RLock()
+        self._files: tuple = (object(), {})  # (folder stamp, ControlNets) of the last look at the folder
+
+    def files(self) -> dict[str, Path]:
+        """The folder's ControlNets by name, looked for again only when the folder changed (lora/folder.stamp)."""
+        now = stamp(self.root)
+        if self._files[0] != now or now is None:
+            self._files = (now, discover(self.root))
+        return self._files[1]
 
     @property
     def names(self) -> frozenset[str]:
-        return frozenset(discover(self.root)) | frozenset(self.loaded)
+        return frozenset(self.files()) | frozenset(self.loaded)
 
     @property
     def loaded_bytes(self) -> int:
@@ -84,7 +93,7 @@ class ControlNetStore:
     def _load(self, name: str, keep: set[str]) -> None:
         if name in self.loaded:  # loaded by another thread meanwhile
             return
-        folder = discover(self.root).get(name)
+        folder = self.files().get(name)
         if folder is None:
             raise ControlNetError(unknown_name(name, self.names))
         self._check_config(name, json.loads((folder / "config.json").read_text()))
