@@ -17,8 +17,10 @@ class TorchNetworks:
         return self.text_encoder(input_ids, attention_mask=attention_mask)[0]
 
     @torch.no_grad()
-    def denoise(self, sample: Tensor, timestep: Tensor, encoder_hidden_states: Tensor) -> Tensor:
-        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False)[0]
+    def denoise(self, sample: Tensor, timestep: Tensor, encoder_hidden_states: Tensor, **controls) -> Tensor:
+        """`controls`: ControlNet residuals (down_block_additional_residuals, mid_block_additional_residual)."""
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, return_dict=False,
+                         **controls)[0]
 
     @property
     def cache_policies(self) -> tuple[str, ...]:
@@ -28,11 +30,12 @@ class TorchNetworks:
         return ("fbcache", "deepcache") if supports(self.unet) else ()
 
     @torch.no_grad()
-    def denoise_cached(self, sample: Tensor, timestep: Tensor, rows: list, encoder_hidden_states: Tensor) -> Tensor:
+    def denoise_cached(self, sample: Tensor, timestep: Tensor, rows: list, encoder_hidden_states: Tensor,
+                       **controls) -> Tensor:
         """denoise, each row caching as `rows` says (stepserve/caching)."""
         from ..caching.unet import unet_forward
 
-        return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows)
+        return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows, **controls)
 
     @torch.no_grad()
     def encode_image(self, pixels: Tensor, generator: torch.Generator) -> Tensor:

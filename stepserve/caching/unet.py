@@ -5,8 +5,9 @@ time embedding, conv_in and the first down block run for every row; the deep par
 mid block and every up block but the last) runs only for the rows that must compute; the last up block and the
 output layers run for every row, on the deep features just computed or cached at the row's last full step. With
 every row computing it is the same sequence of operations as the model's own forward (a test checks equality).
-Not supported (the families that cache have none of them): class labels, ControlNet/T2I residuals, GLIGEN,
-attention masks."""
+ControlNet residuals are added to the skips and the mid block's output as the model's forward adds them (rows
+with controls never skip: they do not cache). Not supported (the families that cache have none of them): class
+labels, T2I-Adapter residuals, GLIGEN, attention masks."""
 
 from __future__ import annotations
 
@@ -37,17 +38,23 @@ def _up(block, h: Tensor, emb: Tensor, res: tuple[Tensor, ...], ehs: Tensor, ups
     return block(hidden_states=h, temb=emb, res_hidden_states_tuple=res, upsample_size=upsample_size)
 
 
-def _deep(unet, d: Tensor, emb: Tensor, ehs: Tensor, res: tuple[Tensor, ...], forward_upsample_size: bool
-          ) -> Tensor:
-    """The deep part: the other down blocks, the mid block and every up block but the last."""
+def _deep(unet, d: Tensor, emb: Tensor, ehs: Tensor, res: tuple[Tensor, ...], forward_upsample_size: bool,
+          down_res: tuple = (), mid_res: Tensor | None = None) -> Tensor:
+    """The deep part: the other down blocks, the mid block and every up block but the last (`down_res`, `mid_res`:
+    the ControlNet residuals of the deep skips and of the mid block, for these rows)."""
+    shallow = len(res)
     for block in unet.down_blocks[1:]:
         d, more = _down(block, d, emb, ehs)
         res += more
+    if down_res:
+        res = res[:shallow] + tuple(x + r for x, r in zip(res[shallow:], down_res))
     if unet.mid_block is not None:
         if getattr(unet.mid_block, "has_cross_attention", False):
             d = unet.mid_block(d, emb, encoder_hidden_states=ehs)
         else:
             d = unet.mid_block(d, emb)
+    if mid_res is not None:
+        d = d + mid_res
     upsample_size = None
     for block in unet.up_blocks[:-1]:
         skips, res = res[-len(block.resnets):], res[:-len(block.resnets)]
@@ -59,8 +66,11 @@ def _deep(unet, d: Tensor, emb: Tensor, ehs: Tensor, res: tuple[Tensor, ...], fo
 
 @torch.no_grad()
 def unet_forward(unet, sample: Tensor, timestep: Tensor, encoder_hidden_states: Tensor,
-                 rows: list[RowCache | None], added_cond_kwargs: dict | None = None) -> Tensor:
-    """The UNet's noise prediction for every row; `rows[i]` says how row i caches (None: it does not)."""
+                 rows: list[RowCache | None], added_cond_kwargs: dict | None = None,
+                 down_block_additional_residuals: tuple = (), mid_block_additional_residual: Tensor | None = None
+                 ) -> Tensor:
+    """The UNet's noise prediction for every row; `rows[i]` says how row i caches (None: it does not);
+    ControlNet residuals as the model's forward takes them."""
     up_factor = 2 ** unet.num_upsamplers
     forward_upsample_size = any(dim % up_factor for dim in sample.shape[-2:])
     emb = unet.time_embedding(unet.get_time_embed(sample=sample, timestep=timestep), None)
@@ -75,6 +85,10 @@ def unet_forward(unet, sample: Tensor, timestep: Tensor, encoder_hidden_states: 
     res: tuple[Tensor, ...] = (h,)
     h, more = _down(unet.down_blocks[0], h, emb, ehs)
     res += more
+    deep_res = ()
+    if down_block_additional_residuals:  # the shallow skips now, the deep ones in _deep (after their blocks)
+        deep_res = tuple(down_block_additional_residuals[len(res):])
+        res = tuple(x + r for x, r in zip(res, down_block_additional_residuals))
     last = unet.up_blocks[-1]
     shallow = res[:len(last.resnets)]  # the skips the last up block takes (the full forward's first ones)
 
@@ -89,7 +103,9 @@ def unet_forward(unet, sample: Tensor, timestep: Tensor, encoder_hidden_states: 
             return x if at is None else x.index_select(0, at)
 
         with rows_subset(run):  # LoRA adapters (stepserve/lora) follow their rows
-            deep = _deep(unet, pick(h), pick(emb), pick(ehs), tuple(pick(x) for x in res), forward_upsample_size)
+            deep = _deep(unet, pick(h), pick(emb), pick(ehs), tuple(pick(x) for x in res), forward_upsample_size,
+                         tuple(pick(x) for x in deep_res),
+                         None if mid_block_additional_residual is None else pick(mid_block_additional_residual))
     if everyone:
         into_last = deep
     else:

@@ -175,19 +175,33 @@ def add_lora_flag(p: argparse.ArgumentParser) -> None:
                         "that no request in the engine carries is unloaded (it loads again on its next use)")
 
 
+def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
+    """--controlnet-dir: the folder ControlNets are served from (stepserve/controls, docs/CONTROLNET.md)."""
+    p.add_argument("--controlnet-dir", default=None, metavar="DIR",
+                   help="serve ControlNets from this folder: every sub-folder holding a diffusers ControlNet "
+                        "(config.json and its weights) by the sub-folder's name, loaded on first use (SD 1/2 "
+                        "models, torch backend; default: no ControlNets)")
+    p.add_argument("--controlnet-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0,
+                   metavar="MB", help="device memory for loaded ControlNets; to load another, the least recently "
+                                      "used ones the step does not use are unloaded (they load again on next use)")
+
+
 def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
     """--cache and --lora-dir checked before the model loads, as far as they can be without it (the model's own
     policies are checked once it is loaded). Raises StartupError naming the flag."""
     from ..server.startup import StartupError
 
-    torch_only = [flag for flag, value in (("--cache", args.cache), ("--lora-dir", args.lora_dir)) if value]
+    controlnet_dir = getattr(args, "controlnet_dir", None)
+    torch_only = [flag for flag, value in (("--cache", args.cache), ("--lora-dir", args.lora_dir),
+                                           ("--controlnet-dir", controlnet_dir)) if value]
     if torch_only and args.backend != "torch":
         raise StartupError(f"{' and '.join(torch_only)} need --backend torch (got {args.backend})")
     if torch_only and (args.compile or args.deterministic):
         raise StartupError(f"{' and '.join(torch_only)} do not run with --compile/--deterministic (their "
                            f"fixed-shape batches cannot leave rows out or add adapters per row)")
-    if args.lora_dir and not Path(args.lora_dir).is_dir():
-        raise StartupError(f"--lora-dir: {args.lora_dir!r} is not a folder")
+    for flag, folder in (("--lora-dir", args.lora_dir), ("--controlnet-dir", controlnet_dir)):
+        if folder and not Path(folder).is_dir():
+            raise StartupError(f"{flag}: {folder!r} is not a folder")
     if args.cache and str(args.cache).lower() not in ("off", "none"):
         from ..caching.spec import POLICIES, CacheSpecError, parse_cache
         from ..request.types import ModelInfo
@@ -254,7 +268,9 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
                         threads=args.threads, weights=weights, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
                         cache=getattr(args, "cache", None), lora_dir=getattr(args, "lora_dir", None),
-                        lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0), options=options)
+                        lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0),
+                        controlnet_dir=getattr(args, "controlnet_dir", None),
+                        controlnet_memory_mb=getattr(args, "controlnet_memory_mb", 1024.0), options=options)
 
 
 def say_to_stderr(prog: str):

@@ -23,8 +23,8 @@ from ..engine.config import EngineOptions
 from ..fleet.routers import DEFAULT_ROUTER, ROUTERS
 from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
 from .state_flags import add_state_flags, state_settings
-from .flags import (OneLineParser, model_of, add_cache_flag, add_fast_path_flags, add_lora_flag, add_model_flags,
-                    check_cache_and_lora_flags, engine_config, float_from, int_from)
+from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
+                    add_model_flags, check_cache_and_lora_flags, engine_config, float_from, int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fast_path_flags(p)
     add_cache_flag(p)
     add_lora_flag(p)
+    add_controlnet_flag(p)
     p.add_argument("--no-access-log", action="store_true",
                    help="no log line per image or video request (method, path, status, outcome, latency, steps, "
                         "batch sizes)")

@@ -174,6 +174,7 @@ class AsyncEngine(EngineThread):
         assert self._loop is not None, "call start() first"
         off = self._off_loop
         await self.resolve_adapters(params)
+        await self.load_controlnets(params)
         group = self._new_group(params, preview_steps, request_ids)
         outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
         if getattr(self.core.policy, "admission", None) is None:
@@ -238,6 +239,16 @@ class AsyncEngine(EngineThread):
         if unknown:
             with _adapter_errors():
                 await self._off_loop.run(self._off_loop.adapters, self.adapter_gate.resolve, unknown)
+
+    async def load_controlnets(self, params: Sequence[SamplingParams]) -> None:
+        """The ControlNets these requests name that are not loaded are loaded now, on the adapter thread, before
+        the requests are queued, so no step waits for the load (stepserve/controls/serving.py). Nothing to do (and
+        no thread) when every one is loaded or none is named."""
+        from ..controls import serving as controls
+
+        names = controls.to_load(self.executor, params)
+        if names:
+            await self._off_loop.run(self._off_loop.adapters, controls.load, self.executor, names)
 
     async def register_adapter(self, name: str, path) -> bool:
         """Serve LoRA adapter file `path` as `name` from now on, loaded on first use (an adapter registered on

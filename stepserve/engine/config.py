@@ -89,6 +89,8 @@ class EngineConfig:
     cache: Any = None  # step caching for requests that do not say (stepserve/caching/spec.py forms); None: off
     lora_dir: str | None = None  # LoRA adapters: every one here is servable by name (lora/folder.py); POST reads here
     lora_memory_mb: float | None = 1024.0  # device memory for loaded adapters (least recently used unloaded first)
+    controlnet_dir: str | None = None  # ControlNets: every sub-folder here is servable by its name (stepserve/controls)
+    controlnet_memory_mb: float | None = 1024.0  # memory for loaded ControlNets (least recently used unloaded first)
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -124,6 +126,8 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
 
         # LoRA adapters take up to --lora-memory-mb, the per-layer stacks a mixed batch uses counted in it
         reserve = int(config.lora_memory_mb * 2**20) if config.lora_dir and config.lora_memory_mb else 0
+        if config.controlnet_dir and config.controlnet_memory_mb:  # and the ControlNets their memory
+            reserve += int(config.controlnet_memory_mb * 2**20)
         capped, why = cap_max_batch_size(executor, options.max_batch_size, share=config.memory_share,
                                          reserve_bytes=reserve)
         options = replace(options, max_batch_size=capped)
@@ -140,6 +144,10 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         from ..lora.serving import serve_folder
 
         say(serve_folder(executor, config.lora_dir, config.lora_memory_mb))
+    if config.controlnet_dir is not None:
+        from ..controls.serving import serve_controlnets
+
+        say(serve_controlnets(executor, config.controlnet_dir, config.controlnet_memory_mb))
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:

@@ -16,6 +16,7 @@ import torch
 from .. import sampling
 from ..caching.spec import with_default
 from ..caching.rows import row_caches
+from ..controls import rows as controls
 from ..sampling.img2img import starting_at
 from ..lora.rows import adapter_rows, every_row
 from ..lora.serving import check_loaded, row_keys, text_keys
@@ -41,6 +42,7 @@ class TorchExecutor:
         # held while a stage runs; LoRA loads and deletes take it, so they never change the networks mid-step
         self.lock = threading.RLock()
         self._adapters = None  # stepserve.lora.AdapterStore, made on first use
+        self._controlnets = None  # stepserve.controls.store.ControlNetStore, made by serve_controlnets
 
     @property
     def model_info(self):
@@ -48,11 +50,15 @@ class TorchExecutor:
         wraps them) and the default cache."""
         adapters = self._adapters
         key = (id(self._base_info), id(self.pipeline.networks), repr(self.default_cache),
-               adapters.version if adapters is not None else 0, adapters.folder_stamp() if adapters else None)
+               adapters.version if adapters is not None else 0, adapters.folder_stamp() if adapters else None,
+               self._controlnets.names if self._controlnets is not None else None)
         if self._info[0] != key:
             info = with_default(self._base_info, self.pipeline.cache_policies, self.default_cache)
             if adapters is not None:
                 info = replace(info, lora_names=adapters.names)
+            if getattr(self.pipeline, "runs_controls", False):
+                info = replace(info, controls=True, control_names=self._controlnets.names
+                               if self._controlnets is not None else frozenset())
             self._info = (key, info)
         return self._info[1]
 
@@ -65,6 +71,15 @@ class TorchExecutor:
 
             self._adapters = AdapterStore(self.pipeline, self.lock, root, budget_bytes)
         return self._adapters
+
+    def controlnets(self, root=None, budget_bytes=None):
+        """The ControlNets this executor serves (stepserve.controls.store.ControlNetStore; `root`: the ControlNet
+        folder, `budget_bytes`: their memory; both set on first use)."""
+        if self._controlnets is None:
+            from ..controls.store import ControlNetStore
+
+            self._controlnets = ControlNetStore(self.pipeline, root, budget_bytes)
+        return self._controlnets
 
     @model_info.setter
     def model_info(self, info) -> None:
@@ -118,6 +133,9 @@ class TorchExecutor:
         images = inpaint.encode_start_images(p, [r.params for r in requests], generators)  # one VAE pass per size
         for r, conditioning, generator, image in zip(requests, self._encode(requests), generators, images):
             r.conditioning = conditioning
+            if r.params.controls:  # its control images, prepared once (stepserve/controls)
+                self._controlnets.ensure([c.name for c in r.params.controls])  # loaded on first use
+                r.controls = controls.prepare(p, r.params)
             schedule = p.schedule(r.params)
             if schedule.num_steps != r.num_inference_steps:  # every sampler's table has one entry per step asked
                 raise RuntimeError(f"the {r.params.sampler} schedule has {schedule.num_steps} steps for "
@@ -149,6 +167,8 @@ class TorchExecutor:
         t_rows = torch.cat([timesteps, timesteps[at]]) if guided else timesteps
         conditioning = self.pipeline.collate([r.conditioning.cond for r in requests]
                                              + [requests[i].conditioning.uncond for i in guided])
+        if any(r.controls for r in requests):  # the ControlNets' residuals per row (stepserve/controls)
+            conditioning = {**conditioning, **self._control_residuals(requests, guided, rows, t_rows, conditioning)}
         caches = row_caches(requests, guided)  # None unless some request caches steps
         loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
         with adapter_rows(row_keys(self._adapters, loras)):  # each row's own LoRA adapters (stepserve/lora)
@@ -176,6 +196,13 @@ class TorchExecutor:
         new = inpaint.blend(requests, sampling.sampler_step(pred, latents, states, steps))
         for i, r in enumerate(requests):
             r.latents = new[i : i + 1]
+
+    def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
+        """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it."""
+        row_requests = requests + [requests[i] for i in guided]
+        return controls.residuals(self._controlnets, rows, t_rows.to(rows.device),
+                                  conditioning["encoder_hidden_states"],
+                                  [(r.controls, r.step, r.num_inference_steps) for r in row_requests])
 
     def _decode(self, requests: list[Request]) -> None:
         buckets: dict[Bucket, list[Request]] = {}

@@ -157,11 +157,18 @@ class StableDiffusionAdapter(FamilyAdapter):
                 cache: list | None = None) -> torch.Tensor:
         if cache is not None:
             return super().denoise(sample, timestep, conditioning, cache)
-        return self.unet_forward(sample, timestep, conditioning["encoder_hidden_states"])
+        controls = {k: v for k, v in conditioning.items() if k != "encoder_hidden_states"}  # ControlNet residuals
+        return self.unet_forward(sample, timestep, conditioning["encoder_hidden_states"], **controls)
 
     @torch.no_grad()
-    def unet_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        return self.networks.denoise(latents, timesteps, encoder_hidden_states=embeds)
+    def unet_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: torch.Tensor,
+                     **controls) -> torch.Tensor:
+        return self.networks.denoise(latents, timesteps, encoder_hidden_states=embeds, **controls)
+
+    @property
+    def runs_controls(self) -> bool:
+        """ControlNets (stepserve/controls) run beside the torch UNet (not an export, not the fast path)."""
+        return isinstance(self.networks, TorchNetworks)
 
     @torch.no_grad()
     def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:

@@ -53,6 +53,9 @@ class SamplingParams:
     mask_image: Any = None
     # video: how many frames (a video model only; 1, the default there, is a still image). None on an image model
     num_frames: int | None = None
+    # ControlNets: [{"name", "image", "scale", "start", "end"}] (resolved: a tuple of stepserve.controls.spec.Control;
+    # scale 1, start 0 and end 1 unless given); None: none
+    controls: Any = None
 
 
 @dataclass
@@ -150,6 +153,7 @@ class Request:
     frames: Any = None  # a video model's request: its frames once decoded (a list of PIL images; one for an image)
     step_cache: Any = None  # the step-caching state of this request (stepserve/caching.RowState); freed at the end
     inpaint: Any = None  # an inpainting request's mask and known region (pipelines/inpaint.Inpaint)
+    controls: Any = None  # its control images prepared for the ControlNets (stepserve/controls/rows.Prepared)
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -166,6 +170,7 @@ class Request:
         self.preview_latents = None
         self.step_cache = None
         self.inpaint = None
+        self.controls = None
 
 
 @dataclass
@@ -244,6 +249,8 @@ class ModelInfo:
     cache_policies: tuple[str, ...] = ()  # step-caching policies this pipeline runs (stepserve/caching)
     default_cache: CacheSpec | None = None  # applied to requests that do not say (the server's --cache)
     lora_names: frozenset[str] = frozenset()  # LoRA adapters loaded now (stepserve/lora)
+    controls: bool = False  # requests may name ControlNets (stepserve/controls): the family and backend run them
+    control_names: frozenset[str] = frozenset()  # the ControlNets served (--controlnet-dir)
     img2img: bool = False  # requests may start from an image (SamplingParams.image)
     default_strength: float = 0.8  # its strength when a request gives none (the family's img2img pipeline's)
     img2img_start: str = "floor_steps"  # how its pipeline rounds the start step (img2img_spec.first_step)

@@ -8,6 +8,7 @@ import secrets
 from typing import NamedTuple
 
 from ..caching.spec import CacheSpecError, parse_cache
+from ..controls.spec import ControlSpecError, parse_controls
 from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
 from .types import ModelInfo, ResolvedParams, SamplingParams
@@ -165,6 +166,24 @@ def _frames(value: object, model: ModelInfo) -> int | None:
     return value
 
 
+def _controls(p: SamplingParams, model: ModelInfo, image) -> tuple:
+    """The request's ControlNets (stepserve/controls/spec.py), or () for none."""
+    if p.controls in (None, [], ()):
+        return ()
+    if not model.controls:
+        raise ValidationError("controls", f"{model.name} ({model.family} family) takes no ControlNets here; "
+                                          f"allowed: none (ControlNets are served for SD 1/2 models on the torch "
+                                          f"backend, without --compile/--deterministic)")
+    if image is not None:
+        raise ValidationError("controls", "go with text to image here; allowed: no image with controls")
+    if p.cache is not None and parse_cache(p.cache, model) is not None:
+        raise ValidationError("cache", "step caching does not combine with controls; allowed: \"off\" or unset")
+    try:
+        return parse_controls(p.controls, model.control_names, lambda field, v: as_image(field, v, "RGB"))
+    except ControlSpecError as exc:
+        raise ValidationError(exc.field, str(exc)) from None
+
+
 def internal_params(model: ModelInfo, **fields) -> ResolvedParams:
     """A request the engine makes for itself (warm-up, profiles, the memory probe) resolved against `model`. On an
     inpainting model, whose every request brings an image and a mask, it carries a grey image and a mask that
@@ -270,8 +289,11 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     except LoraSpecError as exc:
         raise ValidationError("loras", str(exc)) from None
 
+    controls = _controls(p, model, image)
+    if controls:
+        cache = None  # a request with controls takes every step whole (the server's default cache left out)
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
                 "priority": priority, "cache": cache, "loras": loras, "image": image, "strength": strength,
-                "mask_image": mask, "num_frames": frames}
+                "mask_image": mask, "num_frames": frames, "controls": controls}
     return ResolvedParams(**{**vars(p), **resolved})

@@ -23,7 +23,7 @@ from ..store.memory import MemoryStore
 from ..store.results import Results
 from .auth import require_key
 from .replica_header import REPLICA_HEADER, ReplicaHeader  # noqa: F401 (REPLICA_HEADER: part of the app's API)
-from .bodies import JSON, check_json, read_body
+from .bodies import JSON, check_json
 from .errors import APIError, UnexpectedErrors, install_error_handlers
 from .images import backstop_s, check, image_body, outcome_of, submit_all, wait_all
 from .state import CLIENT_GONE, ServerState
@@ -32,8 +32,9 @@ from .edits import read_edit
 from .events import EngineEvents
 from .lora_registry import AdapterRegistry
 from .loras import lora_routes
+from .controlnets import controlnet_routes, read_generation, with_controls
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .schemas import ImageGenerationRequest, ServerLimits, engine_params, parse_body
+from .schemas import ImageGenerationRequest, ServerLimits, engine_params
 from .streaming import EventStreamResponse, StreamJob, image_events
 from .image_jobs import async_answer, image_job_routes
 from .jobs_app import attach_jobs
@@ -92,6 +93,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     app.include_router(_v1_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(event_routes(events), prefix="/v1", dependencies=protected)
     app.include_router(lora_routes(state, registry), prefix="/v1", dependencies=protected)
+    app.include_router(controlnet_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(video_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(image_job_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)
@@ -209,8 +211,8 @@ def _v1_routes(state: ServerState) -> APIRouter:
     async def generate(request: Request) -> Response:
         async def read():
             check_json(request)
-            req = parse_body(await read_body(request, state.limits.max_body_bytes), state.limits)
-            return req, engine_params(req, state.limits), None
+            req = await read_generation(request, state)  # its controls' pictures decoded below (controlnets.py)
+            return req, await with_controls(req, engine_params(req, state.limits), state), None
 
         return await answer(state, request, read)
 

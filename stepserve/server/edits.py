@@ -77,6 +77,9 @@ async def edit_params(sent: EditForm, state: ServerState):
     if unknown:
         raise invalid(f"{unknown[0]}: not a field of an edit; allowed: image, mask, strength, "
                       f"{', '.join(FIELDS)}", unknown[0])
+    if "controls" in fields:  # ControlNets go with text to image (docs/CONTROLNET.md)
+        raise invalid("controls: not served with an edit's image (ControlNets go with text to image: send them to "
+                      "/v1/images/generations); allowed: no controls here", "controls")
     req = body_from_fields(fields, state.limits)  # the cheap checks before any decoding
     image, mask = await asyncio.to_thread(_decode, image, mask)
     params = [replace(p, image=image, strength=strength, mask_image=mask) for p in engine_params(req, state.limits)]

@@ -35,6 +35,7 @@ from .images import image_body, resolve_all
 from .job_http import (check_webhook, create_job, fingerprint, idempotency_key, job_error, job_events,
                        prefers_async, result_error, started_from)
 from .schemas import body_from_fields, engine_params
+from .controlnets import with_controls
 from .state import ServerState
 from .streaming import EventStreamResponse
 
@@ -112,7 +113,8 @@ class ImageKind:
         state, body = self.state, job.request["body"]
         try:
             if job.request["route"] != "edits":
-                return engine_params(body_from_fields(body, state.limits), state.limits)
+                req = body_from_fields(body, state.limits)
+                return await with_controls(req, engine_params(req, state.limits), state)  # controlnets.py
             pictures = {}
             for role, name in job.request["inputs"].items():
                 pictures[role] = await asyncio.to_thread(state.jobs.results.read, name)

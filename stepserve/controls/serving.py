@@ -1,0 +1,48 @@
+"""What an engine asks of its ControlNets: serve a folder at start-up, and load what a request names before it is
+queued (the front end, off its event loop), so that no step waits for a load; the executor's store does the
+rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | None) -> str:
+    """Serve the ControlNets of `controlnet_dir` (one diffusers ControlNet folder per name), loaded on first use
+    within `memory_mb`. A ValueError names the folder, or what this model lacks to serve any. Returns a line to
+    log."""
+    root = Path(controlnet_dir)
+    if not root.is_dir():
+        raise ValueError(f"controlnet_dir {controlnet_dir!r} is not a folder")
+    if not hasattr(executor, "controlnets") or not getattr(executor.pipeline, "runs_controls", False):
+        raise ValueError("controlnet_dir: ControlNets are served for SD 1/2 models on the torch backend, without "
+                         "--compile/--deterministic")
+    budget = None if memory_mb is None else int(memory_mb * 2**20)
+    store = executor.controlnets(root, budget)
+    names = sorted(store.names)
+    return (f"ControlNet: {len(names)} in {root} ({', '.join(names) or 'none yet'}), loaded on first use within "
+            f"{'no bound' if budget is None else f'{memory_mb:g} MiB'}")
+
+
+def to_load(executor: Any, params) -> list[str]:
+    """The served ControlNets these requests name (before any check: what validation refuses is left out) that are
+    not loaded now. Cheap: on the event loop."""
+    store = getattr(executor, "_controlnets", None)
+    if store is None:
+        return []
+    names = [c.get("name") for p in params if isinstance(getattr(p, "controls", None), (list, tuple))
+             for c in p.controls if isinstance(c, dict)]
+    served = store.names
+    return sorted({n for n in names if isinstance(n, str) and n in served and n not in store.loaded})
+
+
+def load(executor: Any, names: list[str]) -> None:
+    """Load `names` (a thread of the front end's own). A ControlNet that cannot be loaded is left to the request's
+    first step, which fails that request alone with the reason."""
+    from .errors import ControlNetError
+
+    try:
+        executor.controlnets().ensure(names)
+    except ControlNetError:
+        pass

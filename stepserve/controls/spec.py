@@ -1,0 +1,88 @@
+"""A request's `controls` field -> a tuple of Control, checked against the ControlNets served
+(ModelInfo.control_names). Pure data: no torch.
+
+Accepted: None or [] (no control), or a list of {"name": str, "image": picture, "scale": number, "start": number,
+"end": number} (scale defaults to 1.0, start to 0 and end to 1, as diffusers' controlnet_conditioning_scale and
+control_guidance_start/end), at most MAX_PER_REQUEST, each name once. Several controls add up, each weighted by its
+scale, as diffusers' MultiControlNetModel sums them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import unknown_name
+
+MAX_PER_REQUEST = 4
+MAX_SCALE = 10.0
+KEYS = ("name", "image", "scale", "start", "end")
+
+
+class ControlSpecError(ValueError):
+    """What is wrong with a `controls` value; `field` names it (e.g. "controls[1].scale")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Control:
+    """One control of a request: a ControlNet by name, its image (resolved: an RGB PIL image), its scale and the
+    fraction of the schedule [start, end] where it applies."""
+
+    name: str
+    image: Any
+    scale: float = 1.0
+    start: float = 0.0
+    end: float = 1.0
+
+    def weight(self, step: int, num_steps: int) -> float:
+        """Its scale at `step` of `num_steps`, 0 outside its window (diffusers' controlnet_keep)."""
+        outside = step / num_steps < self.start or (step + 1) / num_steps > self.end
+        return 0.0 if outside else self.scale
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any]
+                   ) -> tuple[Control, ...]:
+    """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one)."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise ControlSpecError("controls", f"expected a list of {{\"name\", \"image\", \"scale\", \"start\", "
+                                           f"\"end\"}}, got {type(value).__name__}")
+    if len(value) > MAX_PER_REQUEST:
+        raise ControlSpecError("controls", f"{len(value)} controls; at most {MAX_PER_REQUEST} per request")
+    out: list[Control] = []
+    for i, item in enumerate(value):
+        at = f"controls[{i}]"
+        if not isinstance(item, Mapping) or "name" not in item or "image" not in item:
+            raise ControlSpecError(at, f"expected {{\"name\": ..., \"image\": ...}} (scale, start, end optional), "
+                                       f"got {str(item)[:120]}")
+        extra = sorted(set(map(str, item)) - set(KEYS))
+        if extra:
+            raise ControlSpecError(at, f"unknown key(s) {', '.join(extra)}; allowed: {', '.join(KEYS)}")
+        name = item["name"]
+        if not isinstance(name, str) or name not in known:
+            raise ControlSpecError(f"{at}.name", unknown_name(name, known))
+        if any(c.name == name for c in out):
+            raise ControlSpecError(f"{at}.name", f"ControlNet {name!r} is named twice; give it once")
+        scale, start, end = item.get("scale", 1.0), item.get("start", 0.0), item.get("end", 1.0)
+        if not _number(scale) or not 0 <= scale <= MAX_SCALE:
+            raise ControlSpecError(f"{at}.scale", f"must be a number in [0, {MAX_SCALE:g}], got {scale!r}")
+        for key, v in (("start", start), ("end", end)):
+            if not _number(v) or not 0 <= v <= 1:
+                raise ControlSpecError(f"{at}.{key}", f"must be a number in [0, 1] (a fraction of the schedule), "
+                                                      f"got {v!r}")
+        if not start < end:
+            raise ControlSpecError(f"{at}.start", f"must be below end (the window of the schedule where the "
+                                                  f"control applies), got start {start!r} and end {end!r}")
+        out.append(Control(name, to_image(f"{at}.image", item["image"]), float(scale), float(start), float(end)))
+    return tuple(out)

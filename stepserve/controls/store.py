@@ -1,0 +1,149 @@
+"""The ControlNets an executor serves: every sub-folder of the ControlNet folder that holds a diffusers ControlNet
+(config.json of a ControlNetModel and its weights) is servable by the sub-folder's name.
+
+A ControlNet is loaded when a step first needs it (the request's first step: `ensure`), within `budget_bytes` of
+memory, the same policy as the LoRA adapters' (stepserve/lora/store.py): to make room, the least recently used
+ControlNets that the step does not use are unloaded (they load again on their next use). A folder whose config is
+not a ControlNet for this model (another family's, a different UNet) is refused when a request first needs it,
+before anything is unloaded for it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..lora.folder import stamp
+from .errors import ControlNetBudgetError, ControlNetError, ControlNetTooLargeError, unknown_name
+
+WEIGHT_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    module: object  # diffusers ControlNetModel, on the pipeline's device and dtype
+    bytes: int
+
+
+def discover(root: Path | None) -> dict[str, Path]:
+    """The folder's ControlNets by name: its sub-folders with a config.json and a weights file."""
+    if root is None or not root.is_dir():
+        return {}
+    return {d.name: d for d in sorted(root.iterdir())
+            if d.is_dir() and (d / "config.json").is_file() and any((d / f).is_file() for f in WEIGHT_FILES)}
+
+
+class ControlNetStore:
+    """ControlNets by name for one SD pipeline (`pipeline.unet`: the UNet they must match)."""
+
+    def __init__(self, pipeline, root: str | Path | None, budget_bytes: int | None = None) -> None:
+        self.pipeline = pipeline
+        self.root = Path(root).resolve() if root is not None else None
+        self.budget_bytes = budget_bytes
+        self.loaded: dict[str, Loaded] = {}
+        self.last_used: dict[str, int] = {}
+        self._uses = 0
+        self.evictions = 0
+        self.version = 0  # bumped when the folder's names may have changed (the executor's ModelInfo lists them)
+        self._mutex = threading.RLock()
+        self._files: tuple = (object(), {})  # (folder stamp, ControlNets) of the last look at the folder
+
+    def files(self) -> dict[str, Path]:
+        """The folder's ControlNets by name, looked for again only when the folder changed (lora/folder.stamp)."""
+        now = stamp(self.root)
+        if self._files[0] != now or now is None:
+            self._files = (now, discover(self.root))
+        return self._files[1]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.files()) | frozenset(self.loaded)
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(c.bytes for c in self.loaded.values())
+
+    def listing(self) -> list[dict]:
+        """GET /v1/controlnets: every servable ControlNet, loaded or not."""
+        loaded = dict(self.loaded)
+        return [{"name": n, "loaded": n in loaded, "bytes": loaded[n].bytes if n in loaded else None}
+                for n in sorted(self.names)]
+
+    def ensure(self, names) -> dict:
+        """The modules of `names` by name, loading those that are not loaded (they count as just used) and
+        unloading least recently used others for room. Safe beside a load on another thread (the front end loads
+        before queueing): what it returns stays usable even if unloaded meanwhile. Raises ControlNetError (not
+        servable, not for this model), ControlNetTooLargeError, ControlNetBudgetError (it does not fit beside the
+        others of `names`)."""
+        names = list(dict.fromkeys(names))
+        self._uses += 1
+        try:  # all loaded (every step after the first): no lock, so a load elsewhere never stalls a step
+            modules = {name: self.loaded[name].module for name in names}
+        except KeyError:
+            with self._mutex:
+                for name in (n for n in names if n not in self.loaded):
+                    self._load(name, keep=set(names))
+                modules = {name: self.loaded[name].module for name in names}
+        for name in names:
+            self.last_used[name] = self._uses
+        return modules
+
+    def _load(self, name: str, keep: set[str]) -> None:
+        if name in self.loaded:  # loaded by another thread meanwhile
+            return
+        folder = self.files().get(name)
+        if folder is None:
+            raise ControlNetError(unknown_name(name, self.names))
+        self._check_config(name, json.loads((folder / "config.json").read_text()))
+        from diffusers import ControlNetModel
+
+        try:
+            module = ControlNetModel.from_pretrained(folder, torch_dtype=self.pipeline.dtype)
+        except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a folder it cannot read
+            raise ControlNetError(f"ControlNet {name!r}: its folder does not load as a diffusers ControlNet: "
+                                  f"{str(exc)[:200]}") from None
+        size = sum(p.numel() * p.element_size() for p in module.parameters())
+        self._fits(name, size, keep)
+        self.loaded[name] = Loaded(module.to(self.pipeline.device).eval(), size)
+
+    def _check_config(self, name: str, config: dict) -> None:
+        """The folder is a ControlNet of this model's UNet (SD 1/2: no added embeddings, the same blocks and text
+        width, a conditioning embedding that lands on the latents' grid)."""
+        unet = self.pipeline.unet.config
+        downs = 2 ** (len(config.get("conditioning_embedding_out_channels", (16, 32, 96, 256))) - 1)
+        problems = [
+            f"it is a {config.get('_class_name')}, not a ControlNetModel"
+            if config.get("_class_name") != "ControlNetModel" else "",
+            "it is made for SDXL (added text and time embeddings)" if config.get("addition_embed_type") else "",
+            "it pools its conditions (global_pool_conditions: guess mode, not served)"
+            if config.get("global_pool_conditions") else "",
+            f"its cross_attention_dim {config.get('cross_attention_dim')} is not the UNet's "
+            f"{unet.cross_attention_dim}" if config.get("cross_attention_dim") != unet.cross_attention_dim else "",
+            f"its block_out_channels {config.get('block_out_channels')} are not the UNet's "
+            f"{list(unet.block_out_channels)}"
+            if list(config.get("block_out_channels", ())) != list(unet.block_out_channels) else "",
+            f"its conditioning embedding scales images down {downs}x, the VAE {self.pipeline.vae_scale_factor}x"
+            if downs != self.pipeline.vae_scale_factor else "",
+        ]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ControlNetError(f"ControlNet {name!r} does not fit {self.pipeline.info.name}: "
+                                  f"{'; '.join(problems)}; allowed: ControlNets made for this SD 1/2 model")
+
+    def _fits(self, name: str, size: int, keep: set[str]) -> None:
+        if self.budget_bytes is None:
+            return
+        mib, budget = f"{size / 2**20:.3g} MiB", f"{self.budget_bytes / 2**20:.3g} MiB"
+        if size > self.budget_bytes:
+            raise ControlNetTooLargeError(f"ControlNet {name!r} ({mib}) is larger than the whole ControlNet "
+                                          f"memory ({budget}, --controlnet-memory-mb): it can never be loaded")
+        held = sum(c.bytes for n, c in self.loaded.items() if n in keep)
+        if held + size > self.budget_bytes:
+            raise ControlNetBudgetError(f"ControlNet {name!r} ({mib}) does not fit the ControlNet memory ({budget}) "
+                                        f"beside the ControlNets this step uses; retry later")
+        idle = sorted((n for n in self.loaded if n not in keep), key=lambda n: self.last_used.get(n, 0))
+        while idle and self.loaded_bytes + size > self.budget_bytes:
+            del self.loaded[idle.pop(0)]
+            self.evictions += 1

@@ -1,0 +1,94 @@
+"""ControlNets over HTTP:
+
+    GET /v1/controlnets   {"object": "list", "data": [{"name", "loaded", "bytes"}, ...]}: the ControlNets of the
+                          server's --controlnet-dir (one sub-folder each), loaded now or not
+    POST /v1/images/generations with "controls": [{"name", "image", "scale", "start", "end"}], each "image" a
+                          base64 PNG, JPEG or WebP (a data: URL too): read here before the body's checks run
+
+A body with controls may be as large as a multipart upload (ServerLimits.max_upload_bytes), each picture at most
+as large as an edit's and checked before it is decoded with the same limits and errors (edits.py); a body without
+them keeps the JSON limit (max_body_bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+
+from .bodies import read_body, too_large
+from .edits import _open
+from .errors import invalid
+from .forms import MAX_FILE_BYTES
+from .schemas import parse_body
+from .state import ServerState
+
+_JSON_ADVICE = "shorten the prompt"
+
+
+def controlnet_routes(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/controlnets")
+    async def list_controlnets() -> dict:
+        store = getattr(state.engine.executor, "_controlnets", None)
+        return {"object": "list", "data": store.listing() if store is not None else []}
+
+    return router
+
+
+async def read_generation(request: Request, state: ServerState):
+    """The body of a generation, within the JSON limit, or the upload limit when it carries controls."""
+    limits = state.limits
+    raw = await read_body(request, max(limits.max_body_bytes, limits.max_upload_bytes))
+    if len(raw) > limits.max_body_bytes and b'"controls"' not in raw:
+        raise too_large(limits.max_body_bytes, _JSON_ADVICE)
+    req = parse_body(raw, limits)
+    if len(raw) > limits.max_body_bytes and not req.controls:
+        raise too_large(limits.max_body_bytes, _JSON_ADVICE)
+    return req
+
+
+async def with_controls(req, params: list, state: ServerState) -> list:
+    """`params` with the body's controls, their pictures checked (headers) then decoded off the event loop; a body
+    without controls comes back as it is."""
+    if not req.controls:
+        return params
+    model = state.engine.model_info
+    controls = []
+    for i, item in enumerate(req.controls):
+        if isinstance(item, dict) and isinstance(item.get("image"), str):
+            field = f"controls[{i}].image"
+            item = {**item, "image": _open(_picture_bytes(item["image"], field), field, model)}
+        controls.append(item)
+    controls = await asyncio.to_thread(_decode, controls)
+    return [replace(p, controls=controls) for p in params]
+
+
+def _picture_bytes(text: str, field: str) -> bytes:
+    """A base64 picture (or a data: URL of one), refused before decoding when larger than an edit's picture."""
+    if text.startswith("data:"):
+        text = text.partition(",")[2]
+    if len(text) > (MAX_FILE_BYTES + 2) // 3 * 4:
+        raise invalid(f"{field}: larger than {MAX_FILE_BYTES // 2**20} MiB (as an edit's image)", field)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(f"{field}: not base64 (a PNG, JPEG or WebP file encoded as base64, or a data: URL)",
+                      field) from None
+
+
+def _decode(controls: list) -> list:
+    for i, item in enumerate(controls):
+        picture = item.get("image") if isinstance(item, dict) else None
+        if picture is not None and hasattr(picture, "load"):
+            try:
+                picture.load()
+            except Exception:  # noqa: BLE001 - a header that reads but pixels that do not (a truncated file)
+                raise invalid(f"controls[{i}].image: not a readable PNG, JPEG or WebP image (its pixels could not "
+                              f"be decoded)", f"controls[{i}].image") from None
+            item["image"] = picture.convert("RGB") if picture.mode != "RGB" else picture
+    return controls
