@@ -143,6 +143,9 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-p95-ms", type=float_from(0.0, False, "a positive number of milliseconds"), default=None,
                    help="autoscaling on the replicas' predicted work in hand against this p95, instead of a count "
                         "of requests (docs/SCALING.md)")
+    g.add_argument("--autoscale-utilisation", type=float_from(0.0, False, "a fraction in (0, 1]"), default=None,
+                   metavar="U", help="with --slo-p95-ms: how busy a replica may be before another starts (default "
+                                     "0.8); lower starts replicas sooner and keeps more through a lull")
     g.add_argument("--router", default=None, choices=ROUTERS,
                    help="how Ray Serve spreads requests over the replicas (default power_of_two: Ray's own; "
                         f"{DEFAULT_ROUTER}: where each is predicted to finish first, docs/SCALING.md)")
@@ -303,6 +306,7 @@ def replica_mode(args: argparse.Namespace) -> bool:
                                       ("--max-queued-requests", args.max_queued_requests),
                                       ("--target-ongoing-requests", args.target_ongoing_requests),
                                       ("--slo-p95-ms", args.slo_p95_ms), ("--router", args.router),
+                                      ("--autoscale-utilisation", args.autoscale_utilisation),
                                       ("--adapter-load-s", args.adapter_load_s))
              if value is not None]
     if alone:

@@ -19,6 +19,8 @@ EPILOG = """fleet flags (simulate only; docs/SCALING.md):
   --autoscale-policy P  slo (default: the predicted backlog against the run's SLO) or ray (Ray Serve's default,
                         as modelled: requests in flight per replica)
   --target-ongoing-requests T  with --autoscale-policy ray (default 2, Ray's)
+  --autoscale-utilisation U  with --autoscale-policy slo: how busy a replica may be (default 0.8); lower starts
+                        replicas sooner and keeps more through a lull
   --startup-s S         a started replica serves after this long (default: the latency model's `load_s`, else 30)
   --publish-every-s P   replicas publish their stats this often (default 0: the router reads them fresh)
   --adapter-load-s S    a replica loads an adapter it does not hold in this long (a mix's `lora` names them)
@@ -34,7 +36,7 @@ def split_fleet(argv: list[str]) -> tuple[list[str], FleetSettings]:
     """(the other flags, the fleet's settings); a bad value raises FleetUsageError with one line."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --target is the bench's, not ours
     for flag in ("--replicas", "--router", "--autoscale", "--autoscale-policy", "--target-ongoing-requests",
-                 "--startup-s", "--publish-every-s", "--adapter-load-s"):
+                 "--autoscale-utilisation", "--startup-s", "--publish-every-s", "--adapter-load-s"):
         p.add_argument(flag)
     p.add_argument("--fail-replica", action="append", default=[])
     known, rest = p.parse_known_args(argv)
@@ -66,6 +68,10 @@ def split_fleet(argv: list[str]) -> tuple[list[str], FleetSettings]:
     if known.target_ongoing_requests is not None:
         s.target_ongoing_requests = _number(known.target_ongoing_requests, "--target-ongoing-requests", float, 0,
                                             strict=True)
+    if known.autoscale_utilisation is not None:
+        s.utilisation = _number(known.autoscale_utilisation, "--autoscale-utilisation", float, 0, strict=True)
+        if s.utilisation > 1:
+            raise FleetUsageError(f"--autoscale-utilisation: a fraction in (0, 1], got {known.autoscale_utilisation}")
     if known.startup_s is not None:
         s.startup_s = _number(known.startup_s, "--startup-s", float, 0)
     if known.publish_every_s is not None:
@@ -80,9 +86,13 @@ def split_fleet(argv: list[str]) -> tuple[list[str], FleetSettings]:
             sep = ""
         if not sep or s.failures[-1][0] < 0 or not s.failures[-1][1] >= 0:
             raise FleetUsageError(f"--fail-replica: expected R@T (replica index >= 0, seconds >= 0), got {text!r}")
-    if (known.autoscale_policy or known.target_ongoing_requests or known.startup_s) and not s.autoscale:
-        raise FleetUsageError("--autoscale-policy, --target-ongoing-requests and --startup-s steer the "
-                              "autoscaler; add --autoscale MIN:MAX")
+    if (known.autoscale_policy or known.target_ongoing_requests or known.startup_s
+            or known.autoscale_utilisation) and not s.autoscale:
+        raise FleetUsageError("--autoscale-policy, --target-ongoing-requests, --autoscale-utilisation and "
+                              "--startup-s steer the autoscaler; add --autoscale MIN:MAX")
+    if known.autoscale_utilisation and s.policy != "slo":
+        raise FleetUsageError("--autoscale-utilisation steers the slo policy; --autoscale-policy ray takes "
+                              "--target-ongoing-requests")
     if any(r >= (s.autoscale[1] if s.autoscale else s.replicas) for r, _ in s.failures):
         raise FleetUsageError("--fail-replica: no such replica (replicas are numbered from 0)")
     return rest, s

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engine.core import EngineCore
-from ..fleet.autoscale import SLOScaling
+from ..fleet.autoscale import DEFAULT_UTILISATION, SLOScaling
 from ..fleet.routers import DEFAULT_ROUTER, make_router
 from .autoscale import Autoscaler, RayDefault
 from .fleet import Fleet
@@ -25,6 +25,7 @@ class FleetSettings:
     autoscale: tuple[int, int] | None = None
     policy: str = "slo"  # slo | ray
     target_ongoing_requests: float = 2.0
+    utilisation: float = DEFAULT_UTILISATION  # the slo policy's (fleet/autoscale.py)
     startup_s: float | None = None  # None: the latency model's load_s, else DEFAULT_STARTUP_S
     publish_every_s: float = 0.0
     adapter_load_s: float = 0.0
@@ -72,7 +73,7 @@ def build_fleet(settings: FleetSettings, latency, make_core: Callable[[int], Eng
         else:
             if slo_s is None:
                 raise ValueError("--autoscale-policy slo needs the run's SLO (--slo-p95-ms, or the idle-latency rule)")
-            policy = SLOScaling(slo_s, low, high, startup)
+            policy = SLOScaling(slo_s, low, high, startup, utilisation=settings.utilisation)
         scaler = Autoscaler(policy, make_core, startup)
     fleet = Fleet(make_router(settings.router, seed, settings.adapter_load_s), latency, settings.publish_every_s,
                   settings.adapter_load_s, autoscaler=scaler)

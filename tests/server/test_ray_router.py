@@ -167,6 +167,8 @@ def test_router_and_slo_flags_map_onto_ray_serve_options():
     assert scaled["policy"]["policy_kwargs"] == {"slo_s": 0.8, "low": 1, "high": 2}
     assert scaled["upscale_delay_s"] == 0.0 and scaled["downscale_delay_s"] == 0.0  # the policy's own delays
     assert "policy" not in options("--replicas", "1", "--autoscale", "1:2")["autoscaling_config"]  # Ray's default
+    eager = options("--autoscale", "1:2", "--slo-p95-ms", "800", "--autoscale-utilisation", "0.3")["autoscaling_config"]
+    assert eager["policy"]["policy_kwargs"] == {"slo_s": 0.8, "low": 1, "high": 2, "utilisation": 0.3}
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -174,6 +176,10 @@ def test_router_and_slo_flags_map_onto_ray_serve_options():
     (["--replicas", "2", "--slo-p95-ms", "500"], "--slo-p95-ms steers the autoscaler; add --autoscale"),
     (["--replicas", "1", "--autoscale", "1:2", "--slo-p95-ms", "500", "--target-ongoing-requests", "2"],
      "two autoscaling policies"),
+    (["--replicas", "1", "--autoscale", "1:2", "--autoscale-utilisation", "0.5"],
+     "--autoscale-utilisation steers the SLO autoscaling policy; add --slo-p95-ms"),
+    (["--replicas", "1", "--autoscale", "1:2", "--slo-p95-ms", "500", "--autoscale-utilisation", "1.5"],
+     "--autoscale-utilisation: a fraction in (0, 1], got 1.5"),
 ])
 def test_bad_fleet_flags_get_one_line_errors(flags, message, capsys, monkeypatch):
     monkeypatch.setattr("stepserve.commands.serve.available_cores", lambda: 4)

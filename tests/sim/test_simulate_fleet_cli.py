@@ -45,12 +45,25 @@ def test_an_autoscaled_fleet_reports_its_replicas_over_time(tmp_path, latency_fi
     assert max(n for _, n in fleet["replicas_over_time"]) > 1  # 0.7 of the capacity of one: it had to grow
 
 
+def test_the_utilisation_flag_reaches_the_slo_policy(latency_file):
+    from stepserve.commands.simulate_fleet import split_fleet
+    from stepserve.sim.fleet_run import build_fleet
+
+    rest, settings = split_fleet(["--autoscale", "1:4", "--autoscale-utilisation", "0.3", "--steps", "2,6"])
+    assert rest == ["--steps", "2,6"] and settings.utilisation == 0.3
+    _, fleet, _ = build_fleet(settings, LatencyModel.load(latency_file), lambda r: None, 1.0, 0, 10.0)
+    assert fleet.autoscaler.policy.utilisation == 0.3
+
+
 @pytest.mark.parametrize("bad, says", [
     (["--replicas", "0"], "--replicas: must be >= 1"),
     (["--router", "random"], "allowed: least_work, least_work_sampled, power_of_two"),
     (["--autoscale", "3:1"], "1 <= MIN <= MAX"),
     (["--autoscale", "1:2", "--autoscale-policy", "k8s"], "allowed: slo, ray"),
     (["--startup-s", "5"], "add --autoscale MIN:MAX"),
+    (["--autoscale-utilisation", "0.5"], "add --autoscale MIN:MAX"),
+    (["--autoscale", "1:2", "--autoscale-utilisation", "1.5"], "a fraction in (0, 1], got 1.5"),
+    (["--autoscale", "1:2", "--autoscale-policy", "ray", "--autoscale-utilisation", "0.5"], "steers the slo policy"),
     (["--replicas", "2", "--fail-replica", "5@1"], "no such replica"),
     (["--replicas", "2", "--fail-replica", "x"], "expected R@T"),
 ])

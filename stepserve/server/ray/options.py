@@ -38,6 +38,7 @@ class ReplicaPlan:
     router: str = "power_of_two"
     adapter_load_s: float = 1.0  # the routers' price for loading an adapter a replica does not hold
     slo_s: float | None = None  # --slo-p95-ms: autoscale on the predicted backlog against it (fleet/autoscale.py)
+    utilisation: float | None = None  # --autoscale-utilisation: with slo_s, how busy a replica may be (None: 0.8)
 
     @property
     def most_replicas(self) -> int:
@@ -79,6 +80,12 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
         if args.target_ongoing_requests is not None:
             raise StartupError("--slo-p95-ms and --target-ongoing-requests are two autoscaling policies; give one")
         plan.slo_s = slo_ms / 1000.0
+    plan.utilisation = getattr(args, "autoscale_utilisation", None)
+    if plan.utilisation is not None and not 0 < plan.utilisation <= 1:
+        raise StartupError(f"--autoscale-utilisation: a fraction in (0, 1], got {plan.utilisation:g}")
+    if plan.utilisation is not None and plan.slo_s is None:
+        raise StartupError("--autoscale-utilisation steers the SLO autoscaling policy; add --slo-p95-ms MS and "
+                           "--autoscale MIN:MAX")
     plan.memory_share = memory_share(plan, args.device)
     if plan.memory_share < 1 and not getattr(args, "no_memory_cap", False):
         plan.notes.append(f"each replica's memory cap counts on {plan.memory_share:.0%} of the free "
@@ -139,7 +146,8 @@ def deployment_options(plan: ReplicaPlan) -> dict:
 
             options["autoscaling_config"].update(
                 policy={"policy_function": POLICY_FUNCTION,
-                        "policy_kwargs": {"slo_s": plan.slo_s, "low": low, "high": high}},
+                        "policy_kwargs": {"slo_s": plan.slo_s, "low": low, "high": high,
+                                          **({"utilisation": plan.utilisation} if plan.utilisation else {})}},
                 upscale_delay_s=0.0, downscale_delay_s=0.0, look_back_period_s=LOOK_BACK_S)
     else:
         options["num_replicas"] = plan.replicas
