@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 # The tests also cover the integrations (ONNX, onnxruntime, Triton, Ray Serve, LitServe, LoRA via PEFT, the Redis
 # state store), which are package extras.
 $(VENV)/.extras: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[test,onnx,triton,ray,litserve,lora,video,redis,quant]"
+	$(PY) -m pip install -q -e ".[test,onnx,triton,ray,litserve,lora,video,redis,quant,canny]"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -3,7 +3,8 @@
 
 Accepted: None or [] (no control), or a list of {"name": str, "image": picture, "scale": number, "start": number,
 "end": number} (scale defaults to 1.0, start to 0 and end to 1, as diffusers' controlnet_conditioning_scale and
-control_guidance_start/end), at most MAX_PER_REQUEST, each name once. Several controls add up, each weighted by its
+control_guidance_start/end), at most MAX_PER_REQUEST, each name once. `"preprocess": "canny"` makes the control map
+from the image (a photo) on the server (preprocess.py). Several controls add up, each weighted by its
 scale, as diffusers' MultiControlNetModel sums them.
 """
 
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import unknown_name
+from .preprocess import PREPROCESSORS, PreprocessUnavailable, apply, available
 
 MAX_PER_REQUEST = 4
 MAX_SCALE = 10.0
-KEYS = ("name", "image", "scale", "start", "end")
+KEYS = ("name", "image", "scale", "start", "end", "preprocess")
 
 
 class ControlSpecError(ValueError):
@@ -84,5 +86,16 @@ def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str
         if not start < end:
             raise ControlSpecError(f"{at}.start", f"must be below end (the window of the schedule where the "
                                                   f"control applies), got start {start!r} and end {end!r}")
-        out.append(Control(name, to_image(f"{at}.image", item["image"]), float(scale), float(start), float(end)))
+        preprocess = item.get("preprocess")
+        if preprocess is not None:
+            if preprocess not in PREPROCESSORS:
+                raise ControlSpecError(f"{at}.preprocess", f"unknown preprocessor {preprocess!r}; allowed: "
+                                                           f"{', '.join(PREPROCESSORS)} (send other maps as the image)")
+            try:
+                available(preprocess)
+            except PreprocessUnavailable as exc:
+                raise ControlSpecError(f"{at}.preprocess", str(exc)) from None
+        image = to_image(f"{at}.image", item["image"])
+        image = apply(preprocess, image) if preprocess else image
+        out.append(Control(name, image, float(scale), float(start), float(end)))
     return tuple(out)

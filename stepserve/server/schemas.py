@@ -67,7 +67,8 @@ class ImageGenerationRequest(BaseModel):
     cache: str | dict[str, Any] | None = None
     # LoRA adapters: [{"name": ..., "scale": ...}] (loaded with POST /v1/loras or --lora-dir)
     loras: list[dict[str, Any]] | None = None
-    # ControlNets: [{"name", "image" (base64 PNG/JPEG/WebP), "scale", "start", "end"}] (--controlnet-dir)
+    # ControlNets: [{"name", "image" (base64 PNG/JPEG/WebP), "scale", "start", "end", "preprocess"}]
+    # (--controlnet-dir)
     controls: list[dict[str, Any]] | None = None
     # an async request's job (Prefer: respond-async) notifies this URL once when it completes or fails
     webhook: str | None = None
