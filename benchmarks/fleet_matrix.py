@@ -27,7 +27,8 @@ from pathlib import Path
 
 from stepserve.bench.runner import measure_capacity
 from stepserve.bench.targets import Contender
-from stepserve.bench.workload import Choice, Mix, poisson_trace
+from stepserve.bench.choice import Choice
+from stepserve.bench.workload import Mix, poisson_trace
 from stepserve.costs import LatencyModel
 from stepserve.fleet.routers import make_router
 from stepserve.scheduling import DEFAULT_STRATEGY

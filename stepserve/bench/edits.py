@@ -49,6 +49,21 @@ def pool_mask(index: int, width: int, height: int) -> Image.Image:
     return Image.fromarray(mask, mode="L")
 
 
+def control_fields(spec, encoded: bool = False) -> list[dict[str, Any]]:
+    """The `controls` of a spec with a ControlNet: its map is pool image `spec.image` at the spec's size (a PNG in
+    base64 when `encoded`, for the HTTP body)."""
+    if spec.width is None or spec.height is None:
+        raise ValueError("a controlled request needs its size (width and height): the pool draws maps at it")
+    image = pool_image(spec.image or 0, spec.width, spec.height)
+    if encoded:
+        import base64
+
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        image = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return [{"name": spec.control, "image": image}]
+
+
 def edit_images(spec) -> tuple[Image.Image, Image.Image | None]:
     """(the spec's image, its mask or None)."""
     if spec.width is None or spec.height is None:

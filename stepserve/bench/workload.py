@@ -15,7 +15,8 @@ Videos: `frames: [5, 9]` gives each request a frame count (a video model's; draw
 the trace is otherwise the one without it). Such requests run in process only: the images endpoint makes images.
 
 Edits: `edit: {none: 1, image: 1}` with `strength: [0.3, 0.5, 0.8]` makes half the requests image-to-image edits of
-a pooled image (`inpaint`: with a mask; bench/edits.py); such a mix needs `size`.
+a pooled image (`inpaint`: with a mask; bench/edits.py); such a mix needs `size`. ControlNets: `control: {none: 7,
+edge: 3}` gives 30% of the requests the ControlNet `edge` with a pooled image as its map (needs `size` too).
 
 A request may carry a deadline (timeout_s, seconds from its arrival at the engine); a benchmark with deadlines
 puts the same one on every request (Trace.with_timeout, user_requests(timeout_s=...)).
@@ -31,13 +32,13 @@ own SLO, and of the others against the run's.
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from ..util.digits import DIGIT_PROMPTS
+from .choice import Choice
 from ..request.types import SamplingParams
 from ..request.validation import DRAWN_SEED_LIMIT, parse_size
 
@@ -60,7 +61,8 @@ class RequestSpec:
     loras: Any = None  # LoRA adapters: [{"name": ..., "scale": ...}]; None: none
     edit: str | None = None  # "image" (image to image) or "inpaint" (with a mask); None: a generation (bench/edits)
     strength: float | None = None  # an edit's strength; None: the model's default
-    image: int | None = None  # an edit's image: its index in the bench's image pool (bench/edits.py)
+    image: int | None = None  # an edit's image or a control's map: its index in the bench's image pool (bench/edits.py)
+    control: str | None = None  # a ControlNet by name, its map the pool's image `image`; None: no control
     num_frames: int | None = None  # a video model's frames; None: the model's default (an image)
 
     def to_params(self) -> SamplingParams:
@@ -73,6 +75,10 @@ class RequestSpec:
 
             params.image, params.mask_image = edit_images(self)
             params.strength = self.strength
+        if self.control is not None:
+            from .edits import control_fields
+
+            params.controls = control_fields(self)
         return params
 
     def to_http(self) -> dict[str, Any]:
@@ -89,38 +95,15 @@ class RequestSpec:
                 body[name] = value
         if self.negative_prompt:
             body["negative_prompt"] = self.negative_prompt
+        if self.control is not None:
+            from .edits import control_fields
+
+            body["controls"] = control_fields(self, encoded=True)
         return body
 
 
-@dataclass
-class Choice:
-    """A discrete distribution: values with (unnormalised) weights."""
-
-    values: list[Any]
-    weights: list[float]
-
-    @classmethod
-    def of(cls, spec: Any, name: str) -> "Choice":
-        if isinstance(spec, dict):
-            if not spec:
-                raise ValueError(f"mix field {name!r}: the mapping is empty")
-            values, weights = list(spec.keys()), [float(w) for w in spec.values()]
-        elif isinstance(spec, (list, tuple)):
-            if not spec:
-                raise ValueError(f"mix field {name!r}: the list is empty")
-            values, weights = list(spec), [1.0] * len(spec)
-        else:
-            values, weights = [spec], [1.0]
-        if any(w < 0 or not math.isfinite(w) for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"mix field {name!r}: weights must be finite, >= 0 and not all 0")
-        return cls(values, weights)
-
-    def draw(self, rng: random.Random) -> Any:
-        return rng.choices(self.values, weights=self.weights, k=1)[0]
-
-
 MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache", "lora", "edit",
-              "strength", "frames")
+              "strength", "frames", "control")
 
 
 @dataclass
@@ -142,6 +125,8 @@ class Mix:
     strength: Choice = field(default_factory=lambda: Choice([None], [1.0]))
     # a video model's frames per request, drawn from the request's own seed; None: the model's default
     frames: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    # one ControlNet per request, by name ("none": no control), its map a pooled image; from the request's own seed
+    control: Choice = field(default_factory=lambda: Choice([None], [1.0]))
 
     @classmethod
     def from_steps(cls, steps: list[int]) -> "Mix":
@@ -166,8 +151,9 @@ class Mix:
         if edits - set(EDIT_KINDS):
             raise ValueError(f"mix field 'edit': {sorted(map(str, edits - set(EDIT_KINDS)))[0]!r}; allowed: none, "
                              f"{', '.join(EDIT_KINDS)}")
-        if edits and None in mix.size.values:
-            raise ValueError("mix: an edit mix needs `size` (the pool's images are drawn at each request's size)")
+        if (edits or mix.control.values != [None]) and None in mix.size.values:
+            raise ValueError("mix: an edit or control mix needs `size` (the pool's images are drawn at each "
+                             "request's size)")
         return mix
 
     @classmethod
@@ -201,6 +187,13 @@ class Mix:
                 strength = self.strength.draw(edits)
                 spec.edit, spec.image = str(kind), edits.randrange(POOL_SIZE)
                 spec.strength = None if strength is None else float(strength)
+        if self.control.values != [None]:
+            from .edits import POOL_SIZE
+
+            controls = random.Random(f"control-{spec.seed}")
+            name = self.control.draw(controls)
+            if name not in (None, "none", "off"):
+                spec.control, spec.image = str(name), controls.randrange(POOL_SIZE)
         if self.frames.values != [None]:
             frames = self.frames.draw(random.Random(f"frames-{spec.seed}"))
             spec.num_frames = None if frames is None else int(frames)

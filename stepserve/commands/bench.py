@@ -126,6 +126,9 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
         p.add_argument("--lora-dir", metavar="DIR",
                        help="in process: load every *.safetensors in DIR as a LoRA adapter (named by its file name); "
                             "a mix's 'lora' field draws one per request")
+        p.add_argument("--controlnet-dir", metavar="DIR",
+                       help="in process: serve the ControlNets of DIR (one folder per name); a mix's 'control' "
+                            "field draws one per request (docs/CONTROLNET.md)")
         p.add_argument("--quality", action="store_true",
                        help="in process: PSNR / SSIM of every image that used step caching (a mix's 'cache' "
                             "field) against the same request generated without it, beside latency in the report")
@@ -199,9 +202,11 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
     if quality and (args.target or peers or args.model == "fake"):
         raise UsageError("--quality compares images with uncached ones made by the same in-process model: not with "
                          "--target, --peers or --model fake")
-    if getattr(args, "lora_dir", None) and (args.target or peers or args.model == "fake"):
-        raise UsageError("--lora-dir loads adapters into the in-process model: not with --target, --peers or "
-                         "--model fake (start the server with --lora-dir instead)")
+    for flag in ("lora_dir", "controlnet_dir"):
+        if getattr(args, flag, None) and (args.target or peers or args.model == "fake"):
+            name = "--" + flag.replace("_", "-")
+            raise UsageError(f"{name} loads into the in-process model: not with --target, --peers or --model fake "
+                             f"(start the server with {name} instead)")
     if args.latency_model is not None and command == "bench":
         if args.target:
             raise UsageError("--latency-model is for in-process slo contenders; a --target server has its own")
@@ -244,6 +249,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         threads=args.threads, timeout_s=args.timeout_s, timeout_slo=args.timeout_slo,
         latency_model=str(args.latency_model) if args.latency_model is not None else None, peers=peers,
         quality=quality, lora_dir=getattr(args, "lora_dir", None),
+        controlnet_dir=getattr(args, "controlnet_dir", None),
     )
 
 
