@@ -16,11 +16,11 @@ from PIL import Image
 
 EDIT_KINDS = ("image", "inpaint")  # a spec's `edit`; None: a generation
 POOL_SIZE = 16  # images in the pool; a mix draws an edit's image among them
-KINDS = ("generation", *EDIT_KINDS)  # how results are split by kind
+KINDS = ("generation", *EDIT_KINDS, "controlled")  # how results are split by kind
 
 
 def kind_of(spec) -> str:
-    return spec.edit or "generation"
+    return spec.edit or ("controlled" if getattr(spec, "control", None) else "generation")
 
 
 def pool_image(index: int, width: int, height: int) -> Image.Image:

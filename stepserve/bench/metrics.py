@@ -270,7 +270,8 @@ def summarize(result: LoadResult, contender: str, repeat: int, slo_s: float | No
 
 
 def _by_kind(measured: list[Outcome]) -> list[KindLatency]:
-    """Latency per kind of request (generations, image to image, inpainting), when the run has edits."""
+    """Latency per kind of request (generations, image to image, inpainting, with a ControlNet), when the run has
+    more than generations."""
     from .edits import KINDS, kind_of
 
     kinds = {kind_of(o.spec) for o in measured}

@@ -8,7 +8,8 @@ from .results import BenchResults
 
 
 def by_kind(results: BenchResults) -> list[str]:
-    """Generations and edits apart, when the run has edits: p50 / p95, the median over repeats."""
+    """Generations, edits and controlled requests apart, when the run has more than generations: p50 / p95, the
+    median over repeats."""
     kinds = list(dict.fromkeys(k.kind for run in results.runs for k in run.latency_by_kind))
     if not kinds:
         return []

@@ -62,6 +62,9 @@ def test_an_in_process_run_serves_controlled_and_plain_requests(tmp_path, tiny_s
                  "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     run = json.loads((out / "results.json").read_text())["runs"][0]
     assert run["counts"]["completed"] > 0 and run["counts"].get("failed", 0) == 0, run["counts"]
+    kinds = {k["kind"]: k for k in run["latency_by_kind"]}
+    assert set(kinds) == {"generation", "controlled"} and kinds["controlled"]["completed"] > 0, kinds
+    assert "controlled" in (out / "report.md").read_text()
 
 
 def test_controlnet_dir_is_for_the_in_process_model():
