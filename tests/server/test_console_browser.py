@@ -189,3 +189,46 @@ def test_lanes_of_two_replicas_show_up_under_their_names(browser, shots):
             for t in load:
                 t.join(60)
         page.close()
+
+
+def test_the_playground_sends_a_control_image(serve, browser, tmp_path, shots, tiny_sd_path):
+    """With ControlNets served, the playground shows their fields; a chosen ControlNet and image go with the
+    request (as a data: URL, with canny when asked) and the image comes back made with it."""
+    import io
+
+    from control_reference import build_controlnets
+    from edit_images import start_image
+
+    from stepserve.controls.serving import serve_controlnets
+    from stepserve.engine.loading import load_executor
+
+    executor = load_executor(str(tiny_sd_path))
+    serve_controlnets(executor, str(build_controlnets(tiny_sd_path, tmp_path / "controlnets")), None)
+    picture = tmp_path / "map.png"
+    buffer = io.BytesIO()
+    start_image(3, size=32).save(buffer, format="PNG")
+    picture.write_bytes(buffer.getvalue())
+    with serve(strategy="continuous", executor=executor) as server:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.url + "/")
+        page.wait_for_selector("#status.live", timeout=120_000)
+        assert page.locator("#control-set").is_visible()
+        assert page.locator("#control-name option").all_inner_texts() == ["none", "depth", "edge", "pose"]
+        page.select_option("#control-name", "edge")
+        page.click("#generate")  # no image chosen: said on the card, nothing sent
+        page.wait_for_selector(".result .error:not([hidden])", timeout=60_000)
+        assert "choose a control image" in page.inner_text(".result .error")
+        page.set_input_files("#control-image", str(picture))
+        page.fill("#control-scale", "0.7")
+        page.check("#control-canny")
+        page.fill("#steps", "3")
+        with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
+            page.click("#generate")
+        [control] = sent.value.post_data_json["controls"]
+        assert (control["name"], control["scale"], control["preprocess"]) == ("edge", 0.7, "canny")
+        assert control["image"].startswith("data:image/png;base64,")
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
+        loaded = httpx.get(server.url + "/v1/controlnets").json()["data"]
+        assert {c["name"]: c["loaded"] for c in loaded}["edge"] is True  # the request ran with it
+        page.locator("#playground").screenshot(path=str(shots / "playground-controlnet.png"))
+        page.close()

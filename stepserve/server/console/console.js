@@ -124,6 +124,29 @@ function fillForm(m) {
   $("guidance").value = m.default_guidance_scale;
   $("guidance").max = m.max_guidance_scale;
   $("negative-label").hidden = !m.negative_prompt;  // a family that takes none (e.g. distilled Flux) hides it
+  const nets = m.controlnets || [];  // the ControlNets served (--controlnet-dir); none: no ControlNet fields
+  for (const name of nets) $("control-name").add(new Option(name, name));
+  $("control-set").hidden = nets.length === 0;
+}
+
+function readDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function controls() {
+  // the request's `controls` from the ControlNet fields, or null when none is chosen
+  const name = $("control-name").value;
+  if ($("control-set").hidden || !name) return null;
+  const file = $("control-image").files[0];
+  if (!file) throw new Error(`ControlNet ${name}: choose a control image`);
+  const control = {name, image: await readDataURL(file), scale: Number($("control-scale").value)};
+  if ($("control-canny").checked) control.preprocess = "canny";
+  return [control];
 }
 
 // --- recent latency --------------------------------------------------------------------------------------------
@@ -206,6 +229,13 @@ $("gen-form").addEventListener("submit", async (ev) => {
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if (!$("negative-label").hidden && $("negative").value.trim() !== "") body.negative_prompt = $("negative").value;
   const cards = Array.from({length: n}, (_, i) => card(n - 1 - i)).reverse();
+  try {
+    const chosen = await controls();
+    if (chosen) body.controls = chosen;
+  } catch (e) {
+    fail(cards, e.message);
+    return;
+  }
   $("generate").disabled = true;
   try {
     const answer = await fetch("/v1/images/generations", {method: "POST", body: JSON.stringify(body),
