@@ -1,0 +1,96 @@
+"""ControlNets per request on SDXL and Flux.1: a request alone equals the family's diffusers ControlNet pipeline
+(StableDiffusionXLControlNetPipeline, FluxControlNetPipeline; two ControlNets as its Multi model sums them), uint8
+within 1, and in mixed batches (different ControlNets, two, none, different windows, guidance on and off), under
+every strategy, each image is the one it gets alone. A ControlNet of another family is refused naming why."""
+
+import numpy as np
+import pytest
+from control_reference import build_controlnets, diffusers_controlnet, request
+from edit_images import pixels
+
+from stepserve import Engine
+from stepserve.controls.errors import ControlNetError
+from stepserve.scheduling import STRATEGIES
+
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
+FAMILIES = {"sdxl": {"sampler": "dpmpp_2m"}}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(family, its tiny pipeline folder, its ControlNet folder)."""
+    name = request.param
+    root = tmp_path_factory.mktemp(f"control_{name}")
+    if name == "sdxl":
+        from stepserve.tiny.sdxl import build_tiny_sdxl
+
+        pipe = build_tiny_sdxl(root / "pipe")
+    return name, pipe, build_controlnets(pipe, root / "controlnets")
+
+
+def ask(family, i, controls=(), **kw):
+    return request(i, controls, **{**FAMILIES[family[0]], **kw})
+
+
+@pytest.fixture(scope="module")
+def engine(family):
+    return Engine.from_pretrained(str(family[1]), strategy="continuous", max_batch_size=8,
+                                  controlnet_dir=str(family[2]))
+
+
+CASES = [
+    ((("pose", 1.0, 0.0, 1.0),), 5.0),
+    ((("depth", 0.9, 0.1, 0.9),), 1.0),
+    ((("pose", 0.8, 0.0, 0.5), ("depth", 1.2, 0.3, 1.0)), 5.0),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_alone_equals_the_diffusers_controlnet_pipeline(family, engine, case):
+    controls, guidance = CASES[case]
+    p = ask(family, case, controls, guidance=guidance)
+    got = engine.generate([p])[0]
+    assert got.ok, got.error
+    assert np.abs(pixels(got.image) - diffusers_controlnet(family[1], family[2], p, family[0])).max() <= 1
+    plain = engine.generate([ask(family, case, (), guidance=guidance)])[0]
+    assert np.abs(pixels(got.image) - pixels(plain.image)).max() > 4  # the control did change the image
+
+
+def mixed(family):
+    controls = [(), (("pose", 1.0, 0.0, 1.0),), (("depth", 0.6, 0.3, 1.0),),
+                (("pose", 0.8, 0.0, 0.5), ("depth", 1.2, 0.25, 1.0)), (("edge", 1.0, 0.5, 1.0), ("pose", 0.5, 0, 1))]
+    return [ask(family, 20 + i, controls[i], guidance=[5.0, 1.0, 6.0][i % 3], steps=[4, 5][i % 2]) for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def alone(family, engine):
+    return [engine.generate([p])[0] for p in mixed(family)]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_mixed_batches_each_request_its_own_image(family, alone, strategy):
+    engine = Engine.from_pretrained(str(family[1]), strategy=strategy, max_batch_size=5, max_queue_delay_ms=1,
+                                    controlnet_dir=str(family[2]))
+    together = engine.generate(mixed(family))
+    assert all(r.ok for r in together), [r.error for r in together]
+    if strategy != "none":
+        assert max(max(r.timing.batch_sizes) for r in together) > 1, "the requests never shared a batch"
+    for a, b in zip(alone, together):
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+
+
+def test_a_controlnet_of_another_family_is_refused_naming_why(family, engine, tiny_sd_path, tmp_path):
+    from stepserve.tiny.controlnet import build_tiny_controlnet
+
+    store = engine.executor.controlnets()
+    build_tiny_controlnet(tiny_sd_path, store.root / "sd_pose")
+    try:
+        with pytest.raises(ControlNetError, match="does not fit") as err:
+            store.ensure(["sd_pose"])
+        assert family[0] in str(err.value) and "allowed: ControlNets made for this model" in str(err.value)
+        assert "sd_pose" not in store.loaded
+    finally:
+        import shutil
+
+        shutil.rmtree(store.root / "sd_pose")
