@@ -40,12 +40,12 @@ class UNetControls:
 
     def control_problems(self, config: dict) -> list[str]:
         """Why a ControlNet config does not fit this UNet ([] when it does)."""
+        if config.get("_class_name") != "ControlNetModel":
+            return [f"it is a {config.get('_class_name')}, not a ControlNetModel"]
         unet = self.networks.unet.config
         downs = 2 ** (len(config.get("conditioning_embedding_out_channels", (16, 32, 96, 256))) - 1)
         added = config.get("addition_embed_type")
         return [
-            f"it is a {config.get('_class_name')}, not a ControlNetModel"
-            if config.get("_class_name") != "ControlNetModel" else "",
             ("it is made for SDXL (added text and time embeddings)" if added else
              "it is made for SD 1/2 (no added text and time embeddings)") if added != unet.addition_embed_type else "",
             _differs("UNet", config, "projection_class_embeddings_input_dim",
@@ -85,11 +85,11 @@ class FluxControls:
         return FluxControlNetModel
 
     def control_problems(self, config: dict) -> list[str]:
+        if config.get("_class_name") != "FluxControlNetModel":
+            return [f"it is a {config.get('_class_name')}, not a FluxControlNetModel"]
         tr = self.networks.transformer.config
-        inner = config.get("num_attention_heads", 0) * config.get("attention_head_dim", 0)
+        inner = (config.get("num_attention_heads") or 0) * (config.get("attention_head_dim") or 0)
         return [
-            f"it is a {config.get('_class_name')}, not a FluxControlNetModel"
-            if config.get("_class_name") != "FluxControlNetModel" else "",
             "it is a union ControlNet (num_mode: control_mode is not served)" if config.get("num_mode") else "",
             "it takes the image through an input hint block (conditioning_embedding_channels: not served; allowed: "
             "ControlNets that take the VAE-encoded image)" if config.get("conditioning_embedding_channels") else "",

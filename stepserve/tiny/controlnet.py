@@ -12,12 +12,14 @@ from pathlib import Path
 import torch
 
 
-def build_tiny_controlnet(model: str | Path, out: str | Path, *, seed: int = 0, std: float = 0.02) -> Path:
-    """Write the ControlNet folder `out` for the pipeline folder `model` ("embedded" or a path); return it."""
+def build_tiny_controlnet(model: str | Path, out: str | Path, *, seed: int = 0, std: float = 0.02,
+                          depth: tuple[int, int] | None = None) -> Path:
+    """Write the ControlNet folder `out` for the pipeline folder `model` ("embedded" or a path); return it.
+    `depth`: a Flux ControlNet's (num_layers, num_single_layers), the transformer's unless given."""
     from ..pipelines.folder import resolve_model_path
 
     folder = Path(resolve_model_path(str(model)))
-    controlnet, zeroed = _flux(folder) if (folder / "transformer").is_dir() else _unet(folder)
+    controlnet, zeroed = _flux(folder, depth) if (folder / "transformer").is_dir() else _unet(folder)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in zeroed:
@@ -38,13 +40,14 @@ def _unet(folder: Path):
                         controlnet.controlnet_cond_embedding.conv_out]
 
 
-def _flux(folder: Path):
+def _flux(folder: Path, depth: tuple[int, int] | None):
     from diffusers import FluxControlNetModel, FluxTransformer2DModel
 
     transformer = FluxTransformer2DModel.from_pretrained(folder / "transformer")
     c = transformer.config
+    layers, single = depth or (c.num_layers, c.num_single_layers)
     controlnet = FluxControlNetModel.from_transformer(
-        transformer, num_layers=c.num_layers, num_single_layers=c.num_single_layers,
+        transformer, num_layers=layers, num_single_layers=single,
         attention_head_dim=c.attention_head_dim, num_attention_heads=c.num_attention_heads)
     return controlnet, [*controlnet.controlnet_blocks, *controlnet.controlnet_single_blocks,
                         controlnet.controlnet_x_embedder]

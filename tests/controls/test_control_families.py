@@ -14,7 +14,7 @@ from stepserve.scheduling import STRATEGIES
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
-FAMILIES = {"sdxl": {"sampler": "dpmpp_2m"}}
+FAMILIES = {"sdxl": {"sampler": "dpmpp_2m"}, "flux": {"sampler": "flow_euler"}}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -26,6 +26,10 @@ def family(request, tmp_path_factory):
         from stepserve.tiny.sdxl import build_tiny_sdxl
 
         pipe = build_tiny_sdxl(root / "pipe")
+    else:
+        from stepserve.tiny.flux import build_tiny_flux
+
+        pipe = build_tiny_flux(root / "pipe")
     return name, pipe, build_controlnets(pipe, root / "controlnets")
 
 
@@ -94,3 +98,65 @@ def test_a_controlnet_of_another_family_is_refused_naming_why(family, engine, ti
         import shutil
 
         shutil.rmtree(store.root / "sd_pose")
+
+
+def test_cached_rows_and_control_rows_share_a_forward(family, engine):
+    """Rows that cache steps (fbcache) beside rows with controls: each image is its own alone, and the cached rows
+    still skip work."""
+    reqs = [ask(family, 30, (), cache={"policy": "fbcache", "threshold": 0.5}),
+            ask(family, 31, (("pose", 1.0, 0.0, 1.0),)),
+            ask(family, 32, (), cache={"policy": "fbcache", "threshold": 0.5}, guidance=1.0),
+            ask(family, 33, (("depth", 0.8, 0.0, 1.0), ("pose", 0.6, 0.2, 1.0)), guidance=1.0)]
+    alone = [engine.generate([p])[0] for p in reqs]
+    together = engine.generate(reqs)
+    assert all(r.ok for r in together), [r.error for r in together]
+    assert max(together[0].timing.batch_sizes) == 4
+    assert together[0].timing.cached_steps > 0
+    for a, b in zip(alone, together):
+        assert a.timing.cached_steps == b.timing.cached_steps
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+
+
+@pytest.mark.parametrize("family", ["flux"], indirect=True)
+def test_flux_controlnets_of_different_depths(family, engine):
+    """Two ControlNets whose outputs cannot be summed (different depths): a request naming both fails alone,
+    saying why; requests each using one of them in the same batch still get their own images."""
+    from stepserve.tiny.controlnet import build_tiny_controlnet
+
+    store = engine.executor.controlnets()
+    build_tiny_controlnet(family[1], store.root / "deep", seed=9, std=0.05, depth=(1, 2))
+    try:
+        both, fine = engine.generate([ask(family, 60, (("pose", 1.0, 0.0, 1.0), ("deep", 1.0, 0.0, 1.0)), steps=3),
+                                      ask(family, 61, (("pose", 1.0, 0.0, 1.0),), steps=3)])
+        assert not both.ok and "different numbers of block outputs" in both.error and "deep" in both.error
+        assert fine.ok
+        reqs = [ask(family, 62, (("pose", 1.0, 0.0, 1.0),), steps=3), ask(family, 63, (("deep", 0.8, 0, 1),), steps=3)]
+        alone = [engine.generate([p])[0] for p in reqs]
+        together = engine.generate(reqs)
+        assert all(r.ok for r in together), [r.error for r in together]
+        for a, b in zip(alone, together):
+            assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    finally:
+        import shutil
+
+        shutil.rmtree(store.root / "deep")
+
+
+@pytest.mark.parametrize("family", ["flux"], indirect=True)
+@pytest.mark.parametrize("key,value,says", [("num_mode", 10, "union ControlNet"),
+                                            ("conditioning_embedding_channels", 16, "input hint block")])
+def test_flux_controlnets_not_served_are_refused_naming_why(family, engine, key, value, says):
+    import json
+    import shutil
+
+    store = engine.executor.controlnets()
+    folder = store.root / "odd"
+    shutil.copytree(store.root / "pose", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    try:
+        with pytest.raises(ControlNetError, match=says):
+            store.ensure(["odd"])
+        assert "odd" not in store.loaded
+    finally:
+        shutil.rmtree(folder)

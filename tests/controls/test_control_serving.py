@@ -45,6 +45,6 @@ def test_a_family_without_controlnets_is_refused(tmp_path):
 
     executor = load_executor(str(build_tiny_sd3(tmp_path / "sd3")))
     assert not executor.model_info.controls
-    with pytest.raises(ValueError, match=r"\(sd3 family\) runs no ControlNets here; they are served for SD 1/2 and "
-                                         r"SDXL models on the torch backend"):
+    with pytest.raises(ValueError, match=r"\(sd3 family\) runs no ControlNets here; they are served for SD 1/2, "
+                                         r"SDXL and Flux.1 models on the torch backend"):
         serve_controlnets(executor, str(tmp_path), None)
