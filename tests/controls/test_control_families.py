@@ -160,3 +160,29 @@ def test_flux_controlnets_not_served_are_refused_naming_why(family, engine, key,
         assert "odd" not in store.loaded
     finally:
         shutil.rmtree(folder)
+
+
+def test_each_controlnet_runs_once_per_step_on_its_rows(family, monkeypatch):
+    engine = Engine.from_pretrained(str(family[1]), strategy="static", static_batch_size=3, max_batch_size=3,
+                                    controlnet_dir=str(family[2]))
+    store = engine.executor.controlnets()
+    seen: dict[str, list[int]] = {}
+    ensure = store.ensure
+
+    def counted(net, name):
+        def run(*args, **kwargs):
+            sample = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            seen.setdefault(name, []).append(sample.shape[0])
+            return net(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m, n) for n, m in ensure(names).items()})
+    guided = 2 if family[0] == "sdxl" else 1  # SDXL's guided request has two rows; Flux has one row per request
+    results = engine.generate([ask(family, 70, (), steps=4), ask(family, 71, (("pose", 1.0, 0.0, 1.0),), steps=4),
+                               ask(family, 72, (("pose", 0.5, 0.0, 1.0), ("depth", 1.0, 0.0, 0.5)), steps=4,
+                                   guidance=1.0)])
+    assert all(r.timing.batch_sizes == [3] * 4 for r in results)  # one batch of three, four steps
+    assert seen == {"pose": [guided + 1] * 4, "depth": [1] * 2}  # depth: the first half of the schedule only
+    seen.clear()
+    engine.generate([ask(family, 73, (), steps=2), ask(family, 74, (), steps=2, guidance=1.0)])
+    assert seen == {}  # a batch without controls runs no ControlNet
