@@ -1,4 +1,5 @@
-"""ControlNet references for tests: diffusers' own StableDiffusionControlNetPipeline (a MultiControlNetModel for
+"""ControlNet references for tests: diffusers' own ControlNet pipelines (StableDiffusionControlNetPipeline,
+StableDiffusionXLControlNetPipeline, FluxControlNetPipeline; a MultiControlNetModel / FluxMultiControlNetModel for
 several ControlNets) run alone per request, and the ControlNet folders the tests serve."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from edit_images import start_image
 from stepserve import SamplingParams
 
 NAMES = ("pose", "depth", "edge")
+PIPELINES = {"sd": "StableDiffusionControlNetPipeline", "sdxl": "StableDiffusionXLControlNetPipeline",
+             "flux": "FluxControlNetPipeline"}
 
 
 def build_controlnets(pipe, out):
@@ -21,30 +24,37 @@ def build_controlnets(pipe, out):
     return out
 
 
-def request(i, controls=(), guidance=4.0, steps=6, **extra) -> SamplingParams:
-    """SD request `i` (16x16, dpmpp_2m) with `controls`: (name, scale, start, end) each, with an image of its own."""
+def request(i, controls=(), guidance=4.0, steps=6, sampler="dpmpp_2m", **extra) -> SamplingParams:
+    """Request `i` (16x16) with `controls`: (name, scale, start, end) each, with an image of its own."""
     return SamplingParams(prompt=f"a small cat {i}", seed=700 + i, num_inference_steps=steps,
-                          guidance_scale=guidance, sampler="dpmpp_2m", height=16, width=16,
+                          guidance_scale=guidance, sampler=sampler, height=16, width=16,
                           controls=[{"name": n, "image": start_image(10 * i + k, size=[16, 24][k % 2]), "scale": s,
                                      "start": a, "end": b} for k, (n, s, a, b) in enumerate(controls)], **extra)
 
 
-def diffusers_controlnet(path, folder, p: SamplingParams) -> np.ndarray:
-    """uint8 values (as int16) of request `p` by StableDiffusionControlNetPipeline with its ControlNets."""
+def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") -> np.ndarray:
+    """uint8 values (as int16) of request `p` by the family's diffusers ControlNet pipeline with its ControlNets."""
     import diffusers
 
-    nets = [diffusers.ControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
-    pipe = diffusers.StableDiffusionControlNetPipeline.from_pretrained(
-        path, controlnet=nets[0] if len(nets) == 1 else nets, safety_checker=None)
+    several = len(p.controls) > 1
+    if family == "flux":
+        nets = [diffusers.FluxControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
+        net = diffusers.FluxMultiControlNetModel(nets) if several else nets[0]
+        pipe = diffusers.FluxControlNetPipeline.from_pretrained(path, controlnet=net)
+    else:
+        nets = [diffusers.ControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
+        extra = {"add_watermarker": False} if family == "sdxl" else {"safety_checker": None}
+        pipe = getattr(diffusers, PIPELINES[family]).from_pretrained(
+            path, controlnet=nets if several else nets[0], **extra)
+        pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
-    pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
-    several = len(nets) > 1
 
     def each(key):
         values = [c[key] for c in p.controls]
         return values if several else values[0]
 
-    image = pipe(p.prompt, image=each("image"), height=p.height, width=p.width,
+    image = pipe(p.prompt, **{"control_image" if family == "flux" else "image": each("image")},
+                 height=p.height, width=p.width,
                  num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
                  controlnet_conditioning_scale=each("scale"), control_guidance_start=each("start"),
                  control_guidance_end=each("end"), generator=torch.Generator("cpu").manual_seed(p.seed),

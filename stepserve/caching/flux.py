@@ -13,6 +13,8 @@ sequence of operations as the model's forward (a test checks equality)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -24,17 +26,28 @@ def _gather(x: Tensor, at: Tensor | None) -> Tensor:
     return x if at is None else x.index_select(0, at)
 
 
-def _blocks(blocks, hs: Tensor, ehs: Tensor, temb: Tensor, rotary) -> tuple[Tensor, Tensor]:
-    for block in blocks:
+def _control(hs: Tensor, samples, count: int, k: int) -> Tensor:
+    """After block k of `count`, FluxTransformer2DModel adds ControlNet output k // ceil(count / len(samples))
+    (stepserve/controls; zeros for rows without a control)."""
+    return hs + samples[k // math.ceil(count / len(samples))] if samples else hs
+
+
+def _blocks(blocks, hs: Tensor, ehs: Tensor, temb: Tensor, rotary, samples=None, count: int = 0,
+            first: int = 0) -> tuple[Tensor, Tensor]:
+    for k, block in enumerate(blocks, start=first):
         ehs, hs = block(hidden_states=hs, encoder_hidden_states=ehs, temb=temb, image_rotary_emb=rotary)
+        hs = _control(hs, samples, count, k)
     return hs, ehs
 
 
 @torch.no_grad()
 def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_states: Tensor,
                  pooled_projections: Tensor, img_ids: Tensor, txt_ids: Tensor, guidance: Tensor | None,
-                 rows: list[RowCache | None]) -> Tensor:
-    """The transformer's prediction for every row; `rows[i]` says how row i caches (None: it does not)."""
+                 rows: list[RowCache | None], controlnet_block_samples=None,
+                 controlnet_single_block_samples=None) -> Tensor:
+    """The transformer's prediction for every row; `rows[i]` says how row i caches (None: it does not);
+    `controlnet_*`: the rows' ControlNet outputs, as the transformer takes them."""
+    double, single = controlnet_block_samples or (), controlnet_single_block_samples or ()
     hs0 = tr.x_embedder(hidden_states)
     timestep = timestep.to(hs0.dtype) * 1000
     if guidance is not None:
@@ -58,6 +71,8 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
         with rows_subset(head_rows):  # LoRA adapters (stepserve/lora) follow their rows
             ehs1, hs1 = first(hidden_states=hs_in, encoder_hidden_states=_gather(ehs0, at),
                               temb=_gather(temb, at), image_rotary_emb=rotary)
+        double = [_gather(x, at) for x in double]
+        hs1 = _control(hs1, double, len(tr.transformer_blocks), 0)
 
     # fbcache rows whose first-block residual barely moved skip the other blocks
     head = [rows[i] if rows[i] is not None and rows[i].spec.policy == "fbcache" else None for i in head_rows]
@@ -69,8 +84,10 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
         at2 = None if len(tail_rows) == len(head_rows) else index_of(tail_rows, hs0.device)
         temb_t = _gather(_gather(temb, at), at2)
         with rows_subset([head_rows[k] for k in tail_rows]):
-            hs_t, ehs_t = _blocks(tr.transformer_blocks[1:], _gather(hs1, at2), _gather(ehs1, at2), temb_t, rotary)
-            hs_t, ehs_t = _blocks(tr.single_transformer_blocks, hs_t, ehs_t, temb_t, rotary)
+            hs_t, ehs_t = _blocks(tr.transformer_blocks[1:], _gather(hs1, at2), _gather(ehs1, at2), temb_t, rotary,
+                                  [_gather(x, at2) for x in double], len(tr.transformer_blocks), first=1)
+            hs_t, ehs_t = _blocks(tr.single_transformer_blocks, hs_t, ehs_t, temb_t, rotary,
+                                  [_gather(_gather(x, at), at2) for x in single], len(tr.single_transformer_blocks))
 
     if len(tail_rows) == n:
         out_hs = hs_t

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# Where ControlNets run: the words of every refusal that says so (docs/CONTROLNET.md, Limits).
+SERVED_FOR = "SD 1/2, SDXL and Flux.1 models on the torch backend, without --compile/--deterministic"
+
 
 class ControlNetError(ValueError):
     """A ControlNet that cannot be named, loaded or served; the message says which and why (HTTP 400)."""
@@ -24,6 +27,5 @@ class ControlNetBudgetError(ControlNetError):
 
 def unknown_name(name: object, served: Iterable[str]) -> str:
     """The one "not served" message: the name and the names that are."""
-    names = ", ".join(sorted(served)) or "none (ControlNets need an SD 1/2 model on the torch backend and " \
-                                        "--controlnet-dir)"
+    names = ", ".join(sorted(served)) or f"none (ControlNets need --controlnet-dir, and are served for {SERVED_FOR})"
     return f"ControlNet {str(name)[:80]!r} is not served; served: {names}"

@@ -1,8 +1,10 @@
-"""A request's control images prepared once (at its first step), and a step's per-row ControlNet residuals.
+"""A request's control images prepared once (at its first step), and a step's per-row ControlNet outputs.
 
 Each ControlNet in use at a step runs once, on the rows that use it at this step (a control outside its window
-weighs 0: its rows skip it); its residuals are weighted per row by the row's scale and added up per row in the
-request's own order of controls, as diffusers' MultiControlNetModel sums them; rows without a control get zeros.
+weighs 0: its rows skip it); its outputs are weighted per row by the row's scale and added up per row in the
+request's own order of controls, as diffusers' MultiControlNetModel (FluxMultiControlNetModel) sums them; rows
+without a control get zeros. What a ControlNet takes and gives is the family's (pipelines/control_inputs.py): the
+adapter's `control_image` and `control_forward`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .errors import ControlNetError
 from .spec import Control
 
 
@@ -20,23 +23,37 @@ class Prepared:
     """A control ready for the steps: what the request asked, and its image as the ControlNet takes it."""
 
     control: Control
-    pixels: Tensor  # (1, 3, H, W) in [0, 1], at the request's size, on the device in the pipeline's dtype
+    image: Tensor  # (1, ...): SD/SDXL pixels in [0, 1], Flux packed latents; on the device in the pipeline's dtype
 
 
-def prepare(pipeline, params) -> list[Prepared]:
-    """The request's control images as StableDiffusionControlNetPipeline.prepare_image makes them: resized to the
-    request's size, RGB, [0, 1] floats (no normalisation)."""
-    from diffusers.image_processor import VaeImageProcessor
-
-    processor = VaeImageProcessor(vae_scale_factor=pipeline.vae_scale_factor, do_convert_rgb=True,
-                                  do_normalize=False)
-    return [Prepared(c, processor.preprocess(c.image, height=params.height, width=params.width)
-                     .to(dtype=torch.float32).to(pipeline.device, pipeline.dtype)) for c in params.controls]
+def prepare(pipeline, params, generator=None) -> list[Prepared]:
+    """The request's control images as the family's ControlNet pipeline prepares them (`generator`: the request's,
+    for a family that samples the control image's latents)."""
+    return [Prepared(c, pipeline.control_image(c.image, params, generator)) for c in params.controls]
 
 
-def residuals(store, sample: Tensor, timesteps: Tensor, hidden: Tensor, rows: list) -> dict[str, object]:
-    """The UNet's control keywords for the step's rows. `rows[i]`: (the Prepared controls of row i's request,
-    its step, its number of steps). Empty when no row has a control weighing anything at this step."""
+def _flatten(out: dict) -> tuple[list, list[Tensor]]:
+    """{keyword: tensor or tuple of tensors} -> (its structure, the tensors in order)."""
+    shape, flat = [], []
+    for key, value in out.items():
+        many = isinstance(value, (tuple, list))
+        shape.append((key, len(value) if many else None))
+        flat.extend(value if many else [value])
+    return shape, flat
+
+
+def _unflatten(shape: list, flat: list[Tensor]) -> dict:
+    out, at = {}, 0
+    for key, n in shape:
+        out[key] = tuple(flat[at:at + n]) if n is not None else flat[at]
+        at += 1 if n is None else n
+    return out
+
+
+def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: dict, rows: list) -> dict:
+    """The denoiser's control keywords for the step's rows. `conditioning`: the rows' collated conditioning;
+    `rows[i]`: (the Prepared controls of row i's request, its step, its number of steps). Empty when no row has a
+    control weighing anything at this step."""
     uses: dict[str, list[tuple[int, float, Tensor]]] = {}  # name -> (row, weight, image) of the rows using it
     order: list[list[str]] = []  # per row: the ControlNets it uses now, in its request's order
     for i, (prepared, step, steps) in enumerate(rows):
@@ -44,21 +61,29 @@ def residuals(store, sample: Tensor, timesteps: Tensor, hidden: Tensor, rows: li
         for p in prepared or ():
             weight = p.control.weight(step, steps)
             if weight:
-                uses.setdefault(p.control.name, []).append((i, weight, p.pixels))
+                uses.setdefault(p.control.name, []).append((i, weight, p.image))
                 names.append(p.control.name)
         order.append(names)
     if not uses:
         return {}
     nets = store.ensure(list(uses))
     outputs: dict[str, tuple[dict[int, int], list[Tensor]]] = {}
+    shapes = {}
     for name, used in uses.items():
         at = [i for i, _, _ in used]
         index = torch.tensor(at, device=sample.device)
-        down, mid = nets[name](
-            sample.index_select(0, index), timesteps.index_select(0, index), hidden.index_select(0, index),
-            controlnet_cond=torch.cat([pixels for _, _, pixels in used]), conditioning_scale=1.0, return_dict=False)
-        weight = torch.tensor([w for _, w, _ in used], dtype=mid.dtype, device=mid.device).view(-1, 1, 1, 1)
-        outputs[name] = ({row: j for j, row in enumerate(at)}, [r * weight for r in (*down, mid)])
+        picked = {k: v.index_select(0, index) for k, v in conditioning.items()}
+        out = pipeline.control_forward(nets[name], sample.index_select(0, index), timesteps.index_select(0, index),
+                                       picked, torch.cat([image for _, _, image in used]))
+        shapes[name], flat = _flatten(out)
+        weight = torch.tensor([w for _, w, _ in used], dtype=flat[0].dtype, device=flat[0].device)
+        outputs[name] = ({row: j for j, row in enumerate(at)},
+                         [r * weight.view(-1, *[1] * (r.dim() - 1)) for r in flat])
+    shape = next(iter(shapes.values()))
+    if any(s != shape for s in shapes.values()):
+        raise ControlNetError(f"the ControlNets {', '.join(sorted(shapes))} give different numbers of block "
+                              f"outputs ({'; '.join(f'{n}: {s}' for n, s in sorted(shapes.items()))}), so they "
+                              f"cannot share one forward; allowed: ControlNets of the same depth")
     parts = next(iter(outputs.values()))[1]
     total = [torch.zeros((len(rows), *p.shape[1:]), dtype=p.dtype, device=p.device) for p in parts]
     for slot in range(max(len(names) for names in order)):  # each row adds its controls in its own order
@@ -70,4 +95,4 @@ def residuals(store, sample: Tensor, timesteps: Tensor, hidden: Tensor, rows: li
             take = torch.tensor([where[i] for i in at], device=sample.device)
             for t, r in zip(total, res):
                 t.index_add_(0, into, r.index_select(0, take))
-    return {"down_block_additional_residuals": tuple(total[:-1]), "mid_block_additional_residual": total[-1]}
+    return _unflatten(shape, total)

@@ -16,8 +16,10 @@ def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | Non
     if not root.is_dir():
         raise ValueError(f"controlnet_dir {controlnet_dir!r} is not a folder")
     if not hasattr(executor, "controlnets") or not getattr(executor.pipeline, "runs_controls", False):
-        raise ValueError("controlnet_dir: ControlNets are served for SD 1/2 models on the torch backend, without "
-                         "--compile/--deterministic")
+        from .errors import SERVED_FOR
+
+        raise ValueError(f"controlnet_dir: {executor.pipeline.info.name} ({executor.pipeline.family} family) runs no "
+                         f"ControlNets here; they are served for {SERVED_FOR}")
     budget = None if memory_mb is None else int(memory_mb * 2**20)
     store = executor.controlnets(root, budget)
     names = sorted(store.names)

@@ -36,7 +36,7 @@ def discover(root: Path | None) -> dict[str, Path]:
 
 
 class ControlNetStore:
-    """ControlNets by name for one SD pipeline (`pipeline.unet`: the UNet they must match)."""
+    """ControlNets by name for one pipeline (a family adapter with pipelines/control_inputs.py's methods)."""
 
     def __init__(self, pipeline, root: str | Path | None, budget_bytes: int | None = None) -> None:
         self.pipeline = pipeline
@@ -97,10 +97,8 @@ class ControlNetStore:
         if folder is None:
             raise ControlNetError(unknown_name(name, self.names))
         self._check_config(name, json.loads((folder / "config.json").read_text()))
-        from diffusers import ControlNetModel
-
         try:
-            module = ControlNetModel.from_pretrained(folder, torch_dtype=self.pipeline.dtype)
+            module = self.pipeline.controlnet_class().from_pretrained(folder, torch_dtype=self.pipeline.dtype)
         except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a folder it cannot read
             raise ControlNetError(f"ControlNet {name!r}: its folder does not load as a diffusers ControlNet: "
                                   f"{str(exc)[:200]}") from None
@@ -109,28 +107,13 @@ class ControlNetStore:
         self.loaded[name] = Loaded(module.to(self.pipeline.device).eval(), size)
 
     def _check_config(self, name: str, config: dict) -> None:
-        """The folder is a ControlNet of this model's UNet (SD 1/2: no added embeddings, the same blocks and text
-        width, a conditioning embedding that lands on the latents' grid)."""
-        unet = self.pipeline.unet.config
-        downs = 2 ** (len(config.get("conditioning_embedding_out_channels", (16, 32, 96, 256))) - 1)
-        problems = [
-            f"it is a {config.get('_class_name')}, not a ControlNetModel"
-            if config.get("_class_name") != "ControlNetModel" else "",
-            "it is made for SDXL (added text and time embeddings)" if config.get("addition_embed_type") else "",
-            "it pools its conditions (global_pool_conditions: guess mode, not served)"
-            if config.get("global_pool_conditions") else "",
-            f"its cross_attention_dim {config.get('cross_attention_dim')} is not the UNet's "
-            f"{unet.cross_attention_dim}" if config.get("cross_attention_dim") != unet.cross_attention_dim else "",
-            f"its block_out_channels {config.get('block_out_channels')} are not the UNet's "
-            f"{list(unet.block_out_channels)}"
-            if list(config.get("block_out_channels", ())) != list(unet.block_out_channels) else "",
-            f"its conditioning embedding scales images down {downs}x, the VAE {self.pipeline.vae_scale_factor}x"
-            if downs != self.pipeline.vae_scale_factor else "",
-        ]
-        problems = [p for p in problems if p]
+        """The folder is a ControlNet of this model's denoiser (the family says what must match:
+        pipelines/control_inputs.py)."""
+        problems = [p for p in self.pipeline.control_problems(config) if p]
         if problems:
-            raise ControlNetError(f"ControlNet {name!r} does not fit {self.pipeline.info.name}: "
-                                  f"{'; '.join(problems)}; allowed: ControlNets made for this SD 1/2 model")
+            raise ControlNetError(f"ControlNet {name!r} does not fit {self.pipeline.info.name} "
+                                  f"({self.pipeline.family}): {'; '.join(problems)}; allowed: ControlNets made for "
+                                  f"this model")
 
     def _fits(self, name: str, size: int, keep: set[str]) -> None:
         if self.budget_bytes is None:

@@ -135,7 +135,7 @@ class TorchExecutor:
             r.conditioning = conditioning
             if r.params.controls:  # its control images, prepared once (stepserve/controls)
                 self._controlnets.ensure([c.name for c in r.params.controls])  # loaded on first use
-                r.controls = controls.prepare(p, r.params)
+                r.controls = controls.prepare(p, r.params, generator)  # before the noise, as diffusers
             schedule = p.schedule(r.params)
             if schedule.num_steps != r.num_inference_steps:  # every sampler's table has one entry per step asked
                 raise RuntimeError(f"the {r.params.sampler} schedule has {schedule.num_steps} steps for "
@@ -200,8 +200,7 @@ class TorchExecutor:
     def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
         """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it."""
         row_requests = requests + [requests[i] for i in guided]
-        return controls.residuals(self._controlnets, rows, t_rows.to(rows.device),
-                                  conditioning["encoder_hidden_states"],
+        return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
                                   [(r.controls, r.step, r.num_inference_steps) for r in row_requests])
 
     def _decode(self, requests: list[Request]) -> None:

@@ -20,6 +20,7 @@ from PIL import Image
 from ..backends import Networks
 from ..backends.torch_networks import TorchNetworks
 from ..request.types import SAMPLER_NAMES, SCHEDULER_CLASSES, ModelInfo, SamplingParams
+from .control_inputs import UNetControls
 from .family import Conditioning, FamilyAdapter
 from .prompt_cache import PromptCache
 from .vae import to_pil, vae_scale_factor_of
@@ -46,7 +47,7 @@ FALLBACK_STEPS = 25
 FALLBACK_GUIDANCE = 7.5
 
 
-class StableDiffusionAdapter(FamilyAdapter):
+class StableDiffusionAdapter(UNetControls, FamilyAdapter):
     """One SD 1/2 pipeline: tokenizer, configs and the three networks (see stepserve.backends for how they run).
     `unet`, `vae` and `text_encoder` are the torch modules on the torch backend and None on the others."""
 

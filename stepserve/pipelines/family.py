@@ -40,7 +40,9 @@ How to add a family (SD 1/2 in diffusers_sd.py and SDXL in sdxl.py are worked ex
      `size = (height, width)` (what unpacking needs); `vae.to_pil` rounds as diffusers' image processor does.
    - Optionally `schedule_options(params)`: extra keywords for `sampling.build_schedule` (Flux: `mu` from the
      requested size), or override `schedule(params)` entirely; `collate(rows)` when rows of one step can differ
-     in shape (pad + mask); `combine_guidance(cond, uncond, scale)` when CFG is not the plain formula.
+     in shape (pad + mask); `combine_guidance(cond, uncond, scale)` when CFG is not the plain formula;
+     ControlNets (stepserve/controls): a mixin of control_inputs.py (or one like it) and a `runs_controls`
+     property, the denoiser passing the control keywords through.
 3. Register it: one line in `registry.py`'s `FAMILIES`, from the model_index.json `_class_name` to
    "module:Class". `Engine.from_pretrained`, `stepserve serve --model` and the bench then load it (backend
    torch; the exported backends stay SD 1/2 only).

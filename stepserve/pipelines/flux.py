@@ -28,6 +28,7 @@ from PIL import Image
 
 from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
+from .control_inputs import FluxControls
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info
@@ -63,10 +64,11 @@ class FluxTorchNetworks:
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
                 pooled_projections: torch.Tensor, img_ids: torch.Tensor, txt_ids: torch.Tensor,
-                guidance: torch.Tensor | None = None) -> torch.Tensor:
+                guidance: torch.Tensor | None = None, **controls) -> torch.Tensor:
+        """`controls`: ControlNet outputs (controlnet_block_samples, controlnet_single_block_samples)."""
         return self.transformer(hidden_states=sample, timestep=timestep, guidance=guidance,
                                 pooled_projections=pooled_projections, encoder_hidden_states=encoder_hidden_states,
-                                txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+                                txt_ids=txt_ids, img_ids=img_ids, return_dict=False, **controls)[0]
 
     cache_policies = ("fbcache", "magcache")  # stepserve/caching
 
@@ -80,13 +82,13 @@ class FluxTorchNetworks:
     @torch.no_grad()
     def denoise_cached(self, sample: torch.Tensor, timestep: torch.Tensor, rows: list, *,
                        encoder_hidden_states: torch.Tensor, pooled_projections: torch.Tensor, img_ids: torch.Tensor,
-                       txt_ids: torch.Tensor, guidance: torch.Tensor | None = None) -> torch.Tensor:
+                       txt_ids: torch.Tensor, guidance: torch.Tensor | None = None, **controls) -> torch.Tensor:
         """denoise, each row caching as `rows` says (stepserve/caching)."""
         from ..caching.flux import flux_forward
 
         return flux_forward(self.transformer, sample, timestep, encoder_hidden_states=encoder_hidden_states,
                             pooled_projections=pooled_projections, img_ids=img_ids, txt_ids=txt_ids,
-                            guidance=guidance, rows=rows)
+                            guidance=guidance, rows=rows, **controls)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -120,7 +122,7 @@ def latent_image_ids(h: int, w: int, device=None, dtype=torch.float32) -> torch.
     return ids.reshape(-1, 3).to(device=device, dtype=dtype)
 
 
-class FluxAdapter(FamilyAdapter):
+class FluxAdapter(FluxControls, FamilyAdapter):
     """A loaded Flux.1 pipeline: tokenizers, the networks (torch), configs."""
 
     family = "flux"
@@ -247,6 +249,11 @@ class FluxAdapter(FamilyAdapter):
             if cache is not None:
                 return self.networks.denoise_cached(sample, timestep, cache, img_ids=img_ids[0], **kwargs)
             return self.networks.denoise(sample, timestep, img_ids=img_ids[0], **kwargs)
+
+    @property
+    def runs_controls(self) -> bool:
+        """ControlNets (stepserve/controls, pipelines/control_inputs.py) run beside the torch transformer."""
+        return isinstance(self.networks, FluxTorchNetworks)
 
     @torch.no_grad()
     def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:

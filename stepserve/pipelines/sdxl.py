@@ -27,6 +27,7 @@ from PIL import Image
 
 from ..request.types import SamplingParams
 from .diffusers_sd import model_info_for
+from .control_inputs import UNetControls
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_decode, vae_dtype, vae_scale_factor_of
 from .folder import PipelineFolder
@@ -53,9 +54,11 @@ class SDXLNetworks:
 
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                text_embeds: torch.Tensor, time_ids: torch.Tensor) -> torch.Tensor:
+                text_embeds: torch.Tensor, time_ids: torch.Tensor, **controls) -> torch.Tensor:
+        """`controls`: ControlNet residuals (down_block_additional_residuals, mid_block_additional_residual)."""
         return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states,
-                         added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, return_dict=False)[0]
+                         added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, return_dict=False,
+                         **controls)[0]
 
     @property
     def cache_policies(self) -> tuple[str, ...]:
@@ -67,12 +70,12 @@ class SDXLNetworks:
     @torch.no_grad()
     def denoise_cached(self, sample: torch.Tensor, timestep: torch.Tensor, rows: list,
                        encoder_hidden_states: torch.Tensor, text_embeds: torch.Tensor,
-                       time_ids: torch.Tensor) -> torch.Tensor:
+                       time_ids: torch.Tensor, **controls) -> torch.Tensor:
         """denoise, each row caching as `rows` says (stepserve/caching)."""
         from ..caching.unet import unet_forward
 
         return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows,
-                            added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids})
+                            added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, **controls)
 
     @torch.no_grad()
     def encode_image(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -93,7 +96,7 @@ class SDXLNetworks:
         return vae_decode(self.vae, latents)
 
 
-class StableDiffusionXLAdapter(FamilyAdapter):
+class StableDiffusionXLAdapter(UNetControls, FamilyAdapter):
     family = "sdxl"
     lora_loader = ("diffusers.loaders.lora_pipeline:StableDiffusionXLLoraLoaderMixin", "unet")  # stepserve/lora
 
@@ -197,3 +200,8 @@ class StableDiffusionXLAdapter(FamilyAdapter):
 
     def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         return to_pil(self.networks.decode(latents))
+
+    @property
+    def runs_controls(self) -> bool:
+        """ControlNets (stepserve/controls) run beside the torch UNet (not the fast path)."""
+        return isinstance(self.networks, SDXLNetworks)

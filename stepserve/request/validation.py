@@ -8,6 +8,7 @@ import secrets
 from typing import NamedTuple
 
 from ..caching.spec import CacheSpecError, parse_cache
+from ..controls.errors import SERVED_FOR
 from ..controls.spec import ControlSpecError, parse_controls
 from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
@@ -172,8 +173,7 @@ def _controls(p: SamplingParams, model: ModelInfo, image) -> tuple:
         return ()
     if not model.controls:
         raise ValidationError("controls", f"{model.name} ({model.family} family) takes no ControlNets here; "
-                                          f"allowed: none (ControlNets are served for SD 1/2 models on the torch "
-                                          f"backend, without --compile/--deterministic)")
+                                          f"allowed: none (ControlNets are served for {SERVED_FOR})")
     if image is not None:
         raise ValidationError("controls", "go with text to image here; allowed: no image with controls")
     if p.cache is not None and parse_cache(p.cache, model) is not None:

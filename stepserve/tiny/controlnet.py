@@ -1,8 +1,8 @@
-"""A random ControlNet for a local SD 1/2 pipeline folder, written offline as diffusers writes one (a folder with
-config.json and diffusion_pytorch_model.safetensors). For tests and benchmarks: made from the folder's UNet
-(`ControlNetModel.from_unet`) with its zero convolutions and its conditioning embedding's last layer given small
-random weights, so that it changes the image without swamping it; its conditioning embedding scales images down
-as the folder's VAE does."""
+"""A random ControlNet for a local SD 1/2, SDXL or Flux.1 pipeline folder, written offline as diffusers writes one
+(a folder with config.json and diffusion_pytorch_model.safetensors). For tests and benchmarks: made from the
+folder's denoiser (`ControlNetModel.from_unet`, `FluxControlNetModel.from_transformer` with the transformer's
+depth) with its zero layers given small random weights, so that it changes the image without swamping it; an SD
+ControlNet's conditioning embedding scales images down as the folder's VAE does."""
 
 from __future__ import annotations
 
@@ -12,23 +12,42 @@ from pathlib import Path
 import torch
 
 
-def build_tiny_controlnet(model: str | Path, out: str | Path, *, seed: int = 0, std: float = 0.02) -> Path:
-    """Write the ControlNet folder `out` for the pipeline folder `model` ("embedded" or a path); return it."""
-    from diffusers import ControlNetModel, UNet2DConditionModel
-
+def build_tiny_controlnet(model: str | Path, out: str | Path, *, seed: int = 0, std: float = 0.02,
+                          depth: tuple[int, int] | None = None) -> Path:
+    """Write the ControlNet folder `out` for the pipeline folder `model` ("embedded" or a path); return it.
+    `depth`: a Flux ControlNet's (num_layers, num_single_layers), the transformer's unless given."""
     from ..pipelines.folder import resolve_model_path
 
     folder = Path(resolve_model_path(str(model)))
-    unet = UNet2DConditionModel.from_pretrained(folder / "unet")
-    vae = json.loads((folder / "vae" / "config.json").read_text())
-    steps = len(vae["block_out_channels"])  # the VAE scales down 2 ** (steps - 1)
-    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32, 32, 64)[:steps])
+    controlnet, zeroed = _flux(folder, depth) if (folder / "transformer").is_dir() else _unet(folder)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        zeroed = [*controlnet.controlnet_down_blocks, controlnet.controlnet_mid_block,
-                  controlnet.controlnet_cond_embedding.conv_out]
         for layer in zeroed:
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator) * std)
     controlnet.save_pretrained(out)
     return Path(out)
+
+
+def _unet(folder: Path):
+    from diffusers import ControlNetModel, UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(folder / "unet")
+    vae = json.loads((folder / "vae" / "config.json").read_text())
+    steps = len(vae["block_out_channels"])  # the VAE scales down 2 ** (steps - 1)
+    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32, 32, 64)[:steps])
+    return controlnet, [*controlnet.controlnet_down_blocks, controlnet.controlnet_mid_block,
+                        controlnet.controlnet_cond_embedding.conv_out]
+
+
+def _flux(folder: Path, depth: tuple[int, int] | None):
+    from diffusers import FluxControlNetModel, FluxTransformer2DModel
+
+    transformer = FluxTransformer2DModel.from_pretrained(folder / "transformer")
+    c = transformer.config
+    layers, single = depth or (c.num_layers, c.num_single_layers)
+    controlnet = FluxControlNetModel.from_transformer(
+        transformer, num_layers=layers, num_single_layers=single,
+        attention_head_dim=c.attention_head_dim, num_attention_heads=c.num_attention_heads)
+    return controlnet, [*controlnet.controlnet_blocks, *controlnet.controlnet_single_blocks,
+                        controlnet.controlnet_x_embedder]

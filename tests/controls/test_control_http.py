@@ -108,3 +108,22 @@ def test_an_edit_with_controls_is_refused_not_ignored(served):
                          data={"prompt": "a cat", "controls": '[{"name": "pose", "image": "x"}]'})
     error = assert_error_shape(answer, 400)
     assert error["param"] == "controls" and "text to image" in error["message"]
+
+
+def test_a_flux_model_serves_its_controlnets_over_http(tmp_path):
+    """The same route for a Flux.1 model: its ControlNets listed, and an image equal to FluxControlNetPipeline."""
+    from stepserve.tiny.flux import build_tiny_flux
+
+    pipe = build_tiny_flux(tmp_path / "flux")
+    folder = build_controlnets(pipe, tmp_path / "controlnets")
+    built = build_engine(EngineConfig(model=str(pipe), memory_cap=False, warm_up=False, controlnet_dir=str(folder),
+                                      options=EngineOptions(strategy="continuous")), say=lambda _: None)
+    with TestClient(create_app(AsyncEngine(built.executor, options=built.options))) as client:
+        assert [c["name"] for c in client.get("/v1/controlnets").json()["data"]] == ["depth", "edge", "pose"]
+        p = request(4, (("edge", 0.9, 0.0, 0.8),), sampler="flow_euler", steps=4)
+        sent = [{"name": "edge", "image": b64(p.controls[0]["image"]), "scale": 0.9, "start": 0.0, "end": 0.8}]
+        answer = client.post("/v1/images/generations", json=body(sent, prompt=p.prompt, seed=p.seed,
+                                                                 sampler="flow_euler", num_inference_steps=4))
+        assert answer.status_code == 200, answer.text
+        got = decode_png(answer.json()["data"][0]["b64_json"])
+    assert np.abs(pixels(got) - diffusers_controlnet(pipe, folder, p, "flux")).max() <= 1

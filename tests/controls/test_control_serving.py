@@ -41,9 +41,10 @@ def test_serving_a_folder_says_what_it_serves(tmp_path, tiny_sd_path):
 
 
 def test_a_family_without_controlnets_is_refused(tmp_path):
-    from stepserve.tiny.flux import build_tiny_flux
+    from stepserve.tiny.sd3 import build_tiny_sd3
 
-    executor = load_executor(str(build_tiny_flux(tmp_path / "flux")))
+    executor = load_executor(str(build_tiny_sd3(tmp_path / "sd3")))
     assert not executor.model_info.controls
-    with pytest.raises(ValueError, match="SD 1/2 models on the torch backend"):
+    with pytest.raises(ValueError, match=r"\(sd3 family\) runs no ControlNets here; they are served for SD 1/2, "
+                                         r"SDXL and Flux.1 models on the torch backend"):
         serve_controlnets(executor, str(tmp_path), None)

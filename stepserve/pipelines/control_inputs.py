@@ -1,0 +1,122 @@
+"""What each family gives its ControlNets (stepserve/controls): mixins of the family adapters that serve them.
+
+A family that runs ControlNets says which diffusers class loads one (`controlnet_class`), what in a ControlNet's
+config does not fit its denoiser (`control_problems`), how a request's control image is prepared once
+(`control_image`, as the family's diffusers ControlNet pipeline prepares it) and how a ControlNet runs on some rows
+of a step (`control_forward`: the rows' sample, timesteps, collated conditioning and control images -> the
+denoiser's control keywords, each a tensor or a tuple of tensors with the rows on dim 0). stepserve/controls/rows.py
+weights and sums them per row; the denoiser's one forward takes them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _processor(vae_scale_factor: int, **options):
+    from diffusers.image_processor import VaeImageProcessor
+
+    return VaeImageProcessor(vae_scale_factor=vae_scale_factor, **options)
+
+
+def _differs(what: str, config: dict, key: str, own) -> str:
+    value = config.get(key)
+    value = list(value) if isinstance(value, (list, tuple)) else value
+    own = list(own) if isinstance(own, (list, tuple)) else own
+    return f"its {key} {value} is not the {what}'s {own}" if value != own else ""
+
+
+class UNetControls:
+    """SD 1/2 and SDXL: diffusers' ControlNetModel beside the UNet (StableDiffusionControlNetPipeline,
+    StableDiffusionXLControlNetPipeline). SDXL's ControlNet takes the row's added conditions (text_embeds,
+    time_ids) as the UNet does."""
+
+    @staticmethod
+    def controlnet_class():
+        from diffusers import ControlNetModel
+
+        return ControlNetModel
+
+    def control_problems(self, config: dict) -> list[str]:
+        """Why a ControlNet config does not fit this UNet ([] when it does)."""
+        if config.get("_class_name") != "ControlNetModel":
+            return [f"it is a {config.get('_class_name')}, not a ControlNetModel"]
+        unet = self.networks.unet.config
+        downs = 2 ** (len(config.get("conditioning_embedding_out_channels", (16, 32, 96, 256))) - 1)
+        added = config.get("addition_embed_type")
+        return [
+            ("it is made for SDXL (added text and time embeddings)" if added else
+             "it is made for SD 1/2 (no added text and time embeddings)") if added != unet.addition_embed_type else "",
+            _differs("UNet", config, "projection_class_embeddings_input_dim",
+                     unet.projection_class_embeddings_input_dim) if added and added == unet.addition_embed_type
+            else "",
+            "it pools its conditions (global_pool_conditions: guess mode, not served)"
+            if config.get("global_pool_conditions") else "",
+            _differs("UNet", config, "cross_attention_dim", unet.cross_attention_dim),
+            _differs("UNet", config, "block_out_channels", unet.block_out_channels),
+            f"its conditioning embedding scales images down {downs}x, the VAE {self.vae_scale_factor}x"
+            if downs != self.vae_scale_factor else "",
+        ]
+
+    def control_image(self, image, params, generator) -> Tensor:
+        """StableDiffusion(XL)ControlNetPipeline.prepare_image: resized to the request's size, RGB, [0, 1] floats
+        (no normalisation); (1, 3, H, W) on the device in the pipeline's dtype."""
+        processor = _processor(self.vae_scale_factor, do_convert_rgb=True, do_normalize=False)
+        pixels = processor.preprocess(image, height=params.height, width=params.width)
+        return pixels.to(dtype=torch.float32).to(self.device, self.dtype)
+
+    def control_forward(self, net, sample: Tensor, timestep: Tensor, conditioning: dict, images: Tensor) -> dict:
+        added = {k: conditioning[k] for k in ("text_embeds", "time_ids") if k in conditioning}  # SDXL's
+        down, mid = net(sample, timestep, conditioning["encoder_hidden_states"], controlnet_cond=images,
+                        conditioning_scale=1.0, added_cond_kwargs=added or None, return_dict=False)
+        return {"down_block_additional_residuals": tuple(down), "mid_block_additional_residual": mid}
+
+
+class FluxControls:
+    """Flux.1: diffusers' FluxControlNetModel (FluxControlNetPipeline; InstantX's kind: the control image
+    VAE-encoded and packed as the latents are). Its outputs are added inside the transformer's double- and
+    single-stream blocks (controlnet_block_samples, controlnet_single_block_samples)."""
+
+    @staticmethod
+    def controlnet_class():
+        from diffusers import FluxControlNetModel
+
+        return FluxControlNetModel
+
+    def control_problems(self, config: dict) -> list[str]:
+        if config.get("_class_name") != "FluxControlNetModel":
+            return [f"it is a {config.get('_class_name')}, not a FluxControlNetModel"]
+        tr = self.networks.transformer.config
+        inner = (config.get("num_attention_heads") or 0) * (config.get("attention_head_dim") or 0)
+        return [
+            "it is a union ControlNet (num_mode: control_mode is not served)" if config.get("num_mode") else "",
+            "it takes the image through an input hint block (conditioning_embedding_channels: not served; allowed: "
+            "ControlNets that take the VAE-encoded image)" if config.get("conditioning_embedding_channels") else "",
+            _differs("transformer", config, "in_channels", tr.in_channels),
+            f"its width {inner} is not the transformer's {tr.num_attention_heads * tr.attention_head_dim}"
+            if inner != tr.num_attention_heads * tr.attention_head_dim else "",
+            _differs("transformer", config, "joint_attention_dim", tr.joint_attention_dim),
+            _differs("transformer", config, "pooled_projection_dim", tr.pooled_projection_dim),
+            _differs("transformer", config, "guidance_embeds", tr.guidance_embeds),
+            _differs("transformer", config, "axes_dims_rope", tr.axes_dims_rope),
+        ]
+
+    @torch.no_grad()
+    def control_image(self, image, params, generator) -> Tensor:
+        """FluxControlNetPipeline: the image preprocessed to [-1, 1] at the request's size, VAE-encoded (sampled
+        with the request's generator, before its noise is drawn, as the pipeline does), shifted, scaled, packed."""
+        pixels = _processor(self.vae_scale_factor * 2).preprocess(image, height=params.height, width=params.width)
+        latents = self.networks.encode_image(pixels.to(self.device, self.dtype), generator)
+        return self.pack_latents(latents.to(self.dtype))
+
+    def control_forward(self, net, sample: Tensor, timestep: Tensor, conditioning: dict, images: Tensor) -> dict:
+        embeds = conditioning["encoder_hidden_states"]
+        double, single = net(
+            hidden_states=sample, controlnet_cond=images, conditioning_scale=1.0,
+            timestep=timestep.to(sample.dtype) / 1000,
+            guidance=conditioning.get("guidance"),  # the transformer's: the same guidance_embeds
+            pooled_projections=conditioning["pooled_projections"], encoder_hidden_states=embeds,
+            txt_ids=torch.zeros(embeds.shape[1], 3, device=sample.device, dtype=self.dtype),
+            img_ids=conditioning["img_ids"][0], return_dict=False)
+        return {"controlnet_block_samples": tuple(double), "controlnet_single_block_samples": tuple(single)}

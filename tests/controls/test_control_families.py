@@ -1,0 +1,188 @@
+"""ControlNets per request on SDXL and Flux.1: a request alone equals the family's diffusers ControlNet pipeline
+(StableDiffusionXLControlNetPipeline, FluxControlNetPipeline; two ControlNets as its Multi model sums them), uint8
+within 1, and in mixed batches (different ControlNets, two, none, different windows, guidance on and off), under
+every strategy, each image is the one it gets alone. A ControlNet of another family is refused naming why."""
+
+import numpy as np
+import pytest
+from control_reference import build_controlnets, diffusers_controlnet, request
+from edit_images import pixels
+
+from stepserve import Engine
+from stepserve.controls.errors import ControlNetError
+from stepserve.scheduling import STRATEGIES
+
+pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
+
+FAMILIES = {"sdxl": {"sampler": "dpmpp_2m"}, "flux": {"sampler": "flow_euler"}}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(family, its tiny pipeline folder, its ControlNet folder)."""
+    name = request.param
+    root = tmp_path_factory.mktemp(f"control_{name}")
+    if name == "sdxl":
+        from stepserve.tiny.sdxl import build_tiny_sdxl
+
+        pipe = build_tiny_sdxl(root / "pipe")
+    else:
+        from stepserve.tiny.flux import build_tiny_flux
+
+        pipe = build_tiny_flux(root / "pipe")
+    return name, pipe, build_controlnets(pipe, root / "controlnets")
+
+
+def ask(family, i, controls=(), **kw):
+    return request(i, controls, **{**FAMILIES[family[0]], **kw})
+
+
+@pytest.fixture(scope="module")
+def engine(family):
+    return Engine.from_pretrained(str(family[1]), strategy="continuous", max_batch_size=8,
+                                  controlnet_dir=str(family[2]))
+
+
+CASES = [
+    ((("pose", 1.0, 0.0, 1.0),), 5.0),
+    ((("depth", 0.9, 0.1, 0.9),), 1.0),
+    ((("pose", 0.8, 0.0, 0.5), ("depth", 1.2, 0.3, 1.0)), 5.0),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_alone_equals_the_diffusers_controlnet_pipeline(family, engine, case):
+    controls, guidance = CASES[case]
+    p = ask(family, case, controls, guidance=guidance)
+    got = engine.generate([p])[0]
+    assert got.ok, got.error
+    assert np.abs(pixels(got.image) - diffusers_controlnet(family[1], family[2], p, family[0])).max() <= 1
+    plain = engine.generate([ask(family, case, (), guidance=guidance)])[0]
+    assert np.abs(pixels(got.image) - pixels(plain.image)).max() > 4  # the control did change the image
+
+
+def mixed(family):
+    controls = [(), (("pose", 1.0, 0.0, 1.0),), (("depth", 0.6, 0.3, 1.0),),
+                (("pose", 0.8, 0.0, 0.5), ("depth", 1.2, 0.25, 1.0)), (("edge", 1.0, 0.5, 1.0), ("pose", 0.5, 0, 1))]
+    return [ask(family, 20 + i, controls[i], guidance=[5.0, 1.0, 6.0][i % 3], steps=[4, 5][i % 2]) for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def alone(family, engine):
+    return [engine.generate([p])[0] for p in mixed(family)]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_mixed_batches_each_request_its_own_image(family, alone, strategy):
+    engine = Engine.from_pretrained(str(family[1]), strategy=strategy, max_batch_size=5, max_queue_delay_ms=1,
+                                    controlnet_dir=str(family[2]))
+    together = engine.generate(mixed(family))
+    assert all(r.ok for r in together), [r.error for r in together]
+    if strategy != "none":
+        assert max(max(r.timing.batch_sizes) for r in together) > 1, "the requests never shared a batch"
+    for a, b in zip(alone, together):
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+
+
+def test_a_controlnet_of_another_family_is_refused_naming_why(family, engine, tiny_sd_path, tmp_path):
+    from stepserve.tiny.controlnet import build_tiny_controlnet
+
+    store = engine.executor.controlnets()
+    build_tiny_controlnet(tiny_sd_path, store.root / "sd_pose")
+    try:
+        with pytest.raises(ControlNetError, match="does not fit") as err:
+            store.ensure(["sd_pose"])
+        assert family[0] in str(err.value) and "allowed: ControlNets made for this model" in str(err.value)
+        assert "sd_pose" not in store.loaded
+    finally:
+        import shutil
+
+        shutil.rmtree(store.root / "sd_pose")
+
+
+def test_cached_rows_and_control_rows_share_a_forward(family, engine):
+    """Rows that cache steps (fbcache) beside rows with controls: each image is its own alone, and the cached rows
+    still skip work."""
+    reqs = [ask(family, 30, (), cache={"policy": "fbcache", "threshold": 0.5}),
+            ask(family, 31, (("pose", 1.0, 0.0, 1.0),)),
+            ask(family, 32, (), cache={"policy": "fbcache", "threshold": 0.5}, guidance=1.0),
+            ask(family, 33, (("depth", 0.8, 0.0, 1.0), ("pose", 0.6, 0.2, 1.0)), guidance=1.0)]
+    alone = [engine.generate([p])[0] for p in reqs]
+    together = engine.generate(reqs)
+    assert all(r.ok for r in together), [r.error for r in together]
+    assert max(together[0].timing.batch_sizes) == 4
+    assert together[0].timing.cached_steps > 0
+    for a, b in zip(alone, together):
+        assert a.timing.cached_steps == b.timing.cached_steps
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+
+
+@pytest.mark.parametrize("family", ["flux"], indirect=True)
+def test_flux_controlnets_of_different_depths(family, engine):
+    """Two ControlNets whose outputs cannot be summed (different depths): a request naming both fails alone,
+    saying why; requests each using one of them in the same batch still get their own images."""
+    from stepserve.tiny.controlnet import build_tiny_controlnet
+
+    store = engine.executor.controlnets()
+    build_tiny_controlnet(family[1], store.root / "deep", seed=9, std=0.05, depth=(1, 2))
+    try:
+        both, fine = engine.generate([ask(family, 60, (("pose", 1.0, 0.0, 1.0), ("deep", 1.0, 0.0, 1.0)), steps=3),
+                                      ask(family, 61, (("pose", 1.0, 0.0, 1.0),), steps=3)])
+        assert not both.ok and "different numbers of block outputs" in both.error and "deep" in both.error
+        assert fine.ok
+        reqs = [ask(family, 62, (("pose", 1.0, 0.0, 1.0),), steps=3), ask(family, 63, (("deep", 0.8, 0, 1),), steps=3)]
+        alone = [engine.generate([p])[0] for p in reqs]
+        together = engine.generate(reqs)
+        assert all(r.ok for r in together), [r.error for r in together]
+        for a, b in zip(alone, together):
+            assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    finally:
+        import shutil
+
+        shutil.rmtree(store.root / "deep")
+
+
+@pytest.mark.parametrize("family", ["flux"], indirect=True)
+@pytest.mark.parametrize("key,value,says", [("num_mode", 10, "union ControlNet"),
+                                            ("conditioning_embedding_channels", 16, "input hint block")])
+def test_flux_controlnets_not_served_are_refused_naming_why(family, engine, key, value, says):
+    import json
+    import shutil
+
+    store = engine.executor.controlnets()
+    folder = store.root / "odd"
+    shutil.copytree(store.root / "pose", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    try:
+        with pytest.raises(ControlNetError, match=says):
+            store.ensure(["odd"])
+        assert "odd" not in store.loaded
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_each_controlnet_runs_once_per_step_on_its_rows(family, monkeypatch):
+    engine = Engine.from_pretrained(str(family[1]), strategy="static", static_batch_size=3, max_batch_size=3,
+                                    controlnet_dir=str(family[2]))
+    store = engine.executor.controlnets()
+    seen: dict[str, list[int]] = {}
+    ensure = store.ensure
+
+    def counted(net, name):
+        def run(*args, **kwargs):
+            sample = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            seen.setdefault(name, []).append(sample.shape[0])
+            return net(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m, n) for n, m in ensure(names).items()})
+    guided = 2 if family[0] == "sdxl" else 1  # SDXL's guided request has two rows; Flux has one row per request
+    results = engine.generate([ask(family, 70, (), steps=4), ask(family, 71, (("pose", 1.0, 0.0, 1.0),), steps=4),
+                               ask(family, 72, (("pose", 0.5, 0.0, 1.0), ("depth", 1.0, 0.0, 0.5)), steps=4,
+                                   guidance=1.0)])
+    assert all(r.timing.batch_sizes == [3] * 4 for r in results)  # one batch of three, four steps
+    assert seen == {"pose": [guided + 1] * 4, "depth": [1] * 2}  # depth: the first half of the schedule only
+    seen.clear()
+    engine.generate([ask(family, 73, (), steps=2), ask(family, 74, (), steps=2, guidance=1.0)])
+    assert seen == {}  # a batch without controls runs no ControlNet
