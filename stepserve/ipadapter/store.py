@@ -1,0 +1,182 @@
+"""The IP-Adapters an executor serves: every sub-folder of the IP-Adapter folder holding an adapter's weights (one
+`.safetensors` or `.bin` file with `image_proj.*` and `ip_adapter.*` keys, what diffusers' `load_ip_adapter` reads)
+and its image encoder (`image_encoder/`, a CLIPVisionModelWithProjection) is servable by the sub-folder's name.
+
+One adapter is loaded at a time, on first use: diffusers builds its attention processors and image projection
+(UNet2DConditionModel._load_ip_adapter_weights), which are kept aside and put in the UNet only for the forwards that
+have image-prompt rows (rows.py). Another adapter replaces it when no request in flight uses it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..lora.folder import stamp
+from .spec import unknown_name
+
+ENCODER = "image_encoder"
+
+
+class IPAdapterError(ValueError):
+    """An IP-Adapter that cannot be named, loaded or served; the message says which and why."""
+
+    def __init__(self, message: str, param: str = "ip_adapter") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class IPAdapterBusyError(IPAdapterError):
+    """Another IP-Adapter serves requests in flight (one is loaded at a time): retry later."""
+
+
+def weight_files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin"))
+
+
+def discover(root: Path | None) -> dict[str, Path]:
+    """The folder's IP-Adapters by name: sub-folders with one weights file and an image_encoder/ config."""
+    if root is None or not root.is_dir():
+        return {}
+    return {d.name: d for d in sorted(root.iterdir())
+            if d.is_dir() and (d / ENCODER / "config.json").is_file() and len(weight_files(d)) == 1}
+
+
+@dataclass
+class Loaded:
+    name: str
+    processors: dict  # the UNet's attention processors with this adapter (IP processors on the cross-attentions)
+    projection: torch.nn.Module  # diffusers' MultiIPAdapterImageProjection (the UNet's encoder_hid_proj)
+    encoder: torch.nn.Module  # CLIPVisionModelWithProjection
+    features: object  # CLIPImageProcessor: a picture -> the encoder's pixel values
+    bytes: int
+
+
+class IPAdapterStore:
+    """IP-Adapters by name for one SD pipeline (`pipeline.unet`: the UNet they go into)."""
+
+    def __init__(self, pipeline, root: str | Path | None) -> None:
+        self.pipeline = pipeline
+        self.root = Path(root).resolve() if root is not None else None
+        self.loaded: Loaded | None = None
+        self.in_use: frozenset[str] = frozenset()  # the adapters of the last step's rows (rows.py sets it)
+        self.loads = 0
+        self._mutex = threading.RLock()
+        self._files: tuple = (object(), {})
+        unet = pipeline.unet
+        self.plain = dict(unet.attn_processors)  # the UNet's own processors, put back after each IP forward
+
+    def files(self) -> dict[str, Path]:
+        now = stamp(self.root)
+        if self._files[0] != now or now is None:
+            self._files = (now, discover(self.root))
+        return self._files[1]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.files())
+
+    def listing(self) -> list[dict]:
+        """GET /v1/ip-adapters: every servable IP-Adapter, loaded or not."""
+        loaded = self.loaded
+        return [{"name": n, "loaded": loaded is not None and loaded.name == n,
+                 "bytes": loaded.bytes if loaded is not None and loaded.name == n else None}
+                for n in sorted(self.names)]
+
+    def ensure(self, name: str, busy: frozenset[str] = frozenset()) -> Loaded:
+        """The adapter `name`, loaded in place of the loaded one unless that one is in `busy` (or in use by the last
+        step). Raises IPAdapterError (not served, not for this model), IPAdapterBusyError."""
+        with self._mutex:
+            loaded = self.loaded
+            if loaded is not None and loaded.name == name:
+                return loaded
+            folder = self.files().get(name)
+            if folder is None:
+                raise IPAdapterError(unknown_name(name, self.names), "ip_adapter.name")
+            if loaded is not None and loaded.name in (busy | self.in_use):
+                raise IPAdapterBusyError(f"IP-Adapter {name!r} cannot be loaded while {loaded.name!r} serves "
+                                         f"requests in flight (one IP-Adapter is loaded at a time); retry later")
+            self.loaded = None  # the old one goes before the new one loads
+            self.loaded = self._load(name, folder)
+            self.loads += 1
+            return self.loaded
+
+    def _load(self, name: str, folder: Path) -> Loaded:
+        from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
+
+        p = self.pipeline
+        state = _read(weight_files(folder)[0])
+        try:
+            encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype).to(p.device)
+        except (OSError, ValueError) as exc:
+            raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read ({exc})") from None
+        encoder.eval()
+        self._check(name, state, encoder)
+        size = encoder.config.image_size  # as diffusers' load_ip_adapter makes one for a pipeline without any
+        features = CLIPImageProcessor(size=size, crop_size=size)
+        processors, projection = self._build(state)
+        n = sum(t.numel() * t.element_size() for m in (encoder, projection) for t in m.parameters())
+        n += sum(t.numel() * t.element_size() for proc in processors.values() if isinstance(proc, torch.nn.Module)
+                 for t in proc.parameters())
+        return Loaded(name, processors, projection, encoder, features, n)
+
+    def _check(self, name: str, state: dict, encoder) -> None:
+        unet = self.pipeline.unet
+        proj = state["image_proj"].get("proj.weight")
+        if proj is None:
+            raise IPAdapterError(f"IP-Adapter {name!r} is not a plain IP-Adapter (its image projection has no "
+                                 f"proj.weight: IP-Adapter Plus, FaceID and full variants are not served); allowed: "
+                                 f"IP-Adapters with a linear image projection")
+        problems = [
+            f"its image tokens are {proj.shape[0] // 4} wide, the UNet's cross_attention_dim is "
+            f"{unet.config.cross_attention_dim}" if proj.shape[0] != 4 * unet.config.cross_attention_dim else "",
+            f"it takes image embeddings of {proj.shape[1]}, its image encoder gives "
+            f"{encoder.config.projection_dim}" if proj.shape[1] != encoder.config.projection_dim else "",
+        ]
+        problems = [x for x in problems if x]
+        if problems:
+            raise IPAdapterError(f"IP-Adapter {name!r} does not fit {self.pipeline.info.name}: {'; '.join(problems)}"
+                                 f"; allowed: IP-Adapters made for this SD 1/2 model")
+
+    def _build(self, state: dict) -> tuple[dict, torch.nn.Module]:
+        """diffusers' own processors and projection for `state`, built in the UNet then taken out of it."""
+        from .rows import RowScaled
+
+        unet = self.pipeline.unet
+        hid_proj, hid_type = unet.encoder_hid_proj, unet.config.encoder_hid_dim_type
+        try:
+            unet._load_ip_adapter_weights([state], low_cpu_mem_usage=False)
+            processors, projection = dict(unet.attn_processors), unet.encoder_hid_proj
+        except (KeyError, RuntimeError) as exc:
+            raise IPAdapterError(f"IP-Adapter weights do not fit this UNet ({str(exc)[:200]}); allowed: "
+                                 f"IP-Adapters made for {self.pipeline.info.name}") from None
+        finally:
+            unet.set_attn_processor(dict(self.plain))
+            unet.encoder_hid_proj = hid_proj
+            unet.config.encoder_hid_dim_type = hid_type
+        for proc in processors.values():
+            if hasattr(proc, "to_v_ip"):  # each row's own scale (rows.py); diffusers' scale stays 1
+                proc.scale = [1.0]
+                proc.to_v_ip[0] = RowScaled(proc.to_v_ip[0])
+        return processors, projection
+
+
+def _read(file: Path) -> dict:
+    """The adapter's state dict split as diffusers' load_ip_adapter splits it."""
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        state: dict = {"image_proj": {}, "ip_adapter": {}}
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                head, _, rest = key.partition(".")
+                if head in state:
+                    state[head][rest] = f.get_tensor(key)
+    else:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not state.get("image_proj") or not state.get("ip_adapter"):
+        raise IPAdapterError(f"{file.name} holds no IP-Adapter (image_proj.* and ip_adapter.* keys)")
+    return state
