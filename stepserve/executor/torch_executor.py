@@ -148,8 +148,7 @@ class TorchExecutor:
         generators = [torch.Generator("cpu").manual_seed(r.params.seed) for r in requests]
         images = inpaint.encode_start_images(p, [r.params for r in requests], generators)  # one VAE pass per size
         if any(getattr(r.params, "ip_adapter", None) for r in requests):  # image prompts, encoded once (ipadapter/)
-            for r, embedded in zip(requests, image_prompts.prepare(self.ip_adapters(), requests)):
-                r.image_prompt = embedded
+            image_prompts.prepare(self.ip_adapters(), requests)
         for r, conditioning, generator, image in zip(requests, self._encode(requests), generators, images):
             r.conditioning = conditioning
             if r.params.controls:  # its control images, prepared once (stepserve/controls)

@@ -56,19 +56,18 @@ def embed(loaded, images: Sequence) -> Tensor:
     return loaded.encoder(pixels.to(param.device, param.dtype)).image_embeds
 
 
-def prepare(store, requests: list, busy: frozenset[str] = frozenset()) -> list[Embedded | None]:
-    """Each request's Embedded (None without an image prompt); the requests that share an adapter are encoded in one
-    pass. Raises what store.ensure raises (the engine then runs the requests alone, failing only the one that
-    cannot have its adapter)."""
-    out: list[Embedded | None] = [None] * len(requests)
+def prepare(store, requests: list) -> None:
+    """Set each request's `image_prompt` (an Embedded; None without an image prompt); the requests that share an
+    adapter are encoded in one pass. Raises what store.ensure raises (the engine then runs the requests alone,
+    failing only the one that cannot have its adapter)."""
     prompts = [getattr(r.params, "ip_adapter", None) for r in requests]
     for name in dict.fromkeys(p.name for p in prompts if p is not None):
-        loaded = store.ensure(name, busy)
+        loaded = store.ensure(name)
         at = [i for i, p in enumerate(prompts) if p is not None and p.name == name]
         embeds = embed(loaded, [prompts[i].image for i in at])
         for j, i in enumerate(at):
-            out[i] = Embedded(name, prompts[i].scale, embeds[j:j + 1])
-    return out
+            requests[i].image_prompt = Embedded(name, prompts[i].scale, embeds[j:j + 1])
+            store.hold(requests[i])
 
 
 @contextlib.contextmanager
@@ -77,7 +76,6 @@ def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterat
     row: the request's Embedded or None, and whether the row is the request's conditional one). Yields {} when no
     row has an image prompt (the plain UNet runs). Raises LookupError when a row's adapter is no longer loaded."""
     if not any(e is not None for e, _ in rows):
-        store.in_use = frozenset()
         yield {}
         return
     loaded = store.loaded
@@ -85,7 +83,6 @@ def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterat
     if loaded is None or names != {loaded.name}:
         raise LookupError(f"IP-Adapter(s) {', '.join(sorted(names))} not loaded (one IP-Adapter is loaded at a "
                           f"time); retry later")
-    store.in_use = frozenset(names)
     like = next(e.embeds for e, _ in rows if e is not None)
     zero = torch.zeros_like(like)
     embeds = torch.cat([e.embeds if e is not None and cond else zero for e, cond in rows])[:, None]

@@ -10,6 +10,7 @@ have image-prompt rows (rows.py). Another adapter replaces it when no request in
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +63,7 @@ class IPAdapterStore:
         self.pipeline = pipeline
         self.root = Path(root).resolve() if root is not None else None
         self.loaded: Loaded | None = None
-        self.in_use: frozenset[str] = frozenset()  # the adapters of the last step's rows (rows.py sets it)
+        self._users: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # requests given an embedding
         self.loads = 0
         self._mutex = threading.RLock()
         self._files: tuple = (object(), {})
@@ -86,9 +87,17 @@ class IPAdapterStore:
                  "bytes": loaded.bytes if loaded is not None and loaded.name == n else None}
                 for n in sorted(self.names)]
 
-    def ensure(self, name: str, busy: frozenset[str] = frozenset()) -> Loaded:
-        """The adapter `name`, loaded in place of the loaded one unless that one is in `busy` (or in use by the last
-        step). Raises IPAdapterError (not served, not for this model), IPAdapterBusyError."""
+    def hold(self, request) -> None:
+        """`request` carries an image prompt of the loaded adapter until it releases its tensors."""
+        self._users[id(request)] = request
+
+    def in_use(self) -> set[str]:
+        """The adapters of the requests in flight (those that hold an embedding)."""
+        return {r.image_prompt.name for r in list(self._users.values()) if r.image_prompt is not None}
+
+    def ensure(self, name: str) -> Loaded:
+        """The adapter `name`, loaded in place of the loaded one unless a request in flight uses that one. Raises
+        IPAdapterError (not served, not for this model), IPAdapterBusyError."""
         with self._mutex:
             loaded = self.loaded
             if loaded is not None and loaded.name == name:
@@ -96,7 +105,7 @@ class IPAdapterStore:
             folder = self.files().get(name)
             if folder is None:
                 raise IPAdapterError(unknown_name(name, self.names), "ip_adapter.name")
-            if loaded is not None and loaded.name in (busy | self.in_use):
+            if loaded is not None and loaded.name in self.in_use():
                 raise IPAdapterBusyError(f"IP-Adapter {name!r} cannot be loaded while {loaded.name!r} serves "
                                          f"requests in flight (one IP-Adapter is loaded at a time); retry later")
             self.loaded = None  # the old one goes before the new one loads
