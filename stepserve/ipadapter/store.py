@@ -120,8 +120,9 @@ class IPAdapterStore:
         state = _read(weight_files(folder)[0])
         try:
             encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype).to(p.device)
-        except (OSError, ValueError) as exc:
-            raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read ({exc})") from None
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read "
+                                 f"({str(exc)[:200]})") from None
         encoder.eval()
         self._check(name, state, encoder)
         size = encoder.config.image_size  # as diffusers' load_ip_adapter makes one for a pipeline without any
