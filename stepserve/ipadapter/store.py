@@ -125,8 +125,12 @@ class IPAdapterStore:
                                  f"({str(exc)[:200]})") from None
         encoder.eval()
         self._check(name, state, encoder)
-        size = encoder.config.image_size  # as diffusers' load_ip_adapter makes one for a pipeline without any
-        features = CLIPImageProcessor(size=size, crop_size=size)
+        own = Path(p.folder) / "feature_extractor" if getattr(p, "folder", None) is not None else None
+        if own is not None and (own / "preprocessor_config.json").is_file():  # the model's own, which diffusers' pipeline keeps
+            features = CLIPImageProcessor.from_pretrained(own)
+        else:  # what diffusers' load_ip_adapter makes for a pipeline without one
+            size = encoder.config.image_size
+            features = CLIPImageProcessor(size=size, crop_size=size)
         processors, projection = self._build(state)
         n = sum(t.numel() * t.element_size() for m in (encoder, projection) for t in m.parameters())
         n += sum(t.numel() * t.element_size() for proc in processors.values() if isinstance(proc, torch.nn.Module)

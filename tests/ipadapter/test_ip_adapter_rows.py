@@ -76,3 +76,25 @@ def test_one_adapter_at_a_time(tiny_sd_path, folder):
     face, style, plain = engine.generate([request(42, "style", 1.0), request(43, "face", 1.0), request(44, None)])
     assert face.ok and plain.ok and not style.ok
     assert "one IP-Adapter is loaded at a time" in style.error and "retry later" in style.error
+
+
+def test_the_model_folders_feature_extractor_prepares_the_image_as_in_diffusers(tiny_sd_path, folder, tmp_path):
+    """A model folder with a feature extractor (SD 1.5's has one): diffusers' load_ip_adapter keeps it, so the
+    image is prepared with its settings, not the default ones."""
+    import json
+    import shutil
+
+    from transformers import CLIPImageProcessor
+
+    model = tmp_path / "pipe"
+    shutil.copytree(tiny_sd_path, model)
+    CLIPImageProcessor(size=32, crop_size=32, image_mean=[0.2, 0.5, 0.8], image_std=[0.3, 0.2, 0.4],
+                       do_center_crop=False).save_pretrained(model / "feature_extractor")
+    index = json.loads((model / "model_index.json").read_text())
+    (model / "model_index.json").write_text(json.dumps({**index, "feature_extractor": ["transformers",
+                                                                                       "CLIPImageProcessor"]}))
+    engine = Engine.from_pretrained(str(model), strategy="continuous", ip_adapter_dir=str(folder))
+    p = request(50, "face", 1.0)
+    got = engine.generate([p])[0]
+    assert got.ok, got.error
+    assert np.abs(pixels(got.image) - diffusers_ip_adapter(model, folder, p)).max() <= 1
