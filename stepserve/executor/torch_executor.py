@@ -94,7 +94,7 @@ class TorchExecutor:
         if self._ip_adapters is None:
             from ..ipadapter.store import IPAdapterStore
 
-            self._ip_adapters = IPAdapterStore(self.pipeline, root)
+            self._ip_adapters = IPAdapterStore(self.pipeline, root, self.lock)
         return self._ip_adapters
 
     @model_info.setter

@@ -65,9 +65,13 @@ def prepare(store, requests: list) -> None:
         loaded = store.ensure(name)
         at = [i for i, p in enumerate(prompts) if p is not None and p.name == name]
         embeds = embed(loaded, [prompts[i].image for i in at])
-        for j, i in enumerate(at):
-            requests[i].image_prompt = Embedded(name, prompts[i].scale, embeds[j:j + 1])
-            store.hold(requests[i])
+        with store.mutex:
+            if store.loaded is not loaded:  # replaced meanwhile by a load on the front end's thread
+                raise LookupError(f"IP-Adapter {name!r} was replaced while loading (one IP-Adapter is loaded at a "
+                                  f"time); retry later")
+            for j, i in enumerate(at):
+                requests[i].image_prompt = Embedded(name, prompts[i].scale, embeds[j:j + 1])
+                store.hold(requests[i])
 
 
 @contextlib.contextmanager

@@ -59,13 +59,15 @@ class Loaded:
 class IPAdapterStore:
     """IP-Adapters by name for one SD pipeline (`pipeline.unet`: the UNet they go into)."""
 
-    def __init__(self, pipeline, root: str | Path | None) -> None:
+    def __init__(self, pipeline, root: str | Path | None, lock=None) -> None:
+        """`lock`: held while the UNet is changed (the executor's, which each stage holds)."""
         self.pipeline = pipeline
+        self.lock = lock if lock is not None else threading.RLock()
         self.root = Path(root).resolve() if root is not None else None
         self.loaded: Loaded | None = None
         self._users: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # requests given an embedding
         self.loads = 0
-        self._mutex = threading.RLock()
+        self.mutex = threading.RLock()
         self._files: tuple = (object(), {})
         unet = pipeline.unet
         self.plain = dict(unet.attn_processors)  # the UNet's own processors, put back after each IP forward
@@ -98,20 +100,28 @@ class IPAdapterStore:
     def ensure(self, name: str) -> Loaded:
         """The adapter `name`, loaded in place of the loaded one unless a request in flight uses that one. Raises
         IPAdapterError (not served, not for this model), IPAdapterBusyError."""
-        with self._mutex:
+        with self.mutex:
             loaded = self.loaded
             if loaded is not None and loaded.name == name:
                 return loaded
             folder = self.files().get(name)
             if folder is None:
                 raise IPAdapterError(unknown_name(name, self.names), "ip_adapter.name")
-            if loaded is not None and loaded.name in self.in_use():
-                raise IPAdapterBusyError(f"IP-Adapter {name!r} cannot be loaded while {loaded.name!r} serves "
-                                         f"requests in flight (one IP-Adapter is loaded at a time); retry later")
-            self.loaded = None  # the old one goes before the new one loads
-            self.loaded = self._load(name, folder)
+            self._free(name)
+        new = self._load(name, folder)  # the slow part outside the mutex (the UNet part under the stages' lock)
+        with self.mutex:
+            if self.loaded is not None and self.loaded.name == name:  # another thread loaded it meanwhile
+                return self.loaded
+            self._free(name)
+            self.loaded = new
             self.loads += 1
-            return self.loaded
+            return new
+
+    def _free(self, name: str) -> None:
+        loaded = self.loaded
+        if loaded is not None and loaded.name in self.in_use():
+            raise IPAdapterBusyError(f"IP-Adapter {name!r} cannot be loaded while {loaded.name!r} serves requests "
+                                     f"in flight (one IP-Adapter is loaded at a time); retry later")
 
     def _load(self, name: str, folder: Path) -> Loaded:
         from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
@@ -160,6 +170,15 @@ class IPAdapterStore:
         from .rows import RowScaled
 
         unet = self.pipeline.unet
+        with self.lock:  # no forward runs while the UNet holds the adapter
+            processors, projection = self._built(unet, state)
+        for proc in processors.values():
+            if hasattr(proc, "to_v_ip"):  # each row's own scale (rows.py); diffusers' scale stays 1
+                proc.scale = [1.0]
+                proc.to_v_ip[0] = RowScaled(proc.to_v_ip[0])
+        return processors, projection
+
+    def _built(self, unet, state: dict) -> tuple[dict, torch.nn.Module]:
         hid_proj, hid_type = unet.encoder_hid_proj, unet.config.encoder_hid_dim_type
         try:
             unet._load_ip_adapter_weights([state], low_cpu_mem_usage=False)
@@ -171,10 +190,6 @@ class IPAdapterStore:
             unet.set_attn_processor(dict(self.plain))
             unet.encoder_hid_proj = hid_proj
             unet.config.encoder_hid_dim_type = hid_type
-        for proc in processors.values():
-            if hasattr(proc, "to_v_ip"):  # each row's own scale (rows.py); diffusers' scale stays 1
-                proc.scale = [1.0]
-                proc.to_v_ip[0] = RowScaled(proc.to_v_ip[0])
         return processors, projection
 
 
