@@ -93,14 +93,14 @@ def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterat
     scales = torch.tensor([e.scale if e is not None else 0.0 for e, _ in rows], device=like.device)
     kind = unet.config.encoder_hid_dim_type
     before = getattr(_state, "scales", None)
-    unet.set_attn_processor(dict(loaded.processors))
+    store.use(loaded.processors)
     unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = loaded.projection, "ip_image_proj"
     _state.scales = scales
     try:
         yield {"added_cond_kwargs": {"image_embeds": [embeds]}}
     finally:
         _state.scales = before
-        unet.set_attn_processor(dict(store.plain))
+        store.use(store.plain)
         unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = None, kind
 
 
