@@ -87,3 +87,19 @@ def test_an_edit_with_an_image_prompt_is_refused_not_ignored(served):
                          data={"prompt": "a cat", "ip_adapter": '{"name": "face", "image": "x"}'})
     error = assert_error_shape(answer, 400)
     assert error["param"] == "ip_adapter" and "text to image" in error["message"]
+
+
+def test_an_async_request_with_an_image_prompt_gives_the_synchronous_image(served):
+    from jobs.job_helpers import wait_job
+
+    client, _ = served
+    sent = body({"name": "face", "image": b64(start_image(5)), "scale": 0.9})
+    sync = client.post("/v1/images/generations", json=sent)
+    plain = client.post("/v1/images/generations", json=body(None))
+    created = client.post("/v1/images/generations", json=sent, headers={"Prefer": "respond-async"})
+    assert created.status_code == 202, created.text
+    done = wait_job(client, f"/v1/images/jobs/{created.json()['id']}")
+    assert done["status"] == "completed", done
+    assert done["result"]["data"][0]["b64_json"] == sync.json()["data"][0]["b64_json"]
+    assert sync.json()["data"][0]["b64_json"] != plain.json()["data"][0]["b64_json"]
+    assert done["result"]["stepserve"]["images"][0]["ip_adapter"] == {"name": "face", "scale": 0.9}
