@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..ipadapter.rows import rows_subset as image_prompt_subset
 from ..lora.rows import rows_subset
 from .rows import RowCache, index_of, must_compute
 
@@ -99,10 +100,12 @@ def unet_forward(unet, sample: Tensor, timestep: Tensor, encoder_hidden_states: 
     if run:
         at = None if everyone else index_of(run, h.device)
 
-        def pick(x: Tensor) -> Tensor:
+        def pick(x):  # a tensor, or the text and IP-Adapter image tokens (stepserve/ipadapter)
+            if isinstance(x, tuple):
+                return pick(x[0]), [pick(t) for t in x[1]]
             return x if at is None else x.index_select(0, at)
 
-        with rows_subset(run):  # LoRA adapters (stepserve/lora) follow their rows
+        with rows_subset(run), image_prompt_subset(run):  # LoRA adapters and image prompts follow their rows
             deep = _deep(unet, pick(h), pick(emb), pick(ehs), tuple(pick(x) for x in res), forward_upsample_size,
                          tuple(pick(x) for x in deep_res),
                          None if mid_block_additional_residual is None else pick(mid_block_additional_residual))

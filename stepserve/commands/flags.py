@@ -184,6 +184,10 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--controlnet-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0,
                    metavar="MB", help="device memory for loaded ControlNets; to load another, the least recently "
                                       "used ones the step does not use are unloaded (they load again on next use)")
+    p.add_argument("--ip-adapter-dir", default=None, metavar="DIR",
+                   help="serve IP-Adapters (an image as a prompt) from this folder: every sub-folder holding an "
+                        "adapter's weights and its image_encoder/ by the sub-folder's name, one loaded at a time on "
+                        "first use (SD 1/2 models, torch backend; default: none)")
 
 
 def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
@@ -191,15 +195,17 @@ def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
     policies are checked once it is loaded). Raises StartupError naming the flag."""
     from ..server.startup import StartupError
 
-    controlnet_dir = getattr(args, "controlnet_dir", None)
+    controlnet_dir, ip_adapter_dir = getattr(args, "controlnet_dir", None), getattr(args, "ip_adapter_dir", None)
     torch_only = [flag for flag, value in (("--cache", args.cache), ("--lora-dir", args.lora_dir),
-                                           ("--controlnet-dir", controlnet_dir)) if value]
+                                           ("--controlnet-dir", controlnet_dir),
+                                           ("--ip-adapter-dir", ip_adapter_dir)) if value]
     if torch_only and args.backend != "torch":
         raise StartupError(f"{' and '.join(torch_only)} need --backend torch (got {args.backend})")
     if torch_only and (args.compile or args.deterministic):
         raise StartupError(f"{' and '.join(torch_only)} do not run with --compile/--deterministic (their "
                            f"fixed-shape batches cannot leave rows out or add adapters per row)")
-    for flag, folder in (("--lora-dir", args.lora_dir), ("--controlnet-dir", controlnet_dir)):
+    for flag, folder in (("--lora-dir", args.lora_dir), ("--controlnet-dir", controlnet_dir),
+                         ("--ip-adapter-dir", ip_adapter_dir)):
         if folder and not Path(folder).is_dir():
             raise StartupError(f"{flag}: {folder!r} is not a folder")
     if args.cache and str(args.cache).lower() not in ("off", "none"):
@@ -270,7 +276,8 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
                         cache=getattr(args, "cache", None), lora_dir=getattr(args, "lora_dir", None),
                         lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0),
                         controlnet_dir=getattr(args, "controlnet_dir", None),
-                        controlnet_memory_mb=getattr(args, "controlnet_memory_mb", 1024.0), options=options)
+                        controlnet_memory_mb=getattr(args, "controlnet_memory_mb", 1024.0),
+                        ip_adapter_dir=getattr(args, "ip_adapter_dir", None), options=options)
 
 
 def say_to_stderr(prog: str):

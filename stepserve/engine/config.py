@@ -91,6 +91,7 @@ class EngineConfig:
     lora_memory_mb: float | None = 1024.0  # device memory for loaded adapters (least recently used unloaded first)
     controlnet_dir: str | None = None  # ControlNets: every sub-folder here is servable by its name (stepserve/controls)
     controlnet_memory_mb: float | None = 1024.0  # memory for loaded ControlNets (least recently used unloaded first)
+    ip_adapter_dir: str | None = None  # IP-Adapters: every sub-folder here is servable by its name (stepserve/ipadapter)
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -148,6 +149,10 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         from ..controls.serving import serve_controlnets
 
         say(serve_controlnets(executor, config.controlnet_dir, config.controlnet_memory_mb))
+    if config.ip_adapter_dir is not None:
+        from ..ipadapter.serving import serve_ip_adapters
+
+        say(serve_ip_adapters(executor, config.ip_adapter_dir))
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:

@@ -7,6 +7,7 @@ guidance_scale > 1) adds that row; the others pay for one row only.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import replace
@@ -17,6 +18,7 @@ from .. import sampling
 from ..caching.spec import with_default
 from ..caching.rows import row_caches
 from ..controls import rows as controls
+from ..ipadapter import rows as image_prompts
 from ..sampling.img2img import starting_at
 from ..lora.rows import adapter_rows, every_row
 from ..lora.serving import check_loaded, row_keys, text_keys
@@ -43,6 +45,7 @@ class TorchExecutor:
         self.lock = threading.RLock()
         self._adapters = None  # stepserve.lora.AdapterStore, made on first use
         self._controlnets = None  # stepserve.controls.store.ControlNetStore, made by serve_controlnets
+        self._ip_adapters = None  # stepserve.ipadapter.store.IPAdapterStore, made by serve_ip_adapters
 
     @property
     def model_info(self):
@@ -51,7 +54,8 @@ class TorchExecutor:
         adapters = self._adapters
         key = (id(self._base_info), id(self.pipeline.networks), repr(self.default_cache),
                adapters.version if adapters is not None else 0, adapters.folder_stamp() if adapters else None,
-               self._controlnets.names if self._controlnets is not None else None)
+               self._controlnets.names if self._controlnets is not None else None,
+               self._ip_adapters.names if self._ip_adapters is not None else None)
         if self._info[0] != key:
             info = with_default(self._base_info, self.pipeline.cache_policies, self.default_cache)
             if adapters is not None:
@@ -59,6 +63,9 @@ class TorchExecutor:
             if getattr(self.pipeline, "runs_controls", False):
                 info = replace(info, controls=True, control_names=self._controlnets.names
                                if self._controlnets is not None else frozenset())
+            if getattr(self.pipeline, "runs_controls", False):  # the same networks take IP-Adapters
+                info = replace(info, ip_adapters=True, ip_adapter_names=self._ip_adapters.names
+                               if self._ip_adapters is not None else frozenset())
             self._info = (key, info)
         return self._info[1]
 
@@ -80,6 +87,15 @@ class TorchExecutor:
 
             self._controlnets = ControlNetStore(self.pipeline, root, budget_bytes)
         return self._controlnets
+
+    def ip_adapters(self, root=None):
+        """The IP-Adapters this executor serves (stepserve.ipadapter.store.IPAdapterStore; `root`: the IP-Adapter
+        folder, set on first use)."""
+        if self._ip_adapters is None:
+            from ..ipadapter.store import IPAdapterStore
+
+            self._ip_adapters = IPAdapterStore(self.pipeline, root, self.lock)
+        return self._ip_adapters
 
     @model_info.setter
     def model_info(self, info) -> None:
@@ -131,6 +147,8 @@ class TorchExecutor:
         # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
         generators = [torch.Generator("cpu").manual_seed(r.params.seed) for r in requests]
         images = inpaint.encode_start_images(p, [r.params for r in requests], generators)  # one VAE pass per size
+        if any(getattr(r.params, "ip_adapter", None) for r in requests):  # image prompts, encoded once (ipadapter/)
+            image_prompts.prepare(self.ip_adapters(), requests)
         for r, conditioning, generator, image in zip(requests, self._encode(requests), generators, images):
             r.conditioning = conditioning
             if r.params.controls:  # its control images, prepared once (stepserve/controls)
@@ -171,7 +189,9 @@ class TorchExecutor:
             conditioning = {**conditioning, **self._control_residuals(requests, guided, rows, t_rows, conditioning)}
         caches = row_caches(requests, guided)  # None unless some request caches steps
         loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
-        with adapter_rows(row_keys(self._adapters, loras)):  # each row's own LoRA adapters (stepserve/lora)
+        with adapter_rows(row_keys(self._adapters, loras)), \
+                self._image_prompt_rows(requests, guided) as image_prompt:  # each row's LoRAs and image prompt
+            conditioning = {**conditioning, **image_prompt}
             if caches is None:
                 out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
             else:
@@ -202,6 +222,13 @@ class TorchExecutor:
         row_requests = requests + [requests[i] for i in guided]
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
                                   [(r.controls, r.step, r.num_inference_steps) for r in row_requests])
+
+    def _image_prompt_rows(self, requests: list[Request], guided: list[int]):
+        """The UNet's IP-Adapter for this forward when some row has an image prompt (stepserve/ipadapter)."""
+        if self._ip_adapters is None:
+            return contextlib.nullcontext({})
+        rows = [(r.image_prompt, True) for r in requests] + [(requests[i].image_prompt, False) for i in guided]
+        return image_prompts.applied(self._ip_adapters, self.pipeline.unet, rows)
 
     def _decode(self, requests: list[Request]) -> None:
         buckets: dict[Bucket, list[Request]] = {}

@@ -99,8 +99,10 @@ class StableDiffusionAdapter(UNetControls, FamilyAdapter):
         unet, vae = folder.load(dtype, unet=UNet2DConditionModel, vae=AutoencoderKL)
         scheduler_config = folder.scheduler_config()
         info = model_info_for(folder.name, unet.config, vae.config, scheduler_config, folder.serving_defaults())
-        return cls.from_modules(tokenizer, text_encoder, unet, vae, scheduler_config, info, device, dtype,
-                                offload=folder.weights.offload)
+        adapter = cls.from_modules(tokenizer, text_encoder, unet, vae, scheduler_config, info, device, dtype,
+                                   offload=folder.weights.offload)
+        adapter.folder = folder.path  # its other parts (an IP-Adapter's image preparation: stepserve/ipadapter)
+        return adapter
 
     @classmethod
     def from_export_dir(cls, path: str | os.PathLike, networks: Networks, backend: str,

@@ -56,6 +56,9 @@ class SamplingParams:
     # ControlNets: [{"name", "image", "scale", "start", "end"}] (resolved: a tuple of stepserve.controls.spec.Control;
     # scale 1, start 0 and end 1 unless given); None: none
     controls: Any = None
+    # IP-Adapter: {"name", "image", "scale"} (resolved: a stepserve.ipadapter.spec.ImagePrompt; scale 1 unless
+    # given); None: no image prompt
+    ip_adapter: Any = None
 
 
 @dataclass
@@ -154,6 +157,7 @@ class Request:
     step_cache: Any = None  # the step-caching state of this request (stepserve/caching.RowState); freed at the end
     inpaint: Any = None  # an inpainting request's mask and known region (pipelines/inpaint.Inpaint)
     controls: Any = None  # its control images prepared for the ControlNets (stepserve/controls/rows.Prepared)
+    image_prompt: Any = None  # its IP-Adapter image embedding (stepserve/ipadapter/rows.Embedded)
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -171,6 +175,7 @@ class Request:
         self.step_cache = None
         self.inpaint = None
         self.controls = None
+        self.image_prompt = None
 
 
 @dataclass
@@ -251,6 +256,8 @@ class ModelInfo:
     lora_names: frozenset[str] = frozenset()  # LoRA adapters loaded now (stepserve/lora)
     controls: bool = False  # requests may name ControlNets (stepserve/controls): the family and backend run them
     control_names: frozenset[str] = frozenset()  # the ControlNets served (--controlnet-dir)
+    ip_adapters: bool = False  # requests may give an image prompt (stepserve/ipadapter): the family runs them
+    ip_adapter_names: frozenset[str] = frozenset()  # the IP-Adapters served (--ip-adapter-dir)
     img2img: bool = False  # requests may start from an image (SamplingParams.image)
     default_strength: float = 0.8  # its strength when a request gives none (the family's img2img pipeline's)
     img2img_start: str = "floor_steps"  # how its pipeline rounds the start step (img2img_spec.first_step)

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from ..caching.spec import CacheSpecError, parse_cache
 from ..controls.errors import SERVED_FOR
 from ..controls.spec import ControlSpecError, parse_controls
+from .image_prompt import resolve_ip_adapter
 from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
 from .types import ModelInfo, ResolvedParams, SamplingParams
@@ -290,10 +291,12 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         raise ValidationError("loras", str(exc)) from None
 
     controls = _controls(p, model, image)
-    if controls:
-        cache = None  # a request with controls takes every step whole (the server's default cache left out)
+    ip_adapter = resolve_ip_adapter(p, model, image)
+    if controls or ip_adapter is not None:
+        cache = None  # such a request takes every step whole (the server's default cache left out)
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
                 "priority": priority, "cache": cache, "loras": loras, "image": image, "strength": strength,
-                "mask_image": mask, "num_frames": frames, "controls": controls}
+                "mask_image": mask, "num_frames": frames, "controls": controls,
+                "ip_adapter": ip_adapter}
     return ResolvedParams(**{**vars(p), **resolved})

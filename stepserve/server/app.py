@@ -33,6 +33,7 @@ from .events import EngineEvents
 from .lora_registry import AdapterRegistry
 from .loras import lora_routes
 from .controlnets import controlnet_routes, read_generation, with_controls
+from .ip_adapters import ip_adapter_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import ImageGenerationRequest, ServerLimits, engine_params
 from .streaming import EventStreamResponse, StreamJob, image_events
@@ -94,6 +95,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     app.include_router(event_routes(events), prefix="/v1", dependencies=protected)
     app.include_router(lora_routes(state, registry), prefix="/v1", dependencies=protected)
     app.include_router(controlnet_routes(state), prefix="/v1", dependencies=protected)
+    app.include_router(ip_adapter_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(video_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(image_job_routes(state), prefix="/v1", dependencies=protected)
     app.include_router(_metrics_route(state, metrics_view), dependencies=protected)

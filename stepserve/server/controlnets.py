@@ -44,17 +44,20 @@ async def read_generation(request: Request, state: ServerState):
     """The body of a generation, within the JSON limit, or the upload limit when it carries controls."""
     limits = state.limits
     raw = await read_body(request, max(limits.max_body_bytes, limits.max_upload_bytes))
-    if len(raw) > limits.max_body_bytes and b'"controls"' not in raw:
+    if len(raw) > limits.max_body_bytes and b'"controls"' not in raw and b'"ip_adapter"' not in raw:
         raise too_large(limits.max_body_bytes, _JSON_ADVICE)
     req = parse_body(raw, limits)
-    if len(raw) > limits.max_body_bytes and not req.controls:
+    if len(raw) > limits.max_body_bytes and not req.controls and req.ip_adapter is None:
         raise too_large(limits.max_body_bytes, _JSON_ADVICE)
     return req
 
 
 async def with_controls(req, params: list, state: ServerState) -> list:
     """`params` with the body's controls, their pictures checked (headers) then decoded off the event loop; a body
-    without controls comes back as it is."""
+    without controls comes back as it is. Its image prompt's picture too (ip_adapters.py)."""
+    from .ip_adapters import with_ip_adapter
+
+    params = await with_ip_adapter(req, params, state)
     if not req.controls:
         return params
     model = state.engine.model_info

@@ -80,6 +80,9 @@ async def edit_params(sent: EditForm, state: ServerState):
     if "controls" in fields:  # ControlNets go with text to image (docs/CONTROLNET.md)
         raise invalid("controls: not served with an edit's image (ControlNets go with text to image: send them to "
                       "/v1/images/generations); allowed: no controls here", "controls")
+    if "ip_adapter" in fields:  # an image prompt goes with text to image (docs/CONTROLNET.md)
+        raise invalid("ip_adapter: not served with an edit's image (an image prompt goes with text to image: send "
+                      "it to /v1/images/generations); allowed: no ip_adapter here", "ip_adapter")
     req = body_from_fields(fields, state.limits)  # the cheap checks before any decoding
     image, mask = await asyncio.to_thread(_decode, image, mask)
     params = [replace(p, image=image, strength=strength, mask_image=mask) for p in engine_params(req, state.limits)]

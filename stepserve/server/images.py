@@ -189,8 +189,13 @@ def image_info(result: GenerationResult) -> dict:
         "loras": [{"name": n, "scale": s} for n, s in result.params.loras or ()],
         "controls": [{"name": c.name, "scale": c.scale, "start": c.start, "end": c.end}
                      for c in getattr(result.params, "controls", None) or ()],
+        "ip_adapter": _image_prompt(getattr(result.params, "ip_adapter", None)),
         "strength": result.params.strength,  # image to image (/v1/images/edits); null for a generation
     }
+
+
+def _image_prompt(prompt) -> dict | None:
+    return None if prompt is None else {"name": prompt.name, "scale": prompt.scale}
 
 
 def _cache_text(spec) -> dict | None:

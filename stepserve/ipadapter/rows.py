@@ -1,0 +1,119 @@
+"""A request's image embedding computed once (at its first step, with the requests admitted beside it), and the
+UNet's IP-Adapter for the forwards that have image-prompt rows.
+
+diffusers' IP attention adds `scale * attention(query, to_k_ip(tokens), to_v_ip(tokens))` to each cross-attention
+with one float scale for the batch. Attention is linear in its values, so scaling each row's `to_v_ip` output by the
+row's scale (RowScaled) gives each row its own scale in the same forward: a row without an image prompt has scale 0
+and a zero embedding, its image attention is exactly zero and its output the plain model's. With classifier-free
+guidance a request's unconditional row takes the zero embedding at the request's scale, as diffusers'
+`prepare_ip_adapter_image_embeds` makes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+_state = threading.local()
+
+
+@dataclass
+class Embedded:
+    """A request's image prompt ready for the steps: the adapter's name, its scale and the image's embedding."""
+
+    name: str
+    scale: float
+    embeds: Tensor  # (1, D): the image encoder's image_embeds for the request's image
+
+
+class RowScaled(torch.nn.Module):
+    """An IP processor's to_v_ip, each batch row's output times its row's scale (set for the forward by `applied`)."""
+
+    def __init__(self, linear: torch.nn.Module) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x: Tensor) -> Tensor:
+        scales = getattr(_state, "scales", None)
+        if scales is None or scales.shape[0] != x.shape[0]:
+            raise RuntimeError(f"IP-Adapter rows: {x.shape[0]} rows, scales for "
+                               f"{None if scales is None else scales.shape[0]}")
+        out = self.linear(x)
+        return out * scales.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
+
+
+@torch.no_grad()
+def embed(loaded, images: Sequence) -> Tensor:
+    """The image encoder's image_embeds (N, D) for `images` (PIL), one encoder pass, as diffusers' encode_image
+    prepares each picture (the adapter's CLIPImageProcessor)."""
+    pixels = loaded.features(list(images), return_tensors="pt").pixel_values
+    param = next(loaded.encoder.parameters())
+    return loaded.encoder(pixels.to(param.device, param.dtype)).image_embeds
+
+
+def prepare(store, requests: list) -> None:
+    """Set each request's `image_prompt` (an Embedded; None without an image prompt); the requests that share an
+    adapter are encoded in one pass. Raises what store.ensure raises (the engine then runs the requests alone,
+    failing only the one that cannot have its adapter)."""
+    prompts = [getattr(r.params, "ip_adapter", None) for r in requests]
+    for name in dict.fromkeys(p.name for p in prompts if p is not None):
+        loaded = store.ensure(name)
+        at = [i for i, p in enumerate(prompts) if p is not None and p.name == name]
+        embeds = embed(loaded, [prompts[i].image for i in at])
+        with store.mutex:
+            if store.loaded is not loaded:  # replaced meanwhile by a load on the front end's thread
+                raise LookupError(f"IP-Adapter {name!r} was replaced while loading (one IP-Adapter is loaded at a "
+                                  f"time); retry later")
+            for j, i in enumerate(at):
+                requests[i].image_prompt = Embedded(name, prompts[i].scale, embeds[j:j + 1])
+                store.hold(requests[i])
+
+
+@contextlib.contextmanager
+def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterator[dict]:
+    """For the forward inside the block: the adapter in the UNet and the UNet's keywords for `rows` (one per batch
+    row: the request's Embedded or None, and whether the row is the request's conditional one). Yields {} when no
+    row has an image prompt (the plain UNet runs). Raises LookupError when a row's adapter is no longer loaded."""
+    if not any(e is not None for e, _ in rows):
+        yield {}
+        return
+    loaded = store.loaded
+    names = {e.name for e, _ in rows if e is not None}
+    if loaded is None or names != {loaded.name}:
+        raise LookupError(f"IP-Adapter(s) {', '.join(sorted(names))} not loaded (one IP-Adapter is loaded at a "
+                          f"time); retry later")
+    like = next(e.embeds for e, _ in rows if e is not None)
+    zero = torch.zeros_like(like)
+    embeds = torch.cat([e.embeds if e is not None and cond else zero for e, cond in rows])[:, None]
+    scales = torch.tensor([e.scale if e is not None else 0.0 for e, _ in rows], device=like.device)
+    kind = unet.config.encoder_hid_dim_type
+    before = getattr(_state, "scales", None)
+    store.use(loaded.processors)
+    unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = loaded.projection, "ip_image_proj"
+    _state.scales = scales
+    try:
+        yield {"added_cond_kwargs": {"image_embeds": [embeds]}}
+    finally:
+        _state.scales = before
+        store.use(store.plain)
+        unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = None, kind
+
+
+@contextlib.contextmanager
+def rows_subset(at: Sequence[int]) -> Iterator[None]:
+    """Inside the block, the forward runs on the batch rows `at` only (step caching's deep part): the scales follow
+    their rows."""
+    scales = getattr(_state, "scales", None)
+    if scales is None:
+        yield
+        return
+    _state.scales = scales.index_select(0, torch.tensor(list(at), dtype=torch.long, device=scales.device))
+    try:
+        yield
+    finally:
+        _state.scales = scales

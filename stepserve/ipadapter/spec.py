@@ -1,0 +1,65 @@
+"""A request's `ip_adapter` field -> an ImagePrompt, checked against the IP-Adapters served
+(ModelInfo.ip_adapter_names). Pure data: no torch.
+
+Accepted: None (no image prompt), or {"name": str, "image": picture, "scale": number} (scale defaults to 1.0, as
+diffusers' set_ip_adapter_scale; at most MAX_SCALE).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_SCALE = 10.0
+KEYS = ("name", "image", "scale")
+FIELD = "ip_adapter"
+
+
+class IPAdapterSpecError(ValueError):
+    """What is wrong with an `ip_adapter` value; `field` names it (e.g. "ip_adapter.scale")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A request's image prompt: an IP-Adapter by name, its image (resolved: an RGB PIL image) and its scale."""
+
+    name: str
+    image: Any
+    scale: float = 1.0
+
+
+def unknown_name(name: object, served) -> str:
+    """The one "not served" message: the name and the names that are."""
+    names = ", ".join(sorted(served)) or "none (IP-Adapters need an SD 1/2 model on the torch backend and " \
+                                        "--ip-adapter-dir)"
+    return f"IP-Adapter {str(name)[:80]!r} is not served; served: {names}"
+
+
+def parse_ip_adapter(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any]
+                     ) -> ImagePrompt | None:
+    """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one)."""
+    if value is None:
+        return None
+    if isinstance(value, ImagePrompt):
+        value = {"name": value.name, "image": value.image, "scale": value.scale}
+    if not isinstance(value, Mapping) or "name" not in value or "image" not in value:
+        raise IPAdapterSpecError(FIELD, f"expected {{\"name\": ..., \"image\": ...}} (scale optional), got "
+                                        f"{str(value)[:120]}")
+    extra = sorted(set(map(str, value)) - set(KEYS))
+    if extra:
+        raise IPAdapterSpecError(FIELD, f"unknown key(s) {', '.join(extra)}; allowed: {', '.join(KEYS)}")
+    name = value["name"]
+    if not isinstance(name, str) or name not in known:
+        raise IPAdapterSpecError(f"{FIELD}.name", unknown_name(name, known))
+    scale = value.get("scale", 1.0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) \
+            or not 0 <= scale <= MAX_SCALE:
+        raise IPAdapterSpecError(f"{FIELD}.scale", f"must be a number in [0, {MAX_SCALE:g}] (the weight of the "
+                                                   f"image prompt, diffusers' IP-Adapter scale), got {scale!r}")
+    return ImagePrompt(name, to_image(f"{FIELD}.image", value["image"]), float(scale))

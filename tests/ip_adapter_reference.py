@@ -1,0 +1,50 @@
+"""IP-Adapter references for tests: diffusers' own StableDiffusionPipeline with load_ip_adapter and
+set_ip_adapter_scale, run alone per request, and the IP-Adapter folders the tests serve."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from edit_images import start_image
+
+from stepserve import SamplingParams
+
+NAMES = ("face", "style")
+
+
+def build_ip_adapters(pipe, out, std=0.05):
+    """Two tiny random IP-Adapters for the pipeline folder `pipe`, one sub-folder each in `out`."""
+    from stepserve.tiny.ipadapter import build_tiny_ip_adapter
+
+    for seed, name in enumerate(NAMES, start=1):
+        build_tiny_ip_adapter(pipe, out / name, seed=seed, std=std)
+    return out
+
+
+def request(i, name=None, scale=1.0, guidance=4.0, steps=6, **extra) -> SamplingParams:
+    """SD request `i` (16x16, dpmpp_2m) with an image prompt of adapter `name` at `scale` (none when None)."""
+    prompt = None if name is None else {"name": name, "image": start_image(50 + i, size=[24, 40][i % 2]),
+                                        "scale": scale}
+    return SamplingParams(prompt=f"a small cat {i}", seed=800 + i, num_inference_steps=steps,
+                          guidance_scale=guidance, sampler="dpmpp_2m", height=16, width=16, ip_adapter=prompt,
+                          **extra)
+
+
+def diffusers_ip_adapter(path, folder, p: SamplingParams) -> np.ndarray:
+    """uint8 values (as int16) of request `p` by StableDiffusionPipeline with its IP-Adapter (or none)."""
+    import diffusers
+
+    from stepserve.tiny.ipadapter import WEIGHTS
+
+    pipe = diffusers.StableDiffusionPipeline.from_pretrained(path, safety_checker=None)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
+    extra = {}
+    if p.ip_adapter is not None:
+        pipe.load_ip_adapter(str(folder), subfolder=p.ip_adapter["name"], weight_name=WEIGHTS)
+        pipe.set_ip_adapter_scale(p.ip_adapter.get("scale", 1.0))
+        extra["ip_adapter_image"] = p.ip_adapter["image"]
+    image = pipe(p.prompt, height=p.height, width=p.width, num_inference_steps=p.num_inference_steps,
+                 guidance_scale=p.guidance_scale, generator=torch.Generator("cpu").manual_seed(p.seed),
+                 output_type="np", **extra).images[0]
+    return (image * 255).round().astype(np.int16)
