@@ -63,7 +63,7 @@ class TorchExecutor:
             if getattr(self.pipeline, "runs_controls", False):
                 info = replace(info, controls=True, control_names=self._controlnets.names
                                if self._controlnets is not None else frozenset())
-            if getattr(self.pipeline, "runs_controls", False):  # the same networks take IP-Adapters
+            if getattr(self.pipeline, "runs_ip_adapters", False):
                 info = replace(info, ip_adapters=True, ip_adapter_names=self._ip_adapters.names
                                if self._ip_adapters is not None else frozenset())
             self._info = (key, info)

@@ -173,6 +173,11 @@ class StableDiffusionAdapter(UNetControls, FamilyAdapter):
         """ControlNets (stepserve/controls) run beside the torch UNet (not an export, not the fast path)."""
         return isinstance(self.networks, TorchNetworks)
 
+    @property
+    def runs_ip_adapters(self) -> bool:
+        """IP-Adapters (stepserve/ipadapter) go into the torch UNet's attention, as ControlNets run beside it."""
+        return self.runs_controls
+
     @torch.no_grad()
     def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:
         """Images as StableDiffusionImg2ImgPipeline (and the inpaint pipeline) encode them: the VAE's latent
