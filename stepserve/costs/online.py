@@ -99,15 +99,15 @@ class OnlineStepCurve:
         sooner): the prior's points at the sizes never run would otherwise hold the line's slope whatever the
         probes show (a profile that said a batch of n costs n steps of one kept an engine one at a time where
         a batch of 8 gained 2.4x)."""
-        prior, seen = self._prior_sums(bucket), self._seen.get(tuple(bucket))
-        total = Sums()
-        for part in (prior, seen):
-            if part is not None:
-                total.merge(part)
-        fit = fit_line(total)
-        if fit is None or prior is None or seen is None or not self._contradicted(tuple(bucket)):
+        bucket = tuple(bucket)
+        prior, seen = self._prior_sums(bucket), self._seen.get(bucket)
+        if prior is None or seen is None:  # one set of sums (or none): its own line
+            part = seen if prior is None else prior
+            return None if part is None else fit_line(part)
+        fit = fit_line(prior.plus(seen))
+        if fit is None or not self._contradicted(bucket):
             return fit
-        return fit_line(seen) or fit_line(self._size_sums(tuple(bucket))) or fit
+        return fit_line(seen) or fit_line(self._size_sums(bucket)) or fit
 
     def _size_sums(self, bucket: Bucket) -> Sums:
         """Every batch size's own decayed steps of `bucket`, in one set of sums."""
@@ -122,15 +122,18 @@ class OnlineStepCurve:
         """Whether the steps seen at one and at some larger size n (each size's own mean and noise,
         size_gain_bounds) put the gain of a batch of n outside what the prior says it is. Kept until the next
         step of `bucket` is observed (the policy reads the fit several times a step)."""
-        if bucket not in self._contradiction:
-            self._contradiction[bucket] = self._contradicts(bucket)
-        return self._contradiction[bucket]
+        got = self._contradiction.get(bucket)
+        if got is None:
+            got = self._contradiction[bucket] = self._contradicts(bucket)
+        return got
 
     def _contradicts(self, bucket: Bucket) -> bool:
         ones = self._mean_se(bucket, 1)  # read once for every n
         if ones is None:
             return False
         verdicts = self._size_verdict.setdefault(bucket, {})
+        if True in verdicts.values():  # a kept verdict already says so (each is a function of its sizes' sums)
+            return True
         for n in range(2, self.max_batch_size + 1):
             verdict = verdicts.get(n)
             if verdict is None:
