@@ -90,6 +90,19 @@ class Sums:
         return Sums(self.w + other.w, self.b + other.b, self.bb + other.bb, self.t + other.t, self.bt + other.bt,
                     self.tt + other.tt, self.ww + other.ww, self.wwb + other.wwb, self.wwbb + other.wwbb)
 
+    def decay_add(self, factor: float, b: float, t: float) -> None:
+        """scale(factor), then add(b, t) at weight 1: the same arithmetic in one call (an observed step)."""
+        squared = factor * factor
+        self.w = self.w * factor + 1.0
+        self.b = self.b * factor + b
+        self.bb = self.bb * factor + b * b
+        self.t = self.t * factor + t
+        self.bt = self.bt * factor + b * t
+        self.tt = self.tt * factor + t * t
+        self.ww = self.ww * squared + 1.0
+        self.wwb = self.wwb * squared + b
+        self.wwbb = self.wwbb * squared + b * b
+
     def merge(self, other: "Sums") -> None:
         self.w += other.w
         self.b += other.b

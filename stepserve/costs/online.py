@@ -56,6 +56,7 @@ class OnlineStepCurve:
     # What the steps of each size say, kept until a step of that size is observed (a function of its sums alone):
     _size_mean_se: dict[tuple[Bucket, int], tuple[float, float] | None] = field(default_factory=dict)
     _size_verdict: dict[Bucket, dict[int, bool]] = field(default_factory=dict)  # n -> sizes 1 and n contradict
+    _size_bounds: dict[Bucket, dict] = field(default_factory=dict)  # n -> size_gain_bounds at CONFIDENCE, likewise
     _said: dict[Bucket, list[float]] = field(default_factory=dict)  # the prior's gain at each n (_contradicts)
 
     def __post_init__(self) -> None:
@@ -68,19 +69,22 @@ class OnlineStepCurve:
         if batch_size < 1 or not math.isfinite(seconds) or seconds < 0:
             return
         bucket = tuple(bucket)
-        sums = self._seen.setdefault(bucket, Sums())
-        sums.scale(self._decay)
-        sums.add(batch_size, seconds)
-        size = self._sizes.setdefault((bucket, batch_size), Sums())
-        size.scale(SIZE_DECAY)
-        size.add(batch_size, seconds)
-        self._size_mean_se.pop((bucket, batch_size), None)
-        verdicts = self._size_verdict.get(bucket)
-        if verdicts:  # a step of one changes every size's verdict, a step of n that of n alone
-            if batch_size == 1:
-                verdicts.clear()
-            else:
-                verdicts.pop(batch_size, None)
+        sums = self._seen.get(bucket)
+        if sums is None:
+            sums = self._seen[bucket] = Sums()
+        sums.decay_add(self._decay, batch_size, seconds)
+        key = (bucket, batch_size)
+        size = self._sizes.get(key)
+        if size is None:
+            size = self._sizes[key] = Sums()
+        size.decay_add(SIZE_DECAY, batch_size, seconds)
+        self._size_mean_se.pop(key, None)
+        for kept in (self._size_verdict.get(bucket), self._size_bounds.get(bucket)):
+            if kept:  # a step of one changes every size's verdict and bounds, a step of n those of n alone
+                if batch_size == 1:
+                    kept.clear()
+                else:
+                    kept.pop(batch_size, None)
         self._contradiction.pop(bucket, None)
         self.observations += 1
 
@@ -181,6 +185,17 @@ class OnlineStepCurve:
         to the step (a shared CPU) leave the fit's bound wide however many steps of one size are seen. `ones`:
         the steps of one's (mean, standard error) when the caller has them already."""
         bucket = tuple(bucket)
+        if spread == CONFIDENCE:  # the spread every decision reads: kept until a step of one or of n
+            kept = self._size_bounds.get(bucket)
+            if kept is None:
+                kept = self._size_bounds[bucket] = {}
+            if n not in kept:
+                kept[n] = self._gain_bounds(bucket, n, spread, ones)
+            return kept[n]
+        return self._gain_bounds(bucket, n, spread, ones)
+
+    def _gain_bounds(self, bucket: Bucket, n: int, spread: float,
+                     ones: tuple[float, float] | None) -> tuple[float, float] | None:
         if ones is None:
             ones = self._mean_se(bucket, 1)
         many = self._mean_se(bucket, n)

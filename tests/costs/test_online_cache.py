@@ -61,3 +61,16 @@ def test_the_fit_is_the_line_through_the_merged_sums_exactly():
         merged.merge(curve._seen[B])
         if not curve._contradicted(B):
             assert curve.fit(B) == fit_line(merged)
+
+
+def test_an_observed_step_adds_to_the_sums_exactly_as_scale_then_add():
+    from stepserve.costs.line_fit import Sums
+
+    rng = random.Random(3)
+    fused, apart = Sums(), Sums()
+    for _ in range(200):
+        b, t, f = rng.choice([1, 2, 5, 8]), rng.lognormvariate(-3.0, 1.0), rng.choice([0.5 ** (1 / 30), 0.5 ** 0.1])
+        fused.decay_add(f, b, t)
+        apart.scale(f)
+        apart.add(b, t)
+        assert fused == apart
