@@ -34,6 +34,7 @@ from .line_fit import Fit, Sums, fit_line, gain, gain_interval, mean_se
 DEFAULT_HALF_LIFE_STEPS = 30.0
 PRIOR_WEIGHT = 0.05  # weight of each prior point against one observation
 SIZE_DECAY = 0.5 ** (1 / 10)  # each batch size's own steps: a half-life of 10 of them
+_MISSING = object()  # not kept yet
 CONFIDENCE = 3.0  # standard errors of the fit a batching decision must clear to change (efficient_batch); at 2,
 # a run of slow steps of one (a mean 3.5 standard errors high in 3,000 noisy steps) still flipped it
 
@@ -148,7 +149,7 @@ class OnlineStepCurve:
 
     def _size_contradicts(self, bucket: Bucket, n: int, ones: tuple[float, float]) -> bool:
         """Whether the steps seen at one (`ones`) and at n put the gain of a batch of n outside the prior's."""
-        bounds = self.size_gain_bounds(bucket, n, CONFIDENCE, ones)
+        bounds = self._confident_bounds(bucket, n, ones)
         if bounds is None:
             return False
         said = self._said.get(bucket)
@@ -161,9 +162,9 @@ class OnlineStepCurve:
     def _mean_se(self, bucket: Bucket, n: int) -> tuple[float, float] | None:
         """mean_se of the steps seen at size n, kept until the next of them is observed."""
         key = (bucket, n)
-        if key in self._size_mean_se:
-            return self._size_mean_se[key]
-        got = self._size_mean_se[key] = mean_se(self._sizes.get(key))
+        got = self._size_mean_se.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._size_mean_se[key] = mean_se(self._sizes.get(key))
         return got
 
     def gain_unsettled(self, bucket: Bucket, n: int, min_gain: float, fit: "Fit | None") -> bool:
@@ -186,13 +187,19 @@ class OnlineStepCurve:
         the steps of one's (mean, standard error) when the caller has them already."""
         bucket = tuple(bucket)
         if spread == CONFIDENCE:  # the spread every decision reads: kept until a step of one or of n
-            kept = self._size_bounds.get(bucket)
-            if kept is None:
-                kept = self._size_bounds[bucket] = {}
-            if n not in kept:
-                kept[n] = self._gain_bounds(bucket, n, spread, ones)
-            return kept[n]
+            return self._confident_bounds(bucket, n, ones)
         return self._gain_bounds(bucket, n, spread, ones)
+
+    def _confident_bounds(self, bucket: Bucket, n: int,
+                          ones: tuple[float, float] | None = None) -> tuple[float, float] | None:
+        """size_gain_bounds at CONFIDENCE (`bucket` a tuple), kept until a step of one or of n is observed."""
+        kept = self._size_bounds.get(bucket)
+        if kept is None:
+            kept = self._size_bounds[bucket] = {}
+        got = kept.get(n, _MISSING)
+        if got is _MISSING:
+            got = kept[n] = self._gain_bounds(bucket, n, CONFIDENCE, ones)
+        return got
 
     def _gain_bounds(self, bucket: Bucket, n: int, spread: float,
                      ones: tuple[float, float] | None) -> tuple[float, float] | None:
