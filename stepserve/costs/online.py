@@ -136,8 +136,10 @@ class OnlineStepCurve:
         ones = self._mean_se(bucket, 1)  # read once for every n
         if ones is None:
             return False
-        verdicts = self._size_verdict.setdefault(bucket, {})
-        if True in verdicts.values():  # a kept verdict already says so (each is a function of its sizes' sums)
+        verdicts = self._size_verdict.get(bucket)
+        if verdicts is None:
+            verdicts = self._size_verdict[bucket] = {}
+        elif True in verdicts.values():  # a kept verdict already says so (each is a function of its sizes' sums)
             return True
         for n in range(2, self.max_batch_size + 1):
             verdict = verdicts.get(n)

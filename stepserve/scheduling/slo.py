@@ -275,6 +275,8 @@ class SLOPolicy(SLOFrontEnd):
 
     def _pick_bucket(self, buckets: list[Bucket]) -> Bucket:
         """Deficit round-robin (rule: buckets); `buckets` lists the buckets with work, oldest work first."""
+        if len(buckets) == 1 and len(self._deficit) == 1 and buckets[0] in self._deficit:
+            return buckets[0]  # the one bucket with work, already the only one with a deficit: nothing changes
         active = set(buckets)
         for b in [b for b in self._deficit if b not in active]:
             del self._deficit[b]
