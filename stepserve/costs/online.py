@@ -29,18 +29,16 @@ import math
 from dataclasses import dataclass, field
 
 from .latency_model import Bucket, LatencyModel
-from .line_fit import Fit, Sums, fit_line, gain, gain_interval, mean_se
+from .line_fit import Fit, Sums, fit_line, gain
+from .size_evidence import CONFIDENCE, SizeEvidence
 
 DEFAULT_HALF_LIFE_STEPS = 30.0
 PRIOR_WEIGHT = 0.05  # weight of each prior point against one observation
 SIZE_DECAY = 0.5 ** (1 / 10)  # each batch size's own steps: a half-life of 10 of them
-_MISSING = object()  # not kept yet
-CONFIDENCE = 3.0  # standard errors of the fit a batching decision must clear to change (efficient_batch); at 2,
-# a run of slow steps of one (a mean 3.5 standard errors high in 3,000 noisy steps) still flipped it
 
 
 @dataclass
-class OnlineStepCurve:
+class OnlineStepCurve(SizeEvidence):
     """T(b) = a + c * b per bucket, fitted to a prior and to observed steps (see the module docstring)."""
 
     prior: LatencyModel | None = None
@@ -123,52 +121,6 @@ class OnlineStepCurve:
                 total.merge(part)
         return total
 
-    def _contradicted(self, bucket: Bucket) -> bool:
-        """Whether the steps seen at one and at some larger size n (each size's own mean and noise,
-        size_gain_bounds) put the gain of a batch of n outside what the prior says it is. Kept until the next
-        step of `bucket` is observed (the policy reads the fit several times a step)."""
-        got = self._contradiction.get(bucket)
-        if got is None:
-            got = self._contradiction[bucket] = self._contradicts(bucket)
-        return got
-
-    def _contradicts(self, bucket: Bucket) -> bool:
-        ones = self._mean_se(bucket, 1)  # read once for every n
-        if ones is None:
-            return False
-        verdicts = self._size_verdict.get(bucket)
-        if verdicts is None:
-            verdicts = self._size_verdict[bucket] = {}
-        elif True in verdicts.values():  # a kept verdict already says so (each is a function of its sizes' sums)
-            return True
-        for n in range(2, self.max_batch_size + 1):
-            verdict = verdicts.get(n)
-            if verdict is None:
-                verdict = verdicts[n] = self._size_contradicts(bucket, n, ones)
-            if verdict:
-                return True
-        return False
-
-    def _size_contradicts(self, bucket: Bucket, n: int, ones: tuple[float, float]) -> bool:
-        """Whether the steps seen at one (`ones`) and at n put the gain of a batch of n outside the prior's."""
-        bounds = self._confident_bounds(bucket, n, ones)
-        if bounds is None:
-            return False
-        said = self._said.get(bucket)
-        if said is None:
-            one = self._prior_at(bucket, 1)
-            said = self._said[bucket] = [min(max(b * one / max(self._prior_at(bucket, b), 1e-12), 1.0), float(b))
-                                         for b in range(1, self.max_batch_size + 1)]
-        return not bounds[0] - 1e-9 <= said[n - 1] <= bounds[1] + 1e-9
-
-    def _mean_se(self, bucket: Bucket, n: int) -> tuple[float, float] | None:
-        """mean_se of the steps seen at size n, kept until the next of them is observed."""
-        key = (bucket, n)
-        got = self._size_mean_se.get(key, _MISSING)
-        if got is _MISSING:
-            got = self._size_mean_se[key] = mean_se(self._sizes.get(key))
-        return got
-
     def gain_unsettled(self, bucket: Bucket, n: int, min_gain: float, fit: "Fit | None") -> bool:
         """Whether the steps seen leave it open if a batch of n gains more than `min_gain`: the fit's bounds
         straddle it, and so do those of the steps seen at one and at n (or there are too few of those)."""
@@ -179,38 +131,6 @@ class OnlineStepCurve:
                 return False
         bounds = self.size_gain_bounds(bucket, n, CONFIDENCE)
         return bounds is None or bounds[0] <= threshold < bounds[1]
-
-    def size_gain_bounds(self, bucket: Bucket, n: int, spread: float,
-                         ones: tuple[float, float] | None = None) -> tuple[float, float] | None:
-        """(lowest, highest) gain of a batch of n over one from the steps seen at those two sizes alone (each
-        size's mean and the standard error of its own steps, `spread` of them); None until each has a few. Its
-        noise is each size's own, where the fit's is one for all sizes: step times that spread in proportion
-        to the step (a shared CPU) leave the fit's bound wide however many steps of one size are seen. `ones`:
-        the steps of one's (mean, standard error) when the caller has them already."""
-        bucket = tuple(bucket)
-        if spread == CONFIDENCE:  # the spread every decision reads: kept until a step of one or of n
-            return self._confident_bounds(bucket, n, ones)
-        return self._gain_bounds(bucket, n, spread, ones)
-
-    def _confident_bounds(self, bucket: Bucket, n: int,
-                          ones: tuple[float, float] | None = None) -> tuple[float, float] | None:
-        """size_gain_bounds at CONFIDENCE (`bucket` a tuple), kept until a step of one or of n is observed."""
-        kept = self._size_bounds.get(bucket)
-        if kept is None:
-            kept = self._size_bounds[bucket] = {}
-        got = kept.get(n, _MISSING)
-        if got is _MISSING:
-            got = kept[n] = self._gain_bounds(bucket, n, CONFIDENCE, ones)
-        return got
-
-    def _gain_bounds(self, bucket: Bucket, n: int, spread: float,
-                     ones: tuple[float, float] | None) -> tuple[float, float] | None:
-        if ones is None:
-            ones = self._mean_se(bucket, 1)
-        many = self._mean_se(bucket, n)
-        if ones is None or many is None:
-            return None
-        return gain_interval(ones[0], spread * ones[1], many[0], spread * many[1], n)
 
     def step_s(self, bucket: Bucket, batch_size: int) -> float | None:
         line = self.line(bucket)
