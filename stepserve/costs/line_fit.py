@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 def gain(a: float, c: float, n: int) -> float:
@@ -23,9 +24,9 @@ def gain_interval(t1: float, e1: float, tn: float, en: float, n: int) -> tuple[f
     return min(max(low, 1.0), n), min(max(high, 1.0), n)
 
 
-@dataclass(frozen=True)
-class Fit:
-    """The fitted line as its centroid and slope, with the slope's standard error."""
+class Fit(NamedTuple):
+    """The fitted line as its centroid and slope, with the slope's standard error (immutable; a named tuple, the
+    cheapest to build: one is made per engine step)."""
 
     mean_b: float  # the weighted mean batch size of the points
     mean_t: float  # and of their step times
@@ -83,6 +84,24 @@ class Sums:
         self.ww += weight * weight
         self.wwb += weight * weight * b
         self.wwbb += weight * weight * b * b
+
+    def plus(self, other: "Sums") -> "Sums":
+        """New sums of both sets of points (each field this one's plus the other's: merging both into empty sums)."""
+        return Sums(self.w + other.w, self.b + other.b, self.bb + other.bb, self.t + other.t, self.bt + other.bt,
+                    self.tt + other.tt, self.ww + other.ww, self.wwb + other.wwb, self.wwbb + other.wwbb)
+
+    def decay_add(self, factor: float, b: float, t: float) -> None:
+        """scale(factor), then add(b, t) at weight 1: the same arithmetic in one call (an observed step)."""
+        squared = factor * factor
+        self.w = self.w * factor + 1.0
+        self.b = self.b * factor + b
+        self.bb = self.bb * factor + b * b
+        self.t = self.t * factor + t
+        self.bt = self.bt * factor + b * t
+        self.tt = self.tt * factor + t * t
+        self.ww = self.ww * squared + 1.0
+        self.wwb = self.wwb * squared + b
+        self.wwbb = self.wwbb * squared + b * b
 
     def merge(self, other: "Sums") -> None:
         self.w += other.w

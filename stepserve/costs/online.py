@@ -29,17 +29,16 @@ import math
 from dataclasses import dataclass, field
 
 from .latency_model import Bucket, LatencyModel
-from .line_fit import Fit, Sums, fit_line, gain, gain_interval, mean_se
+from .line_fit import Fit, Sums, fit_line, gain
+from .size_evidence import CONFIDENCE, SizeEvidence
 
 DEFAULT_HALF_LIFE_STEPS = 30.0
 PRIOR_WEIGHT = 0.05  # weight of each prior point against one observation
 SIZE_DECAY = 0.5 ** (1 / 10)  # each batch size's own steps: a half-life of 10 of them
-CONFIDENCE = 3.0  # standard errors of the fit a batching decision must clear to change (efficient_batch); at 2,
-# a run of slow steps of one (a mean 3.5 standard errors high in 3,000 noisy steps) still flipped it
 
 
 @dataclass
-class OnlineStepCurve:
+class OnlineStepCurve(SizeEvidence):
     """T(b) = a + c * b per bucket, fitted to a prior and to observed steps (see the module docstring)."""
 
     prior: LatencyModel | None = None
@@ -56,6 +55,7 @@ class OnlineStepCurve:
     # What the steps of each size say, kept until a step of that size is observed (a function of its sums alone):
     _size_mean_se: dict[tuple[Bucket, int], tuple[float, float] | None] = field(default_factory=dict)
     _size_verdict: dict[Bucket, dict[int, bool]] = field(default_factory=dict)  # n -> sizes 1 and n contradict
+    _size_bounds: dict[Bucket, dict] = field(default_factory=dict)  # n -> size_gain_bounds at CONFIDENCE, likewise
     _said: dict[Bucket, list[float]] = field(default_factory=dict)  # the prior's gain at each n (_contradicts)
 
     def __post_init__(self) -> None:
@@ -68,19 +68,22 @@ class OnlineStepCurve:
         if batch_size < 1 or not math.isfinite(seconds) or seconds < 0:
             return
         bucket = tuple(bucket)
-        sums = self._seen.setdefault(bucket, Sums())
-        sums.scale(self._decay)
-        sums.add(batch_size, seconds)
-        size = self._sizes.setdefault((bucket, batch_size), Sums())
-        size.scale(SIZE_DECAY)
-        size.add(batch_size, seconds)
-        self._size_mean_se.pop((bucket, batch_size), None)
-        verdicts = self._size_verdict.get(bucket)
-        if verdicts:  # a step of one changes every size's verdict, a step of n that of n alone
-            if batch_size == 1:
-                verdicts.clear()
-            else:
-                verdicts.pop(batch_size, None)
+        sums = self._seen.get(bucket)
+        if sums is None:
+            sums = self._seen[bucket] = Sums()
+        sums.decay_add(self._decay, batch_size, seconds)
+        key = (bucket, batch_size)
+        size = self._sizes.get(key)
+        if size is None:
+            size = self._sizes[key] = Sums()
+        size.decay_add(SIZE_DECAY, batch_size, seconds)
+        self._size_mean_se.pop(key, None)
+        for kept in (self._size_verdict.get(bucket), self._size_bounds.get(bucket)):
+            if kept:  # a step of one changes every size's verdict and bounds, a step of n those of n alone
+                if batch_size == 1:
+                    kept.clear()
+                else:
+                    kept.pop(batch_size, None)
         self._contradiction.pop(bucket, None)
         self.observations += 1
 
@@ -99,15 +102,15 @@ class OnlineStepCurve:
         sooner): the prior's points at the sizes never run would otherwise hold the line's slope whatever the
         probes show (a profile that said a batch of n costs n steps of one kept an engine one at a time where
         a batch of 8 gained 2.4x)."""
-        prior, seen = self._prior_sums(bucket), self._seen.get(tuple(bucket))
-        total = Sums()
-        for part in (prior, seen):
-            if part is not None:
-                total.merge(part)
-        fit = fit_line(total)
-        if fit is None or prior is None or seen is None or not self._contradicted(tuple(bucket)):
+        bucket = tuple(bucket)
+        prior, seen = self._prior_sums(bucket), self._seen.get(bucket)
+        if prior is None or seen is None:  # one set of sums (or none): its own line
+            part = seen if prior is None else prior
+            return None if part is None else fit_line(part)
+        fit = fit_line(prior.plus(seen))
+        if fit is None or not self._contradicted(bucket):
             return fit
-        return fit_line(seen) or fit_line(self._size_sums(tuple(bucket))) or fit
+        return fit_line(seen) or fit_line(self._size_sums(bucket)) or fit
 
     def _size_sums(self, bucket: Bucket) -> Sums:
         """Every batch size's own decayed steps of `bucket`, in one set of sums."""
@@ -117,47 +120,6 @@ class OnlineStepCurve:
             if part is not None:
                 total.merge(part)
         return total
-
-    def _contradicted(self, bucket: Bucket) -> bool:
-        """Whether the steps seen at one and at some larger size n (each size's own mean and noise,
-        size_gain_bounds) put the gain of a batch of n outside what the prior says it is. Kept until the next
-        step of `bucket` is observed (the policy reads the fit several times a step)."""
-        if bucket not in self._contradiction:
-            self._contradiction[bucket] = self._contradicts(bucket)
-        return self._contradiction[bucket]
-
-    def _contradicts(self, bucket: Bucket) -> bool:
-        ones = self._mean_se(bucket, 1)  # read once for every n
-        if ones is None:
-            return False
-        verdicts = self._size_verdict.setdefault(bucket, {})
-        for n in range(2, self.max_batch_size + 1):
-            verdict = verdicts.get(n)
-            if verdict is None:
-                verdict = verdicts[n] = self._size_contradicts(bucket, n, ones)
-            if verdict:
-                return True
-        return False
-
-    def _size_contradicts(self, bucket: Bucket, n: int, ones: tuple[float, float]) -> bool:
-        """Whether the steps seen at one (`ones`) and at n put the gain of a batch of n outside the prior's."""
-        bounds = self.size_gain_bounds(bucket, n, CONFIDENCE, ones)
-        if bounds is None:
-            return False
-        said = self._said.get(bucket)
-        if said is None:
-            one = self._prior_at(bucket, 1)
-            said = self._said[bucket] = [min(max(b * one / max(self._prior_at(bucket, b), 1e-12), 1.0), float(b))
-                                         for b in range(1, self.max_batch_size + 1)]
-        return not bounds[0] - 1e-9 <= said[n - 1] <= bounds[1] + 1e-9
-
-    def _mean_se(self, bucket: Bucket, n: int) -> tuple[float, float] | None:
-        """mean_se of the steps seen at size n, kept until the next of them is observed."""
-        key = (bucket, n)
-        if key in self._size_mean_se:
-            return self._size_mean_se[key]
-        got = self._size_mean_se[key] = mean_se(self._sizes.get(key))
-        return got
 
     def gain_unsettled(self, bucket: Bucket, n: int, min_gain: float, fit: "Fit | None") -> bool:
         """Whether the steps seen leave it open if a batch of n gains more than `min_gain`: the fit's bounds
@@ -169,21 +131,6 @@ class OnlineStepCurve:
                 return False
         bounds = self.size_gain_bounds(bucket, n, CONFIDENCE)
         return bounds is None or bounds[0] <= threshold < bounds[1]
-
-    def size_gain_bounds(self, bucket: Bucket, n: int, spread: float,
-                         ones: tuple[float, float] | None = None) -> tuple[float, float] | None:
-        """(lowest, highest) gain of a batch of n over one from the steps seen at those two sizes alone (each
-        size's mean and the standard error of its own steps, `spread` of them); None until each has a few. Its
-        noise is each size's own, where the fit's is one for all sizes: step times that spread in proportion
-        to the step (a shared CPU) leave the fit's bound wide however many steps of one size are seen. `ones`:
-        the steps of one's (mean, standard error) when the caller has them already."""
-        bucket = tuple(bucket)
-        if ones is None:
-            ones = self._mean_se(bucket, 1)
-        many = self._mean_se(bucket, n)
-        if ones is None or many is None:
-            return None
-        return gain_interval(ones[0], spread * ones[1], many[0], spread * many[1], n)
 
     def step_s(self, bucket: Bucket, batch_size: int) -> float | None:
         line = self.line(bucket)

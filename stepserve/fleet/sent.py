@@ -52,6 +52,10 @@ class Sent:
         """Whether anything sent to `replica` is noted."""
         return bool(self._out.get(replica))
 
+    def any(self) -> bool:
+        """Whether anything sent to any replica is noted."""
+        return any(self._out.values())
+
     def pending(self, replica: Hashable) -> tuple[int, float]:
         """(requests, predicted seconds) sent to `replica` since its latest stats and not yet answered."""
         out = self._out.get(replica)

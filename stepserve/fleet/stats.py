@@ -95,8 +95,15 @@ def finish_s(stats: ReplicaStats, job: Job, adapter_load_s: float = 0.0) -> floa
     work in hand is done which frees a place: all of it where the replica runs one request at a time (a batch
     of n costs about n steps of one, so it does not batch: first come first served), a fraction where it runs
     several."""
-    b, step, fixed = _joins(stats, job)  # read once: price_s's terms too (the router calls this per replica)
-    n, cap = stats.outstanding, max(len(stats.curve), 1)
+    # _joins, inline (the router calls this for every replica at every arrival); read once: price_s's terms too
+    n, curve = stats.outstanding, stats.curve
+    scale = job.pixels / stats.pixels if job.pixels and stats.pixels else 1.0
+    if curve:
+        b = min(n + 1, len(curve))
+        step, fixed = curve[b - 1] * scale, stats.fixed_s * scale
+    else:
+        b, step, fixed = 1, 0.0, stats.fixed_s * scale
+    cap = max(len(curve), 1)
     wait = 0.0 if n < cap else stats.work_s * (n - cap + 1) / n
     missing = sum(1 for a in job.adapters if a not in stats.adapters) if job.adapters else 0
     late = max((job.steps * step + fixed) / b - stats.slack_s, 0.0)  # price_s

@@ -184,9 +184,10 @@ class SLOPolicy(SLOFrontEnd):
         if not demand:
             self._deficit.clear()
             return StepPlan()
-        oldest = {b: min([r.arrival_time for r in held.get(b, ())] + [r.arrival_time for r in queue.head(b, 1)])
-                  for b in demand}
-        demand = {b: demand[b] for b in sorted(demand, key=oldest.__getitem__)}
+        if len(demand) > 1:  # by their oldest request (one bucket: nothing to order)
+            oldest = {b: min([r.arrival_time for r in held.get(b, ())] + [r.arrival_time for r in queue.head(b, 1)])
+                      for b in demand}
+            demand = {b: demand[b] for b in sorted(demand, key=oldest.__getitem__)}
         free = max(self.max_batch_size - len(running), 0)
         room = {b: min(free, max(q - len(held.get(b, ())), 0)) for b, q in self._quotas(demand).items()}
         bucket = self._pick_bucket([b for b in demand if held.get(b) or room[b]])
@@ -274,6 +275,8 @@ class SLOPolicy(SLOFrontEnd):
 
     def _pick_bucket(self, buckets: list[Bucket]) -> Bucket:
         """Deficit round-robin (rule: buckets); `buckets` lists the buckets with work, oldest work first."""
+        if len(buckets) == 1 and len(self._deficit) == 1 and buckets[0] in self._deficit:
+            return buckets[0]  # the one bucket with work, already the only one with a deficit: nothing changes
         active = set(buckets)
         for b in [b for b in self._deficit if b not in active]:
             del self._deficit[b]

@@ -29,6 +29,9 @@ from ..fleet.stats import Job, ReplicaStats, core_stats, price_s
 from ..request.types import SamplingParams
 
 
+READS_ALL = ("least_work", "least_outstanding")  # routers that read every candidate's stats (the others: a few)
+
+
 class Fleet:
     def __init__(self, router: Router | None, latency: LatencyModel | None = None, publish_every_s: float = 0.0,
                  adapter_load_s: float = 0.0, adapter_slots: int = 4, central_hold: int | None = None,
@@ -52,7 +55,7 @@ class Fleet:
         self.central: deque[tuple[int, SamplingParams, str | None, float]] = deque()  # (key, ..., arrived at)
         self.until = 0.0  # ticks go on until this time (the last arrival), then while requests are out
         self.sent = Sent()
-        self._cache: list[tuple[int, ReplicaStats] | None] = []  # per replica: (tally version, fresh stats)
+        self._cache: list[tuple | None] = []  # per replica: (its tally, the tally's version, fresh stats)
         self._published: list[ReplicaStats] = []
         self._periodic: list[list] = []  # [period (math.inf: once), next due, fn(t)]
         self._armed: set[float] = set()  # times a tick is pushed for
@@ -98,14 +101,28 @@ class Fleet:
     # --- stats -------------------------------------------------------------------------------------------------
     def fresh(self, r: int, t: float) -> ReplicaStats:
         """Replica r's stats now, from its engine (cached until its tally changes)."""
-        loop = self.loop
-        core, outstanding = loop.reps[r].core, loop.outstanding[r]
+        outstanding = self.loop.outstanding[r]
         cached = self._cache[r]
-        if cached is not None and cached[0] == core.tally.version and outstanding == cached[1].outstanding:
-            return cached[1]
+        if cached is not None and cached[1] == cached[0].version and outstanding == cached[2].outstanding:
+            return cached[2]
+        core = self.loop.reps[r].core
         stats = core_stats(core, t, self.latency, outstanding, frozenset(self.adapters[r]))
-        self._cache[r] = (core.tally.version, stats)
+        self._cache[r] = (core.tally, core.tally.version, stats)
         return stats
+
+    def _every_stats(self, candidates: list[int], t: float) -> list[ReplicaStats]:
+        """stats() of every candidate, in one pass (for the routers that read them all): a replica whose tally
+        and count did not change since its stats were last taken is read from the cache without a call."""
+        if self.publish_every_s > 0 or self.sent.any():
+            return [self.stats(r, t) for r in candidates]
+        cache, outstanding, out = self._cache, self.loop.outstanding, []
+        for r in candidates:
+            cached = cache[r]
+            if cached is not None and cached[1] == cached[0].version and outstanding[r] == cached[2].outstanding:
+                out.append(cached[2])
+            else:
+                out.append(self.fresh(r, t))
+        return out
 
     def stats(self, r: int, t: float) -> ReplicaStats:
         """What the router knows of replica r at t: fresh, or its last publication plus what was sent since."""
@@ -172,7 +189,8 @@ class Fleet:
         return self._send(self.routable, job, t, key, adapter)
 
     def _send(self, candidates: list[int], job: Job, t: float, key: int, adapter: str | None) -> tuple[int, float]:
-        stats = _Lazy(self, candidates, t)
+        reads_all = self.router is None or self.router.name in READS_ALL
+        stats = self._every_stats(candidates, t) if reads_all else _Lazy(self, candidates, t)
         if self.router is None:  # the central queue: the least work among those that can take one
             from ..fleet.routers import least_work
 

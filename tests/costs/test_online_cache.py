@@ -44,3 +44,33 @@ def test_kept_reads_equal_reads_from_scratch_after_every_step(seed):
         for n in range(2, 9):
             assert curve.size_gain_bounds(B, n, CONFIDENCE) == scratch.size_gain_bounds(B, n, CONFIDENCE)
     assert verdicts == {False, True}  # both answers were read from kept verdicts
+
+
+def test_the_fit_is_the_line_through_the_merged_sums_exactly():
+    """fit() sums the prior's and the observed points in one pass (Sums.plus); the line is bit for bit the one
+    through both merged into empty sums, the prior first."""
+    from stepserve.costs.line_fit import Sums, fit_line
+
+    rng = random.Random(7)
+    curve = OnlineStepCurve(prior(0.010, 0.002), 8)
+    for _ in range(300):
+        b = rng.choice([1, 3, 8])
+        curve.observe(B, b, (0.010 + 0.002 * b) * rng.lognormvariate(0.0, 0.3))
+        merged = Sums()
+        merged.merge(curve._prior_sums(B))
+        merged.merge(curve._seen[B])
+        if not curve._contradicted(B):
+            assert curve.fit(B) == fit_line(merged)
+
+
+def test_an_observed_step_adds_to_the_sums_exactly_as_scale_then_add():
+    from stepserve.costs.line_fit import Sums
+
+    rng = random.Random(3)
+    fused, apart = Sums(), Sums()
+    for _ in range(200):
+        b, t, f = rng.choice([1, 2, 5, 8]), rng.lognormvariate(-3.0, 1.0), rng.choice([0.5 ** (1 / 30), 0.5 ** 0.1])
+        fused.decay_add(f, b, t)
+        apart.scale(f)
+        apart.add(b, t)
+        assert fused == apart
