@@ -23,8 +23,15 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import stepserve.api as _api
+
+# Property tests run on a machine whose cores other work may share: Hypothesis's health check that fails a test
+# whose examples are slow to generate would then fail it for the machine's load, with no example to show. Its
+# deadlines are off for the same reason; a property still fails on any counterexample.
+settings.register_profile("shared-machine", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("shared-machine")
 
 # Engine.from_pretrained's default thread count leaves a core to whatever feeds the engine (a server, a load
 # generator); the suite runs nothing beside it, so it keeps the threads set above.
