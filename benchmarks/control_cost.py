@@ -98,11 +98,11 @@ def forward_s(executor, requests) -> float:
 
     rows = torch.cat([r.latents for r in requests] * 2)
     t = torch.full((rows.shape[0],), 500.0)
-    hidden = executor.pipeline.collate([r.conditioning.cond for r in requests]
-                                       + [r.conditioning.uncond for r in requests])["encoder_hidden_states"]
+    conditioning = executor.pipeline.collate([r.conditioning.cond for r in requests]
+                                             + [r.conditioning.uncond for r in requests])
     plan = [(r.controls, 0, r.num_inference_steps) for r in requests] * 2
     start = time.perf_counter()
-    residuals(executor.controlnets(), rows, t, hidden, plan)
+    residuals(executor.controlnets(), executor.pipeline, rows, t, conditioning, plan)
     return time.perf_counter() - start
 
 
