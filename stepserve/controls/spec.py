@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..util.field_error import FieldError
 from .errors import unknown_name
 from .preprocess import PREPROCESSORS, PreprocessUnavailable, apply, available
 
@@ -23,12 +24,8 @@ MAX_SCALE = 10.0
 KEYS = ("name", "image", "scale", "start", "end", "preprocess")
 
 
-class ControlSpecError(ValueError):
+class ControlSpecError(FieldError):
     """What is wrong with a `controls` value; `field` names it (e.g. "controls[1].scale")."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..lora.folder import stamp
+from ..lora.folder import Watched
 from .errors import ControlNetBudgetError, ControlNetError, ControlNetTooLargeError, unknown_name
 
 WEIGHT_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
@@ -48,14 +48,11 @@ class ControlNetStore:
         self.evictions = 0
         self.version = 0  # bumped when the folder's names may have changed (the executor's ModelInfo lists them)
         self._mutex = threading.RLock()
-        self._files: tuple = (object(), {})  # (folder stamp, ControlNets) of the last look at the folder
+        self._folder = Watched(self.root, discover)
 
     def files(self) -> dict[str, Path]:
-        """The folder's ControlNets by name, looked for again only when the folder changed (lora/folder.stamp)."""
-        now = stamp(self.root)
-        if self._files[0] != now or now is None:
-            self._files = (now, discover(self.root))
-        return self._files[1]
+        """The folder's ControlNets by name, looked for again only when the folder changed."""
+        return self._folder.files()
 
     @property
     def names(self) -> frozenset[str]:

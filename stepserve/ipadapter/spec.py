@@ -12,17 +12,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..util.field_error import FieldError
+
 MAX_SCALE = 10.0
 KEYS = ("name", "image", "scale")
 FIELD = "ip_adapter"
 
 
-class IPAdapterSpecError(ValueError):
+class IPAdapterSpecError(FieldError):
     """What is wrong with an `ip_adapter` value; `field` names it (e.g. "ip_adapter.scale")."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)

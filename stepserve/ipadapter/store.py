@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..lora.folder import stamp
+from ..lora.folder import Watched
 from .spec import unknown_name
 
 ENCODER = "image_encoder"
@@ -68,7 +68,7 @@ class IPAdapterStore:
         self._users: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # requests given an embedding
         self.loads = 0
         self.mutex = threading.RLock()
-        self._files: tuple = (object(), {})
+        self._folder = Watched(self.root, discover)
         unet = pipeline.unet
         self.plain = dict(unet.attn_processors)  # the UNet's own processors, put back after each IP forward
         self._attention = {name: unet.get_submodule(name.rsplit(".", 1)[0]) for name in self.plain}
@@ -80,10 +80,7 @@ class IPAdapterStore:
             module.set_processor(processors[name])
 
     def files(self) -> dict[str, Path]:
-        now = stamp(self.root)
-        if self._files[0] != now or now is None:
-            self._files = (now, discover(self.root))
-        return self._files[1]
+        return self._folder.files()
 
     @property
     def names(self) -> frozenset[str]:

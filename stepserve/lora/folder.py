@@ -48,6 +48,20 @@ def stamp(root: Path | None):
         return None
 
 
+class Watched:
+    """A folder's entries by name (`discover(root)`), looked for again only when the folder changed (`stamp`)."""
+
+    def __init__(self, root: Path | None, discover) -> None:
+        self.root, self.discover = root, discover
+        self._seen: tuple = (object(), {})  # (folder stamp, entries) of the last look
+
+    def files(self) -> dict[str, Path]:
+        now = stamp(self.root)
+        if self._seen[0] != now or now is None:
+            self._seen = (now, self.discover(self.root))
+        return self._seen[1]
+
+
 def _walk(root: Path):
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from ..caching.spec import CacheSpecError, parse_cache
 from ..controls.errors import SERVED_FOR
 from ..controls.spec import ControlSpecError, parse_controls
+from ..ipadapter.spec import IPAdapterSpecError
 from .image_prompt import resolve_ip_adapter
 from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
@@ -291,7 +292,10 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         raise ValidationError("loras", str(exc)) from None
 
     controls = _controls(p, model, image)
-    ip_adapter = resolve_ip_adapter(p, model, image)
+    try:
+        ip_adapter = resolve_ip_adapter(p, model, image, lambda field, v: as_image(field, v, "RGB"))
+    except IPAdapterSpecError as exc:
+        raise ValidationError(exc.field, str(exc)) from None
     if controls or ip_adapter is not None:
         cache = None  # such a request takes every step whole (the server's default cache left out)
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,

@@ -13,8 +13,6 @@ them keeps the JSON limit (max_body_bytes).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
@@ -22,7 +20,7 @@ from fastapi import APIRouter, Request
 from .bodies import read_body, too_large
 from .edits import _open
 from .errors import invalid
-from .forms import MAX_FILE_BYTES
+from .forms import base64_picture
 from .schemas import parse_body
 from .state import ServerState
 
@@ -65,23 +63,10 @@ async def with_controls(req, params: list, state: ServerState) -> list:
     for i, item in enumerate(req.controls):
         if isinstance(item, dict) and isinstance(item.get("image"), str):
             field = f"controls[{i}].image"
-            item = {**item, "image": _open(_picture_bytes(item["image"], field), field, model)}
+            item = {**item, "image": _open(base64_picture(item["image"], field), field, model)}
         controls.append(item)
     controls = await asyncio.to_thread(_decode, controls)
     return [replace(p, controls=controls) for p in params]
-
-
-def _picture_bytes(text: str, field: str) -> bytes:
-    """A base64 picture (or a data: URL of one), refused before decoding when larger than an edit's picture."""
-    if text.startswith("data:"):
-        text = text.partition(",")[2]
-    if len(text) > (MAX_FILE_BYTES + 2) // 3 * 4:
-        raise invalid(f"{field}: larger than {MAX_FILE_BYTES // 2**20} MiB (as an edit's image)", field)
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise invalid(f"{field}: not base64 (a PNG, JPEG or WebP file encoded as base64, or a data: URL)",
-                      field) from None
 
 
 def _decode(controls: list) -> list:

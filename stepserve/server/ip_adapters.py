@@ -36,14 +36,14 @@ def ip_adapter_routes(state: ServerState) -> APIRouter:
 async def with_ip_adapter(req, params: list, state: ServerState) -> list:
     """`params` with the body's image prompt, its picture checked (header) then decoded off the event loop; a body
     without one comes back as it is."""
-    from .controlnets import _picture_bytes
     from .edits import _open
+    from .forms import base64_picture
 
     item = getattr(req, "ip_adapter", None)
     if item is None:
         return params
     if isinstance(item, dict) and isinstance(item.get("image"), str):
-        picture = _open(_picture_bytes(item["image"], FIELD), FIELD, state.engine.model_info)
+        picture = _open(base64_picture(item["image"], FIELD), FIELD, state.engine.model_info)
         item = {**item, "image": await asyncio.to_thread(_decode, picture)}
     return [replace(p, ip_adapter=item) for p in params]
 

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # every phase of the GPU check, compiled: about 25 s
 def test_gpu_check_smoke_runs_every_phase_and_writes_a_loadable_latency_model(tmp_path):
     out = tmp_path / "check"
     proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--smoke", "--compile-backend", "aot_eager",

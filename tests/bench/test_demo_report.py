@@ -38,6 +38,7 @@ def realised(text: str) -> float:
     return float(found[0])
 
 
+@pytest.mark.slow  # the whole demo run: about 30 s
 def test_the_load_and_the_throughput_verdict_name_one_rate(demo):
     out, printed = demo
     load = next(line for line in printed.splitlines() if line.startswith("Load: "))
@@ -49,6 +50,7 @@ def test_the_load_and_the_throughput_verdict_name_one_rate(demo):
     assert "**" not in printed and "`" not in printed
 
 
+@pytest.mark.slow  # the whole demo run: about 30 s
 def test_each_throughput_verdict_follows_from_the_printed_numbers(demo):
     _, printed = demo
     rate = realised(next(line for line in printed.splitlines() if line.startswith("Load: ")))
@@ -68,6 +70,7 @@ def test_each_throughput_verdict_follows_from_the_printed_numbers(demo):
         assert len(keeps) <= 1, (verdict, throughput, floor)
 
 
+@pytest.mark.slow  # the whole demo run: about 30 s
 def test_samples_png_has_a_caption_and_the_report_says_what_it_shows(demo):
     out, printed = demo
     report = (out / "report.md").read_text()

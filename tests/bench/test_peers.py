@@ -141,6 +141,7 @@ def peer_bench(tmp_path_factory):
     return run, out
 
 
+@pytest.mark.slow  # three peer servers started and driven: about a minute
 def test_peer_bench_rows_versions_configs_and_images(peer_bench):
     run, out = peer_bench
     names = ["stepserve-slo", "ray(b2,10ms)", "litserve(b2,10ms)", "triton(b2,10ms)"]
@@ -177,6 +178,7 @@ def test_peer_bench_rows_versions_configs_and_images(peer_bench):
             assert np.abs(pixels.astype(int) - reference[index].astype(int)).max() <= 1, (name, index)
 
 
+@pytest.mark.slow
 def test_peer_bench_leaves_no_process_behind(peer_bench):
     assert _our_peer_pids() == []
     leftovers = subprocess.run(["pgrep", "-f", "tritonserver --model-repository=" + str(peer_bench[1])],
