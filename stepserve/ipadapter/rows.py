@@ -91,7 +91,7 @@ def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterat
     zero = torch.zeros_like(like)
     embeds = torch.cat([e.embeds if e is not None and cond else zero for e, cond in rows])[:, None]
     scales = torch.tensor([e.scale if e is not None else 0.0 for e, _ in rows], device=like.device)
-    kind = unet.config.encoder_hid_dim_type
+    kind, projection = unet.config.encoder_hid_dim_type, unet.encoder_hid_proj  # the UNet's own, put back after
     before = getattr(_state, "scales", None)
     store.use(loaded.processors)
     unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = loaded.projection, "ip_image_proj"
@@ -101,7 +101,7 @@ def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterat
     finally:
         _state.scales = before
         store.use(store.plain)
-        unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = None, kind
+        unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = projection, kind
 
 
 @contextlib.contextmanager
