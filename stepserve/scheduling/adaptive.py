@@ -111,6 +111,8 @@ def cost_aware_cap(curve: OnlineStepCurve, bucket: Bucket, remaining: Sequence[i
     throughput is most of the queueing delay (simulated, a tiny Flux on this CPU whose batches gain 3-5%, at 0.9
     of capacity: p95 12.6 s against 16.9 s one at a time)."""
     available = len(remaining)
+    if available <= 1:  # nothing to decide (efficient_batch's answer, before any fit is read)
+        return max(available, 0)
     if queued > 0:
         min_gain = min(min_gain, BACKLOG_MIN_GAIN)
     fit = curve.fit(bucket)  # once per step: the decision, the present work and the probe read it
@@ -119,8 +121,6 @@ def cost_aware_cap(curve: OnlineStepCurve, bucket: Bucket, remaining: Sequence[i
         costs = curve.step_costs(bucket, available, CONFIDENCE, fit=fit)  # batching's gain at its least
         if costs is not None:
             cap = least_total_latency(costs, remaining)
-    if available <= 1:
-        return cap
     if (cap == available and fit is not None and steps % max(probe_every // 5, 1) == 0
             and curve.gain_unsettled(bucket, available, min_gain, fit)):
         # batching all of them while the steps at one and at this many have not settled whether it pays (under
