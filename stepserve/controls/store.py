@@ -73,8 +73,9 @@ class ControlNetStore:
         files = self.files()
         if self._guess[0] is not files:
             self._guess = (files, frozenset(n for n, d in files.items() if _pools(d)))
-        return self._guess[1] | frozenset(n for n, c in self.loaded.items()
-                                          if getattr(c.module.config, "global_pool_conditions", False))
+        loaded = list(self.loaded.items())  # one copy: a load on another thread may add to it meanwhile
+        return self._guess[1] | frozenset(n for n, c in loaded if getattr(c.module.config, "global_pool_conditions",
+                                                                          False))
 
     @property
     def loaded_bytes(self) -> int:
