@@ -24,12 +24,14 @@ def build_controlnets(pipe, out):
     return out
 
 
-def request(i, controls=(), guidance=4.0, steps=6, sampler="dpmpp_2m", **extra) -> SamplingParams:
-    """Request `i` (16x16) with `controls`: (name, scale, start, end) each, with an image of its own."""
+def request(i, controls=(), guidance=4.0, steps=6, sampler="dpmpp_2m", guess=None, **extra) -> SamplingParams:
+    """Request `i` (16x16) with `controls`: (name, scale, start, end) each, with an image of its own (and
+    "guess_mode": `guess` in each unless None)."""
     return SamplingParams(prompt=f"a small cat {i}", seed=700 + i, num_inference_steps=steps,
                           guidance_scale=guidance, sampler=sampler, height=16, width=16,
                           controls=[{"name": n, "image": start_image(10 * i + k, size=[16, 24][k % 2]), "scale": s,
-                                     "start": a, "end": b} for k, (n, s, a, b) in enumerate(controls)], **extra)
+                                     "start": a, "end": b, **({} if guess is None else {"guess_mode": guess})}
+                                    for k, (n, s, a, b) in enumerate(controls)], **extra)
 
 
 def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") -> np.ndarray:
@@ -48,6 +50,7 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
             path, controlnet=nets if several else nets[0], **extra)
         pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
+    guess = {} if family == "flux" else {"guess_mode": any(c.get("guess_mode") for c in p.controls)}
 
     def each(key):
         values = [c[key] for c in p.controls]
@@ -58,5 +61,5 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
                  num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
                  controlnet_conditioning_scale=each("scale"), control_guidance_start=each("start"),
                  control_guidance_end=each("end"), generator=torch.Generator("cpu").manual_seed(p.seed),
-                 output_type="np").images[0]
+                 output_type="np", **guess).images[0]
     return (image * 255).round().astype(np.int16)

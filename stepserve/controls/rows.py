@@ -5,6 +5,12 @@ weighs 0: its rows skip it); its outputs are weighted per row by the row's scale
 request's own order of controls, as diffusers' MultiControlNetModel (FluxMultiControlNetModel) sums them; rows
 without a control get zeros. What a ControlNet takes and gives is the family's (pipelines/control_inputs.py): the
 adapter's `control_image` and `control_forward`.
+
+Guess mode (diffusers' `guess_mode`): a request's unconditional row runs no ControlNet and gets zeros
+(`unconditional`), and its conditional row's outputs are weighted per block by the family's `guess_scales` times
+its scale. Rows in guess mode and rows not share each ControlNet's one forward. A ControlNet that pools its
+conditions (`global_pool_conditions`) gives one value per channel; it is added to the other rows' outputs as the
+denoiser adds it to its features (broadcast over the grid).
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ def prepare(pipeline, params, generator=None) -> list[Prepared]:
     return [Prepared(c, pipeline.control_image(c.image, params, generator)) for c in params.controls]
 
 
+def unconditional(prepared: list[Prepared] | None) -> list[Prepared] | None:
+    """The controls of a request's unconditional row: none in guess mode (diffusers adds zeros to that row)."""
+    return None if prepared and prepared[0].control.guess_mode else prepared
+
+
 def _flatten(out: dict) -> tuple[list, list[Tensor]]:
     """{keyword: tensor or tuple of tensors} -> (its structure, the tensors in order)."""
     shape, flat = [], []
@@ -54,14 +65,14 @@ def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: 
     """The denoiser's control keywords for the step's rows. `conditioning`: the rows' collated conditioning;
     `rows[i]`: (the Prepared controls of row i's request, its step, its number of steps). Empty when no row has a
     control weighing anything at this step."""
-    uses: dict[str, list[tuple[int, float, Tensor]]] = {}  # name -> (row, weight, image) of the rows using it
+    uses: dict[str, list[tuple[int, float, Tensor, bool]]] = {}  # name -> (row, weight, image, guess) using it
     order: list[list[str]] = []  # per row: the ControlNets it uses now, in its request's order
     for i, (prepared, step, steps) in enumerate(rows):
         names = []
         for p in prepared or ():
             weight = p.control.weight(step, steps)
             if weight:
-                uses.setdefault(p.control.name, []).append((i, weight, p.image))
+                uses.setdefault(p.control.name, []).append((i, weight, p.image, p.control.guess_mode))
                 names.append(p.control.name)
         order.append(names)
     if not uses:
@@ -70,22 +81,21 @@ def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: 
     outputs: dict[str, tuple[dict[int, int], list[Tensor]]] = {}
     shapes = {}
     for name, used in uses.items():
-        at = [i for i, _, _ in used]
+        at = [i for i, *_ in used]
         index = torch.tensor(at, device=sample.device)
         picked = {k: v.index_select(0, index) for k, v in conditioning.items()}
         out = pipeline.control_forward(nets[name], sample.index_select(0, index), timesteps.index_select(0, index),
-                                       picked, torch.cat([image for _, _, image in used]))
+                                       picked, torch.cat([image for _, _, image, _ in used]))
         shapes[name], flat = _flatten(out)
-        weight = torch.tensor([w for _, w, _ in used], dtype=flat[0].dtype, device=flat[0].device)
-        outputs[name] = ({row: j for j, row in enumerate(at)},
-                         [r * weight.view(-1, *[1] * (r.dim() - 1)) for r in flat])
+        outputs[name] = ({row: j for j, row in enumerate(at)}, _weighted(pipeline, nets[name], flat, used))
     shape = next(iter(shapes.values()))
     if any(s != shape for s in shapes.values()):
         raise ControlNetError(f"the ControlNets {', '.join(sorted(shapes))} give different numbers of block "
                               f"outputs ({'; '.join(f'{n}: {s}' for n, s in sorted(shapes.items()))}), so they "
                               f"cannot share one forward; allowed: ControlNets of the same depth")
     parts = next(iter(outputs.values()))[1]
-    total = [torch.zeros((len(rows), *p.shape[1:]), dtype=p.dtype, device=p.device) for p in parts]
+    grids = [torch.broadcast_shapes(*(res[b].shape[1:] for _, res in outputs.values())) for b in range(len(parts))]
+    total = [torch.zeros((len(rows), *g), dtype=p.dtype, device=p.device) for p, g in zip(parts, grids)]
     for slot in range(max(len(names) for names in order)):  # each row adds its controls in its own order
         for name, (where, res) in outputs.items():
             at = [i for i, names in enumerate(order) if len(names) > slot and names[slot] == name]
@@ -94,5 +104,15 @@ def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: 
             into = torch.tensor(at, device=sample.device)
             take = torch.tensor([where[i] for i in at], device=sample.device)
             for t, r in zip(total, res):
-                t.index_add_(0, into, r.index_select(0, take))
+                t.index_add_(0, into, r.index_select(0, take).expand(len(at), *t.shape[1:]))
     return _unflatten(shape, total)
+
+
+def _weighted(pipeline, net, flat: list[Tensor], used: list) -> list[Tensor]:
+    """A ControlNet's outputs for its rows, each row's weighted by its scale (times the family's guess-mode scale of
+    each output for a row in guess mode)."""
+    guess = any(g for *_, g in used)
+    factors = pipeline.guess_scales(net, len(flat)) if guess else [1.0]
+    table = torch.tensor([[w * f if g else w for _, w, _, g in used] for f in factors],  # one copy to the device
+                         dtype=flat[0].dtype, device=flat[0].device)
+    return [r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1)) for b, r in enumerate(flat)]

@@ -6,13 +6,18 @@ Accepted: None or [] (no control), or a list of {"name": str, "image": picture, 
 control_guidance_start/end), at most MAX_PER_REQUEST, each name once. `"preprocess": "canny"` makes the control map
 from the image (a photo) on the server (preprocess.py). Several controls add up, each weighted by its
 scale, as diffusers' MultiControlNetModel sums them.
+
+Guess mode (`"guess_mode": true`, SD 1/2 and SDXL: diffusers' `guess_mode`) is one setting per request, as it is one
+flag per diffusers call: a request is in guess mode when a control asks for it or names a ControlNet that runs in
+guess mode only (`global_pool_conditions` in its config: `guess_only`), and then every control of it is. A request
+whose controls say true and false, or false beside a guess-only ControlNet, is refused.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..util.field_error import FieldError
@@ -21,7 +26,8 @@ from .preprocess import PREPROCESSORS, PreprocessUnavailable, apply, available
 
 MAX_PER_REQUEST = 4
 MAX_SCALE = 10.0
-KEYS = ("name", "image", "scale", "start", "end", "preprocess")
+KEYS = ("name", "image", "scale", "start", "end", "preprocess", "guess_mode")
+GUESS_MODE_FAMILIES = ("sd", "sdxl")  # the families whose diffusers ControlNet pipeline has guess_mode
 
 
 class ControlSpecError(FieldError):
@@ -31,13 +37,14 @@ class ControlSpecError(FieldError):
 @dataclass(frozen=True)
 class Control:
     """One control of a request: a ControlNet by name, its image (resolved: an RGB PIL image), its scale and the
-    fraction of the schedule [start, end] where it applies."""
+    fraction of the schedule [start, end] where it applies; `guess_mode`: its request's (resolved)."""
 
     name: str
     image: Any
     scale: float = 1.0
     start: float = 0.0
     end: float = 1.0
+    guess_mode: bool = False
 
     def weight(self, step: int, num_steps: int) -> float:
         """Its scale at `step` of `num_steps`, 0 outside its window (diffusers' controlnet_keep)."""
@@ -49,9 +56,10 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any]
-                   ) -> tuple[Control, ...]:
-    """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one)."""
+def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any],
+                   family: str = "sd", guess_only: frozenset[str] = frozenset()) -> tuple[Control, ...]:
+    """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one);
+    `family`: the model's; `guess_only`: the served ControlNets that run in guess mode only."""
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
@@ -95,4 +103,29 @@ def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str
         image = to_image(f"{at}.image", item["image"])
         image = apply(preprocess, image) if preprocess else image
         out.append(Control(name, image, float(scale), float(start), float(end)))
-    return tuple(out)
+    guess = _guess_mode(value, out, family, guess_only)
+    return tuple(replace(c, guess_mode=guess) for c in out)
+
+
+def _guess_mode(items: list | tuple, controls: list[Control], family: str, guess_only: frozenset[str]) -> bool:
+    """The request's guess mode: one for all its controls (see the module docstring)."""
+    said: dict[int, bool] = {}
+    for i, item in enumerate(items):
+        if "guess_mode" not in item:
+            continue
+        if family not in GUESS_MODE_FAMILIES:
+            raise ControlSpecError(f"controls[{i}].guess_mode", f"{family} ControlNets have no guess mode (it is "
+                                                                f"served for SD 1/2 and SDXL); allowed: no guess_mode")
+        if not isinstance(item["guess_mode"], bool):
+            raise ControlSpecError(f"controls[{i}].guess_mode", f"must be true or false, got {item['guess_mode']!r}")
+        said[i] = item["guess_mode"]
+    forced = [i for i, c in enumerate(controls) if c.name in guess_only]
+    guess = any(said.values()) or bool(forced)
+    for i, value in said.items():
+        if value != guess:
+            why = (f"controls[{forced[0]}] ({controls[forced[0]].name!r}) runs in guess mode only (its ControlNet "
+                   f"pools its conditions: global_pool_conditions)" if forced
+                   else f"controls[{min(j for j, v in said.items() if v)}] says true")
+            raise ControlSpecError(f"controls[{i}].guess_mode", f"guess mode is one setting per request and "
+                                                                f"{why}; allowed: true or unset on every control")
+    return guess

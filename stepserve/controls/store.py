@@ -35,6 +35,13 @@ def discover(root: Path | None) -> dict[str, Path]:
             if d.is_dir() and (d / "config.json").is_file() and any((d / f).is_file() for f in WEIGHT_FILES)}
 
 
+def _pools(folder: Path) -> bool:
+    try:
+        return bool(json.loads((folder / "config.json").read_text()).get("global_pool_conditions"))
+    except (OSError, ValueError, AttributeError):  # not a readable config: refused, saying why, when first named
+        return False
+
+
 class ControlNetStore:
     """ControlNets by name for one pipeline (a family adapter with pipelines/control_inputs.py's methods)."""
 
@@ -49,6 +56,7 @@ class ControlNetStore:
         self.version = 0  # bumped when the folder's names may have changed (the executor's ModelInfo lists them)
         self._mutex = threading.RLock()
         self._folder = Watched(self.root, discover)
+        self._guess: tuple = (None, frozenset())  # (the folder's entries, the names of those that pool)
 
     def files(self) -> dict[str, Path]:
         """The folder's ControlNets by name, looked for again only when the folder changed."""
@@ -57,6 +65,17 @@ class ControlNetStore:
     @property
     def names(self) -> frozenset[str]:
         return frozenset(self.files()) | frozenset(self.loaded)
+
+    @property
+    def guess_only(self) -> frozenset[str]:
+        """The ControlNets that run in guess mode only: `global_pool_conditions` in their config (diffusers' pipeline
+        forces guess mode for them). Their configs are read again only when the folder changed."""
+        files = self.files()
+        if self._guess[0] is not files:
+            self._guess = (files, frozenset(n for n, d in files.items() if _pools(d)))
+        loaded = list(self.loaded.items())  # one copy: a load on another thread may add to it meanwhile
+        return self._guess[1] | frozenset(n for n, c in loaded if getattr(c.module.config, "global_pool_conditions",
+                                                                          False))
 
     @property
     def loaded_bytes(self) -> int:

@@ -54,15 +54,16 @@ class TorchExecutor:
         adapters = self._adapters
         key = (id(self._base_info), id(self.pipeline.networks), repr(self.default_cache),
                adapters.version if adapters is not None else 0, adapters.folder_stamp() if adapters else None,
-               self._controlnets.names if self._controlnets is not None else None,
+               (self._controlnets.names, self._controlnets.guess_only) if self._controlnets is not None else None,
                self._ip_adapters.names if self._ip_adapters is not None else None)
         if self._info[0] != key:
             info = with_default(self._base_info, self.pipeline.cache_policies, self.default_cache)
             if adapters is not None:
                 info = replace(info, lora_names=adapters.names)
             if getattr(self.pipeline, "runs_controls", False):
-                info = replace(info, controls=True, control_names=self._controlnets.names
-                               if self._controlnets is not None else frozenset())
+                store = self._controlnets
+                info = replace(info, controls=True, control_names=store.names if store is not None else frozenset(),
+                               control_guess_only=store.guess_only if store is not None else frozenset())
             if getattr(self.pipeline, "runs_ip_adapters", False):
                 info = replace(info, ip_adapters=True, ip_adapter_names=self._ip_adapters.names
                                if self._ip_adapters is not None else frozenset())
@@ -218,10 +219,13 @@ class TorchExecutor:
             r.latents = new[i : i + 1]
 
     def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
-        """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it."""
-        row_requests = requests + [requests[i] for i in guided]
+        """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it (in guess
+        mode to the conditional row only)."""
+        per_row = [(r.controls, r.step, r.num_inference_steps) for r in requests]
+        per_row += [(controls.unconditional(r.controls), r.step, r.num_inference_steps)
+                    for r in (requests[i] for i in guided)]
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
-                                  [(r.controls, r.step, r.num_inference_steps) for r in row_requests])
+                                  per_row)
 
     def _image_prompt_rows(self, requests: list[Request], guided: list[int]):
         """The UNet's IP-Adapter for this forward when some row has an image prompt (stepserve/ipadapter)."""

@@ -51,13 +51,20 @@ class UNetControls:
             _differs("UNet", config, "projection_class_embeddings_input_dim",
                      unet.projection_class_embeddings_input_dim) if added and added == unet.addition_embed_type
             else "",
-            "it pools its conditions (global_pool_conditions: guess mode, not served)"
-            if config.get("global_pool_conditions") else "",
             _differs("UNet", config, "cross_attention_dim", unet.cross_attention_dim),
             _differs("UNet", config, "block_out_channels", unet.block_out_channels),
             f"its conditioning embedding scales images down {downs}x, the VAE {self.vae_scale_factor}x"
             if downs != self.vae_scale_factor else "",
         ]
+
+    @staticmethod
+    def guess_scales(net, count: int) -> list[float]:
+        """Guess mode's weight of each of a ControlNet's `count` outputs (down blocks, then mid), as
+        ControlNetModel.forward(guess_mode=True) scales them: a logspace from 0.1 to 1.0; all 1 for a ControlNet
+        that pools its conditions (global_pool_conditions: the model only pools them)."""
+        if net.config.global_pool_conditions:
+            return [1.0] * count
+        return torch.logspace(-1, 0, count).tolist()
 
     def control_image(self, image, params, generator) -> Tensor:
         """StableDiffusion(XL)ControlNetPipeline.prepare_image: resized to the request's size, RGB, [0, 1] floats

@@ -256,6 +256,7 @@ class ModelInfo:
     lora_names: frozenset[str] = frozenset()  # LoRA adapters loaded now (stepserve/lora)
     controls: bool = False  # requests may name ControlNets (stepserve/controls): the family and backend run them
     control_names: frozenset[str] = frozenset()  # the ControlNets served (--controlnet-dir)
+    control_guess_only: frozenset[str] = frozenset()  # those that run in guess mode only (global_pool_conditions)
     ip_adapters: bool = False  # requests may give an image prompt (stepserve/ipadapter): the family runs them
     ip_adapter_names: frozenset[str] = frozenset()  # the IP-Adapters served (--ip-adapter-dir)
     img2img: bool = False  # requests may start from an image (SamplingParams.image)

@@ -181,7 +181,8 @@ def _controls(p: SamplingParams, model: ModelInfo, image) -> tuple:
     if p.cache is not None and parse_cache(p.cache, model) is not None:
         raise ValidationError("cache", "step caching does not combine with controls; allowed: \"off\" or unset")
     try:
-        return parse_controls(p.controls, model.control_names, lambda field, v: as_image(field, v, "RGB"))
+        return parse_controls(p.controls, model.control_names, lambda field, v: as_image(field, v, "RGB"),
+                              model.family, model.control_guess_only)
     except ControlSpecError as exc:
         raise ValidationError(exc.field, str(exc)) from None
 

@@ -187,7 +187,7 @@ def image_info(result: GenerationResult) -> dict:
         "cache": _cache_text(result.params.cache),
         "cached_steps": t.cached_steps,  # steps that reused cached work instead of the whole denoiser
         "loras": [{"name": n, "scale": s} for n, s in result.params.loras or ()],
-        "controls": [{"name": c.name, "scale": c.scale, "start": c.start, "end": c.end}
+        "controls": [{"name": c.name, "scale": c.scale, "start": c.start, "end": c.end, "guess_mode": c.guess_mode}
                      for c in getattr(result.params, "controls", None) or ()],
         "ip_adapter": _image_prompt(getattr(result.params, "ip_adapter", None)),
         "strength": result.params.strength,  # image to image (/v1/images/edits); null for a generation

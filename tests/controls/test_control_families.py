@@ -186,3 +186,15 @@ def test_each_controlnet_runs_once_per_step_on_its_rows(family, monkeypatch):
     seen.clear()
     engine.generate([ask(family, 73, (), steps=2), ask(family, 74, (), steps=2, guidance=1.0)])
     assert seen == {}  # a batch without controls runs no ControlNet
+
+
+@pytest.mark.parametrize("family", ["flux"], indirect=True)
+def test_flux_refuses_guess_mode_naming_the_field(family, engine):
+    from stepserve import ValidationError
+
+    p = ask(family, 80, (("pose", 1.0, 0.0, 1.0), ("depth", 1.0, 0.0, 1.0)), steps=3)
+    p.controls[1]["guess_mode"] = True
+    with pytest.raises(ValidationError) as err:
+        engine.generate([p])
+    assert err.value.field == "controls[1].guess_mode"
+    assert "flux ControlNets have no guess mode" in str(err.value) and "allowed: no guess_mode" in str(err.value)

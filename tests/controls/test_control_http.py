@@ -54,8 +54,8 @@ def test_listed_then_served_equal_to_diffusers(served, tiny_sd_path):
     got = decode_png(answer.json()["data"][0]["b64_json"])
     assert np.abs(pixels(got) - diffusers_controlnet(tiny_sd_path, folder, p)).max() <= 1
     assert answer.json()["stepserve"]["images"][0]["controls"] == [
-        {"name": "pose", "scale": 0.8, "start": 0.0, "end": 0.5}, {"name": "depth", "scale": 1.2, "start": 0.3,
-                                                                   "end": 1.0}]
+        {"name": "pose", "scale": 0.8, "start": 0.0, "end": 0.5, "guess_mode": False},
+        {"name": "depth", "scale": 1.2, "start": 0.3, "end": 1.0, "guess_mode": False}]
     listed = {c["name"]: c["loaded"] for c in client.get("/v1/controlnets").json()["data"]}
     assert listed == {"depth": True, "edge": False, "pose": True}
 
@@ -69,11 +69,28 @@ def test_listed_then_served_equal_to_diffusers(served, tiny_sd_path):
      "controls[1].scale", "must be a number in [0, 10]"),
     ([{"name": "mystery", "image": b64(start_image(1))}], "controls[0].name", "served: depth, edge, pose"),
     ([{"name": "pose", "image": b64(start_image(1)), "start": 1.0}], "controls[0].start", "below end"),
+    ([{"name": "pose", "image": b64(start_image(1)), "guess_mode": 1}], "controls[0].guess_mode", "true or false"),
+    ([{"name": "pose", "image": b64(start_image(1))}, {"name": "depth", "image": b64(start_image(2)),
+                                                       "guess_mode": True}, {"name": "edge", "image":
+                                                       b64(start_image(3)), "guess_mode": False}],
+     "controls[2].guess_mode", "guess mode is one setting per request"),
 ])
 def test_bad_controls_are_a_400_naming_the_field(served, controls, param, says):
     client, _ = served
     error = assert_error_shape(client.post("/v1/images/generations", json=body(controls)), 400)
     assert error["param"] == param and says in error["message"], error
+
+
+def test_guess_mode_served_equal_to_diffusers(served, tiny_sd_path):
+    client, folder = served
+    p = request(6, (("edge", 0.9, 0.0, 1.0), ("pose", 1.1, 0.2, 1.0)), guess=True)
+    sent = [{"name": c["name"], "image": b64(c["image"]), "scale": c["scale"], "start": c["start"], "end": c["end"],
+             **({"guess_mode": True} if i else {})} for i, c in enumerate(p.controls)]  # one says it: both are
+    answer = client.post("/v1/images/generations", json=body(sent, prompt=p.prompt, seed=p.seed))
+    assert answer.status_code == 200, answer.text
+    got = decode_png(answer.json()["data"][0]["b64_json"])
+    assert np.abs(pixels(got) - diffusers_controlnet(tiny_sd_path, folder, p)).max() <= 1
+    assert [c["guess_mode"] for c in answer.json()["stepserve"]["images"][0]["controls"]] == [True, True]
 
 
 def test_controls_lift_the_json_body_limit_and_nothing_else_does(served):

@@ -40,6 +40,9 @@ IMAGE = start_image(0)
     ([{"name": n, "image": IMAGE} for n in ("pose", "depth", "edge", "pose", "depth")], "controls",
      "at most 4 per request"),
     ({"name": "pose"}, "controls", "expected a list"),
+    ([{"name": "pose", "image": IMAGE, "guess_mode": "yes"}], "controls[0].guess_mode", "must be true or false"),
+    ([{"name": "pose", "image": IMAGE, "guess_mode": True}, {"name": "depth", "image": IMAGE, "guess_mode": False}],
+     "controls[1].guess_mode", "one setting per request and controls[0] says true; allowed: true or unset"),
 ])
 def test_bad_controls_name_the_field(engine, controls, field, says):
     with pytest.raises(ValidationError) as err:
