@@ -53,6 +53,7 @@ class UNetControls:
             else "",
             "it pools its conditions (global_pool_conditions: guess mode, not served)"
             if config.get("global_pool_conditions") else "",
+            _differs("latents", config, "in_channels", unet.out_channels),  # an inpainting UNet's too (not its 9)
             _differs("UNet", config, "cross_attention_dim", unet.cross_attention_dim),
             _differs("UNet", config, "block_out_channels", unet.block_out_channels),
             f"its conditioning embedding scales images down {downs}x, the VAE {self.vae_scale_factor}x"

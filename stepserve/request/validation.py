@@ -176,8 +176,10 @@ def _controls(p: SamplingParams, model: ModelInfo, image) -> tuple:
     if not model.controls:
         raise ValidationError("controls", f"{model.name} ({model.family} family) takes no ControlNets here; "
                                           f"allowed: none (ControlNets are served for {SERVED_FOR})")
-    if image is not None:
-        raise ValidationError("controls", "go with text to image here; allowed: no image with controls")
+    if image is not None and p.mask_image is not None and model.family == "flux":
+        raise ValidationError("controls", f"{model.name} inpaints with Flux Fill, whose transformer takes the mask "
+                                          "as input channels: no Flux.1 ControlNet fits it; allowed: controls with "
+                                          "text to image or image to image")
     if p.cache is not None and parse_cache(p.cache, model) is not None:
         raise ValidationError("cache", "step caching does not combine with controls; allowed: \"off\" or unset")
     try:
