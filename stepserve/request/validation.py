@@ -169,6 +169,9 @@ def _frames(value: object, model: ModelInfo) -> int | None:
     return value
 
 
+CONTROLS_WITH_AN_IMAGE = ("sd", "sdxl", "flux")  # the families whose ControlNet img2img/inpaint pipelines match
+
+
 def _controls(p: SamplingParams, model: ModelInfo, image) -> tuple:
     """The request's ControlNets (stepserve/controls/spec.py), or () for none."""
     if p.controls in (None, [], ()):
@@ -176,6 +179,10 @@ def _controls(p: SamplingParams, model: ModelInfo, image) -> tuple:
     if not model.controls:
         raise ValidationError("controls", f"{model.name} ({model.family} family) takes no ControlNets here; "
                                           f"allowed: none (ControlNets are served for {SERVED_FOR})")
+    if image is not None and model.family not in CONTROLS_WITH_AN_IMAGE:  # checked against its diffusers pipelines
+        raise ValidationError("controls", f"{model.name} ({model.family} family) takes no controls with an image "
+                                          f"here; allowed: controls with text to image (with an image they are "
+                                          f"served for SD 1/2 and SDXL, and Flux.1 image to image)")
     if image is not None and p.mask_image is not None and model.family == "flux":
         raise ValidationError("controls", f"{model.name} inpaints with Flux Fill, whose transformer takes the mask "
                                           "as input channels: no Flux.1 ControlNet fits it; allowed: controls with "

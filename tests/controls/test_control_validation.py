@@ -104,3 +104,12 @@ def test_flux_fill_inpainting_refuses_controls_naming_why(engine):
     with pytest.raises(ValidationError) as err:
         resolve_params(with_controls([{"name": "pose", "image": IMAGE}], image=IMAGE, mask_image=mask), info)
     assert err.value.field == "controls" and "Flux Fill" in str(err.value) and "allowed:" in str(err.value)
+
+
+def test_controls_with_an_image_on_another_family_are_refused_naming_why(engine):
+    """A family whose ControlNets run for text to image, but whose edits were not checked against diffusers."""
+    info = replace(engine.model_info, family="sd3", name="tiny-sd3")
+    assert resolve_params(with_controls([{"name": "pose", "image": IMAGE}]), info).controls
+    with pytest.raises(ValidationError) as err:
+        resolve_params(with_controls([{"name": "pose", "image": IMAGE}], image=IMAGE, strength=0.5), info)
+    assert err.value.field == "controls" and "no controls with an image" in str(err.value)
