@@ -7,7 +7,7 @@ with and without controls), under every strategy, each request gets the image it
 import numpy as np
 import pytest
 from control_reference import build_controlnets, diffusers_controlnet, request
-from edit_images import mask_image, pixels, start_image
+from edit_images import assert_each_its_own, mask_image, pixels, start_image
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
@@ -66,6 +66,11 @@ def test_an_inpainting_unet_with_controls_equals_diffusers(tmp_path):
     assert engine.model_info.inpaint == "channels"
     for i, strength in enumerate((1.0, 0.6)):
         check_alone(engine, path, nets, edit(40 + i, (("pose", 1.0, 0.0, 0.8),), strength, mask=True, steps=6))
+    controls = [(("pose", 1.0, 0.0, 1.0),), (), (("depth", 0.7, 0.2, 1.0), ("pose", 0.5, 0.0, 0.5)), ()]
+    reqs = [edit(45 + i, controls[i], [1.0, 0.6][i % 2], mask=True, steps=[6, 5][i % 2],
+                 guidance=[4.0, 1.0][i // 2]) for i in range(4)]
+    assert_each_its_own(Engine.from_pretrained(str(path), strategy="continuous", max_batch_size=4,
+                                               controlnet_dir=str(nets)), reqs)
 
 
 def mixed():
