@@ -1,6 +1,7 @@
 """ControlNet references for tests: diffusers' own ControlNet pipelines (StableDiffusionControlNetPipeline,
-StableDiffusionXLControlNetPipeline, FluxControlNetPipeline; a MultiControlNetModel / FluxMultiControlNetModel for
-several ControlNets) run alone per request, and the ControlNet folders the tests serve."""
+StableDiffusionXLControlNetPipeline, FluxControlNetPipeline, and their Img2Img and Inpaint kinds for a request with
+an image; a MultiControlNetModel / FluxMultiControlNetModel for several ControlNets) run alone per request, and the
+ControlNet folders the tests serve."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from stepserve import SamplingParams
 NAMES = ("pose", "depth", "edge")
 PIPELINES = {"sd": "StableDiffusionControlNetPipeline", "sdxl": "StableDiffusionXLControlNetPipeline",
              "flux": "FluxControlNetPipeline"}
+EDIT_PIPELINES = {"sd": "StableDiffusionControlNet{}Pipeline", "sdxl": "StableDiffusionXLControlNet{}Pipeline",
+                  "flux": "FluxControlNet{}Pipeline"}
 
 
 def build_controlnets(pipe, out):
@@ -39,15 +42,16 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
     import diffusers
 
     several = len(p.controls) > 1
+    kind = "" if p.image is None else "Inpaint" if p.mask_image is not None else "Img2Img"
+    name = EDIT_PIPELINES[family].format(kind) if kind else PIPELINES[family]
     if family == "flux":
         nets = [diffusers.FluxControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
         net = diffusers.FluxMultiControlNetModel(nets) if several else nets[0]
-        pipe = diffusers.FluxControlNetPipeline.from_pretrained(path, controlnet=net)
+        pipe = getattr(diffusers, name).from_pretrained(path, controlnet=net)
     else:
         nets = [diffusers.ControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
         extra = {"add_watermarker": False} if family == "sdxl" else {"safety_checker": None}
-        pipe = getattr(diffusers, PIPELINES[family]).from_pretrained(
-            path, controlnet=nets if several else nets[0], **extra)
+        pipe = getattr(diffusers, name).from_pretrained(path, controlnet=nets if several else nets[0], **extra)
         pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
     guess = {} if family == "flux" else {"guess_mode": any(c.get("guess_mode") for c in p.controls)}
@@ -56,7 +60,11 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
         values = [c[key] for c in p.controls]
         return values if several else values[0]
 
-    image = pipe(p.prompt, **{"control_image" if family == "flux" else "image": each("image")},
+    edit = {} if not kind else {"image": p.image, "strength": p.strength, "control_image": each("image"),
+                                **({"mask_image": p.mask_image} if p.mask_image is not None else {})}
+    if kind and family == "flux" and several:  # its Multi model zips the images with one mode each (None: no mode)
+        edit["control_mode"] = [None] * len(p.controls)
+    image = pipe(p.prompt, **(edit or {"control_image" if family == "flux" else "image": each("image")}),
                  height=p.height, width=p.width,
                  num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
                  controlnet_conditioning_scale=each("scale"), control_guidance_start=each("start"),

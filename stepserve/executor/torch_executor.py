@@ -27,6 +27,7 @@ from ..pipelines.family import FamilyAdapter
 from ..sampling.common import to_device
 from ..request.buckets import Bucket
 from ..request.types import Request
+from ..request.validation import first_denoising_step
 
 
 def _sync(device: torch.device) -> None:
@@ -147,14 +148,16 @@ class TorchExecutor:
         p = self.pipeline
         # Seeds mean what they mean in diffusers: the latents, then any later noise, from one CPU generator.
         generators = [torch.Generator("cpu").manual_seed(r.params.seed) for r in requests]
+        for r, generator in zip(requests, generators):
+            if r.params.controls:  # its control images, prepared once (stepserve/controls)
+                self._controlnets.ensure([c.name for c in r.params.controls])  # loaded on first use
+                # before the start image and the noise: the ControlNet pipelines encode it first (Flux.1 samples it)
+                r.controls = controls.prepare(p, r.params, generator)
         images = inpaint.encode_start_images(p, [r.params for r in requests], generators)  # one VAE pass per size
         if any(getattr(r.params, "ip_adapter", None) for r in requests):  # image prompts, encoded once (ipadapter/)
             image_prompts.prepare(self.ip_adapters(), requests)
         for r, conditioning, generator, image in zip(requests, self._encode(requests), generators, images):
             r.conditioning = conditioning
-            if r.params.controls:  # its control images, prepared once (stepserve/controls)
-                self._controlnets.ensure([c.name for c in r.params.controls])  # loaded on first use
-                r.controls = controls.prepare(p, r.params, generator)  # before the noise, as diffusers
             schedule = p.schedule(r.params)
             if schedule.num_steps != r.num_inference_steps:  # every sampler's table has one entry per step asked
                 raise RuntimeError(f"the {r.params.sampler} schedule has {schedule.num_steps} steps for "
@@ -178,6 +181,7 @@ class TorchExecutor:
         steps = [r.step for r in requests]
         latents = torch.cat([r.latents for r in requests])
         model_in, timesteps = sampling.model_inputs(latents, states, steps)
+        latents_in = model_in  # what a ControlNet takes: the latents alone, as diffusers' inpaint pipelines give it
         model_in = inpaint.with_extra_channels(model_in, requests)  # an inpainting UNet's mask and masked image
         # Rows: every request's conditional row, then the unconditional row of each guided request.
         guided = [i for i, r in enumerate(requests) if r.conditioning.guided]
@@ -187,7 +191,9 @@ class TorchExecutor:
         conditioning = self.pipeline.collate([r.conditioning.cond for r in requests]
                                              + [requests[i].conditioning.uncond for i in guided])
         if any(r.controls for r in requests):  # the ControlNets' residuals per row (stepserve/controls)
-            conditioning = {**conditioning, **self._control_residuals(requests, guided, rows, t_rows, conditioning)}
+            control_rows = torch.cat([latents_in, latents_in[at]]) if guided else latents_in
+            conditioning = {**conditioning,
+                            **self._control_residuals(requests, guided, control_rows, t_rows, conditioning)}
         caches = row_caches(requests, guided)  # None unless some request caches steps
         loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
         with adapter_rows(row_keys(self._adapters, loras)), \
@@ -220,9 +226,12 @@ class TorchExecutor:
 
     def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
         """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it (in guess
-        mode to the conditional row only)."""
-        per_row = [(r.controls, r.step, r.num_inference_steps) for r in requests]
-        per_row += [(controls.unconditional(r.controls), r.step, r.num_inference_steps)
+        mode to the conditional row only). A control's window is a fraction of the steps the request runs: an
+        image's strength shortens the schedule, and the ControlNet img2img and inpaint pipelines count from its
+        first step."""
+        firsts = {id(r): first_denoising_step(r.params, self.pipeline.info) for r in requests}
+        per_row = [(r.controls, r.step - firsts[id(r)], r.num_inference_steps - firsts[id(r)]) for r in requests]
+        per_row += [(controls.unconditional(r.controls), r.step - firsts[id(r)], r.num_inference_steps - firsts[id(r)])
                     for r in (requests[i] for i in guided)]
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
                                   per_row)

@@ -51,6 +51,7 @@ class UNetControls:
             _differs("UNet", config, "projection_class_embeddings_input_dim",
                      unet.projection_class_embeddings_input_dim) if added and added == unet.addition_embed_type
             else "",
+            _differs("latents", config, "in_channels", unet.out_channels),  # an inpainting UNet's too (not its 9)
             _differs("UNet", config, "cross_attention_dim", unet.cross_attention_dim),
             _differs("UNet", config, "block_out_channels", unet.block_out_channels),
             f"its conditioning embedding scales images down {downs}x, the VAE {self.vae_scale_factor}x"

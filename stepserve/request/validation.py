@@ -8,9 +8,9 @@ import secrets
 from typing import NamedTuple
 
 from ..caching.spec import CacheSpecError, parse_cache
-from ..controls.errors import SERVED_FOR
-from ..controls.spec import ControlSpecError, parse_controls
+from ..controls.spec import ControlSpecError
 from ..ipadapter.spec import IPAdapterSpecError
+from .control_params import resolve_controls
 from .image_prompt import resolve_ip_adapter
 from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
@@ -169,24 +169,6 @@ def _frames(value: object, model: ModelInfo) -> int | None:
     return value
 
 
-def _controls(p: SamplingParams, model: ModelInfo, image) -> tuple:
-    """The request's ControlNets (stepserve/controls/spec.py), or () for none."""
-    if p.controls in (None, [], ()):
-        return ()
-    if not model.controls:
-        raise ValidationError("controls", f"{model.name} ({model.family} family) takes no ControlNets here; "
-                                          f"allowed: none (ControlNets are served for {SERVED_FOR})")
-    if image is not None:
-        raise ValidationError("controls", "go with text to image here; allowed: no image with controls")
-    if p.cache is not None and parse_cache(p.cache, model) is not None:
-        raise ValidationError("cache", "step caching does not combine with controls; allowed: \"off\" or unset")
-    try:
-        return parse_controls(p.controls, model.control_names, lambda field, v: as_image(field, v, "RGB"),
-                              model.family, model.control_guess_only)
-    except ControlSpecError as exc:
-        raise ValidationError(exc.field, str(exc)) from None
-
-
 def internal_params(model: ModelInfo, **fields) -> ResolvedParams:
     """A request the engine makes for itself (warm-up, profiles, the memory probe) resolved against `model`. On an
     inpainting model, whose every request brings an image and a mask, it carries a grey image and a mask that
@@ -292,7 +274,10 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     except LoraSpecError as exc:
         raise ValidationError("loras", str(exc)) from None
 
-    controls = _controls(p, model, image)
+    try:
+        controls = resolve_controls(p, model, image, lambda field, v: as_image(field, v, "RGB"))
+    except ControlSpecError as exc:
+        raise ValidationError(exc.field, str(exc)) from None
     try:
         ip_adapter = resolve_ip_adapter(p, model, image, lambda field, v: as_image(field, v, "RGB"))
     except IPAdapterSpecError as exc:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import io
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
 
+from ..controls.spec import MAX_PER_REQUEST
 from ..request.types import ModelInfo
 from ..request.validation import as_image
+from .edit_controls import control_parts
 from .errors import APIError, invalid
 from .forms import MAX_FILE_BYTES, bounded_form, form_fields
 from .schemas import FIELDS, body_from_fields, engine_params
@@ -45,12 +47,23 @@ class EditForm:
     fields: dict
     image: bytes
     mask: bytes | None = None
+    controls: list[bytes] = field(default_factory=list)  # the control images (edit_controls.py), in order
+
+    def pictures(self) -> dict[str, bytes]:
+        """Its pictures by role (what an edit job keeps): image, mask, control0, control1, ..."""
+        return {"image": self.image, **({"mask": self.mask} if self.mask else {}),
+                **{f"control{i}": data for i, data in enumerate(self.controls)}}
+
+    @classmethod
+    def from_pictures(cls, fields: dict, pictures: dict[str, bytes]) -> "EditForm":
+        controls = [pictures[f"control{i}"] for i in range(len(fields.get("controls") or ()))]
+        return cls(fields, pictures["image"], pictures.get("mask"), controls)
 
 
 async def read_edit(request: Request, state: ServerState):
     """(the body as an ImageGenerationRequest, one SamplingParams per image with the image and strength, the form
     as sent)."""
-    async with bounded_form(request, state, max_files=4) as form:
+    async with bounded_form(request, state, max_files=4 + MAX_PER_REQUEST) as form:
         images = [v for k, v in form.multi_items() if k in ("image", "image[]")]
         if not images or not isinstance(images[0], UploadFile):
             raise invalid("image: required, an image file (PNG, JPEG or WebP)", "image")
@@ -59,9 +72,13 @@ async def read_edit(request: Request, state: ServerState):
         mask = form.get("mask")
         if mask is not None and not isinstance(mask, UploadFile):
             raise invalid("mask: an image file (PNG, JPEG or WebP) is expected", "mask")
-        fields = form_fields(form, _TEXT, (*_FILES, "input_fidelity"), "image, mask")
+        controls, files, taken = control_parts(form)  # controls[i][name], controls[i][image], ... (edit_controls.py)
+        fields = form_fields(form, _TEXT, (*_FILES, "input_fidelity", *taken), "image, mask, controls[i][image]")
         # (input_fidelity: an OpenAI field accepted and ignored, as quality and style are)
-        sent = EditForm(fields, await _read(images[0], "image"), None if mask is None else await _read(mask, "mask"))
+        if controls:
+            fields["controls"] = controls
+        sent = EditForm(fields, await _read(images[0], "image"), None if mask is None else await _read(mask, "mask"),
+                        [await _read(f, f"controls[{i}][image]") for i, f in enumerate(files)])
     req, params = await edit_params(sent, state)
     return req, params, sent
 
@@ -71,21 +88,22 @@ async def edit_params(sent: EditForm, state: ServerState):
     pictures' headers checked, then the fields, then the pictures decoded (off the event loop)."""
     image = _open(sent.image, "image", state.engine.model_info)
     mask = None if sent.mask is None else _open(sent.mask, "mask", state.engine.model_info)
+    pictures = [_open(data, f"controls[{i}][image]", state.engine.model_info) for i, data in enumerate(sent.controls)]
     fields = dict(sent.fields)
+    controls = fields.pop("controls", None) or []  # each without its image, which is in `pictures`
     strength = fields.pop("strength", None)
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise invalid(f"{unknown[0]}: not a field of an edit; allowed: image, mask, strength, "
                       f"{', '.join(FIELDS)}", unknown[0])
-    if "controls" in fields:  # ControlNets go with text to image (docs/CONTROLNET.md)
-        raise invalid("controls: not served with an edit's image (ControlNets go with text to image: send them to "
-                      "/v1/images/generations); allowed: no controls here", "controls")
     if "ip_adapter" in fields:  # an image prompt goes with text to image (docs/CONTROLNET.md)
         raise invalid("ip_adapter: not served with an edit's image (an image prompt goes with text to image: send "
                       "it to /v1/images/generations); allowed: no ip_adapter here", "ip_adapter")
     req = body_from_fields(fields, state.limits)  # the cheap checks before any decoding
-    image, mask = await asyncio.to_thread(_decode, image, mask)
-    params = [replace(p, image=image, strength=strength, mask_image=mask) for p in engine_params(req, state.limits)]
+    image, mask, pictures = await asyncio.to_thread(_decode, image, mask, pictures)
+    controls = [{**c, "image": picture} for c, picture in zip(controls, pictures)] or None
+    params = [replace(p, image=image, strength=strength, mask_image=mask, controls=controls)
+              for p in engine_params(req, state.limits)]
     return req, params
 
 
@@ -121,17 +139,19 @@ def picture_side(model: ModelInfo) -> int:
     return max(MAX_PICTURE_SIDE, model.max_size)
 
 
-def _decode(image, mask):
-    """(the image as RGB, the mask as the grayscale that repaints where white, or None): the pixels decoded and
-    converted once, in a worker thread."""
-    for name, picture in (("image", image), ("mask", mask)):
+def _decode(image, mask, controls=()):
+    """(the image as RGB, the mask as the grayscale that repaints where white, or None, the control images as RGB):
+    the pixels decoded and converted once, in a worker thread."""
+    named = [(f"controls[{i}][image]", c) for i, c in enumerate(controls)]
+    for name, picture in (("image", image), ("mask", mask), *named):
         try:
             if picture is not None:
                 picture.load()
         except Exception:  # noqa: BLE001 - a header that reads but pixels that do not (a truncated file)
             raise invalid(f"{name}: not a readable PNG, JPEG or WebP image (its pixels could not be decoded)",
                           name) from None
-    return as_image("image", image, "RGB"), None if mask is None else repaint_mask(mask)
+    return (as_image("image", image, "RGB"), None if mask is None else repaint_mask(mask),
+            [as_image(name, c, "RGB") for name, c in named])
 
 
 def repaint_mask(mask):

@@ -65,7 +65,7 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
     resolved = await resolve_all(state, params)
     route = "edits" if sent is not None else "generations"
     body = dict(sent.fields) if sent is not None else req.model_dump(exclude_none=True)
-    pictures = {} if sent is None else {"image": sent.image, **({"mask": sent.mask} if sent.mask else {})}
+    pictures = {} if sent is None else sent.pictures()  # image, mask and control images
     print_ = fingerprint({"route": route, "body": body,
                           "files": {k: hashlib.sha256(v).hexdigest() for k, v in pictures.items()}})
     job_id = new_id("imgjob")
@@ -122,7 +122,7 @@ class ImageKind:
                     raise JobError("input_missing", f"the job's {role} is no longer in the results folder (swept, or "
                                                     f"this server does not share the folder of the one that took "
                                                     f"the request)")
-            _, params = await edit_params(EditForm(body, pictures["image"], pictures.get("mask")), state)
+            _, params = await edit_params(EditForm.from_pictures(body, pictures), state)
             return params
         except APIError as exc:  # a request this server's model cannot make (a store shared with another model)
             raise job_error(exc) from None

@@ -2,7 +2,8 @@
 (a folder with config.json and diffusion_pytorch_model.safetensors). For tests and benchmarks: made from the
 folder's denoiser (`ControlNetModel.from_unet`, `FluxControlNetModel.from_transformer` with the transformer's
 depth) with its zero layers given small random weights, so that it changes the image without swamping it; an SD
-ControlNet's conditioning embedding scales images down as the folder's VAE does."""
+ControlNet's conditioning embedding scales images down as the folder's VAE does; an inpainting UNet's ControlNet
+takes the latents alone (4 channels, as diffusers' ControlNet inpaint pipelines give it), not the UNet's 9."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ def _unet(folder: Path):
     from diffusers import ControlNetModel, UNet2DConditionModel
 
     unet = UNet2DConditionModel.from_pretrained(folder / "unet")
+    if unet.config.in_channels != unet.config.out_channels:  # an inpainting UNet: its ControlNet takes the latents
+        plain = UNet2DConditionModel.from_config({**unet.config, "in_channels": unet.config.out_channels})
+        plain.load_state_dict({k: v for k, v in unet.state_dict().items() if not k.startswith("conv_in.")},
+                              strict=False)
+        unet = plain
     vae = json.loads((folder / "vae" / "config.json").read_text())
     steps = len(vae["block_out_channels"])  # the VAE scales down 2 ** (steps - 1)
     controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32, 32, 64)[:steps])

@@ -118,15 +118,6 @@ def test_an_async_request_with_controls_gives_the_synchronous_image(served):
     assert done["result"]["stepserve"]["images"][0]["controls"][0]["name"] == "pose"
 
 
-def test_an_edit_with_controls_is_refused_not_ignored(served):
-    client, _ = served
-    files = {"image": ("a.png", base64.b64decode(b64(start_image(1))), "image/png")}
-    answer = client.post("/v1/images/edits", files=files,
-                         data={"prompt": "a cat", "controls": '[{"name": "pose", "image": "x"}]'})
-    error = assert_error_shape(answer, 400)
-    assert error["param"] == "controls" and "text to image" in error["message"]
-
-
 def test_a_flux_model_serves_its_controlnets_over_http(tmp_path):
     """The same route for a Flux.1 model: its ControlNets listed, and an image equal to FluxControlNetPipeline."""
     from stepserve.tiny.flux import build_tiny_flux

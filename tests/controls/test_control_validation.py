@@ -50,10 +50,9 @@ def test_bad_controls_name_the_field(engine, controls, field, says):
     assert err.value.field == field and says in str(err.value), str(err.value)
 
 
-def test_controls_with_a_start_image_or_step_caching_are_refused(engine):
-    with pytest.raises(ValidationError) as err:
-        engine.generate([with_controls([{"name": "pose", "image": IMAGE}], image=IMAGE, strength=0.5)])
-    assert err.value.field == "controls" and "text to image" in str(err.value)
+def test_controls_with_a_start_image_are_taken_and_with_step_caching_refused(engine):
+    edit = with_controls([{"name": "pose", "image": IMAGE}], image=IMAGE, strength=0.5)
+    assert resolve_params(edit, engine.model_info).controls[0].name == "pose"
     with pytest.raises(ValidationError) as err:
         engine.generate([with_controls([{"name": "pose", "image": IMAGE}], cache="fbcache")])
     assert err.value.field == "cache" and "does not combine with controls" in str(err.value)
@@ -99,3 +98,21 @@ def test_a_controlnet_of_another_model_fails_that_request_alone(engine, tmp_path
         shutil.rmtree(other)
     assert not bad.ok and "cross_attention_dim 64" in bad.error and "does not fit" in bad.error
     assert fine.ok
+
+
+def test_flux_fill_inpainting_refuses_controls_naming_why(engine):
+    """Flux.1 inpaints with Flux Fill (mask and masked image as transformer channels): no Flux ControlNet fits it."""
+    info = replace(engine.model_info, family="flux", name="tiny-flux-fill", inpaint="channels")
+    mask = IMAGE.convert("L")
+    with pytest.raises(ValidationError) as err:
+        resolve_params(with_controls([{"name": "pose", "image": IMAGE}], image=IMAGE, mask_image=mask), info)
+    assert err.value.field == "controls" and "Flux Fill" in str(err.value) and "allowed:" in str(err.value)
+
+
+def test_controls_with_an_image_on_another_family_are_refused_naming_why(engine):
+    """A family whose ControlNets run for text to image, but whose edits were not checked against diffusers."""
+    info = replace(engine.model_info, family="sd3", name="tiny-sd3")
+    assert resolve_params(with_controls([{"name": "pose", "image": IMAGE}]), info).controls
+    with pytest.raises(ValidationError) as err:
+        resolve_params(with_controls([{"name": "pose", "image": IMAGE}], image=IMAGE, strength=0.5), info)
+    assert err.value.field == "controls" and "no controls with an image" in str(err.value)
