@@ -1,6 +1,6 @@
 """ControlNet references for tests: diffusers' own ControlNet pipelines (StableDiffusionControlNetPipeline,
-StableDiffusionXLControlNetPipeline, FluxControlNetPipeline; a MultiControlNetModel / FluxMultiControlNetModel for
-several ControlNets) run alone per request, and the ControlNet folders the tests serve."""
+StableDiffusionXLControlNetPipeline, StableDiffusion3ControlNetPipeline, FluxControlNetPipeline; their Multi models
+for several ControlNets) run alone per request, and the ControlNet folders the tests serve."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from stepserve import SamplingParams
 NAMES = ("pose", "depth", "edge")
 PIPELINES = {"sd": "StableDiffusionControlNetPipeline", "sdxl": "StableDiffusionXLControlNetPipeline",
              "flux": "FluxControlNetPipeline"}
+MMDIT = {"flux": ("FluxControlNetPipeline", "FluxControlNetModel", "FluxMultiControlNetModel"),
+         "sd3": ("StableDiffusion3ControlNetPipeline", "SD3ControlNetModel", "SD3MultiControlNetModel")}
 
 
 def build_controlnets(pipe, out):
@@ -37,10 +39,10 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
     import diffusers
 
     several = len(p.controls) > 1
-    if family == "flux":
-        nets = [diffusers.FluxControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
-        net = diffusers.FluxMultiControlNetModel(nets) if several else nets[0]
-        pipe = diffusers.FluxControlNetPipeline.from_pretrained(path, controlnet=net)
+    if family in MMDIT:
+        pipeline, model, multi = (getattr(diffusers, name) for name in MMDIT[family])
+        nets = [model.from_pretrained(folder / c["name"]) for c in p.controls]
+        pipe = pipeline.from_pretrained(path, controlnet=multi(nets) if several else nets[0])
     else:
         nets = [diffusers.ControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
         extra = {"add_watermarker": False} if family == "sdxl" else {"safety_checker": None}
@@ -53,7 +55,8 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
         values = [c[key] for c in p.controls]
         return values if several else values[0]
 
-    image = pipe(p.prompt, **{"control_image" if family == "flux" else "image": each("image")},
+    torch.manual_seed(p.seed)  # SD3's pipeline samples the control image's latents from torch's global generator
+    image = pipe(p.prompt, **{"control_image" if family in MMDIT else "image": each("image")},
                  height=p.height, width=p.width,
                  num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
                  controlnet_conditioning_scale=each("scale"), control_guidance_start=each("start"),

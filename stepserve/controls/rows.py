@@ -24,12 +24,26 @@ class Prepared:
 
     control: Control
     image: Tensor  # (1, ...): SD/SDXL pixels in [0, 1], Flux packed latents; on the device in the pipeline's dtype
+    uncond_image: Tensor | None = None  # the unconditional row's, where the family prepares its own (SD3 samples it)
 
 
 def prepare(pipeline, params, generator=None) -> list[Prepared]:
     """The request's control images as the family's ControlNet pipeline prepares them (`generator`: the request's,
-    for a family that samples the control image's latents)."""
-    return [Prepared(c, pipeline.control_image(c.image, params, generator)) for c in params.controls]
+    for a family that samples the control image's latents; a family may draw from another: `control_generator`).
+    A family's `control_image` gives a pair (conditional, unconditional row's) where the rows' images differ."""
+    generator = getattr(pipeline, "control_generator", lambda _, g: g)(params, generator)
+    out = []
+    for c in params.controls:
+        image = pipeline.control_image(c.image, params, generator)
+        out.append(Prepared(c, *image) if isinstance(image, tuple) else Prepared(c, image))
+    return out
+
+
+def unconditional(prepared: list[Prepared] | None) -> list[Prepared] | None:
+    """A request's controls as its unconditional row takes them."""
+    if not prepared or all(p.uncond_image is None for p in prepared):
+        return prepared
+    return [Prepared(p.control, p.uncond_image) if p.uncond_image is not None else p for p in prepared]
 
 
 def _flatten(out: dict) -> tuple[list, list[Tensor]]:

@@ -219,9 +219,10 @@ class TorchExecutor:
 
     def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
         """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it."""
-        row_requests = requests + [requests[i] for i in guided]
-        return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
-                                  [(r.controls, r.step, r.num_inference_steps) for r in row_requests])
+        per_row = [(r.controls, r.step, r.num_inference_steps) for r in requests]
+        per_row += [(controls.unconditional(requests[i].controls), requests[i].step, requests[i].num_inference_steps)
+                    for i in guided]
+        return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning, per_row)
 
     def _image_prompt_rows(self, requests: list[Request], guided: list[int]):
         """The UNet's IP-Adapter for this forward when some row has an image prompt (stepserve/ipadapter)."""

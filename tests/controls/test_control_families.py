@@ -1,5 +1,6 @@
-"""ControlNets per request on SDXL and Flux.1: a request alone equals the family's diffusers ControlNet pipeline
-(StableDiffusionXLControlNetPipeline, FluxControlNetPipeline; two ControlNets as its Multi model sums them), uint8
+"""ControlNets per request on SDXL, SD3 and Flux.1: a request alone equals the family's diffusers ControlNet pipeline
+(StableDiffusionXLControlNetPipeline, StableDiffusion3ControlNetPipeline, FluxControlNetPipeline; two ControlNets as
+its Multi model sums them), uint8
 within 1, and in mixed batches (different ControlNets, two, none, different windows, guidance on and off), under
 every strategy, each image is the one it gets alone. A ControlNet of another family is refused naming why."""
 
@@ -14,7 +15,7 @@ from stepserve.scheduling import STRATEGIES
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
-FAMILIES = {"sdxl": {"sampler": "dpmpp_2m"}, "flux": {"sampler": "flow_euler"}}
+FAMILIES = {"sdxl": {"sampler": "dpmpp_2m"}, "sd3": {"sampler": "flow_euler"}, "flux": {"sampler": "flow_euler"}}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -26,6 +27,10 @@ def family(request, tmp_path_factory):
         from stepserve.tiny.sdxl import build_tiny_sdxl
 
         pipe = build_tiny_sdxl(root / "pipe")
+    elif name == "sd3":
+        from stepserve.tiny.sd3 import build_tiny_sd3
+
+        pipe = build_tiny_sd3(root / "pipe")
     else:
         from stepserve.tiny.flux import build_tiny_flux
 
@@ -100,6 +105,7 @@ def test_a_controlnet_of_another_family_is_refused_naming_why(family, engine, ti
         shutil.rmtree(store.root / "sd_pose")
 
 
+@pytest.mark.parametrize("family", ["sdxl", "flux"], indirect=True)  # the families that cache steps
 def test_cached_rows_and_control_rows_share_a_forward(family, engine):
     """Rows that cache steps (fbcache) beside rows with controls: each image is its own alone, and the cached rows
     still skip work."""
@@ -142,18 +148,34 @@ def test_flux_controlnets_of_different_depths(family, engine):
         shutil.rmtree(store.root / "deep")
 
 
-@pytest.mark.parametrize("family", ["flux"], indirect=True)
-@pytest.mark.parametrize("key,value,says", [("num_mode", 10, "union ControlNet"),
-                                            ("conditioning_embedding_channels", 16, "input hint block")])
-def test_flux_controlnets_not_served_are_refused_naming_why(family, engine, key, value, says):
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def with_config(store, name, **changes):
+    """A copy of the served ControlNet "pose" as `name`, its config changed."""
     import json
     import shutil
 
-    store = engine.executor.controlnets()
-    folder = store.root / "odd"
+    folder = store.root / name
     shutil.copytree(store.root / "pose", folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize("family,key,value,says", [
+    ("flux", "num_mode", 10, "union ControlNet"), ("flux", "conditioning_embedding_channels", 16, "input hint block"),
+    ("sd3", "use_pos_embed", False, "shares the transformer's position embedding"),
+    ("sd3", "joint_attention_dim", None, "takes no text"),
+    ("sd3", "extra_conditioning_channels", 1, "takes 1 extra conditioning channels"),
+    ("sd3", "num_attention_heads", 2, "its width 16 is not the transformer's 32"),
+    ("sd3", "pos_embed_max_size", 16, "covers 16 patches a side, the transformer's 32"),
+], indirect=["family"])
+def test_controlnets_not_served_are_refused_naming_why(family, engine, key, value, says):
+    import shutil
+
+    store = engine.executor.controlnets()
+    folder = with_config(store, "odd", **{key: value})
     try:
         with pytest.raises(ControlNetError, match=says):
             store.ensure(["odd"])
@@ -174,10 +196,11 @@ def test_each_controlnet_runs_once_per_step_on_its_rows(family, monkeypatch):
             sample = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             seen.setdefault(name, []).append(sample.shape[0])
             return net(*args, **kwargs)
+        run.config = net.config  # what a family reads of its ControlNet (SD3: force_zeros_for_pooled_projection)
         return run
 
     monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m, n) for n, m in ensure(names).items()})
-    guided = 2 if family[0] == "sdxl" else 1  # SDXL's guided request has two rows; Flux has one row per request
+    guided = 1 if family[0] == "flux" else 2  # a guided request has two rows; Flux has one row per request
     results = engine.generate([ask(family, 70, (), steps=4), ask(family, 71, (("pose", 1.0, 0.0, 1.0),), steps=4),
                                ask(family, 72, (("pose", 0.5, 0.0, 1.0), ("depth", 1.0, 0.0, 0.5)), steps=4,
                                    guidance=1.0)])
@@ -186,3 +209,33 @@ def test_each_controlnet_runs_once_per_step_on_its_rows(family, monkeypatch):
     seen.clear()
     engine.generate([ask(family, 73, (), steps=2), ask(family, 74, (), steps=2, guidance=1.0)])
     assert seen == {}  # a batch without controls runs no ControlNet
+
+
+@pytest.mark.parametrize("family", ["sd3"], indirect=True)
+def test_sd3_controlnet_that_takes_the_pooled_text(family, engine):
+    """force_zeros_for_pooled_projection false: the ControlNet takes the row's pooled projections and the control
+    latents shifted by the VAE's shift_factor, as the pipeline gives them; alone and in a batch with the default
+    kind, each image is the pipeline's / its own."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    store = engine.executor.controlnets()
+    weights = with_config(store, "pooled", force_zeros_for_pooled_projection=False) / WEIGHTS
+    state = load_file(weights)  # the image's patches weigh more, so that their shift shows in the image
+    save_file({k: v * 20 if k.startswith("pos_embed_input.") else v for k, v in state.items()}, weights)
+    try:
+        p = ask(family, 80, (("pooled", 1.0, 0.0, 1.0),), guidance=5.0, steps=4)
+        got = engine.generate([p])[0]
+        assert got.ok, got.error
+        assert np.abs(pixels(got.image) - diffusers_controlnet(family[1], family[2], p, "sd3")).max() <= 1
+        same = engine.generate([ask(family, 80, (("pose", 1.0, 0.0, 1.0),), guidance=5.0, steps=4)])[0]
+        assert np.abs(pixels(got.image) - pixels(same.image)).max() > 0  # the same weights, taken otherwise
+        reqs = [p, ask(family, 81, (("pose", 0.7, 0.0, 1.0), ("pooled", 1.0, 0.2, 1.0)), guidance=1.0, steps=4)]
+        alone = [engine.generate([r])[0] for r in reqs]
+        together = engine.generate(reqs)
+        assert max(together[0].timing.batch_sizes) == 2
+        for a, b in zip(alone, together):
+            assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    finally:
+        shutil.rmtree(store.root / "pooled")
