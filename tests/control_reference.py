@@ -1,6 +1,7 @@
 """ControlNet references for tests: diffusers' own ControlNet pipelines (StableDiffusionControlNetPipeline,
-StableDiffusionXLControlNetPipeline, StableDiffusion3ControlNetPipeline, FluxControlNetPipeline; their Multi models
-for several ControlNets) run alone per request, and the ControlNet folders the tests serve."""
+StableDiffusionXLControlNetPipeline, StableDiffusion3ControlNetPipeline, FluxControlNetPipeline,
+QwenImageControlNetPipeline; their Multi models for several ControlNets) run alone per request, and the ControlNet
+folders the tests serve."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ NAMES = ("pose", "depth", "edge")
 PIPELINES = {"sd": "StableDiffusionControlNetPipeline", "sdxl": "StableDiffusionXLControlNetPipeline",
              "flux": "FluxControlNetPipeline"}
 MMDIT = {"flux": ("FluxControlNetPipeline", "FluxControlNetModel", "FluxMultiControlNetModel"),
-         "sd3": ("StableDiffusion3ControlNetPipeline", "SD3ControlNetModel", "SD3MultiControlNetModel")}
+         "sd3": ("StableDiffusion3ControlNetPipeline", "SD3ControlNetModel", "SD3MultiControlNetModel"),
+         "qwenimage": ("QwenImageControlNetPipeline", "QwenImageControlNetModel", "QwenImageMultiControlNetModel")}
+WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 def build_controlnets(pipe, out):
@@ -42,6 +45,9 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
     if family in MMDIT:
         pipeline, model, multi = (getattr(diffusers, name) for name in MMDIT[family])
         nets = [model.from_pretrained(folder / c["name"]) for c in p.controls]
+        if family == "qwenimage" and several:  # its multi model runs one ControlNet on several images
+            assert len({(folder / c["name"] / WEIGHTS).read_bytes() for c in p.controls}) == 1
+            nets = nets[:1]
         pipe = pipeline.from_pretrained(path, controlnet=multi(nets) if several else nets[0])
     else:
         nets = [diffusers.ControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
@@ -58,7 +64,9 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
     torch.manual_seed(p.seed)  # SD3's pipeline samples the control image's latents from torch's global generator
     image = pipe(p.prompt, **{"control_image" if family in MMDIT else "image": each("image")},
                  height=p.height, width=p.width,
-                 num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
+                 num_inference_steps=p.num_inference_steps,
+                 **({"true_cfg_scale": p.guidance_scale, "negative_prompt": p.negative_prompt or None}
+                    if family == "qwenimage" else {"guidance_scale": p.guidance_scale}),
                  controlnet_conditioning_scale=each("scale"), control_guidance_start=each("start"),
                  control_guidance_end=each("end"), generator=torch.Generator("cpu").manual_seed(p.seed),
                  output_type="np").images[0]

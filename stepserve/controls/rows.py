@@ -110,3 +110,13 @@ def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: 
             for t, r in zip(total, res):
                 t.index_add_(0, into, r.index_select(0, take))
     return _unflatten(shape, total)
+
+
+def select_rows(out: dict, rows: list[int]) -> dict:
+    """Control keywords for the rows `rows` of those in `out` (an unconditional row taking its conditional row's)."""
+    if not out:
+        return out
+    first = next(iter(out.values()))
+    at = torch.tensor(rows, device=(first[0] if isinstance(first, tuple) else first).device)
+    return {k: tuple(t.index_select(0, at) for t in v) if isinstance(v, tuple) else v.index_select(0, at)
+            for k, v in out.items()}

@@ -218,8 +218,15 @@ class TorchExecutor:
             r.latents = new[i : i + 1]
 
     def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
-        """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it."""
+        """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it: each row
+        runs the ControlNets, or, where the family's pipeline runs them once on the prompt (Qwen-Image), the
+        unconditional row takes its conditional row's outputs."""
         per_row = [(r.controls, r.step, r.num_inference_steps) for r in requests]
+        if getattr(self.pipeline, "controls_from_conditional_row", False):
+            n = len(requests)
+            out = controls.residuals(self._controlnets, self.pipeline, rows[:n], t_rows[:n].to(rows.device),
+                                     {k: v[:n] for k, v in conditioning.items()}, per_row)
+            return controls.select_rows(out, list(range(n)) + guided)
         per_row += [(controls.unconditional(requests[i].controls), requests[i].step, requests[i].num_inference_steps)
                     for i in guided]
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning, per_row)

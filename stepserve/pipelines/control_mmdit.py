@@ -1,10 +1,15 @@
-"""What the MMDiT families give their ControlNets (stepserve/controls): SD3's mixin, beside control_inputs.py's
-(which says what a family's mixin provides).
+"""What the MMDiT families give their ControlNets (stepserve/controls): SD3's and Qwen-Image's mixins, beside
+control_inputs.py's (which says what a family's mixin provides).
 
 SD3 (diffusers' StableDiffusion3ControlNetPipeline with SD3ControlNetModel): the control image is VAE-encoded at the
 request's size; the ControlNet is a small MMDiT that takes the row's latents, timestep and text, adds the image's
 patches to its own, and gives one output per block, which the transformer adds to its blocks' hidden states
 (`block_controlnet_hidden_states`). With classifier-free guidance it runs on both rows.
+
+Qwen-Image (QwenImageControlNetPipeline with QwenImageControlNetModel): the control image VAE-encoded, normalised
+and packed as the latents are; the ControlNet's outputs go to the transformer as `controlnet_block_samples`. With
+true CFG the pipeline runs the ControlNet once, on the prompt, and both forwards take its outputs: the family says
+so (`controls_from_conditional_row`), and the executor gives the unconditional row its conditional row's outputs.
 """
 
 from __future__ import annotations
@@ -86,3 +91,53 @@ class SD3Controls:
                         encoder_hidden_states=conditioning["encoder_hidden_states"], pooled_projections=pooled,
                         timestep=timestep, return_dict=False)
         return {"block_controlnet_hidden_states": tuple(blocks)}
+
+
+class QwenImageControls:
+    """Qwen-Image: diffusers' QwenImageControlNetModel (InstantX's Qwen-Image ControlNets). The pipeline's multi
+    model (QwenImageMultiControlNetModel) runs one ControlNet on several images; here several ControlNets of the
+    same depth add up as well."""
+
+    controls_from_conditional_row = True
+
+    @staticmethod
+    def controlnet_class():
+        from diffusers import QwenImageControlNetModel
+
+        return QwenImageControlNetModel
+
+    def control_problems(self, config: dict) -> list[str]:
+        if config.get("_class_name") != "QwenImageControlNetModel":
+            return [f"it is a {config.get('_class_name')}, not a QwenImageControlNetModel"]
+        tr = self.networks.transformer.config
+        inner = (config.get("num_attention_heads") or 0) * (config.get("attention_head_dim") or 0)
+        own = tr.num_attention_heads * tr.attention_head_dim
+        return [
+            f"it takes {config['extra_condition_channels']} extra condition channels (an inpainting ControlNet's "
+            "mask: not served; allowed: extra_condition_channels 0)" if config.get("extra_condition_channels") else "",
+            _differs("transformer", config, "in_channels", tr.in_channels),
+            _differs("transformer", config, "patch_size", tr.patch_size),
+            f"its width {inner} is not the transformer's {own}" if inner != own else "",
+            _differs("transformer", config, "joint_attention_dim", tr.joint_attention_dim),
+            _differs("transformer", config, "axes_dims_rope", tr.axes_dims_rope),
+        ]
+
+    @torch.no_grad()
+    def control_image(self, image, params, generator) -> Tensor:
+        """QwenImageControlNetPipeline: the image preprocessed to [-1, 1] at the request's size, VAE-encoded as one
+        frame (sampled with the request's generator, before its noise is drawn), normalised per channel
+        ((x - latents_mean) / latents_std) and packed."""
+        pixels = _processor(self.vae_scale_factor * 2).preprocess(image, height=params.height, width=params.width)
+        vae = self.networks.vae
+        latents = vae.encode(pixels.to(self.device, vae.dtype)[:, :, None]).latent_dist.sample(generator)
+        latents = (latents - self.latents_mean.to(latents.dtype)) * self.latents_inv_std.to(latents.dtype)
+        return self.pack_latents(latents[:, :, 0]).to(self.dtype)
+
+    def control_forward(self, net, sample: Tensor, timestep: Tensor, conditioning: dict, images: Tensor) -> dict:
+        shape = conditioning["img_shape"]
+        blocks = net(hidden_states=sample, controlnet_cond=images, conditioning_scale=1.0,
+                     timestep=timestep.to(sample.dtype) / 1000,
+                     encoder_hidden_states=conditioning["encoder_hidden_states"],
+                     encoder_hidden_states_mask=conditioning.get("encoder_hidden_states_mask"),
+                     img_shapes=[tuple(int(v) for v in shape[0].tolist())] * sample.shape[0], return_dict=False)
+        return {"controlnet_block_samples": tuple(blocks)}

@@ -46,5 +46,5 @@ def test_a_family_without_controlnets_is_refused(tmp_path):
     executor = load_executor(str(build_tiny_wan(tmp_path / "wan")))
     assert not executor.model_info.controls
     with pytest.raises(ValueError, match=r"\(wan family\) runs no ControlNets here; they are served for SD 1/2, "
-                                         r"SDXL, SD3 and Flux.1 models on the torch backend"):
+                                         r"SDXL, SD3, Flux.1 and Qwen-Image models on the torch backend"):
         serve_controlnets(executor, str(tmp_path), None)
