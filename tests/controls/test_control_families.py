@@ -245,3 +245,18 @@ def test_sd3_controlnet_that_takes_the_pooled_text(family, engine):
             assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
     finally:
         shutil.rmtree(store.root / "pooled")
+
+
+def test_sd35_controlnets_equal_the_pipeline(tmp_path):
+    """SD3.5's transformer (RMS-normed query/key, a dual-attention first layer): its ControlNets take the same
+    layers; one and two ControlNets, guided and not, alone equal StableDiffusion3ControlNetPipeline."""
+    from stepserve.tiny.sd3 import build_tiny_sd3
+
+    pipe = build_tiny_sd3(tmp_path / "pipe", variant="sd3.5")
+    folder = build_controlnets(pipe, tmp_path / "controlnets")
+    engine = Engine.from_pretrained(str(pipe), controlnet_dir=str(folder))
+    for i, (controls, guidance) in enumerate([CASES[0], ((("pose", 0.8, 0, 0.5), ("depth", 1.2, 0.3, 1.0)), 1.0)]):
+        p = request(90 + i, controls, guidance=guidance, sampler="flow_euler", steps=4)
+        got = engine.generate([p])[0]
+        assert got.ok, got.error
+        assert np.abs(pixels(got.image) - diffusers_controlnet(pipe, folder, p, "sd3")).max() <= 1
