@@ -23,7 +23,7 @@ class Prepared:
     """A control ready for the steps: what the request asked, and its image as the ControlNet takes it."""
 
     control: Control
-    image: Tensor  # (1, ...): SD/SDXL pixels in [0, 1], Flux packed latents; on the device in the pipeline's dtype
+    image: Tensor  # (1, ...): SD/SDXL pixels in [0, 1], SD3 latents, Flux/Qwen-Image packed latents; pipeline dtype
     uncond_image: Tensor | None = None  # the unconditional row's, where the family prepares its own (SD3 samples it)
 
 
