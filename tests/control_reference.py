@@ -1,7 +1,7 @@
 """ControlNet references for tests: diffusers' own ControlNet pipelines (StableDiffusionControlNetPipeline,
-StableDiffusionXLControlNetPipeline, FluxControlNetPipeline, and their Img2Img and Inpaint kinds for a request with
-an image; a MultiControlNetModel / FluxMultiControlNetModel for several ControlNets) run alone per request, and the
-ControlNet folders the tests serve."""
+StableDiffusionXLControlNetPipeline, StableDiffusion3ControlNetPipeline, FluxControlNetPipeline,
+QwenImageControlNetPipeline, and the SD, SDXL and Flux.1 Img2Img and Inpaint kinds for a request with an image;
+their Multi models for several ControlNets) run alone per request, and the ControlNet folders the tests serve."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ PIPELINES = {"sd": "StableDiffusionControlNetPipeline", "sdxl": "StableDiffusion
              "flux": "FluxControlNetPipeline"}
 EDIT_PIPELINES = {"sd": "StableDiffusionControlNet{}Pipeline", "sdxl": "StableDiffusionXLControlNet{}Pipeline",
                   "flux": "FluxControlNet{}Pipeline"}
+MMDIT = {"flux": ("FluxControlNetPipeline", "FluxControlNetModel", "FluxMultiControlNetModel"),
+         "sd3": ("StableDiffusion3ControlNetPipeline", "SD3ControlNetModel", "SD3MultiControlNetModel"),
+         "qwenimage": ("QwenImageControlNetPipeline", "QwenImageControlNetModel", "QwenImageMultiControlNetModel")}
+WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 def build_controlnets(pipe, out):
@@ -43,18 +47,22 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
 
     several = len(p.controls) > 1
     kind = "" if p.image is None else "Inpaint" if p.mask_image is not None else "Img2Img"
-    name = EDIT_PIPELINES[family].format(kind) if kind else PIPELINES[family]
-    if family == "flux":
-        nets = [diffusers.FluxControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
-        net = diffusers.FluxMultiControlNetModel(nets) if several else nets[0]
-        pipe = getattr(diffusers, name).from_pretrained(path, controlnet=net)
+    name = EDIT_PIPELINES[family].format(kind) if kind else PIPELINES.get(family)
+    if family in MMDIT:
+        pipeline, model, multi = (getattr(diffusers, n) for n in MMDIT[family])
+        pipeline = getattr(diffusers, name) if kind else pipeline
+        nets = [model.from_pretrained(folder / c["name"]) for c in p.controls]
+        if family == "qwenimage" and several:  # its multi model runs one ControlNet on several images
+            assert len({(folder / c["name"] / WEIGHTS).read_bytes() for c in p.controls}) == 1
+            nets = nets[:1]
+        pipe = pipeline.from_pretrained(path, controlnet=multi(nets) if several else nets[0])
     else:
         nets = [diffusers.ControlNetModel.from_pretrained(folder / c["name"]) for c in p.controls]
         extra = {"add_watermarker": False} if family == "sdxl" else {"safety_checker": None}
         pipe = getattr(diffusers, name).from_pretrained(path, controlnet=nets if several else nets[0], **extra)
         pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
     pipe.set_progress_bar_config(disable=True)
-    guess = {} if family == "flux" else {"guess_mode": any(c.get("guess_mode") for c in p.controls)}
+    guess = {} if family in MMDIT else {"guess_mode": any(c.get("guess_mode") for c in p.controls)}
 
     def each(key):
         values = [c[key] for c in p.controls]
@@ -64,9 +72,12 @@ def diffusers_controlnet(path, folder, p: SamplingParams, family: str = "sd") ->
                                 **({"mask_image": p.mask_image} if p.mask_image is not None else {})}
     if kind and family == "flux" and several:  # its Multi model zips the images with one mode each (None: no mode)
         edit["control_mode"] = [None] * len(p.controls)
-    image = pipe(p.prompt, **(edit or {"control_image" if family == "flux" else "image": each("image")}),
+    torch.manual_seed(p.seed)  # SD3's pipeline samples the control image's latents from torch's global generator
+    image = pipe(p.prompt, **(edit or {"control_image" if family in MMDIT else "image": each("image")}),
                  height=p.height, width=p.width,
-                 num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
+                 num_inference_steps=p.num_inference_steps,
+                 **({"true_cfg_scale": p.guidance_scale, "negative_prompt": p.negative_prompt or None}
+                    if family == "qwenimage" else {"guidance_scale": p.guidance_scale}),
                  controlnet_conditioning_scale=each("scale"), control_guidance_start=each("start"),
                  control_guidance_end=each("end"), generator=torch.Generator("cpu").manual_seed(p.seed),
                  output_type="np", **guess).images[0]

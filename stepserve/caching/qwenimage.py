@@ -1,12 +1,13 @@
 """A QwenImageTransformer2DModel forward with First-Block Cache per row (fbcache; see the package docstring).
 
-The forward of diffusers 0.42's QwenImageTransformer2DModel (no ControlNet, no `zero_cond_t`, no attention
-kwargs), with the decision of diffusers' FirstBlockCache hooks taken per row instead of per call: the first
-block runs for every row; its residual on the image stream (output - input) is compared with the one of the
-row's last full step, mean |r - r_prev| / mean |r_prev|; at most `threshold` skips the other blocks, whose output
-is then the first block's output plus the residual of the other blocks cached at that step (last block's output -
-first block's output). norm_out and proj_out always run, with the step's own time embedding. With every row
-computing it is the same sequence of operations as the model's forward (a test checks equality).
+The forward of diffusers 0.42's QwenImageTransformer2DModel (no `zero_cond_t`, no attention kwargs; ControlNet
+outputs added after the blocks as it adds them), with the decision of diffusers' FirstBlockCache hooks taken per
+row instead of per call: the first block runs for every row; its residual on the image stream (output - input) is
+compared with the one of the row's last full step, mean |r - r_prev| / mean |r_prev|; at most `threshold` skips
+the other blocks, whose output is then the first block's output plus the residual of the other blocks cached at
+that step (last block's output - first block's output). norm_out and proj_out always run, with the step's own time
+embedding. With every row computing it is the same sequence of operations as the model's forward (a test checks
+equality).
 
 MagCache is not served on this family: its magnitude ratios are calibrated per model, and diffusers ships
 Flux's only."""
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..lora.rows import rows_subset
+from .flux import _control
 from .rows import RowCache, index_of, must_compute
 
 
@@ -27,8 +29,9 @@ def _gather(x: Tensor | None, at: Tensor | None) -> Tensor | None:
 @torch.no_grad()
 def qwenimage_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_states: Tensor,
                       img_shapes: list, encoder_hidden_states_mask: Tensor | None,
-                      rows: list[RowCache | None]) -> Tensor:
-    """The transformer's prediction for every row; `rows[i]` says how row i caches (None: it does not)."""
+                      rows: list[RowCache | None], controlnet_block_samples=None) -> Tensor:
+    """The transformer's prediction for every row; `rows[i]` says how row i caches (None: it does not);
+    `controlnet_block_samples`: the rows' ControlNet outputs (stepserve/controls), as the transformer takes them."""
     from diffusers.models.transformers.transformer_qwenimage import compute_text_seq_len_from_mask
 
     if getattr(tr, "zero_cond_t", False):
@@ -39,14 +42,17 @@ def qwenimage_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hi
     text_seq_len, _, mask = compute_text_seq_len_from_mask(ehs0, encoder_hidden_states_mask)
     temb = tr.time_text_embed(timestep, hs0, None)
     rotary = tr.pos_embed(img_shapes, max_txt_seq_len=text_seq_len, device=hs0.device)
-    n = hs0.shape[0]
+    n, count = hs0.shape[0], len(tr.transformer_blocks)
 
-    def run(blocks, at: Tensor | None, hs: Tensor, ehs: Tensor, row_ids: list[int]) -> tuple[Tensor, Tensor]:
+    def run(blocks, at: Tensor | None, hs: Tensor, ehs: Tensor, row_ids: list[int],
+            first: int = 0) -> tuple[Tensor, Tensor]:
+        samples = [_gather(x, at) for x in controlnet_block_samples or ()]
         with rows_subset(row_ids):  # LoRA adapters (stepserve/lora) follow their rows
-            for block in blocks:
+            for k, block in enumerate(blocks, start=first):
                 ehs, hs = block(hidden_states=hs, encoder_hidden_states=ehs,
                                 encoder_hidden_states_mask=_gather(mask, at), temb=_gather(temb, at),
                                 image_rotary_emb=rotary)
+                hs = _control(hs, samples, count, k)
         return hs, ehs
 
     hs1, ehs1 = run(tr.transformer_blocks[:1], None, hs0, ehs0, list(range(n)))
@@ -56,7 +62,7 @@ def qwenimage_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hi
     hs_t = None
     if tail:
         at = None if len(tail) == n else index_of(tail, hs0.device)
-        hs_t, _ = run(tr.transformer_blocks[1:], at, _gather(hs1, at), _gather(ehs1, at), tail)
+        hs_t, _ = run(tr.transformer_blocks[1:], at, _gather(hs1, at), _gather(ehs1, at), tail, first=1)
     if len(tail) == n:
         out_hs = hs_t
     else:

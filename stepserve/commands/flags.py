@@ -180,7 +180,7 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--controlnet-dir", default=None, metavar="DIR",
                    help="serve ControlNets from this folder: every sub-folder holding a diffusers ControlNet "
                         "(config.json and its weights) by the sub-folder's name, loaded on first use (SD 1/2, "
-                        "SDXL and Flux.1 models, torch backend; default: no ControlNets)")
+                        "SDXL, SD3, Flux.1 and Qwen-Image models, torch backend; default: no ControlNets)")
     p.add_argument("--controlnet-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0,
                    metavar="MB", help="device memory for loaded ControlNets; to load another, the least recently "
                                       "used ones the step does not use are unloaded (they load again on next use)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # Where ControlNets run: the words of every refusal that says so (docs/CONTROLNET.md, Limits).
-SERVED_FOR = "SD 1/2, SDXL and Flux.1 models on the torch backend, without --compile/--deterministic"
+SERVED_FOR = "SD 1/2, SDXL, SD3, Flux.1 and Qwen-Image models on the torch backend, without --compile/--deterministic"
 
 
 class ControlNetError(ValueError):

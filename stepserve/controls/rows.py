@@ -29,18 +29,30 @@ class Prepared:
     """A control ready for the steps: what the request asked, and its image as the ControlNet takes it."""
 
     control: Control
-    image: Tensor  # (1, ...): SD/SDXL pixels in [0, 1], Flux packed latents; on the device in the pipeline's dtype
+    image: Tensor  # (1, ...): SD/SDXL pixels in [0, 1], SD3 latents, Flux/Qwen-Image packed latents; pipeline dtype
+    uncond_image: Tensor | None = None  # the unconditional row's, where the family prepares its own (SD3 samples it)
 
 
 def prepare(pipeline, params, generator=None) -> list[Prepared]:
     """The request's control images as the family's ControlNet pipeline prepares them (`generator`: the request's,
-    for a family that samples the control image's latents)."""
-    return [Prepared(c, pipeline.control_image(c.image, params, generator)) for c in params.controls]
+    for a family that samples the control image's latents; a family may draw from another: `control_generator`).
+    A family's `control_image` gives a pair (conditional, unconditional row's) where the rows' images differ."""
+    generator = getattr(pipeline, "control_generator", lambda _, g: g)(params, generator)
+    out = []
+    for c in params.controls:
+        image = pipeline.control_image(c.image, params, generator)
+        out.append(Prepared(c, *image) if isinstance(image, tuple) else Prepared(c, image))
+    return out
 
 
 def unconditional(prepared: list[Prepared] | None) -> list[Prepared] | None:
-    """The controls of a request's unconditional row: none in guess mode (diffusers adds zeros to that row)."""
-    return None if prepared and prepared[0].control.guess_mode else prepared
+    """A request's controls as its unconditional row takes them: none in guess mode (diffusers adds zeros to that
+    row), else the unconditional row's own image where the family prepares one (SD3 samples it)."""
+    if not prepared or prepared[0].control.guess_mode:
+        return None if prepared else prepared
+    if all(p.uncond_image is None for p in prepared):
+        return prepared
+    return [Prepared(p.control, p.uncond_image) if p.uncond_image is not None else p for p in prepared]
 
 
 def _flatten(out: dict) -> tuple[list, list[Tensor]]:
@@ -116,3 +128,13 @@ def _weighted(pipeline, net, flat: list[Tensor], used: list) -> list[Tensor]:
     table = torch.tensor([[w * f if g else w for _, w, _, g in used] for f in factors],  # one copy to the device
                          dtype=flat[0].dtype, device=flat[0].device)
     return [r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1)) for b, r in enumerate(flat)]
+
+
+def select_rows(out: dict, rows: list[int]) -> dict:
+    """Control keywords for the rows `rows` of those in `out` (an unconditional row taking its conditional row's)."""
+    if not out:
+        return out
+    first = next(iter(out.values()))
+    at = torch.tensor(rows, device=(first[0] if isinstance(first, tuple) else first).device)
+    return {k: tuple(t.index_select(0, at) for t in v) if isinstance(v, tuple) else v.index_select(0, at)
+            for k, v in out.items()}

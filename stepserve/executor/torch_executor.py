@@ -226,13 +226,18 @@ class TorchExecutor:
 
     def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
         """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it (in guess
-        mode to the conditional row only). A control's window is a fraction of the steps the request runs: an
-        image's strength shortens the schedule, and the ControlNet img2img and inpaint pipelines count from its
-        first step."""
-        firsts = {id(r): first_denoising_step(r.params, self.pipeline.info) for r in requests}
-        per_row = [(r.controls, r.step - firsts[id(r)], r.num_inference_steps - firsts[id(r)]) for r in requests]
-        per_row += [(controls.unconditional(r.controls), r.step - firsts[id(r)], r.num_inference_steps - firsts[id(r)])
-                    for r in (requests[i] for i in guided)]
+        mode to the conditional row only): each row runs the ControlNets, or, where the family's pipeline runs them
+        once on the prompt (Qwen-Image), the unconditional row takes its conditional row's outputs. A control's
+        window is a fraction of the steps the request runs: an image's strength shortens the schedule, and the
+        ControlNet img2img and inpaint pipelines count from its first step."""
+        firsts = [first_denoising_step(r.params, self.pipeline.info) for r in requests]
+        per_row = [(r.controls, r.step - f, r.num_inference_steps - f) for r, f in zip(requests, firsts)]
+        if getattr(self.pipeline, "controls_from_conditional_row", False):
+            n = len(requests)
+            out = controls.residuals(self._controlnets, self.pipeline, rows[:n], t_rows[:n].to(rows.device),
+                                     {k: v[:n] for k, v in conditioning.items()}, per_row)
+            return controls.select_rows(out, list(range(n)) + guided)
+        per_row += [(controls.unconditional(requests[i].controls), *per_row[i][1:]) for i in guided]
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
                                   per_row)
 

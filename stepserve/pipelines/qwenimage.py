@@ -29,6 +29,7 @@ from PIL import Image
 
 from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
+from .control_mmdit import QwenImageControls
 from .family import Conditioning, FamilyAdapter, stack_rows
 from .vae import to_pil
 from .flux import latent_grid, pack_latents, unpack_latents
@@ -64,24 +65,25 @@ class QwenImageTorchNetworks:
 
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
-                img_shape: tuple[int, int, int], encoder_hidden_states_mask: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                img_shape: tuple[int, int, int], encoder_hidden_states_mask: torch.Tensor | None = None,
+                **controls) -> torch.Tensor:
+        """`controls`: ControlNet outputs (controlnet_block_samples), when some row has a control."""
         return self.transformer(hidden_states=sample, timestep=timestep, encoder_hidden_states=encoder_hidden_states,
                                 encoder_hidden_states_mask=encoder_hidden_states_mask,
-                                img_shapes=[[img_shape]] * sample.shape[0], return_dict=False)[0]
+                                img_shapes=[[img_shape]] * sample.shape[0], return_dict=False, **controls)[0]
 
     cache_policies = ("fbcache",)  # stepserve/caching (magcache's ratios are calibrated for Flux only)
 
     @torch.no_grad()
     def denoise_cached(self, sample: torch.Tensor, timestep: torch.Tensor, rows: list, *,
                        encoder_hidden_states: torch.Tensor, img_shape: tuple[int, int, int],
-                       encoder_hidden_states_mask: torch.Tensor | None = None) -> torch.Tensor:
+                       encoder_hidden_states_mask: torch.Tensor | None = None, **controls) -> torch.Tensor:
         """denoise, each row caching as `rows` says (stepserve/caching)."""
         from ..caching.qwenimage import qwenimage_forward
 
         return qwenimage_forward(self.transformer, sample, timestep, encoder_hidden_states=encoder_hidden_states,
                                  img_shapes=[[img_shape]] * sample.shape[0],
-                                 encoder_hidden_states_mask=encoder_hidden_states_mask, rows=rows)
+                                 encoder_hidden_states_mask=encoder_hidden_states_mask, rows=rows, **controls)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -89,7 +91,7 @@ class QwenImageTorchNetworks:
         return self.vae.decode(latents, return_dict=False)[0][:, :, 0]
 
 
-class QwenImageAdapter(FamilyAdapter):
+class QwenImageAdapter(QwenImageControls, FamilyAdapter):
     """A loaded Qwen-Image pipeline: the tokenizer, the networks (torch), configs."""
 
     family = "qwenimage"
@@ -218,6 +220,11 @@ class QwenImageAdapter(FamilyAdapter):
             if cache is not None:
                 return self.networks.denoise_cached(sample, timestep, cache, img_shape=img_shape, **kwargs)
             return self.networks.denoise(sample, timestep, img_shape=img_shape, **kwargs)
+
+    @property
+    def runs_controls(self) -> bool:
+        """ControlNets (stepserve/controls, pipelines/control_mmdit.py) run beside the torch transformer."""
+        return isinstance(self.networks, QwenImageTorchNetworks)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, size: tuple[int, int]) -> list[Image.Image]:

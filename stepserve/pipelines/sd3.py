@@ -27,6 +27,7 @@ from PIL import Image
 
 from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
+from .control_mmdit import SD3Controls
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
 from .folder import PipelineFolder, serving_info
@@ -61,9 +62,10 @@ class SD3TorchNetworks:
 
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
-                pooled_projections: torch.Tensor) -> torch.Tensor:
+                pooled_projections: torch.Tensor, **controls) -> torch.Tensor:
+        """`controls`: ControlNet outputs (block_controlnet_hidden_states), when some row has a control."""
         return self.transformer(hidden_states=sample, timestep=timestep, encoder_hidden_states=encoder_hidden_states,
-                                pooled_projections=pooled_projections, return_dict=False)[0]
+                                pooled_projections=pooled_projections, return_dict=False, **controls)[0]
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -77,7 +79,7 @@ class SD3TorchNetworks:
         return (latents - cfg.shift_factor) * cfg.scaling_factor
 
 
-class SD3Adapter(FamilyAdapter):
+class SD3Adapter(SD3Controls, FamilyAdapter):
     """A loaded SD3 pipeline: tokenizers and text encoders (CLIP-L, CLIP-G, T5 or None), the transformer/VAE
     networks, configs."""
 
@@ -180,6 +182,11 @@ class SD3Adapter(FamilyAdapter):
         _, _, h, w = self.noise_shape(params.height, params.width)
         seq_len = (h // self.patch_size) * (w // self.patch_size)
         return {"mu": sampling.flow_shift_mu(seq_len, self.scheduler_config)}
+
+    @property
+    def runs_controls(self) -> bool:
+        """ControlNets (stepserve/controls, pipelines/control_mmdit.py) run beside the torch transformer."""
+        return isinstance(self.networks, SD3TorchNetworks)
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,7 +1,7 @@
-"""A random ControlNet for a local SD 1/2, SDXL or Flux.1 pipeline folder, written offline as diffusers writes one
-(a folder with config.json and diffusion_pytorch_model.safetensors). For tests and benchmarks: made from the
-folder's denoiser (`ControlNetModel.from_unet`, `FluxControlNetModel.from_transformer` with the transformer's
-depth) with its zero layers given small random weights, so that it changes the image without swamping it; an SD
+"""A random ControlNet for a local SD 1/2, SDXL, SD3, Flux.1 or Qwen-Image pipeline folder, written offline as
+diffusers writes one (a folder with config.json and diffusion_pytorch_model.safetensors). For tests and benchmarks:
+made from the folder's denoiser (`ControlNetModel.from_unet`, or the family's ControlNet class's `from_transformer`)
+with its zero layers given small random weights, so that it changes the image without swamping it; an SD
 ControlNet's conditioning embedding scales images down as the folder's VAE does; an inpainting UNet's ControlNet
 takes the latents alone (4 channels, as diffusers' ControlNet inpaint pipelines give it), not the UNet's 9."""
 
@@ -14,13 +14,19 @@ import torch
 
 
 def build_tiny_controlnet(model: str | Path, out: str | Path, *, seed: int = 0, std: float = 0.02,
-                          depth: tuple[int, int] | None = None) -> Path:
+                          depth: tuple[int, ...] | None = None) -> Path:
     """Write the ControlNet folder `out` for the pipeline folder `model` ("embedded" or a path); return it.
-    `depth`: a Flux ControlNet's (num_layers, num_single_layers), the transformer's unless given."""
+    `depth`: a Flux ControlNet's (num_layers, num_single_layers) or a Qwen-Image one's (num_layers,), the
+    transformer's unless given; an SD3 one's (num_layers,), unless given all but the transformer's last block
+    (which takes no ControlNet output)."""
     from ..pipelines.folder import resolve_model_path
 
     folder = Path(resolve_model_path(str(model)))
-    controlnet, zeroed = _flux(folder, depth) if (folder / "transformer").is_dir() else _unet(folder)
+    kind = json.loads((folder / "model_index.json").read_text())["_class_name"]
+    build = {"StableDiffusion3Pipeline": _sd3, "QwenImagePipeline": _qwenimage}.get(kind)
+    if build is None:  # Flux.1 (a transformer) or SD 1/2 / SDXL (a UNet)
+        build = _flux if (folder / "transformer").is_dir() else lambda f, _: _unet(f)
+    controlnet, zeroed = build(folder, depth)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in zeroed:
@@ -57,3 +63,23 @@ def _flux(folder: Path, depth: tuple[int, int] | None):
         attention_head_dim=c.attention_head_dim, num_attention_heads=c.num_attention_heads)
     return controlnet, [*controlnet.controlnet_blocks, *controlnet.controlnet_single_blocks,
                         controlnet.controlnet_x_embedder]
+
+
+def _sd3(folder: Path, depth: tuple[int] | None):
+    from diffusers import SD3ControlNetModel, SD3Transformer2DModel
+
+    transformer = SD3Transformer2DModel.from_pretrained(folder / "transformer")
+    layers = (depth or (max(1, transformer.config.num_layers - 1),))[0]
+    controlnet = SD3ControlNetModel.from_transformer(transformer, num_layers=layers, num_extra_conditioning_channels=0)
+    return controlnet, [*controlnet.controlnet_blocks, controlnet.pos_embed_input]
+
+
+def _qwenimage(folder: Path, depth: tuple[int] | None):
+    from diffusers import QwenImageControlNetModel, QwenImageTransformer2DModel
+
+    transformer = QwenImageTransformer2DModel.from_pretrained(folder / "transformer")
+    c = transformer.config
+    controlnet = QwenImageControlNetModel.from_transformer(
+        transformer, num_layers=(depth or (c.num_layers,))[0], attention_head_dim=c.attention_head_dim,
+        num_attention_heads=c.num_attention_heads)
+    return controlnet, [*controlnet.controlnet_blocks, controlnet.controlnet_x_embedder]

@@ -41,10 +41,10 @@ def test_serving_a_folder_says_what_it_serves(tmp_path, tiny_sd_path):
 
 
 def test_a_family_without_controlnets_is_refused(tmp_path):
-    from stepserve.tiny.sd3 import build_tiny_sd3
+    from stepserve.tiny.wan import build_tiny_wan
 
-    executor = load_executor(str(build_tiny_sd3(tmp_path / "sd3")))
+    executor = load_executor(str(build_tiny_wan(tmp_path / "wan")))
     assert not executor.model_info.controls
-    with pytest.raises(ValueError, match=r"\(sd3 family\) runs no ControlNets here; they are served for SD 1/2, "
-                                         r"SDXL and Flux.1 models on the torch backend"):
+    with pytest.raises(ValueError, match=r"\(wan family\) runs no ControlNets here; they are served for SD 1/2, "
+                                         r"SDXL, SD3, Flux.1 and Qwen-Image models on the torch backend"):
         serve_controlnets(executor, str(tmp_path), None)

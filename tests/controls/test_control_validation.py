@@ -66,11 +66,11 @@ def test_the_server_default_cache_leaves_control_requests_whole(engine):
 
 
 def test_a_family_without_controlnets_refuses_them(engine):
-    info = replace(engine.model_info, controls=False, family="sd3", name="tiny-sd3")
+    info = replace(engine.model_info, controls=False, family="wan", name="tiny-wan")
     with pytest.raises(ValidationError) as err:
         resolve_params(with_controls([{"name": "pose", "image": IMAGE}]), info)
     assert err.value.field == "controls" and "takes no ControlNets" in str(err.value)
-    assert "served for SD 1/2, SDXL and Flux.1 models on the torch backend" in str(err.value)
+    assert "served for SD 1/2, SDXL, SD3, Flux.1 and Qwen-Image models on the torch backend" in str(err.value)
 
 
 def test_without_a_controlnet_folder_no_name_is_served(tiny_sd_path):
