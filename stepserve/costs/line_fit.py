@@ -59,7 +59,7 @@ class Fit(NamedTuple):
         return a, self.slope
 
 
-@dataclass
+@dataclass(slots=True)
 class Sums:
     """Weighted sums for a least-squares line through (b, t), with what its uncertainty needs (t*t, and the sums of
     the squared weights)."""

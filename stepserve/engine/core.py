@@ -189,13 +189,16 @@ class EngineCore:
             report.progressed = advanced
             if len(groups) == 1 and hasattr(self.policy, "observe"):  # a cost-aware policy learns the step curve
                 self.policy.observe(to_run[0].bucket, len(groups[0]), dt)
+            tally = self.tally
             for g in groups:
+                size = len(g)
                 for r in g:
                     r.step += 1
-                    self.tally.advanced(r.bucket, 1)
-                    r.timing.batch_sizes.append(len(g))
-                    if r.timing.first_step_done is None:
-                        r.timing.first_step_done = t
+                    tally.advanced(r.bucket, 1)
+                    timing = r.timing
+                    timing.batch_sizes.append(size)
+                    if timing.first_step_done is None:
+                        timing.first_step_done = t
             for r in advanced:
                 if r.step >= r.num_inference_steps:
                     r.timing.denoise_done = t

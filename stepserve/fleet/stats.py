@@ -24,7 +24,7 @@ INF = math.inf
 MIN_GAIN = 0.10  # batching that gains less throughput than this runs one at a time (scheduling/adaptive.py's rule)
 
 
-@dataclass
+@dataclass(slots=True)
 class ReplicaStats:
     """One replica, as a router or the autoscaler sees it."""
 

@@ -205,7 +205,10 @@ class SLOPolicy(SLOFrontEnd):
             self.cap[bucket] = max(cost_aware_cap(self.curve, bucket, remaining, self._steps, queued=queued), 1)
             cap = min(cap, self.cap[bucket])
         batch = pool[:cap]
-        self._charge(bucket, self.latency_model.step_s(len(batch), bucket))
+        if len(self._deficit) > 1:
+            self._charge(bucket, self.latency_model.step_s(len(batch), bucket))
+        else:  # the one bucket with work leads at 0, whatever the step costs (what _charge leaves)
+            self._deficit[bucket] = 0.0
         admit = [r for r in batch if r.status is RequestStatus.WAITING]
         return StepPlan(admit=admit, run=batch, give_up=give_up)
 

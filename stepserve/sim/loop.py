@@ -15,8 +15,9 @@ reported), and an idle replica wakes at once. At equal times arrivals, deliverie
 turns, so a request that arrives as a step ends joins the next step.
 
 Time never passes by itself: nothing here reads the wall clock or sleeps, and ties are broken by the order in
-which events were given, so the same inputs give the same run. Cost: a heap of events, a few dictionary operations
-per request and one engine step per turn, so a run is bounded by the engines themselves.
+which events were given, so the same inputs give the same run. Cost: two heaps of events (the arrivals, and the
+rest: as few as the replicas), a few dictionary operations per request and one engine step per turn, so a run is
+bounded by the engines themselves.
 """
 
 from __future__ import annotations
@@ -86,14 +87,16 @@ class SimLoop:
         self.stopped_early = False
         self.lost: set[int] = set()  # replicas that failed
         self.where: dict[int, int] = {}  # key -> replica, from placement until it ends
-        self._heap: list[tuple] = []
+        self._heap: list[tuple] = []  # (time, kind, seq, key, payload) of every event but arrivals
+        self._arrivals: list[tuple] = []  # arrivals, likewise; seq is unique across both heaps
         self._seq = 0
         if fleet is not None:
             fleet.attach(self)
 
     # --- input -------------------------------------------------------------------------------------------------
     def arrive(self, time: float, params: SamplingParams, key: int, adapter: str | None = None) -> None:
-        self._push(time, _ARRIVE, key, (params, adapter))
+        self._seq += 1  # a heap of their own: the turns' heap stays as small as the fleet, the order is the same
+        heapq.heappush(self._arrivals, (time, _ARRIVE, self._seq, key, (params, adapter)))
 
     def deliver(self, time: float, key: int, params: SamplingParams, replica: int) -> None:
         """Request `key` (already placed on `replica`) reaches it at `time`."""
@@ -125,8 +128,10 @@ class SimLoop:
         self.on_end, self.on_step = on_end, on_step
         self._live: dict[str, int] = {}  # request id -> key, while an engine has it
         self._ids: dict[int, str] = {}  # key -> request id, likewise
-        heap, reps, horizon, fleet = self._heap, self.reps, self.stop_at, self.fleet
+        events, arrivals, reps, horizon, fleet = self._heap, self._arrivals, self.reps, self.stop_at, self.fleet
         for _ in range(self.max_events):
+            # the earlier of the two heaps' first events ((time, kind, seq) is unique: one order, as one heap)
+            heap = arrivals if arrivals and (not events or arrivals[0] < events[0]) else events
             if not heap:
                 break
             t, kind, _, key, payload = heap[0]
