@@ -14,7 +14,7 @@ max batch: 1 where a batch of n costs n steps of one, the max batch where batchi
 those that can take one, in arrival order.
 
     python benchmarks/fleet_matrix.py [--curves gpu-1024-compute-bound,...] [--replicas 8,32] [--loads 0.7,0.9]
-        [--seed 0] [--out fleet-matrix.json]
+        [--seed 0] [--adapter-share 0.2] [--duration S] [--out fleet-matrix.json]
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ ADAPTERS, ADAPTER_SHARE, ADAPTER_SLOTS = 10, 0.2, 4
 MAX_BATCH = 8
 
 
-def mix() -> Mix:
+def mix(share: float = ADAPTER_SHARE) -> Mix:
     names = ["none"] + [f"style-{i}" for i in range(ADAPTERS)]
     return Mix(steps=Choice([4, 20, 50], [1.0, 1.0, 1.0]),
-               lora=Choice(names, [1 - ADAPTER_SHARE] + [ADAPTER_SHARE / ADAPTERS] * ADAPTERS))
+               lora=Choice(names, [1 - share] + [share / ADAPTERS] * ADAPTERS))
 
 
 def central_hold(latency: LatencyModel) -> int:
@@ -70,11 +70,13 @@ def arrivals(m: Mix, rate: float, duration_s: float, seed: int) -> list[Arrival]
     return out
 
 
-def cell(name: str, replicas: int, load: float, seed: int) -> dict:
+def cell(name: str, replicas: int, load: float, seed: int, share: float = ADAPTER_SHARE,
+         duration_s: float | None = None) -> dict:
     file, duration, costly = CURVES[name]
+    duration = duration_s or duration
     latency = LatencyModel.load(ROOT / "stepserve/models/latency" / file)
     setup, contender = SimSetup(latency), Contender(DEFAULT_STRATEGY, max_batch_size=MAX_BATCH)
-    m = mix()
+    m = mix(share)
     capacity = asyncio.run(measure_capacity(SimulatedDriver(setup), contender_maker(contender), Mix(steps=m.steps),
                                             2 * MAX_BATCH, 300.0 if costly else 60.0, 30.0, seed, progress=False))
     rate = load * replicas * capacity.rps
@@ -109,6 +111,9 @@ def main() -> None:
     p.add_argument("--replicas", default="8,32")
     p.add_argument("--loads", default="0.7,0.9")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adapter-share", type=float, default=ADAPTER_SHARE,
+                   help="the share of requests naming an adapter (0: none, as in the live two-replica check)")
+    p.add_argument("--duration", type=float, help="seconds of arrivals per cell (default: the curve's)")
     p.add_argument("--out", type=Path, default=Path("fleet-matrix.json"))
     p.add_argument("--plot", type=Path, help="only draw the matrix in --out as this PNG")
     p.add_argument("--staleness", help="instead of the matrix: least_work's p95 when the replicas publish their "
@@ -133,7 +138,7 @@ def main() -> None:
     for name in args.curves.split(","):
         for replicas in [int(x) for x in args.replicas.split(",")]:
             for load in [float(x) for x in args.loads.split(",")]:
-                row = cell(name, replicas, load, args.seed)
+                row = cell(name, replicas, load, args.seed, args.adapter_share, args.duration)
                 rows.append(row)
                 p95 = list(row["p95_s"].values())
                 r = row["ratios"]
