@@ -20,8 +20,8 @@ def resolve_ip_adapter(p: SamplingParams, model: ModelInfo, image, to_image: Cal
         return None
     if not model.ip_adapters:
         raise IPAdapterSpecError("ip_adapter", f"{model.name} ({model.family} family) takes no IP-Adapter here; "
-                                               f"allowed: none (IP-Adapters are served for SD 1/2 models on the "
-                                               f"torch backend, without --compile/--deterministic)")
+                                               f"allowed: none (IP-Adapters are served for SD 1/2 and SDXL "
+                                               f"models on the torch backend, without --compile/--deterministic)")
     if image is not None:
         raise IPAdapterSpecError("ip_adapter", "goes with text to image here; allowed: no image with ip_adapter")
     if p.cache is not None and parse_cache(p.cache, model) is not None:

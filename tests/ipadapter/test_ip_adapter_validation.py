@@ -108,5 +108,5 @@ def test_a_family_without_ip_adapters_refuses_the_folder(tmp_path):
 
     executor = load_executor(str(build_tiny_flux(tmp_path / "flux")))
     assert not executor.model_info.ip_adapters
-    with pytest.raises(ValueError, match="SD 1/2 models on the torch backend"):
+    with pytest.raises(ValueError, match="SD 1/2 and SDXL models on the torch backend"):
         serve_ip_adapters(executor, str(tmp_path))
