@@ -1,5 +1,6 @@
-"""IP-Adapter references for tests: diffusers' own StableDiffusionPipeline with load_ip_adapter and
-set_ip_adapter_scale, run alone per request, and the IP-Adapter folders the tests serve."""
+"""IP-Adapter references for tests: diffusers' own pipelines (StableDiffusionPipeline, StableDiffusionXLPipeline, and
+their Img2Img and Inpaint kinds for a request with an image) with load_ip_adapter and set_ip_adapter_scale, run
+alone per request, and the IP-Adapter folders the tests serve."""
 
 from __future__ import annotations
 
@@ -30,16 +31,21 @@ def request(i, name=None, scale=1.0, guidance=4.0, steps=6, **extra) -> Sampling
                           **extra)
 
 
-def diffusers_ip_adapter(path, folder, p: SamplingParams) -> np.ndarray:
-    """uint8 values (as int16) of request `p` by StableDiffusionPipeline with its IP-Adapter (or none)."""
+def diffusers_ip_adapter(path, folder, p: SamplingParams, family: str = "sd") -> np.ndarray:
+    """uint8 values (as int16) of request `p` by the family's diffusers pipeline (StableDiffusion(XL), its Img2Img
+    kind for a request with an image, its Inpaint kind with a mask too) with its IP-Adapter (or none)."""
     import diffusers
 
     from stepserve.tiny.ipadapter import WEIGHTS
 
-    pipe = diffusers.StableDiffusionPipeline.from_pretrained(path, safety_checker=None)
+    kind = "" if p.image is None else "Inpaint" if p.mask_image is not None else "Img2Img"
+    name = ("StableDiffusionXL{}Pipeline" if family == "sdxl" else "StableDiffusion{}Pipeline").format(kind)
+    options = {"add_watermarker": False} if family == "sdxl" else {"safety_checker": None}
+    pipe = getattr(diffusers, name).from_pretrained(path, **options)
     pipe.set_progress_bar_config(disable=True)
     pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
-    extra = {}
+    extra = {} if not kind else {"image": p.image, "strength": p.strength,
+                                 **({"mask_image": p.mask_image} if p.mask_image is not None else {})}
     if p.ip_adapter is not None:
         pipe.load_ip_adapter(str(folder), subfolder=p.ip_adapter["name"], weight_name=WEIGHTS)
         pipe.set_ip_adapter_scale(p.ip_adapter.get("scale", 1.0))

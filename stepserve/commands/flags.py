@@ -187,7 +187,7 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ip-adapter-dir", default=None, metavar="DIR",
                    help="serve IP-Adapters (an image as a prompt) from this folder: every sub-folder holding an "
                         "adapter's weights and its image_encoder/ by the sub-folder's name, one loaded at a time on "
-                        "first use (SD 1/2 models, torch backend; default: none)")
+                        "first use (SD 1/2 and SDXL models, torch backend; default: none)")
 
 
 def check_cache_and_lora_flags(args: argparse.Namespace) -> None:

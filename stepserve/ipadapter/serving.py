@@ -14,8 +14,8 @@ def serve_ip_adapters(executor: Any, ip_adapter_dir: str) -> str:
     if not root.is_dir():
         raise ValueError(f"ip_adapter_dir {ip_adapter_dir!r} is not a folder")
     if not hasattr(executor, "ip_adapters") or not getattr(executor.pipeline, "runs_ip_adapters", False):
-        raise ValueError("ip_adapter_dir: IP-Adapters are served for SD 1/2 models on the torch backend, without "
-                         "--compile/--deterministic")
+        raise ValueError("ip_adapter_dir: IP-Adapters are served for SD 1/2 and SDXL models on the torch backend, "
+                         "without --compile/--deterministic")
     names = sorted(executor.ip_adapters(root).names)
     return f"IP-Adapter: {len(names)} in {root} ({', '.join(names) or 'none yet'}), one loaded at a time on first use"
 

@@ -34,7 +34,7 @@ class ImagePrompt:
 
 def unknown_name(name: object, served) -> str:
     """The one "not served" message: the name and the names that are."""
-    names = ", ".join(sorted(served)) or "none (IP-Adapters need an SD 1/2 model on the torch backend and " \
+    names = ", ".join(sorted(served)) or "none (IP-Adapters need an SD 1/2 or SDXL model on the torch backend and " \
                                         "--ip-adapter-dir)"
     return f"IP-Adapter {str(name)[:80]!r} is not served; served: {names}"
 

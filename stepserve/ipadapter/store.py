@@ -167,7 +167,7 @@ class IPAdapterStore:
         problems = [x for x in problems if x]
         if problems:
             raise IPAdapterError(f"IP-Adapter {name!r} does not fit {self.pipeline.info.name}: {'; '.join(problems)}"
-                                 f"; allowed: IP-Adapters made for this SD 1/2 model")
+                                 f"; allowed: IP-Adapters made for this model")
 
     def _build(self, state: dict) -> tuple[dict, torch.nn.Module]:
         """diffusers' own processors and projection for `state`, built in the UNet then taken out of it."""

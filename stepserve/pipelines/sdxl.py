@@ -38,6 +38,12 @@ from .inpaint import inpaint_mode
 SDXL_GUIDANCE = 5.0  # StableDiffusionXLPipeline.__call__'s default guidance_scale
 
 
+def _added(text_embeds: torch.Tensor, time_ids: torch.Tensor, controls: dict) -> dict:
+    """The UNet's added conditions: SDXL's text and time ones, and the image embeddings an IP-Adapter's forward
+    gives (taken out of `controls`)."""
+    return {"text_embeds": text_embeds, "time_ids": time_ids, **controls.pop("added_cond_kwargs", {})}
+
+
 class SDXLNetworks:
     """The torch modules of an SDXL pipeline behind the three batched calls of stepserve.backends."""
 
@@ -55,10 +61,11 @@ class SDXLNetworks:
     @torch.no_grad()
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
                 text_embeds: torch.Tensor, time_ids: torch.Tensor, **controls) -> torch.Tensor:
-        """`controls`: ControlNet residuals (down_block_additional_residuals, mid_block_additional_residual)."""
-        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states,
-                         added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, return_dict=False,
-                         **controls)[0]
+        """`controls`: ControlNet residuals (down_block_additional_residuals, mid_block_additional_residual) and,
+        with an IP-Adapter in the UNet, the rows' image embeddings (added_cond_kwargs: stepserve/ipadapter)."""
+        added = _added(text_embeds, time_ids, controls)
+        return self.unet(sample, timestep, encoder_hidden_states=encoder_hidden_states, added_cond_kwargs=added,
+                         return_dict=False, **controls)[0]
 
     @property
     def cache_policies(self) -> tuple[str, ...]:
@@ -74,8 +81,9 @@ class SDXLNetworks:
         """denoise, each row caching as `rows` says (stepserve/caching)."""
         from ..caching.unet import unet_forward
 
-        return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows,
-                            added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, **controls)
+        added = _added(text_embeds, time_ids, controls)
+        return unet_forward(self.unet, sample, timestep, encoder_hidden_states, rows, added_cond_kwargs=added,
+                            **controls)
 
     @torch.no_grad()
     def encode_image(self, pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -148,9 +156,11 @@ class StableDiffusionXLAdapter(UNetControls, FamilyAdapter):
         scheduler_config = folder.scheduler_config()
         defaults = {"default_guidance_scale": SDXL_GUIDANCE, **folder.serving_defaults()}
         info = model_info_for(folder.name, unet.config, vae.config, scheduler_config, defaults, family="sdxl")
-        return cls(tokenizer, tokenizer_2, networks, scheduler_config, info,
-                   force_zeros_for_empty_prompt=bool(folder.index.get("force_zeros_for_empty_prompt", True)),
-                   device=device, dtype=dtype)
+        adapter = cls(tokenizer, tokenizer_2, networks, scheduler_config, info,
+                      force_zeros_for_empty_prompt=bool(folder.index.get("force_zeros_for_empty_prompt", True)),
+                      device=device, dtype=dtype)
+        adapter.folder = folder.path  # its other parts (an IP-Adapter's image preparation: stepserve/ipadapter)
+        return adapter
 
     # --- text --------------------------------------------------------------------------------------------------
     def _encode_missing(self, prompts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -205,3 +215,13 @@ class StableDiffusionXLAdapter(UNetControls, FamilyAdapter):
     def runs_controls(self) -> bool:
         """ControlNets (stepserve/controls) run beside the torch UNet (not the fast path)."""
         return isinstance(self.networks, SDXLNetworks)
+
+    @property
+    def runs_ip_adapters(self) -> bool:
+        """IP-Adapters (stepserve/ipadapter) go into the torch UNet's attention, as ControlNets run beside it."""
+        return self.runs_controls
+
+    @property
+    def unet(self):
+        """The UNet an IP-Adapter goes into (stepserve/ipadapter)."""
+        return self.networks.unet

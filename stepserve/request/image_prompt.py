@@ -1,5 +1,5 @@
 """A request's `ip_adapter` (an image as a prompt, stepserve/ipadapter) checked against the model: the family must
-run IP-Adapters, the request is text to image and takes every step whole."""
+run IP-Adapters and the request takes every step whole (text to image, image to image or inpainting)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..ipadapter.spec import IPAdapterSpecError, ImagePrompt, parse_ip_adapter
 from .types import ModelInfo, SamplingParams
 
 
-def resolve_ip_adapter(p: SamplingParams, model: ModelInfo, image, to_image: Callable[[str, Any], Any]
+def resolve_ip_adapter(p: SamplingParams, model: ModelInfo, to_image: Callable[[str, Any], Any]
                        ) -> ImagePrompt | None:
     """The request's image prompt, or None. `to_image(field, picture)`: the picture as an RGB image (raising the
     caller's error). An IPAdapterSpecError names the field and what is allowed (validation.py makes it a
@@ -20,10 +20,8 @@ def resolve_ip_adapter(p: SamplingParams, model: ModelInfo, image, to_image: Cal
         return None
     if not model.ip_adapters:
         raise IPAdapterSpecError("ip_adapter", f"{model.name} ({model.family} family) takes no IP-Adapter here; "
-                                               f"allowed: none (IP-Adapters are served for SD 1/2 models on the "
-                                               f"torch backend, without --compile/--deterministic)")
-    if image is not None:
-        raise IPAdapterSpecError("ip_adapter", "goes with text to image here; allowed: no image with ip_adapter")
+                                               f"allowed: none (IP-Adapters are served for SD 1/2 and SDXL "
+                                               f"models on the torch backend, without --compile/--deterministic)")
     if p.cache is not None and parse_cache(p.cache, model) is not None:
         raise IPAdapterSpecError("cache", "step caching does not combine with ip_adapter; allowed: \"off\" or "
                                           "unset")

@@ -279,7 +279,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
     except ControlSpecError as exc:
         raise ValidationError(exc.field, str(exc)) from None
     try:
-        ip_adapter = resolve_ip_adapter(p, model, image, lambda field, v: as_image(field, v, "RGB"))
+        ip_adapter = resolve_ip_adapter(p, model, lambda field, v: as_image(field, v, "RGB"))
     except IPAdapterSpecError as exc:
         raise ValidationError(exc.field, str(exc)) from None
     if controls or ip_adapter is not None:

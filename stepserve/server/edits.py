@@ -9,7 +9,8 @@ size the model makes, whichever is larger: that is read from the picture's heade
 the engine takes, request/validation.as_image) then runs in a worker thread, off the event loop. Anything else is a
 400 naming the field. A `mask` makes the request an inpainting one. As OpenAI defines it, a mask with an alpha
 channel repaints where it is transparent; a mask without one repaints where it is white (diffusers' convention);
-either way it must have the image's size.
+either way it must have the image's size. ControlNets and an image prompt come as form parts (edit_controls.py),
+their pictures with the image's limits.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from starlette.datastructures import UploadFile
 from ..controls.spec import MAX_PER_REQUEST
 from ..request.types import ModelInfo
 from ..request.validation import as_image
-from .edit_controls import control_parts
+from .edit_controls import control_parts, image_prompt_parts
 from .errors import APIError, invalid
 from .forms import MAX_FILE_BYTES, bounded_form, form_fields
 from .schemas import FIELDS, body_from_fields, engine_params
@@ -48,22 +49,24 @@ class EditForm:
     image: bytes
     mask: bytes | None = None
     controls: list[bytes] = field(default_factory=list)  # the control images (edit_controls.py), in order
+    ip_adapter: bytes | None = None  # the image prompt's picture (edit_controls.py)
 
     def pictures(self) -> dict[str, bytes]:
-        """Its pictures by role (what an edit job keeps): image, mask, control0, control1, ..."""
+        """Its pictures by role (what an edit job keeps): image, mask, control0, control1, ..., ip_adapter."""
         return {"image": self.image, **({"mask": self.mask} if self.mask else {}),
-                **{f"control{i}": data for i, data in enumerate(self.controls)}}
+                **{f"control{i}": data for i, data in enumerate(self.controls)},
+                **({"ip_adapter": self.ip_adapter} if self.ip_adapter else {})}
 
     @classmethod
     def from_pictures(cls, fields: dict, pictures: dict[str, bytes]) -> "EditForm":
         controls = [pictures[f"control{i}"] for i in range(len(fields.get("controls") or ()))]
-        return cls(fields, pictures["image"], pictures.get("mask"), controls)
+        return cls(fields, pictures["image"], pictures.get("mask"), controls, pictures.get("ip_adapter"))
 
 
 async def read_edit(request: Request, state: ServerState):
     """(the body as an ImageGenerationRequest, one SamplingParams per image with the image and strength, the form
     as sent)."""
-    async with bounded_form(request, state, max_files=4 + MAX_PER_REQUEST) as form:
+    async with bounded_form(request, state, max_files=5 + MAX_PER_REQUEST) as form:
         images = [v for k, v in form.multi_items() if k in ("image", "image[]")]
         if not images or not isinstance(images[0], UploadFile):
             raise invalid("image: required, an image file (PNG, JPEG or WebP)", "image")
@@ -73,12 +76,17 @@ async def read_edit(request: Request, state: ServerState):
         if mask is not None and not isinstance(mask, UploadFile):
             raise invalid("mask: an image file (PNG, JPEG or WebP) is expected", "mask")
         controls, files, taken = control_parts(form)  # controls[i][name], controls[i][image], ... (edit_controls.py)
-        fields = form_fields(form, _TEXT, (*_FILES, "input_fidelity", *taken), "image, mask, controls[i][image]")
+        prompt, prompt_file, prompt_taken = image_prompt_parts(form)  # ip_adapter[name], ip_adapter[image], ...
+        fields = form_fields(form, _TEXT, (*_FILES, "input_fidelity", *taken, *prompt_taken),
+                             "image, mask, controls[i][image], ip_adapter[image]")
         # (input_fidelity: an OpenAI field accepted and ignored, as quality and style are)
         if controls:
             fields["controls"] = controls
+        if prompt is not None:
+            fields["ip_adapter"] = prompt
         sent = EditForm(fields, await _read(images[0], "image"), None if mask is None else await _read(mask, "mask"),
-                        [await _read(f, f"controls[{i}][image]") for i, f in enumerate(files)])
+                        [await _read(f, f"controls[{i}][image]") for i, f in enumerate(files)],
+                        None if prompt_file is None else await _read(prompt_file, "ip_adapter[image]"))
     req, params = await edit_params(sent, state)
     return req, params, sent
 
@@ -89,20 +97,22 @@ async def edit_params(sent: EditForm, state: ServerState):
     image = _open(sent.image, "image", state.engine.model_info)
     mask = None if sent.mask is None else _open(sent.mask, "mask", state.engine.model_info)
     pictures = [_open(data, f"controls[{i}][image]", state.engine.model_info) for i, data in enumerate(sent.controls)]
+    if sent.ip_adapter is not None:
+        pictures.append(_open(sent.ip_adapter, "ip_adapter[image]", state.engine.model_info))
     fields = dict(sent.fields)
     controls = fields.pop("controls", None) or []  # each without its image, which is in `pictures`
+    prompt = fields.pop("ip_adapter", None)  # without its image: the last of `pictures`
     strength = fields.pop("strength", None)
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise invalid(f"{unknown[0]}: not a field of an edit; allowed: image, mask, strength, "
                       f"{', '.join(FIELDS)}", unknown[0])
-    if "ip_adapter" in fields:  # an image prompt goes with text to image (docs/CONTROLNET.md)
-        raise invalid("ip_adapter: not served with an edit's image (an image prompt goes with text to image: send "
-                      "it to /v1/images/generations); allowed: no ip_adapter here", "ip_adapter")
     req = body_from_fields(fields, state.limits)  # the cheap checks before any decoding
-    image, mask, pictures = await asyncio.to_thread(_decode, image, mask, pictures)
+    names = [f"controls[{i}][image]" for i in range(len(controls))] + ["ip_adapter[image]"] * (prompt is not None)
+    image, mask, pictures = await asyncio.to_thread(_decode, image, mask, list(zip(names, pictures)))
+    prompt = None if prompt is None else {**prompt, "image": pictures.pop()}
     controls = [{**c, "image": picture} for c, picture in zip(controls, pictures)] or None
-    params = [replace(p, image=image, strength=strength, mask_image=mask, controls=controls)
+    params = [replace(p, image=image, strength=strength, mask_image=mask, controls=controls, ip_adapter=prompt)
               for p in engine_params(req, state.limits)]
     return req, params
 
@@ -139,10 +149,9 @@ def picture_side(model: ModelInfo) -> int:
     return max(MAX_PICTURE_SIDE, model.max_size)
 
 
-def _decode(image, mask, controls=()):
-    """(the image as RGB, the mask as the grayscale that repaints where white, or None, the control images as RGB):
-    the pixels decoded and converted once, in a worker thread."""
-    named = [(f"controls[{i}][image]", c) for i, c in enumerate(controls)]
+def _decode(image, mask, named=()):
+    """(the image as RGB, the mask as the grayscale that repaints where white, or None, the other pictures as RGB:
+    `named`, (form part, picture) each): the pixels decoded and converted once, in a worker thread."""
     for name, picture in (("image", image), ("mask", mask), *named):
         try:
             if picture is not None:

@@ -1,4 +1,4 @@
-"""A random IP-Adapter for a local SD 1/2 pipeline folder, written offline in the layout diffusers'
+"""A random IP-Adapter for a local SD 1/2 or SDXL pipeline folder, written offline in the layout diffusers'
 `load_ip_adapter(folder, subfolder=name, weight_name=WEIGHTS)` reads: `out/ip-adapter.safetensors` (the image
 projection as `image_proj.*`, each cross-attention's image key and value as `ip_adapter.{k}.to_k_ip/to_v_ip`, k =
 1, 3, 5, ... in the UNet's order of attention processors) and `out/image_encoder/` (a tiny random

@@ -1,6 +1,6 @@
 """IP-Adapters over HTTP: GET /v1/ip-adapters lists the folder's; a generation's ip_adapter carries a base64
 picture, checked before decoding with the edit images' limits, and the image equals diffusers' pipeline; a bad
-ip_adapter is a 400 naming the field; an edit refuses it."""
+ip_adapter is a 400 naming the field (an edit's image prompt: test_ip_adapter_edit_http.py)."""
 
 from __future__ import annotations
 
@@ -78,15 +78,6 @@ def test_an_image_prompt_lifts_the_json_body_limit(served):
     assert len(sent["image"]) > 64 * 1024
     answer = client.post("/v1/images/generations", json=body(sent))
     assert answer.status_code == 200, answer.text
-
-
-def test_an_edit_with_an_image_prompt_is_refused_not_ignored(served):
-    client, _ = served
-    files = {"image": ("a.png", base64.b64decode(b64(start_image(1))), "image/png")}
-    answer = client.post("/v1/images/edits", files=files,
-                         data={"prompt": "a cat", "ip_adapter": '{"name": "face", "image": "x"}'})
-    error = assert_error_shape(answer, 400)
-    assert error["param"] == "ip_adapter" and "text to image" in error["message"]
 
 
 def test_an_async_request_with_an_image_prompt_gives_the_synchronous_image(served):
