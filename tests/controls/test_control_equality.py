@@ -8,7 +8,7 @@ from control_reference import build_controlnets, diffusers_controlnet, request
 from edit_images import pixels
 
 from stepserve import Engine
-from stepserve.scheduling import STRATEGIES
+from strategy_params import EVERY_STRATEGY
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -55,7 +55,7 @@ def mixed(lora: bool = False):
     return out
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
 def test_mixed_batches_each_request_its_own_image(tiny_sd_path, folder, strategy):
     engine = Engine.from_pretrained(str(tiny_sd_path), strategy=strategy, max_batch_size=6, max_queue_delay_ms=1,
                                     controlnet_dir=str(folder))

@@ -13,7 +13,7 @@ from edit_images import pixels
 
 from stepserve import Engine
 from stepserve.controls.errors import ControlNetError
-from stepserve.scheduling import STRATEGIES
+from strategy_params import EVERY_STRATEGY
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -76,7 +76,7 @@ def alone(family, engine):
     return [engine.generate([p])[0] for p in mixed(family)]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
 def test_mixed_batches_each_request_its_own_image(family, alone, strategy):
     engine = Engine.from_pretrained(str(family[1]), strategy=strategy, max_batch_size=5, max_queue_delay_ms=1,
                                     controlnet_dir=str(family[2]))

@@ -13,7 +13,7 @@ from control_reference import build_controlnets, diffusers_controlnet, request
 from edit_images import pixels
 
 from stepserve import Engine
-from stepserve.scheduling import STRATEGIES
+from strategy_params import EVERY_STRATEGY
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -94,7 +94,7 @@ def alone(engine):
     return [engine.generate([p])[0] for p in mixed()]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
 def test_mixed_batches_each_request_its_own_image(family, alone, strategy):
     engine = Engine.from_pretrained(str(family[1]), strategy=strategy, max_batch_size=7, max_queue_delay_ms=1,
                                     controlnet_dir=str(family[2]))

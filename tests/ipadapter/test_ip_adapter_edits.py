@@ -11,7 +11,7 @@ from edit_images import assert_each_its_own, mask_image, pixels, start_image
 from ip_adapter_reference import build_ip_adapters, diffusers_ip_adapter, request
 
 from stepserve import Engine, SamplingParams
-from stepserve.scheduling import STRATEGIES
+from strategy_params import EVERY_STRATEGY
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -102,7 +102,7 @@ def controlnets(tiny_sd_path, tmp_path_factory):
     return build_controlnets(tiny_sd_path, tmp_path_factory.mktemp("controlnets"))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
 def test_mixed_batches_each_request_its_own_image(tiny_sd_path, folder, controlnets, strategy):
     engine = Engine.from_pretrained(str(tiny_sd_path), strategy=strategy, max_batch_size=6, max_queue_delay_ms=1,
                                     ip_adapter_dir=str(folder), controlnet_dir=str(controlnets))

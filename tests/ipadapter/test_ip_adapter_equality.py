@@ -10,7 +10,7 @@ from edit_images import pixels, start_image
 from ip_adapter_reference import build_ip_adapters, diffusers_ip_adapter, request
 
 from stepserve import Engine
-from stepserve.scheduling import STRATEGIES
+from strategy_params import EVERY_STRATEGY
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -75,7 +75,7 @@ def mixed(control=False, lora=False):
     return out
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
 def test_mixed_batches_each_request_its_own_image(tiny_sd_path, folder, controlnets, strategy):
     engine = Engine.from_pretrained(str(tiny_sd_path), strategy=strategy, max_batch_size=6, max_queue_delay_ms=1,
                                     ip_adapter_dir=str(folder), controlnet_dir=str(controlnets))

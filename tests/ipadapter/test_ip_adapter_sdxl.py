@@ -11,7 +11,7 @@ from edit_images import pixels, start_image
 from ip_adapter_reference import build_ip_adapters, diffusers_ip_adapter, request
 
 from stepserve import Engine
-from stepserve.scheduling import STRATEGIES
+from strategy_params import EVERY_STRATEGY
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 
@@ -84,7 +84,7 @@ def test_the_mix_has_each_kind_of_row():
     assert len({p.ip_adapter["scale"] for p in mixed() if p.ip_adapter is not None}) > 1
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
 def test_mixed_batches_each_request_its_own_image(sdxl, alone, strategy):
     engine = sdxl_engine(sdxl, strategy=strategy, max_batch_size=6, max_queue_delay_ms=1)
     together = engine.generate(mixed())
