@@ -54,7 +54,10 @@ def test_a_live_regime_runs_every_cell_with_repeats(tmp_path, capsys):
     assert data["regimes"][0]["clock"] == "live" and data["regimes"][0]["repeats"] == 2
     for r in data["rows"]:
         assert len(r["repeats"]) == 2 and r["measured"] > 0 and r["p95_s"] >= r["p50_s"] > 0
-        assert sorted(x["p50_s"] for x in r["repeats"])[0] <= r["p50_s"] <= sorted(x["p50_s"] for x in r["repeats"])[1]
+        # the median of the repeats that completed any request (a repeat on a machine busy with other work can
+        # complete none of its six: its p50 is then None and is left out of the median)
+        p50s = sorted(x["p50_s"] for x in r["repeats"] if x["p50_s"] is not None)
+        assert p50s and p50s[0] <= r["p50_s"] <= p50s[-1]
 
 
 def test_a_contender_is_a_name_and_default_follows_the_engine():
