@@ -101,15 +101,16 @@ def test_a_dead_owners_job_is_taken_over_after_its_lease_and_completes(wan_execu
             job = a.post("/v1/videos", json=QUICK).json()
             assert gate.wait_held(), "the job never reached its first step"
             a.app.state.server.jobs.runner.abandon()  # a dies: no word to the store, no more renewals
+            held = store.get_job(job["id"])  # a may have claimed it again itself, had a stall outlived its lease
+            assert held.owner == "a"
             b.app.state.server.jobs.runner.claiming = True
-            assert store.get_job(job["id"]).owner == "a"
             done = wait_job(b, f"/v1/videos/{job['id']}")
         finally:
             gate.free()
         record = store.get_job(job["id"])
         mp4 = b.get(f"/v1/videos/{job['id']}/content")
     assert done["status"] == "completed", done
-    assert (record.owner, record.attempts) == ("b", 2)
+    assert (record.owner, record.attempts) == ("b", held.attempts + 1)
     assert mp4.status_code == 200 and mp4.content[4:8] == b"ftyp"
 
 
