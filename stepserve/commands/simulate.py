@@ -18,7 +18,8 @@ import argparse
 import math
 import sys
 
-from .bench import UsageError, build_parser, config_from_args, write_and_conclude
+from .bench import config_from_args, write_and_conclude
+from .bench_flags import UsageError, build_parser
 from .simulate_fleet import EPILOG as FLEET_EPILOG
 from .simulate_fleet import FleetUsageError, split_fleet
 

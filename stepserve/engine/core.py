@@ -27,6 +27,7 @@ from ..request.buckets import bucket_of
 from ..request.types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from ..request.validation import first_denoising_step, resolve_params
 from ..util.words import duration
+from .stages import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,11 @@ class EngineCore:
         self.draining = False  # no more arrivals expected: policies may flush partial batches
         self._aborts: set[str] = set()
         self._rejected: list[Request] = []  # reported by the next step
-        self._logged_failures: set[tuple[str, str]] = set()  # executor failure kinds already logged
         self._deadlines = Deadlines()  # of every queued request that has one
         self._by_id: dict[str, list[Request]] = {}  # live requests (waiting, running, to decode) by request_id
         self.tally = Tally()  # the live requests per bucket, for the work in hand the fleet reads (fleet/work.py)
+        self.stages = StageRunner(lambda r, t, message: self._finish(
+            r, RequestStatus.FAILED, FinishReason.ERROR, t, message))
 
     @property
     def model_info(self):
@@ -175,13 +177,13 @@ class EngineCore:
                 r.status = RequestStatus.RUNNING
                 r.timing.admitted = now
             self.running.extend(plan.admit)
-            _, dt = self._run_stage("prepare", plan.admit, t, finished)
+            _, dt = self.stages.run(self.executor, "prepare", plan.admit, t, finished)
             report.encode_s = dt
             t += dt
 
         to_run = [r for r in plan.run if r.status is RequestStatus.RUNNING]
         if to_run:
-            groups, dt = self._run_stage("denoise", to_run, t, finished)
+            groups, dt = self.stages.run(self.executor, "denoise", to_run, t, finished)
             report.denoise_s = dt
             t += dt
             advanced = [r for g in groups for r in g]
@@ -208,7 +210,7 @@ class EngineCore:
         if self.to_decode:
             n = len(self.to_decode) if self.max_decode_per_step is None else self.max_decode_per_step
             done = [self.to_decode.popleft() for _ in range(min(n, len(self.to_decode)))]
-            groups, dt = self._run_stage("decode", done, t, finished)
+            groups, dt = self.stages.run(self.executor, "decode", done, t, finished)
             report.decode_s = dt
             t += dt
             for g in groups:
@@ -236,31 +238,6 @@ class EngineCore:
         """When an idle engine must look again: the policy's own wake-up or the earliest deadline, if sooner."""
         times = [t for t in (self._deadlines.earliest(), policy_wake) if t is not None]
         return min(times) if times else None
-
-    def _run_stage(self, stage: str, requests: list[Request], t: float,
-                   finished: list[Request]) -> tuple[list[list[Request]], float]:
-        """Run one executor stage over `requests`. When it raises for a batch, the batch is split in halves and each
-        half is run again (bisection), so only the request(s) that fail alone are failed and the engine keeps
-        serving. Returns the groups that ran (in order; each advanced together) and the seconds they took."""
-        try:
-            return [requests], float(getattr(self.executor, stage)(requests))
-        except Exception as exc:  # noqa: BLE001 - any model failure is reported to the affected requests
-            if len(requests) > 1:
-                half = len(requests) // 2
-                first, dt1 = self._run_stage(stage, requests[:half], t, finished)
-                second, dt2 = self._run_stage(stage, requests[half:], t + dt1, finished)
-                return first + second, dt1 + dt2
-            message = f"{stage} failed: {type(exc).__name__}: {exc}"
-            kind = (stage, type(exc).__name__)
-            if kind not in self._logged_failures:  # once per stage and kind: a broken model fails every step
-                self._logged_failures.add(kind)
-                log.error("executor %s failed for request %s (alone); failing it", stage,
-                          requests[0].request_id, exc_info=exc)
-            for r in requests:
-                if r.status is RequestStatus.RUNNING:
-                    self._finish(r, RequestStatus.FAILED, FinishReason.ERROR, t, message)
-                    finished.append(r)
-            return [], 0.0
 
     def _take_aborts(self, now: float) -> list[Request]:
         if not self._aborts:
