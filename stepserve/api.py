@@ -30,7 +30,8 @@ class Engine:
                         deterministic: bool = False, fast_path: Any = None, threads: int | None | str = "auto",
                         cache: Any = None, lora_dir: str | None = None, lora_memory_mb: float | None = 1024.0,
                         controlnet_dir: str | None = None, controlnet_memory_mb: float | None = 1024.0,
-                        ip_adapter_dir: str | None = None, weights: Any = None, **options: Any) -> "Engine":
+                        ip_adapter_dir: str | None = None, ip_adapter_memory_mb: float | None = 4096.0,
+                        weights: Any = None, **options: Any) -> "Engine":
         """Load a model and build an engine (stepserve.engine.config.build_engine). With memory_cap,
         max_batch_size is lowered to what fits in the device's memory (the reason is logged; torch backend only).
         `compile` (the denoiser compiled per batch bucket) and `deterministic` (byte-identical images under any
@@ -42,8 +43,8 @@ class Engine:
         torch's threads spin-wait for the one that feeds them; None leaves torch's setting as it is.
         `cache`: step caching for requests that do not say (docs/CACHING.md); `lora_dir` / `lora_memory_mb`:
         LoRA adapters served from that folder (docs/LORA.md); `controlnet_dir` / `controlnet_memory_mb`: ControlNets
-        served from that folder (docs/CONTROLNET.md); `ip_adapter_dir`: IP-Adapters served from that folder (one
-        loaded at a time; docs/CONTROLNET.md); `weights` (stepserve.pipelines.weights.Weights): the
+        served from that folder (docs/CONTROLNET.md); `ip_adapter_dir` / `ip_adapter_memory_mb`: IP-Adapters
+        served from that folder (docs/CONTROLNET.md); `weights` (stepserve.pipelines.weights.Weights): the
         denoiser from a single or GGUF file, quantized on load, or offloaded (docs/MODELS.md)."""
         if fast_path is None and (compile or deterministic):
             from .backends.fast_path import FastPathOptions
@@ -55,7 +56,7 @@ class Engine:
                               memory_cap=memory_cap, fast_path=fast_path, cache=cache, lora_dir=lora_dir,
                               lora_memory_mb=lora_memory_mb, controlnet_dir=controlnet_dir,
                               controlnet_memory_mb=controlnet_memory_mb, ip_adapter_dir=ip_adapter_dir,
-                              weights=weights,
+                              ip_adapter_memory_mb=ip_adapter_memory_mb, weights=weights,
                               options=EngineOptions(**options))
         built = build_engine(config)
         return cls(built.executor, options=built.options)

@@ -186,8 +186,12 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
                                       "used ones the step does not use are unloaded (they load again on next use)")
     p.add_argument("--ip-adapter-dir", default=None, metavar="DIR",
                    help="serve IP-Adapters (an image as a prompt) from this folder: every sub-folder holding an "
-                        "adapter's weights and its image_encoder/ by the sub-folder's name, one loaded at a time on "
-                        "first use (SD 1/2 and SDXL models, torch backend; default: none)")
+                        "adapter's weights and its image_encoder/ by the sub-folder's name, loaded on first use "
+                        "(SD 1/2 and SDXL models, torch backend; default: none)")
+    p.add_argument("--ip-adapter-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"),
+                   default=4096.0, metavar="MB",
+                   help="device memory for loaded IP-Adapters, each with its image encoder; to load another, the "
+                        "least recently used ones no request in flight uses are unloaded")
 
 
 def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
@@ -277,7 +281,8 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
                         lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0),
                         controlnet_dir=getattr(args, "controlnet_dir", None),
                         controlnet_memory_mb=getattr(args, "controlnet_memory_mb", 1024.0),
-                        ip_adapter_dir=getattr(args, "ip_adapter_dir", None), options=options)
+                        ip_adapter_dir=getattr(args, "ip_adapter_dir", None),
+                        ip_adapter_memory_mb=getattr(args, "ip_adapter_memory_mb", 4096.0), options=options)
 
 
 def say_to_stderr(prog: str):

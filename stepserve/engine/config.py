@@ -92,6 +92,7 @@ class EngineConfig:
     controlnet_dir: str | None = None  # ControlNets: every sub-folder here is servable by its name (stepserve/controls)
     controlnet_memory_mb: float | None = 1024.0  # memory for loaded ControlNets (least recently used unloaded first)
     ip_adapter_dir: str | None = None  # IP-Adapters: every sub-folder here is servable by its name (stepserve/ipadapter)
+    ip_adapter_memory_mb: float | None = 4096.0  # memory for loaded IP-Adapters, image encoders included (LRU of idle)
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -129,6 +130,8 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         reserve = int(config.lora_memory_mb * 2**20) if config.lora_dir and config.lora_memory_mb else 0
         if config.controlnet_dir and config.controlnet_memory_mb:  # and the ControlNets their memory
             reserve += int(config.controlnet_memory_mb * 2**20)
+        if config.ip_adapter_dir and config.ip_adapter_memory_mb:  # and the IP-Adapters theirs
+            reserve += int(config.ip_adapter_memory_mb * 2**20)
         capped, why = cap_max_batch_size(executor, options.max_batch_size, share=config.memory_share,
                                          reserve_bytes=reserve)
         options = replace(options, max_batch_size=capped)
@@ -152,7 +155,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if config.ip_adapter_dir is not None:
         from ..ipadapter.serving import serve_ip_adapters
 
-        say(serve_ip_adapters(executor, config.ip_adapter_dir))
+        say(serve_ip_adapters(executor, config.ip_adapter_dir, config.ip_adapter_memory_mb))
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:

@@ -7,6 +7,10 @@ row's scale (RowScaled) gives each row its own scale in the same forward: a row 
 and a zero embedding, its image attention is exactly zero and its output the plain model's. With classifier-free
 guidance a request's unconditional row takes the zero embedding at the request's scale, as diffusers'
 `prepare_ip_adapter_image_embeds` makes it.
+
+Rows of different adapters share the forward: the UNet gets the adapters of the forward's rows together (the store's
+`joined`), and each adapter's image attention is scaled per row by that row's scale for it, 0 for the rows of other
+adapters (with a zero embedding), so every row gets exactly its own adapter's term.
 """
 
 from __future__ import annotations
@@ -32,14 +36,16 @@ class Embedded:
 
 
 class RowScaled(torch.nn.Module):
-    """An IP processor's to_v_ip, each batch row's output times its row's scale (set for the forward by `applied`)."""
+    """An IP processor's to_v_ip for adapter `name`, each batch row's output times its row's scale for that adapter
+    (set for the forward by `applied`)."""
 
-    def __init__(self, linear: torch.nn.Module) -> None:
+    def __init__(self, linear: torch.nn.Module, name: str) -> None:
         super().__init__()
-        self.linear = linear
+        self.linear, self.name = linear, name
 
     def forward(self, x: Tensor) -> Tensor:
         scales = getattr(_state, "scales", None)
+        scales = None if scales is None else scales.get(self.name)
         if scales is None or scales.shape[0] != x.shape[0]:
             raise RuntimeError(f"IP-Adapter rows: {x.shape[0]} rows, scales for "
                                f"{None if scales is None else scales.shape[0]}")
@@ -66,9 +72,9 @@ def prepare(store, requests: list) -> None:
         at = [i for i, p in enumerate(prompts) if p is not None and p.name == name]
         embeds = embed(loaded, [prompts[i].image for i in at])
         with store.mutex:
-            if store.loaded is not loaded:  # replaced meanwhile by a load on the front end's thread
-                raise LookupError(f"IP-Adapter {name!r} was replaced while loading (one IP-Adapter is loaded at a "
-                                  f"time); retry later")
+            if store.loaded.get(name) is not loaded:  # unloaded meanwhile for a load on the front end's thread
+                raise LookupError(f"IP-Adapter {name!r} was unloaded to make room for another while this request "
+                                  f"started (--ip-adapter-memory-mb); retry later")
             for j, i in enumerate(at):
                 requests[i].image_prompt = Embedded(name, prompts[i].scale, embeds[j:j + 1])
                 store.hold(requests[i])
@@ -82,26 +88,31 @@ def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterat
     if not any(e is not None for e, _ in rows):
         yield {}
         return
-    loaded = store.loaded
-    names = {e.name for e, _ in rows if e is not None}
-    if loaded is None or names != {loaded.name}:
-        raise LookupError(f"IP-Adapter(s) {', '.join(sorted(names))} not loaded (one IP-Adapter is loaded at a "
-                          f"time); retry later")
-    like = next(e.embeds for e, _ in rows if e is not None)
-    zero = torch.zeros_like(like)
-    embeds = torch.cat([e.embeds if e is not None and cond else zero for e, cond in rows])[:, None]
-    scales = torch.tensor([e.scale if e is not None else 0.0 for e, _ in rows], device=like.device)
-    kind, projection = unet.config.encoder_hid_dim_type, unet.encoder_hid_proj  # the UNet's own, put back after
+    names = tuple(sorted({e.name for e, _ in rows if e is not None}))
+    try:
+        processors, projection = store.joined(names)
+    except KeyError:
+        missing = sorted(set(names) - set(store.loaded))
+        raise LookupError(f"IP-Adapter(s) {', '.join(missing)} no longer loaded; retry later") from None
+    embeds, scales = [], {}
+    for name in names:
+        like = next(e.embeds for e, _ in rows if e is not None and e.name == name)
+        zero = torch.zeros_like(like)
+        embeds.append(torch.cat([e.embeds if e is not None and e.name == name and cond else zero
+                                 for e, cond in rows])[:, None])
+        scales[name] = torch.tensor([e.scale if e is not None and e.name == name else 0.0 for e, _ in rows],
+                                    device=like.device)
+    kind, own = unet.config.encoder_hid_dim_type, unet.encoder_hid_proj  # the UNet's own, put back after
     before = getattr(_state, "scales", None)
-    store.use(loaded.processors)
-    unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = loaded.projection, "ip_image_proj"
+    store.use(processors)
+    unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = projection, "ip_image_proj"
     _state.scales = scales
     try:
-        yield {"added_cond_kwargs": {"image_embeds": [embeds]}}
+        yield {"added_cond_kwargs": {"image_embeds": embeds}}
     finally:
         _state.scales = before
         store.use(store.plain)
-        unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = projection, kind
+        unet.encoder_hid_proj, unet.config.encoder_hid_dim_type = own, kind
 
 
 @contextlib.contextmanager
@@ -112,7 +123,8 @@ def rows_subset(at: Sequence[int]) -> Iterator[None]:
     if scales is None:
         yield
         return
-    _state.scales = scales.index_select(0, torch.tensor(list(at), dtype=torch.long, device=scales.device))
+    index = torch.tensor(list(at), dtype=torch.long, device=next(iter(scales.values())).device)
+    _state.scales = {name: rows.index_select(0, index) for name, rows in scales.items()}
     try:
         yield
     finally:

@@ -2,9 +2,13 @@
 `.safetensors` or `.bin` file with `image_proj.*` and `ip_adapter.*` keys, what diffusers' `load_ip_adapter` reads)
 and its image encoder (`image_encoder/`, a CLIPVisionModelWithProjection) is servable by the sub-folder's name.
 
-One adapter is loaded at a time, on first use: diffusers builds its attention processors and image projection
+An adapter is loaded on first use: diffusers builds its attention processors and image projection
 (UNet2DConditionModel._load_ip_adapter_weights), which are kept aside and put in the UNet only for the forwards that
-have image-prompt rows (rows.py). Another adapter replaces it when no request in flight uses it.
+have image-prompt rows (rows.py). Several are loaded at once within `budget_bytes` (--ip-adapter-memory-mb: the image
+encoder, the projection and the IP processors of each), as ControlNets and LoRA adapters are: to make room, the
+least recently used adapters that no request in flight uses are unloaded (they load again on their next use). The
+rows of different adapters share one forward: `joined` gives the processors and projection of several adapters
+together, as diffusers builds them for a list of adapters (rows.py gives each row its own adapter's scale).
 """
 
 from __future__ import annotations
@@ -30,8 +34,12 @@ class IPAdapterError(ValueError):
         self.param = param
 
 
-class IPAdapterBusyError(IPAdapterError):
-    """Another IP-Adapter serves requests in flight (one is loaded at a time): retry later."""
+class IPAdapterBudgetError(IPAdapterError):
+    """The adapter does not fit the IP-Adapter memory beside the adapters that requests in flight use: retry later."""
+
+
+class IPAdapterTooLargeError(IPAdapterError):
+    """Larger than the whole IP-Adapter memory (--ip-adapter-memory-mb): it can never be loaded."""
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -59,14 +67,20 @@ class Loaded:
 class IPAdapterStore:
     """IP-Adapters by name for one SD pipeline (`pipeline.unet`: the UNet they go into)."""
 
-    def __init__(self, pipeline, root: str | Path | None, lock=None) -> None:
-        """`lock`: held while the UNet is changed (the executor's, which each stage holds)."""
+    def __init__(self, pipeline, root: str | Path | None, lock=None, budget_bytes: int | None = None) -> None:
+        """`lock`: held while the UNet is changed (the executor's, which each stage holds); `budget_bytes`: the
+        memory of the loaded adapters (None: no bound)."""
         self.pipeline = pipeline
         self.lock = lock if lock is not None else threading.RLock()
         self.root = Path(root).resolve() if root is not None else None
-        self.loaded: Loaded | None = None
+        self.budget_bytes = budget_bytes
+        self.loaded: dict[str, Loaded] = {}
+        self.last_used: dict[str, int] = {}
+        self._uses = 0
+        self._joined: dict[tuple[str, ...], tuple[dict, torch.nn.Module]] = {}  # several adapters' parts together
         self._users: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # requests given an embedding
         self.loads = 0
+        self.evictions = 0
         self.mutex = threading.RLock()
         self._folder = Watched(self.root, discover)
         unet = pipeline.unet
@@ -88,13 +102,16 @@ class IPAdapterStore:
 
     def listing(self) -> list[dict]:
         """GET /v1/ip-adapters: every servable IP-Adapter, loaded or not."""
-        loaded = self.loaded
-        return [{"name": n, "loaded": loaded is not None and loaded.name == n,
-                 "bytes": loaded.bytes if loaded is not None and loaded.name == n else None}
+        loaded = dict(self.loaded)
+        return [{"name": n, "loaded": n in loaded, "bytes": loaded[n].bytes if n in loaded else None}
                 for n in sorted(self.names)]
 
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(a.bytes for a in self.loaded.values())
+
     def hold(self, request) -> None:
-        """`request` carries an image prompt of the loaded adapter until it releases its tensors."""
+        """`request` carries an image prompt of a loaded adapter until it releases its tensors."""
         self._users[id(request)] = request
 
     def in_use(self) -> set[str]:
@@ -102,30 +119,67 @@ class IPAdapterStore:
         return {r.image_prompt.name for r in list(self._users.values()) if r.image_prompt is not None}
 
     def ensure(self, name: str) -> Loaded:
-        """The adapter `name`, loaded in place of the loaded one unless a request in flight uses that one. Raises
-        IPAdapterError (not served, not for this model), IPAdapterBusyError."""
+        """The adapter `name`, loaded (it counts as just used), unloading least recently used idle ones for room.
+        Raises IPAdapterError (not served, not for this model), IPAdapterTooLargeError, IPAdapterBudgetError."""
         with self.mutex:
-            loaded = self.loaded
-            if loaded is not None and loaded.name == name:
+            self._uses += 1
+            loaded = self.loaded.get(name)
+            if loaded is not None:
+                self.last_used[name] = self._uses
                 return loaded
             folder = self.files().get(name)
             if folder is None:
                 raise IPAdapterError(unknown_name(name, self.names), "ip_adapter.name")
-            self._free(name)
         new = self._load(name, folder)  # the slow part outside the mutex (the UNet part under the stages' lock)
         with self.mutex:
-            if self.loaded is not None and self.loaded.name == name:  # another thread loaded it meanwhile
-                return self.loaded
-            self._free(name)
-            self.loaded = new
+            if name in self.loaded:  # another thread loaded it meanwhile
+                return self.loaded[name]
+            self._fits(name, new.bytes)
+            self.loaded[name] = new
+            self.last_used[name] = self._uses
+            self._joined.clear()
             self.loads += 1
             return new
 
-    def _free(self, name: str) -> None:
-        loaded = self.loaded
-        if loaded is not None and loaded.name in self.in_use():
-            raise IPAdapterBusyError(f"IP-Adapter {name!r} cannot be loaded while {loaded.name!r} serves requests "
-                                     f"in flight (one IP-Adapter is loaded at a time); retry later")
+    def _fits(self, name: str, size: int) -> None:
+        if self.budget_bytes is None:
+            return
+        mib, budget = f"{size / 2**20:.3g} MiB", f"{self.budget_bytes / 2**20:.3g} MiB"
+        if size > self.budget_bytes:
+            raise IPAdapterTooLargeError(f"IP-Adapter {name!r} ({mib} with its image encoder) is larger than the "
+                                         f"whole IP-Adapter memory ({budget}, --ip-adapter-memory-mb): it can "
+                                         f"never be loaded")
+        busy = self.in_use()
+        idle = sorted((n for n in self.loaded if n not in busy), key=lambda n: self.last_used.get(n, 0))
+        while idle and self.loaded_bytes + size > self.budget_bytes:
+            del self.loaded[idle.pop(0)]
+            self.evictions += 1
+            self._joined.clear()
+        if self.loaded_bytes + size > self.budget_bytes:
+            raise IPAdapterBudgetError(f"IP-Adapter {name!r} ({mib}) does not fit the IP-Adapter memory ({budget}, "
+                                       f"--ip-adapter-memory-mb) beside the ones requests in flight use "
+                                       f"({', '.join(sorted(busy))}); retry later")
+
+    def joined(self, names: tuple[str, ...]) -> tuple[dict, torch.nn.Module]:
+        """The attention processors (by name) and the image projection of the loaded adapters `names` together,
+        in that order: what diffusers' _load_ip_adapter_weights builds for that list of adapters (each IP
+        processor with one image key and value per adapter, the projection with one layer per adapter). Kept
+        until the loaded set changes. Raises KeyError for one that is not loaded."""
+        with self.mutex:
+            hit = self._joined.get(names)
+            if hit is not None:
+                return hit
+            parts = [self.loaded[n] for n in names]
+            if len(parts) == 1:
+                hit = parts[0].processors, parts[0].projection
+            else:
+                from diffusers.models.embeddings import MultiIPAdapterImageProjection
+
+                processors = {attn: _joined([p.processors[attn] for p in parts]) for attn in self.plain}
+                hit = processors, MultiIPAdapterImageProjection(
+                    [layer for p in parts for layer in p.projection.image_projection_layers])
+            self._joined[names] = hit
+            return hit
 
     def _load(self, name: str, folder: Path) -> Loaded:
         from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
@@ -145,7 +199,7 @@ class IPAdapterStore:
         else:  # what diffusers' load_ip_adapter makes for a pipeline without one
             size = encoder.config.image_size
             features = CLIPImageProcessor(size=size, crop_size=size)
-        processors, projection = self._build(state)
+        processors, projection = self._build(name, state)
         n = sum(t.numel() * t.element_size() for m in (encoder, projection) for t in m.parameters())
         n += sum(t.numel() * t.element_size() for proc in processors.values() if isinstance(proc, torch.nn.Module)
                  for t in proc.parameters())
@@ -169,7 +223,7 @@ class IPAdapterStore:
             raise IPAdapterError(f"IP-Adapter {name!r} does not fit {self.pipeline.info.name}: {'; '.join(problems)}"
                                  f"; allowed: IP-Adapters made for this model")
 
-    def _build(self, state: dict) -> tuple[dict, torch.nn.Module]:
+    def _build(self, name: str, state: dict) -> tuple[dict, torch.nn.Module]:
         """diffusers' own processors and projection for `state`, built in the UNet then taken out of it."""
         from .rows import RowScaled
 
@@ -179,7 +233,7 @@ class IPAdapterStore:
         for proc in processors.values():
             if hasattr(proc, "to_v_ip"):  # each row's own scale (rows.py); diffusers' scale stays 1
                 proc.scale = [1.0]
-                proc.to_v_ip[0] = RowScaled(proc.to_v_ip[0])
+                proc.to_v_ip[0] = RowScaled(proc.to_v_ip[0], name)
         return processors, projection
 
     def _built(self, unet, state: dict) -> tuple[dict, torch.nn.Module]:
@@ -195,6 +249,23 @@ class IPAdapterStore:
             unet.encoder_hid_proj = hid_proj
             unet.config.encoder_hid_dim_type = hid_type
         return processors, projection
+
+
+def _joined(processors: list) -> object:
+    """One attention layer's processors of several adapters as one: an IP processor holds every adapter's image
+    key and value in order (diffusers' IPAdapterAttnProcessor2_0 for a list of adapters, each scale 1: the rows'
+    own scales are in RowScaled); a layer without image attention keeps the first's processor."""
+    first = processors[0]
+    if not hasattr(first, "to_k_ip"):
+        return first
+    out = type(first).__new__(type(first))
+    torch.nn.Module.__init__(out)
+    out.hidden_size, out.cross_attention_dim = first.hidden_size, first.cross_attention_dim
+    out.num_tokens = [t for p in processors for t in p.num_tokens]
+    out.scale = [1.0] * len(out.num_tokens)
+    out.to_k_ip = torch.nn.ModuleList([m for p in processors for m in p.to_k_ip])
+    out.to_v_ip = torch.nn.ModuleList([m for p in processors for m in p.to_v_ip])
+    return out
 
 
 def _read(file: Path) -> dict:

@@ -48,4 +48,4 @@ def test_the_load_happens_before_queueing_and_never_in_a_step(tiny_sd_path, tmp_
     result = asyncio.run(main())
     assert result.ok, result.error
     assert len(where) == 1 and "stepserve-engine" not in where[0]  # one load, on the front end's thread
-    assert store.loaded.name == "face" and store.loads == 1
+    assert set(store.loaded) == {"face"} and store.loads == 1

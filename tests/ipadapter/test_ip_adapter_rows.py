@@ -1,6 +1,7 @@
 """How a step runs its image prompts: the image encoder runs once for the requests admitted together; a batch
 without image prompts runs the plain UNet (no IP processor, no image projection); rows that cache steps share the
-forward with image-prompt rows; one adapter is loaded at a time, another replaces it only when none is in use."""
+forward with image-prompt rows; rows of different adapters share one forward, each its own adapter's image; the
+adapters loaded stay within their memory (the least recently used idle one unloaded first, one in use never)."""
 
 import numpy as np
 import pytest
@@ -62,20 +63,49 @@ def test_cached_rows_and_image_prompt_rows_share_a_forward(tiny_sd_path, folder)
     assert np.abs(pixels(together[3].image) - diffusers_ip_adapter(tiny_sd_path, folder, reqs[3])).max() <= 1
 
 
-def test_one_adapter_at_a_time(tiny_sd_path, folder):
+def test_rows_of_different_adapters_share_a_forward_each_with_its_own_image(tiny_sd_path, folder, monkeypatch):
     engine = Engine.from_pretrained(str(tiny_sd_path), strategy="continuous", max_batch_size=8,
                                     ip_adapter_dir=str(folder))
     store = engine.executor.ip_adapters()
     assert store.listing() == [{"name": n, "loaded": False, "bytes": None} for n in ("face", "style")]
-    engine.generate([request(40, "face", 1.0)])
-    p = request(41, "style", 1.0)
-    got = engine.generate([p])[0]  # face is idle: style replaces it
-    assert got.ok and store.loaded.name == "style" and store.loads == 2
+    reqs = [request(40, "face", 1.0), request(41, "style", 0.8), request(42, None), request(43, "style", 1.0,
+                                                                                             guidance=1.0)]
+    alone = [engine.generate([p])[0] for p in reqs]
+    assert set(store.loaded) == {"face", "style"} and store.loads == 2 and store.evictions == 0
+    assert [a["loaded"] for a in store.listing()] == [True, True]
+    adapters_per_forward = []
+    forward = rows.RowScaled.forward
+    monkeypatch.setattr(rows.RowScaled, "forward", lambda self, x: (adapters_per_forward.append(self.name),
+                                                                    forward(self, x))[1])
+    together = engine.generate(reqs)
+    assert all(r.timing.batch_sizes == [4] * 6 for r in together)
+    assert set(adapters_per_forward) == {"face", "style"}  # both adapters' image attention in the shared forwards
+    for p, a, b in zip(reqs, alone, together):
+        assert a.ok and b.ok, (a.error, b.error)
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    for p, b in zip(reqs[:2], together[:2]):
+        assert np.abs(pixels(b.image) - diffusers_ip_adapter(tiny_sd_path, folder, p)).max() <= 1
+
+
+def test_the_adapters_memory_unloads_the_least_recently_used_idle_one(tiny_sd_path, folder):
+    probe = Engine.from_pretrained(str(tiny_sd_path), strategy="continuous", ip_adapter_dir=str(folder))
+    size = probe.executor.ip_adapters().ensure("face").bytes  # the tiny adapters are the same size
+    engine = Engine.from_pretrained(str(tiny_sd_path), strategy="continuous", max_batch_size=8,
+                                    ip_adapter_dir=str(folder), ip_adapter_memory_mb=1.5 * size / 2**20)
+    store = engine.executor.ip_adapters()
+    engine.generate([request(60, "face", 1.0)])
+    p = request(61, "style", 1.0)
+    got = engine.generate([p])[0]  # face is idle: unloaded for style
+    assert got.ok and set(store.loaded) == {"style"} and store.evictions == 1
     assert np.abs(pixels(got.image) - diffusers_ip_adapter(tiny_sd_path, folder, p)).max() <= 1
-    # Both at once: the second cannot load while the first serves the step; it fails alone, the others go on.
-    face, style, plain = engine.generate([request(42, "style", 1.0), request(43, "face", 1.0), request(44, None)])
-    assert face.ok and plain.ok and not style.ok
-    assert "one IP-Adapter is loaded at a time" in style.error and "retry later" in style.error
+    # Both at once: the second does not fit beside the first, which serves the step; it fails alone, the others go on.
+    style, face, plain = engine.generate([request(62, "style", 1.0), request(63, "face", 1.0), request(64, None)])
+    assert style.ok and plain.ok and not face.ok
+    assert "does not fit the IP-Adapter memory" in face.error and "retry later" in face.error
+    tight = Engine.from_pretrained(str(tiny_sd_path), strategy="continuous", ip_adapter_dir=str(folder),
+                                   ip_adapter_memory_mb=0.5 * size / 2**20)
+    never = tight.generate([request(65, "face", 1.0)])[0]
+    assert not never.ok and "larger than the whole IP-Adapter memory" in never.error
 
 
 def test_the_model_folders_feature_extractor_prepares_the_image_as_in_diffusers(tiny_sd_path, folder, tmp_path):

@@ -53,7 +53,7 @@ def test_alone_equals_diffusers_sdxl_ip_adapter_pipeline(engine, sdxl, scale, gu
 
 def test_a_plain_request_on_an_engine_with_the_adapter_loaded_is_the_plain_pipeline(engine, sdxl):
     engine.generate([request(2, "style", 1.0)])
-    assert engine.executor.ip_adapters().loaded.name == "style"
+    assert "style" in engine.executor.ip_adapters().loaded
     for guidance in (5.0, 1.0):
         p = request(3, None, guidance=guidance)
         got = engine.generate([p])[0]

@@ -107,3 +107,12 @@ def test_a_family_without_ip_adapters_refuses_the_folder(tmp_path):
     assert not executor.model_info.ip_adapters
     with pytest.raises(ValueError, match="SD 1/2 and SDXL models on the torch backend"):
         serve_ip_adapters(executor, str(tmp_path))
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "lots"])
+def test_a_bad_ip_adapter_memory_is_refused_naming_the_flag(value, capsys):
+    from stepserve.commands.serve import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--ip-adapter-memory-mb", value])
+    assert "--ip-adapter-memory-mb" in capsys.readouterr().err

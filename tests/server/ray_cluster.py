@@ -140,7 +140,7 @@ class ServeProcess:
     def tail(self) -> str:
         return self.text()[-3000:]
 
-    def wait_ready(self, timeout_s: float = 240.0) -> None:
+    def wait_ready(self, timeout_s: float = 600.0) -> None:  # bounds a hang only (a busy machine is slow to start Ray)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"stepserve serve exited early:\n{self.tail()}"

@@ -20,6 +20,9 @@ from server_helpers import GENERATIONS, assert_error_shape
 
 EVENTS = "/v1/engine/events"
 
+# the first test of the module also starts Ray and its replicas, slow on a busy machine (a hang bound only)
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def fleet_server():

@@ -23,6 +23,9 @@ from server_helpers import GENERATIONS, assert_close, assert_error_shape, decode
 
 from stepserve.commands.serve import main as serve_main
 
+# the first test of the module also starts Ray and its replicas, slow on a busy machine (a hang bound only)
+pytestmark = pytest.mark.timeout(900)
+
 # 12 distinct requests (steps 2-5, two samplers, guidance on and off)
 CONFIGS = [dict(prompt=f"digit {i % 10}", seed=300 + i, num_inference_steps=2 + i % 4,
                 sampler=("euler", "ddim")[i % 2], guidance_scale=1.0 if i % 3 else 3.0) for i in range(12)]
