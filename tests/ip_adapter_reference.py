@@ -33,7 +33,7 @@ def request(i, name=None, scale=1.0, guidance=4.0, steps=6, **extra) -> Sampling
 
 def diffusers_ip_adapter(path, folder, p: SamplingParams, family: str = "sd") -> np.ndarray:
     """uint8 values (as int16) of request `p` by the family's diffusers pipeline (StableDiffusion(XL), its Img2Img
-    kind for a request with an image, its Inpaint kind with a mask too) with its IP-Adapter (or none)."""
+    kind for a request with an image, its Inpaint kind with a mask too) with its IP-Adapter(s) (or none)."""
     import diffusers
 
     from stepserve.tiny.ipadapter import WEIGHTS
@@ -46,7 +46,12 @@ def diffusers_ip_adapter(path, folder, p: SamplingParams, family: str = "sd") ->
     pipe.scheduler = diffusers.DPMSolverMultistepScheduler.from_config(pipe.scheduler.config)
     extra = {} if not kind else {"image": p.image, "strength": p.strength,
                                  **({"mask_image": p.mask_image} if p.mask_image is not None else {})}
-    if p.ip_adapter is not None:
+    if isinstance(p.ip_adapter, list):  # several adapters: diffusers' lists of adapters, scales and images
+        names = [item["name"] for item in p.ip_adapter]
+        pipe.load_ip_adapter([str(folder)] * len(names), subfolder=names, weight_name=[WEIGHTS] * len(names))
+        pipe.set_ip_adapter_scale([item.get("scale", 1.0) for item in p.ip_adapter])
+        extra["ip_adapter_image"] = [item["image"] for item in p.ip_adapter]
+    elif p.ip_adapter is not None:
         pipe.load_ip_adapter(str(folder), subfolder=p.ip_adapter["name"], weight_name=WEIGHTS)
         pipe.set_ip_adapter_scale(p.ip_adapter.get("scale", 1.0))
         extra["ip_adapter_image"] = p.ip_adapter["image"]

@@ -63,32 +63,43 @@ def embed(loaded, images: Sequence) -> Tensor:
 
 
 def prepare(store, requests: list) -> None:
-    """Set each request's `image_prompt` (an Embedded; None without an image prompt); the requests that share an
-    adapter are encoded in one pass. Raises what store.ensure raises (the engine then runs the requests alone,
-    failing only the one that cannot have its adapter)."""
-    prompts = [getattr(r.params, "ip_adapter", None) for r in requests]
-    for name in dict.fromkeys(p.name for p in prompts if p is not None):
-        loaded = store.ensure(name)
-        at = [i for i, p in enumerate(prompts) if p is not None and p.name == name]
-        embeds = embed(loaded, [prompts[i].image for i in at])
-        with store.mutex:
-            if store.loaded.get(name) is not loaded:  # unloaded meanwhile for a load on the front end's thread
-                raise LookupError(f"IP-Adapter {name!r} was unloaded to make room for another while this request "
-                                  f"started (--ip-adapter-memory-mb); retry later")
-            for j, i in enumerate(at):
-                requests[i].image_prompt = Embedded(name, prompts[i].scale, embeds[j:j + 1])
+    """Set each request's `image_prompt` (a tuple of Embedded, one per adapter in the request's order; None without
+    an image prompt). The adapters of these requests are loaded together (none unloads another of them); the images
+    of one adapter are encoded in one pass. Raises what store.ensure raises (the engine then runs the requests
+    alone, failing only the one that cannot have its adapters)."""
+    prompts = [getattr(r.params, "ip_adapter", None) or () for r in requests]
+    names = list(dict.fromkeys(p.name for ps in prompts for p in ps))
+    if not names:
+        return
+    loaded = {name: store.ensure(name, keep=names) for name in names}
+    embedded: dict[tuple[int, str], Embedded] = {}
+    for name in names:
+        at = [(i, p) for i, ps in enumerate(prompts) for p in ps if p.name == name]
+        embeds = embed(loaded[name], [p.image for _, p in at])
+        for j, (i, p) in enumerate(at):
+            embedded[i, name] = Embedded(name, p.scale, embeds[j:j + 1])
+    with store.mutex:
+        gone = [n for n in names if store.loaded.get(n) is not loaded[n]]
+        if gone:  # unloaded meanwhile for a load on the front end's thread
+            raise LookupError(f"IP-Adapter(s) {', '.join(map(repr, gone))} were unloaded to make room for another "
+                              f"while these requests started (--ip-adapter-memory-mb); retry later")
+        for i, ps in enumerate(prompts):
+            if ps:
+                requests[i].image_prompt = tuple(embedded[i, p.name] for p in ps)
                 store.hold(requests[i])
 
 
 @contextlib.contextmanager
 def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterator[dict]:
-    """For the forward inside the block: the adapter in the UNet and the UNet's keywords for `rows` (one per batch
-    row: the request's Embedded or None, and whether the row is the request's conditional one). Yields {} when no
-    row has an image prompt (the plain UNet runs). Raises LookupError when a row's adapter is no longer loaded."""
-    if not any(e is not None for e, _ in rows):
+    """For the forward inside the block: the adapters in the UNet and the UNet's keywords for `rows` (one per batch
+    row: the request's tuple of Embedded or None, and whether the row is the request's conditional one). Yields {}
+    when no row has an image prompt (the plain UNet runs). Raises LookupError when a row's adapter is no longer
+    loaded."""
+    by_row = [({e.name: e for e in es} if es else {}, cond) for es, cond in rows]
+    names = tuple(sorted({name for es, _ in by_row for name in es}))
+    if not names:
         yield {}
         return
-    names = tuple(sorted({e.name for e, _ in rows if e is not None}))
     try:
         processors, projection = store.joined(names)
     except KeyError:
@@ -96,12 +107,10 @@ def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterat
         raise LookupError(f"IP-Adapter(s) {', '.join(missing)} no longer loaded; retry later") from None
     embeds, scales = [], {}
     for name in names:
-        like = next(e.embeds for e, _ in rows if e is not None and e.name == name)
+        like = next(es[name].embeds for es, _ in by_row if name in es)
         zero = torch.zeros_like(like)
-        embeds.append(torch.cat([e.embeds if e is not None and e.name == name and cond else zero
-                                 for e, cond in rows])[:, None])
-        scales[name] = torch.tensor([e.scale if e is not None and e.name == name else 0.0 for e, _ in rows],
-                                    device=like.device)
+        embeds.append(torch.cat([es[name].embeds if name in es and cond else zero for es, cond in by_row])[:, None])
+        scales[name] = torch.tensor([es[name].scale if name in es else 0.0 for es, _ in by_row], device=like.device)
     kind, own = unet.config.encoder_hid_dim_type, unet.encoder_hid_proj  # the UNet's own, put back after
     before = getattr(_state, "scales", None)
     store.use(processors)

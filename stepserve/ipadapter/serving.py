@@ -29,7 +29,12 @@ def to_load(executor: Any, params) -> list[str]:
     store = getattr(executor, "_ip_adapters", None)
     if store is None:
         return []
-    names = {p.ip_adapter.get("name") for p in params if isinstance(getattr(p, "ip_adapter", None), dict)}
+    names = set()
+    for p in params:
+        prompts = getattr(p, "ip_adapter", None)
+        for item in [prompts] if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else ():
+            if isinstance(item, dict):
+                names.add(item.get("name"))
     return sorted(n for n in names if isinstance(n, str) and n in store.names and n not in store.loaded)
 
 

@@ -1,8 +1,10 @@
 """A request's `ip_adapter` field -> an ImagePrompt, checked against the IP-Adapters served
 (ModelInfo.ip_adapter_names). Pure data: no torch.
 
-Accepted: None (no image prompt), or {"name": str, "image": picture, "scale": number} (scale defaults to 1.0, as
-diffusers' set_ip_adapter_scale; at most MAX_SCALE).
+Accepted: None (no image prompt), {"name": str, "image": picture, "scale": number} (scale defaults to 1.0, as
+diffusers' set_ip_adapter_scale; at most MAX_SCALE), or a list of up to MAX_PROMPTS of those, each naming another
+adapter (diffusers' list of adapters, images and scales for one call). Resolved: a tuple of ImagePrompt in the
+request's order.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from ..util.field_error import FieldError
 
 MAX_SCALE = 10.0
+MAX_PROMPTS = 4
 KEYS = ("name", "image", "scale")
 FIELD = "ip_adapter"
 
@@ -40,24 +43,38 @@ def unknown_name(name: object, served) -> str:
 
 
 def parse_ip_adapter(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any]
-                     ) -> ImagePrompt | None:
+                     ) -> tuple[ImagePrompt, ...] | None:
     """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one)."""
     if value is None:
         return None
+    if isinstance(value, (list, tuple)):
+        if not 1 <= len(value) <= MAX_PROMPTS:
+            raise IPAdapterSpecError(FIELD, f"expected 1 to {MAX_PROMPTS} image prompts, got {len(value)}")
+        out = tuple(_one(item, f"{FIELD}[{i}]", known, to_image) for i, item in enumerate(value))
+        names = [p.name for p in out]
+        twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise IPAdapterSpecError(f"{FIELD}[{twice}].name", f"IP-Adapter {names[twice]!r} is named twice; "
+                                                                f"allowed: each adapter once per request")
+        return out
+    return (_one(value, FIELD, known, to_image),)
+
+
+def _one(value: object, field: str, known: frozenset[str], to_image: Callable[[str, Any], Any]) -> ImagePrompt:
     if isinstance(value, ImagePrompt):
         value = {"name": value.name, "image": value.image, "scale": value.scale}
     if not isinstance(value, Mapping) or "name" not in value or "image" not in value:
-        raise IPAdapterSpecError(FIELD, f"expected {{\"name\": ..., \"image\": ...}} (scale optional), got "
-                                        f"{str(value)[:120]}")
+        raise IPAdapterSpecError(field, f"expected {{\"name\": ..., \"image\": ...}} (scale optional), or a list "
+                                        f"of those, got {str(value)[:120]}")
     extra = sorted(set(map(str, value)) - set(KEYS))
     if extra:
-        raise IPAdapterSpecError(FIELD, f"unknown key(s) {', '.join(extra)}; allowed: {', '.join(KEYS)}")
+        raise IPAdapterSpecError(field, f"unknown key(s) {', '.join(extra)}; allowed: {', '.join(KEYS)}")
     name = value["name"]
     if not isinstance(name, str) or name not in known:
-        raise IPAdapterSpecError(f"{FIELD}.name", unknown_name(name, known))
+        raise IPAdapterSpecError(f"{field}.name", unknown_name(name, known))
     scale = value.get("scale", 1.0)
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) \
             or not 0 <= scale <= MAX_SCALE:
-        raise IPAdapterSpecError(f"{FIELD}.scale", f"must be a number in [0, {MAX_SCALE:g}] (the weight of the "
+        raise IPAdapterSpecError(f"{field}.scale", f"must be a number in [0, {MAX_SCALE:g}] (the weight of the "
                                                    f"image prompt, diffusers' IP-Adapter scale), got {scale!r}")
-    return ImagePrompt(name, to_image(f"{FIELD}.image", value["image"]), float(scale))
+    return ImagePrompt(name, to_image(f"{field}.image", value["image"]), float(scale))

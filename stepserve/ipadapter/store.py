@@ -116,11 +116,12 @@ class IPAdapterStore:
 
     def in_use(self) -> set[str]:
         """The adapters of the requests in flight (those that hold an embedding)."""
-        return {r.image_prompt.name for r in list(self._users.values()) if r.image_prompt is not None}
+        return {e.name for r in list(self._users.values()) for e in r.image_prompt or ()}
 
-    def ensure(self, name: str) -> Loaded:
-        """The adapter `name`, loaded (it counts as just used), unloading least recently used idle ones for room.
-        Raises IPAdapterError (not served, not for this model), IPAdapterTooLargeError, IPAdapterBudgetError."""
+    def ensure(self, name: str, keep=()) -> Loaded:
+        """The adapter `name`, loaded (it counts as just used), unloading least recently used idle ones for room,
+        never those of `keep` (the others a request needs beside it). Raises IPAdapterError (not served, not for
+        this model), IPAdapterTooLargeError, IPAdapterBudgetError."""
         with self.mutex:
             self._uses += 1
             loaded = self.loaded.get(name)
@@ -134,14 +135,14 @@ class IPAdapterStore:
         with self.mutex:
             if name in self.loaded:  # another thread loaded it meanwhile
                 return self.loaded[name]
-            self._fits(name, new.bytes)
+            self._fits(name, new.bytes, set(keep))
             self.loaded[name] = new
             self.last_used[name] = self._uses
             self._joined.clear()
             self.loads += 1
             return new
 
-    def _fits(self, name: str, size: int) -> None:
+    def _fits(self, name: str, size: int, keep: set[str]) -> None:
         if self.budget_bytes is None:
             return
         mib, budget = f"{size / 2**20:.3g} MiB", f"{self.budget_bytes / 2**20:.3g} MiB"
@@ -149,7 +150,7 @@ class IPAdapterStore:
             raise IPAdapterTooLargeError(f"IP-Adapter {name!r} ({mib} with its image encoder) is larger than the "
                                          f"whole IP-Adapter memory ({budget}, --ip-adapter-memory-mb): it can "
                                          f"never be loaded")
-        busy = self.in_use()
+        busy = self.in_use() | keep
         idle = sorted((n for n in self.loaded if n not in busy), key=lambda n: self.last_used.get(n, 0))
         while idle and self.loaded_bytes + size > self.budget_bytes:
             del self.loaded[idle.pop(0)]
@@ -157,7 +158,8 @@ class IPAdapterStore:
             self._joined.clear()
         if self.loaded_bytes + size > self.budget_bytes:
             raise IPAdapterBudgetError(f"IP-Adapter {name!r} ({mib}) does not fit the IP-Adapter memory ({budget}, "
-                                       f"--ip-adapter-memory-mb) beside the ones requests in flight use "
+                                       f"--ip-adapter-memory-mb) beside the ones requests in flight (or this "
+                                       f"request) use "
                                        f"({', '.join(sorted(busy))}); retry later")
 
     def joined(self, names: tuple[str, ...]) -> tuple[dict, torch.nn.Module]:

@@ -12,8 +12,8 @@ from .types import ModelInfo, SamplingParams
 
 
 def resolve_ip_adapter(p: SamplingParams, model: ModelInfo, to_image: Callable[[str, Any], Any]
-                       ) -> ImagePrompt | None:
-    """The request's image prompt, or None. `to_image(field, picture)`: the picture as an RGB image (raising the
+                       ) -> tuple[ImagePrompt, ...] | None:
+    """The request's image prompts (one per adapter it names), or None. `to_image(field, picture)`: the picture as an RGB image (raising the
     caller's error). An IPAdapterSpecError names the field and what is allowed (validation.py makes it a
     ValidationError)."""
     if p.ip_adapter is None:

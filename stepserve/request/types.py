@@ -56,8 +56,8 @@ class SamplingParams:
     # ControlNets: [{"name", "image", "scale", "start", "end"}] (resolved: a tuple of stepserve.controls.spec.Control;
     # scale 1, start 0 and end 1 unless given); None: none
     controls: Any = None
-    # IP-Adapter: {"name", "image", "scale"} (resolved: a stepserve.ipadapter.spec.ImagePrompt; scale 1 unless
-    # given); None: no image prompt
+    # IP-Adapter: {"name", "image", "scale"}, or a list of those for several adapters (resolved: a tuple of
+    # stepserve.ipadapter.spec.ImagePrompt; scale 1 unless given); None: no image prompt
     ip_adapter: Any = None
 
 
@@ -157,7 +157,7 @@ class Request:
     step_cache: Any = None  # the step-caching state of this request (stepserve/caching.RowState); freed at the end
     inpaint: Any = None  # an inpainting request's mask and known region (pipelines/inpaint.Inpaint)
     controls: Any = None  # its control images prepared for the ControlNets (stepserve/controls/rows.Prepared)
-    image_prompt: Any = None  # its IP-Adapter image embedding (stepserve/ipadapter/rows.Embedded)
+    image_prompt: Any = None  # its IP-Adapter image embeddings: a tuple of stepserve/ipadapter/rows.Embedded
 
     def __post_init__(self) -> None:
         if self.timing is None:

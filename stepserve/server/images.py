@@ -194,8 +194,12 @@ def image_info(result: GenerationResult) -> dict:
     }
 
 
-def _image_prompt(prompt) -> dict | None:
-    return None if prompt is None else {"name": prompt.name, "scale": prompt.scale}
+def _image_prompt(prompts) -> dict | list | None:
+    """A request's image prompts as it sent them: one object, or a list of them for several adapters."""
+    if not prompts:
+        return None
+    out = [{"name": p.name, "scale": p.scale} for p in prompts]
+    return out[0] if len(out) == 1 else out
 
 
 def _cache_text(spec) -> dict | None:

@@ -70,8 +70,8 @@ class ImageGenerationRequest(BaseModel):
     # ControlNets: [{"name", "image" (base64 PNG/JPEG/WebP), "scale", "start", "end", "preprocess"}]
     # (--controlnet-dir)
     controls: list[dict[str, Any]] | None = None
-    # IP-Adapter: {"name", "image" (base64 PNG/JPEG/WebP), "scale"} (--ip-adapter-dir)
-    ip_adapter: dict[str, Any] | None = None
+    # IP-Adapter: {"name", "image" (base64 PNG/JPEG/WebP), "scale"}, or a list of those (--ip-adapter-dir)
+    ip_adapter: dict[str, Any] | list[Any] | None = None
     # an async request's job (Prefer: respond-async) notifies this URL once when it completes or fails
     webhook: str | None = None
 

@@ -14,8 +14,10 @@ WEIGHTS = "ip-adapter.safetensors"
 
 
 def build_tiny_ip_adapter(model: str | Path, out: str | Path, *, seed: int = 0, std: float = 0.05,
-                          embed_dim: int = 16) -> Path:
-    """Write the IP-Adapter folder `out` for the pipeline folder `model` ("embedded" or a path); return it."""
+                          embed_dim: int = 16, encoder_seed: int | None = None) -> Path:
+    """Write the IP-Adapter folder `out` for the pipeline folder `model` ("embedded" or a path); return it.
+    `encoder_seed` (default `seed`): adapters built with the same one share their image encoder, as several
+    adapters loaded together into one diffusers pipeline must (it keeps the first one's encoder)."""
     from diffusers import UNet2DConditionModel
     from safetensors.torch import save_file
     from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
@@ -42,7 +44,7 @@ def build_tiny_ip_adapter(model: str | Path, out: str | Path, *, seed: int = 0, 
             key += 2
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS))
-    torch.manual_seed(seed)
+    torch.manual_seed(seed if encoder_seed is None else encoder_seed)
     encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(
         hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2, image_size=32,
         patch_size=8, projection_dim=embed_dim))

@@ -1,6 +1,7 @@
 """IP-Adapters over HTTP: GET /v1/ip-adapters lists the folder's; a generation's ip_adapter carries a base64
-picture, checked before decoding with the edit images' limits, and the image equals diffusers' pipeline; a bad
-ip_adapter is a 400 naming the field (an edit's image prompt: test_ip_adapter_edit_http.py)."""
+picture, checked before decoding with the edit images' limits, and the image equals diffusers' pipeline; a list
+names several adapters; a bad ip_adapter is a 400 naming the field (an edit's image prompt:
+test_ip_adapter_edit_http.py)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ def test_listed_then_served_equal_to_diffusers(served, tiny_sd_path):
     ({"name": "face", "image": b64(start_image(1)), "scale": 11}, "ip_adapter.scale", "must be a number in [0, 10]"),
     ({"name": "mystery", "image": b64(start_image(1))}, "ip_adapter.name", "served: face, style"),
     ({"name": "face", "image": b64(start_image(1)), "weight": 1}, "ip_adapter", "unknown key(s) weight"),
+    ([{"name": "face", "image": b64(start_image(1))}, {"name": "style", "image": "not base64!"}],
+     "ip_adapter[1].image", "not base64"),
+    ([{"name": "face", "image": b64(start_image(1))}, {"name": "face", "image": b64(start_image(2))}],
+     "ip_adapter[1].name", "named twice"),
 ])
 def test_bad_ip_adapter_is_a_400_naming_the_field(served, ip_adapter, param, says):
     client, _ = served
@@ -94,3 +99,15 @@ def test_an_async_request_with_an_image_prompt_gives_the_synchronous_image(serve
     assert done["result"]["data"][0]["b64_json"] == sync.json()["data"][0]["b64_json"]
     assert sync.json()["data"][0]["b64_json"] != plain.json()["data"][0]["b64_json"]
     assert done["result"]["stepserve"]["images"][0]["ip_adapter"] == {"name": "face", "scale": 0.9}
+
+
+def test_several_adapters_in_one_request_answer_as_a_list(served):
+    client, _ = served
+    one = {"name": "face", "image": b64(start_image(5)), "scale": 0.9}
+    two = [one, {"name": "style", "image": b64(start_image(6, size=40)), "scale": 1.5}]
+    single, several = (client.post("/v1/images/generations", json=body(sent)) for sent in (one, two))
+    assert single.status_code == 200 and several.status_code == 200, several.text
+    assert several.json()["stepserve"]["images"][0]["ip_adapter"] == [{"name": "face", "scale": 0.9},
+                                                                      {"name": "style", "scale": 1.5}]
+    images = [pixels(decode_png(r.json()["data"][0]["b64_json"])) for r in (single, several)]
+    assert np.abs(images[0] - images[1]).max() > 4  # the second adapter's image prompt counts

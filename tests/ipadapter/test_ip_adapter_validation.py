@@ -1,5 +1,6 @@
-"""A bad ip_adapter fails that request alone with an error naming the field (ip_adapter.scale, ...) and what is
-allowed; a model that runs no IP-Adapters refuses one clearly; --ip-adapter-dir is checked at start-up."""
+"""A bad ip_adapter fails that request alone with an error naming the field (ip_adapter.scale, ip_adapter[1].name,
+...) and what is allowed; a model that runs no IP-Adapters refuses one clearly; --ip-adapter-dir is checked at
+start-up."""
 
 import argparse
 from dataclasses import replace
@@ -37,7 +38,13 @@ def with_prompt(ip_adapter, **extra):
     ({"name": "face", "image": "not a picture"}, "ip_adapter.image", "expected a PIL image"),
     ({"name": "face"}, "ip_adapter", "expected {\"name\": ..., \"image\": ...}"),
     ({"name": "face", "image": IMAGE, "weight": 1}, "ip_adapter", "unknown key(s) weight"),
-    ([{"name": "face", "image": IMAGE}], "ip_adapter", "expected {\"name\": ..., \"image\": ...}"),
+    ([], "ip_adapter", "expected 1 to 4 image prompts, got 0"),
+    ([{"name": "face", "image": IMAGE}] * 5, "ip_adapter", "expected 1 to 4 image prompts, got 5"),
+    ([{"name": "face", "image": IMAGE}, {"name": "face", "image": IMAGE}], "ip_adapter[1].name",
+     "'face' is named twice"),
+    ([{"name": "face", "image": IMAGE}, {"name": "style", "image": IMAGE, "scale": 11}], "ip_adapter[1].scale",
+     "must be a number in [0, 10]"),
+    ([{"name": "face", "image": IMAGE}, "style"], "ip_adapter[1]", "expected {\"name\": ..., \"image\": ...}"),
 ])
 def test_bad_ip_adapter_names_the_field(engine, ip_adapter, field, says):
     with pytest.raises(ValidationError) as err:

@@ -60,6 +60,8 @@ def family(request, tmp_path_factory):
     build, pipeline_class, size, sampler, kwargs = FAMILIES[request.param]
     path = build(tmp_path_factory.mktemp(request.param) / "pipe")
     out = tmp_path_factory.mktemp(f"{request.param}_loras")
+    # std 0.3: at 0.4 diffusers' own SDXL image with adapter p moves by up to 10 levels between batch 1 and 2 (the
+    # weights too loud for a well-conditioned equality case); at 0.3 it does not move
     files = {"p": build_tiny_lora(path, out / "p.safetensors", seed=1, rank=4, std=0.3),
              "q": build_tiny_lora(path, out / "q.safetensors", seed=2, rank=8, alpha=4, std=0.3,
                                   targets=("to_k", "to_v"))}
