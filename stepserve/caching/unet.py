@@ -5,9 +5,10 @@ time embedding, conv_in and the first down block run for every row; the deep par
 mid block and every up block but the last) runs only for the rows that must compute; the last up block and the
 output layers run for every row, on the deep features just computed or cached at the row's last full step. With
 every row computing it is the same sequence of operations as the model's own forward (a test checks equality).
-ControlNet residuals are added to the skips and the mid block's output as the model's forward adds them (rows
-with controls never skip: they do not cache). Not supported (the families that cache have none of them): class
-labels, T2I-Adapter residuals, GLIGEN, attention masks."""
+ControlNet residuals are added to the skips and the mid block's output as the model's forward adds them; a row
+that skips takes this step's residuals for the shallow skips, on deep features computed with those of its last
+full step. Not supported (the families that cache have none of them): class labels, T2I-Adapter residuals, GLIGEN,
+attention masks."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """A request's `ip_adapter` (an image as a prompt, stepserve/ipadapter) checked against the model: the family must
-run IP-Adapters and the request takes every step whole (text to image, image to image or inpainting)."""
+run IP-Adapters (text to image, image to image or inpainting; with step caching too: the UNet's cached forward keeps
+each row's adapter scales on the rows that run the deep part)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ..caching.spec import parse_cache
 from ..ipadapter.spec import IPAdapterSpecError, ImagePrompt, parse_ip_adapter
 from .types import ModelInfo, SamplingParams
 
@@ -22,7 +22,4 @@ def resolve_ip_adapter(p: SamplingParams, model: ModelInfo, to_image: Callable[[
         raise IPAdapterSpecError("ip_adapter", f"{model.name} ({model.family} family) takes no IP-Adapter here; "
                                                f"allowed: none (IP-Adapters are served for SD 1/2 and SDXL "
                                                f"models on the torch backend, without --compile/--deterministic)")
-    if p.cache is not None and parse_cache(p.cache, model) is not None:
-        raise IPAdapterSpecError("cache", "step caching does not combine with ip_adapter; allowed: \"off\" or "
-                                          "unset")
     return parse_ip_adapter(p.ip_adapter, model.ip_adapter_names, to_image)

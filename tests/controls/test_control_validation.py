@@ -50,17 +50,22 @@ def test_bad_controls_name_the_field(engine, controls, field, says):
     assert err.value.field == field and says in str(err.value), str(err.value)
 
 
-def test_controls_with_a_start_image_are_taken_and_with_step_caching_refused(engine):
+def test_controls_with_a_start_image_or_step_caching_are_taken_on_a_unet(engine):
     edit = with_controls([{"name": "pose", "image": IMAGE}], image=IMAGE, strength=0.5)
     assert resolve_params(edit, engine.model_info).controls[0].name == "pose"
-    with pytest.raises(ValidationError) as err:
-        engine.generate([with_controls([{"name": "pose", "image": IMAGE}], cache="fbcache")])
-    assert err.value.field == "cache" and "does not combine with controls" in str(err.value)
-
-
-def test_the_server_default_cache_leaves_control_requests_whole(engine):
+    cached = resolve_params(with_controls([{"name": "pose", "image": IMAGE}], cache="deepcache"), engine.model_info)
+    assert cached.cache.policy == "deepcache" and cached.controls[0].name == "pose"
     info = replace(engine.model_info, default_cache=resolve_params(with_controls(None, cache="fbcache"),
                                                                    engine.model_info).cache)
+    assert resolve_params(with_controls([{"name": "pose", "image": IMAGE}]), info).cache.policy == "fbcache"
+
+
+def test_controls_with_step_caching_on_a_transformer_are_refused_and_the_default_cache_left_out(engine):
+    flux = replace(engine.model_info, family="flux", name="tiny-flux", cache_policies=("fbcache", "magcache"))
+    with pytest.raises(ValidationError) as err:
+        resolve_params(with_controls([{"name": "pose", "image": IMAGE}], cache="fbcache"), flux)
+    assert err.value.field == "cache" and "does not combine with controls on tiny-flux" in str(err.value)
+    info = replace(flux, default_cache=resolve_params(with_controls(None, cache="fbcache"), engine.model_info).cache)
     assert resolve_params(with_controls([{"name": "pose", "image": IMAGE}]), info).cache is None
     assert resolve_params(with_controls(None), info).cache is not None
 

@@ -52,13 +52,12 @@ def test_bad_ip_adapter_names_the_field(engine, ip_adapter, field, says):
     assert err.value.field == field and says in str(err.value), str(err.value)
 
 
-def test_an_image_prompt_with_step_caching_is_refused(engine):
-    with pytest.raises(ValidationError) as err:
-        engine.generate([with_prompt({"name": "face", "image": IMAGE}, cache="fbcache")])
-    assert err.value.field == "cache" and "does not combine with ip_adapter" in str(err.value)
+def test_an_image_prompt_takes_step_caching_and_the_servers_default(engine):
+    cached = resolve_params(with_prompt({"name": "face", "image": IMAGE}, cache="deepcache"), engine.model_info)
+    assert cached.cache.policy == "deepcache" and cached.ip_adapter[0].name == "face"
     info = replace(engine.model_info, default_cache=resolve_params(with_prompt(None, cache="fbcache"),
                                                                    engine.model_info).cache)
-    assert resolve_params(with_prompt({"name": "face", "image": IMAGE}), info).cache is None
+    assert resolve_params(with_prompt({"name": "face", "image": IMAGE}), info).cache.policy == "fbcache"
 
 
 def test_a_family_without_ip_adapters_refuses_them(engine):

@@ -1,0 +1,112 @@
+"""Step caching with ControlNets and image prompts on a UNet (tiny SD): the shallow path with this step's ControlNet
+residuals on the same step's deep features equals the full forward; deepcache at interval 1 and fbcache at
+threshold 0 give the uncached image bit for bit (which equals diffusers' ControlNet / IP-Adapter pipeline:
+tests/controls, tests/ipadapter); deepcache skips exactly the steps its interval says; in mixed batches of cached
+and uncached rows with and without controls and image prompts, under every strategy, each request gets its own
+image and skips the same steps as alone."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from control_reference import build_controlnets, request as controlled
+from edit_images import pixels
+from ip_adapter_reference import build_ip_adapters, request as prompted
+from strategy_params import EVERY_STRATEGY
+
+from stepserve import Engine
+from stepserve.caching.rows import RowCache
+from stepserve.caching.unet import unet_forward
+from stepserve.request.types import CacheSpec
+
+pytestmark = pytest.mark.usefixtures("batching_pays")
+
+
+@pytest.fixture(scope="module")
+def folders(tiny_sd_path, tmp_path_factory):
+    return (build_controlnets(tiny_sd_path, tmp_path_factory.mktemp("controlnets")),
+            build_ip_adapters(tiny_sd_path, tmp_path_factory.mktemp("ip_adapters"), std=0.2))
+
+
+def make_engine(path, folders, strategy="continuous"):
+    return Engine.from_pretrained(str(path), strategy=strategy, max_batch_size=8, max_queue_delay_ms=1,
+                                  controlnet_dir=str(folders[0]), ip_adapter_dir=str(folders[1]))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_sd_path, folders):
+    return make_engine(tiny_sd_path, folders)
+
+
+def with_cache(p, cache):
+    p.cache = cache
+    return p
+
+
+def test_shallow_path_with_control_residuals_on_the_same_steps_deep_features_is_the_full_forward(engine):
+    unet = engine.executor.pipeline.unet
+    controlnet = engine.executor.controlnets().ensure(["pose"])["pose"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, unet.config.in_channels, 8, 8, generator=g)  # a 16x16 request's latents
+    t, e = torch.tensor([900.0, 300.0]), torch.randn(2, 5, unet.config.cross_attention_dim, generator=g)
+    down, mid = controlnet(x, t, encoder_hidden_states=e, controlnet_cond=torch.rand(2, 3, 16, 16, generator=g),
+                           return_dict=False)
+    residuals = {"down_block_additional_residuals": tuple(down), "mid_block_additional_residual": mid}
+    want = unet(x, t, encoder_hidden_states=e, return_dict=False, **residuals)[0]
+    first = [RowCache(CacheSpec("deepcache", interval=4), {}, 0) for _ in range(2)]
+    assert torch.equal(unet_forward(unet, x, t, e, first, **residuals), want)  # step 0 computes and caches
+    again = [RowCache(CacheSpec("deepcache", interval=4), r.tensors, 1) for r in first]  # step 1 reuses
+    got = unet_forward(unet, x, t, e, again, **residuals)
+    assert all(r.skipped for r in again)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: controlled(1, [("pose", 0.9, 0.0, 1.0), ("depth", 0.6, 0.2, 0.8)], steps=8),
+    lambda: prompted(2, "face", 0.8, steps=8),
+])
+def test_interval_one_and_threshold_zero_are_the_uncached_image(engine, make):
+    plain = engine.generate([make()])[0]
+    for cache in ({"policy": "deepcache", "interval": 1}, {"policy": "fbcache", "threshold": 0.0}):
+        got = engine.generate([with_cache(make(), cache)])[0]
+        assert got.ok, got.error
+        assert got.timing.cached_steps == 0 and np.array_equal(pixels(got.image), pixels(plain.image)), cache
+
+
+@pytest.mark.parametrize("make", [
+    lambda: controlled(3, [("pose", 1.0, 0.0, 1.0)], steps=9),
+    lambda: prompted(4, "style", 1.0, steps=9, guidance=1.0),
+])
+def test_deepcache_skips_what_its_interval_says(engine, make):
+    plain = engine.generate([make()])[0]
+    got = engine.generate([with_cache(make(), {"policy": "deepcache", "interval": 3})])[0]
+    assert got.ok, got.error
+    assert got.timing.cached_steps == 9 - math.ceil(9 / 3)
+    assert np.abs(pixels(got.image) - pixels(plain.image)).max() > 0  # it did reuse cached work
+
+
+def mixed():
+    return [with_cache(controlled(10, [("pose", 1.0, 0.0, 1.0)], steps=8), {"policy": "deepcache", "interval": 2}),
+            with_cache(controlled(11, [("depth", 0.7, 0.0, 0.6), ("edge", 0.5, 0.3, 1.0)], guidance=1.0),
+                       {"policy": "fbcache", "threshold": 0.3}),
+            with_cache(prompted(12, "face", 0.9, steps=8), {"policy": "deepcache", "interval": 3}),
+            controlled(13, [("pose", 0.8, 0.0, 1.0)]),
+            with_cache(prompted(14, None, steps=8), "deepcache"),
+            prompted(15, "style", 0.6, guidance=1.0),
+            with_cache(prompted(16, "style", 1.2, guidance=6.0), {"policy": "fbcache", "threshold": 0.5})]
+
+
+@pytest.mark.parametrize("strategy", EVERY_STRATEGY)
+def test_mixed_batches_each_request_its_own_image_and_skips(tiny_sd_path, folders, strategy):
+    engine = make_engine(tiny_sd_path, folders, strategy)
+    reqs = mixed()
+    alone = [engine.generate([p])[0] for p in reqs]
+    together = engine.generate(mixed())
+    assert all(r.ok for r in together), [r.error for r in together]
+    assert sum(r.timing.cached_steps for r in together) > 0
+    if strategy != "none":
+        assert max(max(r.timing.batch_sizes) for r in together) > 1, "the requests never shared a batch"
+    for a, b in zip(alone, together):
+        assert a.timing.cached_steps == b.timing.cached_steps
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
