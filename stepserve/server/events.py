@@ -152,7 +152,7 @@ class EngineEvents:
                  "default_sampler": info.default_sampler, "default_steps": info.default_steps,
                  "max_steps": info.max_steps, "default_guidance_scale": info.default_guidance_scale,
                  "max_guidance_scale": info.max_guidance_scale, "negative_prompt": info.negative_prompt,
-                 "controlnets": sorted(info.control_names)}
+                 "controlnets": sorted(info.control_names), "ip_adapters": sorted(info.ip_adapter_names)}
         return {"model": model, "max_batch_size": self.engine.options.max_batch_size,
                 "strategy": self.engine.core.policy.name, "recent": recent,
                 "t": round(time.monotonic() - self.started, 4)}

@@ -191,19 +191,23 @@ def test_lanes_of_two_replicas_show_up_under_their_names(browser, shots):
         page.close()
 
 
-def test_the_playground_sends_a_control_image(serve, browser, tmp_path, shots, tiny_sd_path):
-    """With ControlNets served, the playground shows their fields; a chosen ControlNet and image go with the
-    request (as a data: URL, with canny when asked) and the image comes back made with it."""
+def test_the_playground_sends_a_control_image_and_an_image_prompt(serve, browser, tmp_path, shots, tiny_sd_path):
+    """With ControlNets and IP-Adapters served, the playground shows their fields; a chosen ControlNet and image
+    go with the request (as a data: URL, with canny when asked), so does a chosen IP-Adapter with its image and
+    scale, and the image comes back made with both."""
     import io
 
     from control_reference import build_controlnets
     from edit_images import start_image
+    from ip_adapter_reference import build_ip_adapters
 
     from stepserve.controls.serving import serve_controlnets
     from stepserve.engine.loading import load_executor
+    from stepserve.ipadapter.serving import serve_ip_adapters
 
     executor = load_executor(str(tiny_sd_path))
     serve_controlnets(executor, str(build_controlnets(tiny_sd_path, tmp_path / "controlnets")), None)
+    serve_ip_adapters(executor, str(build_ip_adapters(tiny_sd_path, tmp_path / "ip_adapters")))
     picture = tmp_path / "map.png"
     buffer = io.BytesIO()
     start_image(3, size=32).save(buffer, format="PNG")
@@ -221,14 +225,25 @@ def test_the_playground_sends_a_control_image(serve, browser, tmp_path, shots, t
         page.set_input_files("#control-image", str(picture))
         page.fill("#control-scale", "0.7")
         page.check("#control-canny")
+        assert page.locator("#ip-name option").all_inner_texts() == ["none", "face", "style"]
+        page.select_option("#ip-name", "style")
+        page.click("#generate")  # no image prompt picture chosen: said on the card, nothing sent
+        page.wait_for_function("[...document.querySelectorAll('.result .error')].some(e => e.textContent"
+                               ".includes('choose an image for the image prompt'))", timeout=60_000)
+        page.set_input_files("#ip-image", str(picture))
+        page.fill("#ip-scale", "0.6")
         page.fill("#steps", "3")
         with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
             page.click("#generate")
         [control] = sent.value.post_data_json["controls"]
         assert (control["name"], control["scale"], control["preprocess"]) == ("edge", 0.7, "canny")
         assert control["image"].startswith("data:image/png;base64,")
+        prompt = sent.value.post_data_json["ip_adapter"]
+        assert (prompt["name"], prompt["scale"]) == ("style", 0.6) and prompt["image"].startswith("data:image/png")
         page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
         loaded = httpx.get(server.url + "/v1/controlnets").json()["data"]
         assert {c["name"]: c["loaded"] for c in loaded}["edge"] is True  # the request ran with it
+        adapters = httpx.get(server.url + "/v1/ip-adapters").json()["data"]
+        assert {a["name"]: a["loaded"] for a in adapters} == {"face": False, "style": True}
         page.locator("#playground").screenshot(path=str(shots / "playground-controlnet.png"))
         page.close()

@@ -127,6 +127,9 @@ function fillForm(m) {
   const nets = m.controlnets || [];  // the ControlNets served (--controlnet-dir); none: no ControlNet fields
   for (const name of nets) $("control-name").add(new Option(name, name));
   $("control-set").hidden = nets.length === 0;
+  const adapters = m.ip_adapters || [];  // the IP-Adapters served (--ip-adapter-dir); none: no image prompt fields
+  for (const name of adapters) $("ip-name").add(new Option(name, name));
+  $("ip-set").hidden = adapters.length === 0;
 }
 
 function readDataURL(file) {
@@ -136,6 +139,15 @@ function readDataURL(file) {
     reader.onerror = () => reject(reader.error);
     reader.readAsDataURL(file);
   });
+}
+
+async function imagePrompt() {
+  // the request's `ip_adapter` from the image prompt fields, or null when none is chosen
+  const name = $("ip-name").value;
+  if ($("ip-set").hidden || !name) return null;
+  const file = $("ip-image").files[0];
+  if (!file) throw new Error(`IP-Adapter ${name}: choose an image for the image prompt`);
+  return {name, image: await readDataURL(file), scale: Number($("ip-scale").value)};
 }
 
 async function controls() {
@@ -232,6 +244,8 @@ $("gen-form").addEventListener("submit", async (ev) => {
   try {
     const chosen = await controls();
     if (chosen) body.controls = chosen;
+    const prompt = await imagePrompt();
+    if (prompt) body.ip_adapter = prompt;
   } catch (e) {
     fail(cards, e.message);
     return;
