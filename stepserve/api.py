@@ -30,7 +30,7 @@ class Engine:
                         deterministic: bool = False, fast_path: Any = None, threads: int | None | str = "auto",
                         cache: Any = None, lora_dir: str | None = None, lora_memory_mb: float | None = 1024.0,
                         controlnet_dir: str | None = None, controlnet_memory_mb: float | None = 1024.0,
-                        ip_adapter_dir: str | None = None, ip_adapter_memory_mb: float | None = 4096.0,
+                        ip_adapter_dir: str | None = None, ip_adapter_memory_mb: float | None = 6144.0,
                         weights: Any = None, **options: Any) -> "Engine":
         """Load a model and build an engine (stepserve.engine.config.build_engine). With memory_cap,
         max_batch_size is lowered to what fits in the device's memory (the reason is logged; torch backend only).

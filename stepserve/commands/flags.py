@@ -189,7 +189,7 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
                         "adapter's weights and its image_encoder/ by the sub-folder's name, loaded on first use "
                         "(SD 1/2 and SDXL models, torch backend; default: none)")
     p.add_argument("--ip-adapter-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"),
-                   default=4096.0, metavar="MB",
+                   default=6144.0, metavar="MB",
                    help="device memory for loaded IP-Adapters, each with its image encoder; to load another, the "
                         "least recently used ones no request in flight uses are unloaded")
 
@@ -282,7 +282,7 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
                         controlnet_dir=getattr(args, "controlnet_dir", None),
                         controlnet_memory_mb=getattr(args, "controlnet_memory_mb", 1024.0),
                         ip_adapter_dir=getattr(args, "ip_adapter_dir", None),
-                        ip_adapter_memory_mb=getattr(args, "ip_adapter_memory_mb", 4096.0), options=options)
+                        ip_adapter_memory_mb=getattr(args, "ip_adapter_memory_mb", 6144.0), options=options)
 
 
 def say_to_stderr(prog: str):

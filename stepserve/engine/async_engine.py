@@ -251,9 +251,9 @@ class AsyncEngine(EngineThread):
             await self._off_loop.run(self._off_loop.adapters, controls.load, self.executor, names)
         from ..ipadapter import serving as image_prompts  # an IP-Adapter too (stepserve/ipadapter/serving.py)
 
-        names = image_prompts.to_load(self.executor, params)
-        if names:
-            await self._off_loop.run(self._off_loop.adapters, image_prompts.load, self.executor, names)
+        groups = image_prompts.to_load(self.executor, params)  # each request's adapters, loaded together
+        if groups:
+            await self._off_loop.run(self._off_loop.adapters, image_prompts.load, self.executor, groups)
 
     async def register_adapter(self, name: str, path) -> bool:
         """Serve LoRA adapter file `path` as `name` from now on, loaded on first use (an adapter registered on

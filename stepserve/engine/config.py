@@ -92,7 +92,7 @@ class EngineConfig:
     controlnet_dir: str | None = None  # ControlNets: every sub-folder here is servable by its name (stepserve/controls)
     controlnet_memory_mb: float | None = 1024.0  # memory for loaded ControlNets (least recently used unloaded first)
     ip_adapter_dir: str | None = None  # IP-Adapters: every sub-folder here is servable by its name (stepserve/ipadapter)
-    ip_adapter_memory_mb: float | None = 4096.0  # memory for loaded IP-Adapters, image encoders included (LRU of idle)
+    ip_adapter_memory_mb: float | None = 6144.0  # memory for loaded IP-Adapters, image encoders included (LRU of idle)
     options: EngineOptions = field(default_factory=EngineOptions)
 
 

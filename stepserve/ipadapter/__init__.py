@@ -7,6 +7,7 @@ processors and image projection are put in the UNet for that forward only, each 
 scale (rows without an image prompt: a zero embedding and scale 0, so they get the plain model's output exactly).
 A step without image prompts runs the plain UNet.
 
-The package's parts: `spec` (what a request asks for; no torch), `store` (the folder, the adapters loaded
-within their memory), `rows` (the per-row scale and the step's UNet keywords) and `serving` (start-up).
+The package's parts: `spec` (what a request asks for; no torch), `parts` (the folder layout, the weights, the
+errors), `store` (the adapters loaded within their memory), `rows` (the per-row scale and the step's UNet
+keywords) and `serving` (start-up).
 """

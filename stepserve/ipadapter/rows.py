@@ -71,22 +71,23 @@ def prepare(store, requests: list) -> None:
     names = list(dict.fromkeys(p.name for ps in prompts for p in ps))
     if not names:
         return
-    loaded = {name: store.ensure(name, keep=names) for name in names}
-    embedded: dict[tuple[int, str], Embedded] = {}
-    for name in names:
-        at = [(i, p) for i, ps in enumerate(prompts) for p in ps if p.name == name]
-        embeds = embed(loaded[name], [p.image for _, p in at])
-        for j, (i, p) in enumerate(at):
-            embedded[i, name] = Embedded(name, p.scale, embeds[j:j + 1])
-    with store.mutex:
-        gone = [n for n in names if store.loaded.get(n) is not loaded[n]]
-        if gone:  # unloaded meanwhile for a load on the front end's thread
-            raise LookupError(f"IP-Adapter(s) {', '.join(map(repr, gone))} were unloaded to make room for another "
-                              f"while these requests started (--ip-adapter-memory-mb); retry later")
-        for i, ps in enumerate(prompts):
-            if ps:
-                requests[i].image_prompt = tuple(embedded[i, p.name] for p in ps)
-                store.hold(requests[i])
+    with store.starting(names):  # a load elsewhere (the front end's) unloads none of them meanwhile
+        loaded = {name: store.ensure(name, keep=names) for name in names}
+        embedded: dict[tuple[int, str], Embedded] = {}
+        for name in names:
+            at = [(i, p) for i, ps in enumerate(prompts) for p in ps if p.name == name]
+            embeds = embed(loaded[name], [p.image for _, p in at])
+            for j, (i, p) in enumerate(at):
+                embedded[i, name] = Embedded(name, p.scale, embeds[j:j + 1])
+        with store.mutex:
+            gone = [n for n in names if store.loaded.get(n) is not loaded[n]]
+            if gone:  # unloaded meanwhile (by an unload this store does not foresee)
+                raise LookupError(f"IP-Adapter(s) {', '.join(map(repr, gone))} were unloaded while these requests "
+                                  f"started (--ip-adapter-memory-mb); retry later")
+            for i, ps in enumerate(prompts):
+                if ps:
+                    requests[i].image_prompt = tuple(embedded[i, p.name] for p in ps)
+                    store.hold(requests[i])
 
 
 @contextlib.contextmanager

@@ -23,28 +23,36 @@ def serve_ip_adapters(executor: Any, ip_adapter_dir: str, memory_mb: float | Non
     return f"IP-Adapter: {len(names)} in {root} ({', '.join(names) or 'none yet'}), loaded on first use{room}"
 
 
-def to_load(executor: Any, params) -> list[str]:
-    """The served IP-Adapters these requests name (before any check) that are not loaded now. Cheap: on the event
-    loop."""
+def to_load(executor: Any, params) -> list[list[str]]:
+    """Per request, the served IP-Adapters it names (before any check) that are not loaded now (requests naming
+    none, or more than a request may, are left out). Cheap: on the event loop."""
+    from .spec import MAX_PROMPTS
+
     store = getattr(executor, "_ip_adapters", None)
     if store is None:
         return []
-    names = set()
+    out = []
     for p in params:
         prompts = getattr(p, "ip_adapter", None)
-        for item in [prompts] if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else ():
-            if isinstance(item, dict):
-                names.add(item.get("name"))
-    return sorted(n for n in names if isinstance(n, str) and n in store.names and n not in store.loaded)
+        items = [prompts] if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else []
+        if not items or len(items) > MAX_PROMPTS:
+            continue
+        names = [n for n in dict.fromkeys(i.get("name") for i in items if isinstance(i, dict))
+                 if isinstance(n, str) and n in store.names]
+        if any(n not in store.loaded for n in names):
+            out.append(names)
+    return out
 
 
-def load(executor: Any, names: list[str]) -> None:
-    """Load `names` (a thread of the front end's own). One that cannot be loaded (now) is left to the request's
-    first step, which fails that request alone with the reason."""
-    from .store import IPAdapterError
+def load(executor: Any, groups: list[list[str]]) -> None:
+    """Load each request's adapters, together (a thread of the front end's own). One that cannot be loaded (now)
+    is left to the request's first step, which fails that request alone with the reason."""
+    from .parts import IPAdapterError
 
-    for name in names:
-        try:
-            executor.ip_adapters().ensure(name)
-        except IPAdapterError:
-            pass
+    store = executor.ip_adapters()
+    for names in groups:
+        for name in names:
+            try:
+                store.ensure(name, keep=names)
+            except IPAdapterError:
+                pass

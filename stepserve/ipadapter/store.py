@@ -13,56 +13,19 @@ together, as diffusers builds them for a list of adapters (rows.py gives each ro
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from ..lora.folder import Watched
+from .parts import (ENCODER, IPAdapterBudgetError, IPAdapterError, IPAdapterTooLargeError, Loaded, Parts,
+                    discover, joined_processor, read_weights, weight_files)
 from .spec import unknown_name
-
-ENCODER = "image_encoder"
-
-
-class IPAdapterError(ValueError):
-    """An IP-Adapter that cannot be named, loaded or served; the message says which and why."""
-
-    def __init__(self, message: str, param: str = "ip_adapter") -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class IPAdapterBudgetError(IPAdapterError):
-    """The adapter does not fit the IP-Adapter memory beside the adapters that requests in flight use: retry later."""
-
-
-class IPAdapterTooLargeError(IPAdapterError):
-    """Larger than the whole IP-Adapter memory (--ip-adapter-memory-mb): it can never be loaded."""
-
-
-def weight_files(folder: Path) -> list[Path]:
-    return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin"))
-
-
-def discover(root: Path | None) -> dict[str, Path]:
-    """The folder's IP-Adapters by name: sub-folders with one weights file and an image_encoder/ config."""
-    if root is None or not root.is_dir():
-        return {}
-    return {d.name: d for d in sorted(root.iterdir())
-            if d.is_dir() and (d / ENCODER / "config.json").is_file() and len(weight_files(d)) == 1}
-
-
-@dataclass
-class Loaded:
-    name: str
-    processors: dict  # the UNet's attention processors with this adapter (IP processors on the cross-attentions)
-    projection: torch.nn.Module  # diffusers' MultiIPAdapterImageProjection (the UNet's encoder_hid_proj)
-    encoder: torch.nn.Module  # CLIPVisionModelWithProjection
-    features: object  # CLIPImageProcessor: a picture -> the encoder's pixel values
-    bytes: int
-
 
 class IPAdapterStore:
     """IP-Adapters by name for one SD pipeline (`pipeline.unet`: the UNet they go into)."""
@@ -79,6 +42,8 @@ class IPAdapterStore:
         self._uses = 0
         self._joined: dict[tuple[str, ...], tuple[dict, torch.nn.Module]] = {}  # several adapters' parts together
         self._users: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # requests given an embedding
+        self._pending: dict[str, int] = {}  # adapters being placed on the device: their bytes, already counted
+        self._starting: Counter = Counter()  # adapters of requests between their load and their embedding
         self.loads = 0
         self.evictions = 0
         self.mutex = threading.RLock()
@@ -108,7 +73,20 @@ class IPAdapterStore:
 
     @property
     def loaded_bytes(self) -> int:
-        return sum(a.bytes for a in self.loaded.values())
+        return sum(a.bytes for a in self.loaded.values()) + sum(self._pending.values())
+
+    @contextlib.contextmanager
+    def starting(self, names) -> Iterator[None]:
+        """While requests get their embeddings: their adapters are not unloaded for another (rows.prepare)."""
+        names = list(names)
+        with self.mutex:
+            self._starting.update(names)
+        try:
+            yield
+        finally:
+            with self.mutex:
+                self._starting.subtract(names)
+                self._starting += Counter()  # drop the names at zero
 
     def hold(self, request) -> None:
         """`request` carries an image prompt of a loaded adapter until it releases its tensors."""
@@ -120,8 +98,9 @@ class IPAdapterStore:
 
     def ensure(self, name: str, keep=()) -> Loaded:
         """The adapter `name`, loaded (it counts as just used), unloading least recently used idle ones for room,
-        never those of `keep` (the others a request needs beside it). Raises IPAdapterError (not served, not for
-        this model), IPAdapterTooLargeError, IPAdapterBudgetError."""
+        never those of `keep` (the others a request needs beside it). Its size is known before anything goes to
+        the device. Raises IPAdapterError (not served, not for this model), IPAdapterTooLargeError (it, or it with
+        the others of `keep`, can never fit), IPAdapterBudgetError (not now: retry later)."""
         with self.mutex:
             self._uses += 1
             loaded = self.loaded.get(name)
@@ -131,11 +110,20 @@ class IPAdapterStore:
             folder = self.files().get(name)
             if folder is None:
                 raise IPAdapterError(unknown_name(name, self.names), "ip_adapter.name")
-        new = self._load(name, folder)  # the slow part outside the mutex (the UNet part under the stages' lock)
+        parts = self._read_parts(name, folder)  # on the CPU, outside the mutex
         with self.mutex:
             if name in self.loaded:  # another thread loaded it meanwhile
                 return self.loaded[name]
-            self._fits(name, new.bytes, set(keep))
+            self._fits(name, parts.bytes, set(keep))
+            self._pending[name] = parts.bytes
+        try:
+            new = self._place(name, parts)  # the device and the UNet part (under the stages' lock), outside the mutex
+        finally:
+            with self.mutex:
+                self._pending.pop(name, None)
+        with self.mutex:
+            if name in self.loaded:
+                return self.loaded[name]
             self.loaded[name] = new
             self.last_used[name] = self._uses
             self._joined.clear()
@@ -143,6 +131,8 @@ class IPAdapterStore:
             return new
 
     def _fits(self, name: str, size: int, keep: set[str]) -> None:
+        """Make room for `size` bytes more (unloading least recently used idle adapters), or raise without
+        unloading anything."""
         if self.budget_bytes is None:
             return
         mib, budget = f"{size / 2**20:.3g} MiB", f"{self.budget_bytes / 2**20:.3g} MiB"
@@ -150,17 +140,24 @@ class IPAdapterStore:
             raise IPAdapterTooLargeError(f"IP-Adapter {name!r} ({mib} with its image encoder) is larger than the "
                                          f"whole IP-Adapter memory ({budget}, --ip-adapter-memory-mb): it can "
                                          f"never be loaded")
-        busy = self.in_use() | keep
+        mine = sorted(n for n in keep if n in self.loaded and n != name)
+        together = size + sum(self.loaded[n].bytes for n in mine)
+        if together > self.budget_bytes:
+            raise IPAdapterTooLargeError(f"IP-Adapters {', '.join(map(repr, [*mine, name]))} of one request take "
+                                         f"{together / 2**20:.3g} MiB together, more than the whole IP-Adapter "
+                                         f"memory ({budget}, --ip-adapter-memory-mb): they can never be served "
+                                         f"together")
+        busy = self.in_use() | keep | set(self._starting)
+        held = sum(a.bytes for n, a in self.loaded.items() if n in busy) + sum(self._pending.values())
+        if held + size > self.budget_bytes:
+            raise IPAdapterBudgetError(f"IP-Adapter {name!r} ({mib}) does not fit the IP-Adapter memory ({budget}, "
+                                       f"--ip-adapter-memory-mb) beside the ones requests in flight (or this "
+                                       f"request) use ({', '.join(sorted(busy & set(self.loaded)))}); retry later")
         idle = sorted((n for n in self.loaded if n not in busy), key=lambda n: self.last_used.get(n, 0))
         while idle and self.loaded_bytes + size > self.budget_bytes:
             del self.loaded[idle.pop(0)]
             self.evictions += 1
             self._joined.clear()
-        if self.loaded_bytes + size > self.budget_bytes:
-            raise IPAdapterBudgetError(f"IP-Adapter {name!r} ({mib}) does not fit the IP-Adapter memory ({budget}, "
-                                       f"--ip-adapter-memory-mb) beside the ones requests in flight (or this "
-                                       f"request) use "
-                                       f"({', '.join(sorted(busy))}); retry later")
 
     def joined(self, names: tuple[str, ...]) -> tuple[dict, torch.nn.Module]:
         """The attention processors (by name) and the image projection of the loaded adapters `names` together,
@@ -177,19 +174,20 @@ class IPAdapterStore:
             else:
                 from diffusers.models.embeddings import MultiIPAdapterImageProjection
 
-                processors = {attn: _joined([p.processors[attn] for p in parts]) for attn in self.plain}
+                processors = {attn: joined_processor([p.processors[attn] for p in parts]) for attn in self.plain}
                 hit = processors, MultiIPAdapterImageProjection(
                     [layer for p in parts for layer in p.projection.image_projection_layers])
             self._joined[names] = hit
             return hit
 
-    def _load(self, name: str, folder: Path) -> Loaded:
+    def _read_parts(self, name: str, folder: Path) -> "Parts":
+        """The adapter's weights and image encoder read on the CPU and checked, and the bytes they will take."""
         from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
         p = self.pipeline
-        state = _read(weight_files(folder)[0])
+        state = read_weights(weight_files(folder)[0])
         try:
-            encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype).to(p.device)
+            encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype)
         except (OSError, ValueError, RuntimeError) as exc:
             raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read "
                                  f"({str(exc)[:200]})") from None
@@ -201,11 +199,16 @@ class IPAdapterStore:
         else:  # what diffusers' load_ip_adapter makes for a pipeline without one
             size = encoder.config.image_size
             features = CLIPImageProcessor(size=size, crop_size=size)
-        processors, projection = self._build(name, state)
-        n = sum(t.numel() * t.element_size() for m in (encoder, projection) for t in m.parameters())
-        n += sum(t.numel() * t.element_size() for proc in processors.values() if isinstance(proc, torch.nn.Module)
-                 for t in proc.parameters())
-        return Loaded(name, processors, projection, encoder, features, n)
+        width = torch.empty((), dtype=p.dtype).element_size()  # the projection and IP layers take the model's dtype
+        n = sum(t.numel() * t.element_size() for t in encoder.parameters())
+        n += sum(t.numel() * width for part in state.values() for t in part.values())
+        return Parts(state, encoder, features, n)
+
+    def _place(self, name: str, parts: "Parts") -> Loaded:
+        """The adapter on the device: its encoder moved, its processors and projection built."""
+        encoder = parts.encoder.to(self.pipeline.device)
+        processors, projection = self._build(name, parts.state)
+        return Loaded(name, processors, projection, encoder, parts.features, parts.bytes)
 
     def _check(self, name: str, state: dict, encoder) -> None:
         unet = self.pipeline.unet
@@ -251,38 +254,3 @@ class IPAdapterStore:
             unet.encoder_hid_proj = hid_proj
             unet.config.encoder_hid_dim_type = hid_type
         return processors, projection
-
-
-def _joined(processors: list) -> object:
-    """One attention layer's processors of several adapters as one: an IP processor holds every adapter's image
-    key and value in order (diffusers' IPAdapterAttnProcessor2_0 for a list of adapters, each scale 1: the rows'
-    own scales are in RowScaled); a layer without image attention keeps the first's processor."""
-    first = processors[0]
-    if not hasattr(first, "to_k_ip"):
-        return first
-    out = type(first).__new__(type(first))
-    torch.nn.Module.__init__(out)
-    out.hidden_size, out.cross_attention_dim = first.hidden_size, first.cross_attention_dim
-    out.num_tokens = [t for p in processors for t in p.num_tokens]
-    out.scale = [1.0] * len(out.num_tokens)
-    out.to_k_ip = torch.nn.ModuleList([m for p in processors for m in p.to_k_ip])
-    out.to_v_ip = torch.nn.ModuleList([m for p in processors for m in p.to_v_ip])
-    return out
-
-
-def _read(file: Path) -> dict:
-    """The adapter's state dict split as diffusers' load_ip_adapter splits it."""
-    if file.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        state: dict = {"image_proj": {}, "ip_adapter": {}}
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                head, _, rest = key.partition(".")
-                if head in state:
-                    state[head][rest] = f.get_tensor(key)
-    else:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or not state.get("image_proj") or not state.get("ip_adapter"):
-        raise IPAdapterError(f"{file.name} holds no IP-Adapter (image_proj.* and ip_adapter.* keys)")
-    return state

@@ -195,7 +195,7 @@ def image_info(result: GenerationResult) -> dict:
 
 
 def _image_prompt(prompts) -> dict | list | None:
-    """A request's image prompts as it sent them: one object, or a list of them for several adapters."""
+    """A request's image prompts: one object, or a list of them for several adapters."""
     if not prompts:
         return None
     out = [{"name": p.name, "scale": p.scale} for p in prompts]

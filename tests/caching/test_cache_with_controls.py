@@ -1,5 +1,6 @@
-"""Step caching with ControlNets and image prompts on a UNet (tiny SD): the shallow path with this step's ControlNet
-residuals on the same step's deep features equals the full forward; deepcache at interval 1 and fbcache at
+"""Step caching with ControlNets and image prompts on a UNet (tiny SD): a reused step is the full forward with this
+step's ControlNet residuals for the shallow skips and the last full step's deep features (computed with that
+step's residuals); deepcache at interval 1 and fbcache at
 threshold 0 give the uncached image bit for bit (which equals diffusers' ControlNet / IP-Adapter pipeline:
 tests/controls, tests/ipadapter); deepcache skips exactly the steps its interval says; in mixed batches of cached
 and uncached rows with and without controls and image prompts, under every strategy, each request gets its own
@@ -44,7 +45,7 @@ def with_cache(p, cache):
     return p
 
 
-def test_shallow_path_with_control_residuals_on_the_same_steps_deep_features_is_the_full_forward(engine):
+def test_a_reused_step_takes_its_own_shallow_residuals_on_the_last_full_steps_deep_features(engine):
     unet = engine.executor.pipeline.unet
     controlnet = engine.executor.controlnets().ensure(["pose"])["pose"]
     g = torch.Generator().manual_seed(0)
@@ -53,13 +54,24 @@ def test_shallow_path_with_control_residuals_on_the_same_steps_deep_features_is_
     down, mid = controlnet(x, t, encoder_hidden_states=e, controlnet_cond=torch.rand(2, 3, 16, 16, generator=g),
                            return_dict=False)
     residuals = {"down_block_additional_residuals": tuple(down), "mid_block_additional_residual": mid}
-    want = unet(x, t, encoder_hidden_states=e, return_dict=False, **residuals)[0]
     first = [RowCache(CacheSpec("deepcache", interval=4), {}, 0) for _ in range(2)]
+    want = unet(x, t, encoder_hidden_states=e, return_dict=False, **residuals)[0]
     assert torch.equal(unet_forward(unet, x, t, e, first, **residuals), want)  # step 0 computes and caches
-    again = [RowCache(CacheSpec("deepcache", interval=4), r.tensors, 1) for r in first]  # step 1 reuses
-    got = unet_forward(unet, x, t, e, again, **residuals)
+    # Step 1 reuses step 0's deep features with step 1's own residuals (other ones) for the shallow skips: the full
+    # forward with step 1's shallow residuals and step 0's deep and mid ones.
+    later = [r * -0.7 + 0.05 for r in down]
+    shallow = len(unet.up_blocks[-1].resnets)  # the skips the last up block takes (conv_in's, the first block's)
+    hybrid = tuple(later[:shallow]) + tuple(down[shallow:])
+    want = unet(x, t, encoder_hidden_states=e, down_block_additional_residuals=hybrid,
+                mid_block_additional_residual=mid, return_dict=False)[0]
+    again = [RowCache(CacheSpec("deepcache", interval=4), r.tensors, 1) for r in first]
+    got = unet_forward(unet, x, t, e, again, down_block_additional_residuals=tuple(later),
+                       mid_block_additional_residual=mid * 3)
     assert all(r.skipped for r in again)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    full = unet(x, t, encoder_hidden_states=e, down_block_additional_residuals=tuple(later),
+                mid_block_additional_residual=mid * 3, return_dict=False)[0]
+    assert not torch.allclose(got, full, atol=1e-4)  # the deep residuals of step 1 were not used: it was cached
 
 
 @pytest.mark.parametrize("make", [

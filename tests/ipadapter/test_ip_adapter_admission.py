@@ -19,15 +19,15 @@ def test_the_load_happens_before_queueing_and_never_in_a_step(tiny_sd_path, tmp_
     store = built.executor.ip_adapters()
     release, loading = threading.Event(), threading.Event()
     where: list[str] = []
-    load = store._load
+    read = store._read_parts
 
     def held(name, path):
         where.append(threading.current_thread().name)
         loading.set()
         assert release.wait(120)
-        return load(name, path)
+        return read(name, path)
 
-    store._load = held
+    store._read_parts = held
 
     async def main():
         engine = AsyncEngine(built.executor, options=built.options)

@@ -97,15 +97,22 @@ def test_mixed_batches_each_request_its_own_image(sdxl, alone, strategy):
 
 def test_cached_rows_and_image_prompt_rows_share_a_forward(engine, sdxl):
     """Rows that cache steps run the UNet part by part (stepserve/caching): the image embeddings reach it beside
-    SDXL's added text and time embeddings there too."""
-    reqs = [request(30, None, cache={"policy": "deepcache", "interval": 2}), request(31, "face", 1.0),
+    SDXL's added text and time embeddings there too; requests with image prompts (one adapter or two) or with a
+    ControlNet cache as well, and each gets its own image and skips beside the others."""
+    deep = {"policy": "deepcache", "interval": 2}
+    both = request(34, None, cache=deep)
+    both.ip_adapter = [{"name": "face", "image": start_image(60), "scale": 0.8},
+                       {"name": "style", "image": start_image(61, size=40), "scale": 1.1}]
+    controlled = request(35, None, cache={"policy": "fbcache", "threshold": 0.3}, guidance=1.0)
+    controlled.controls = [{"name": "pose", "image": start_image(92), "scale": 0.8}]
+    reqs = [request(30, None, cache=deep), request(31, "face", 1.0, cache=deep),
             request(32, None, cache={"policy": "fbcache", "threshold": 0.5}, guidance=1.0),
-            request(33, "face", 0.7, guidance=1.0)]
+            request(33, "face", 0.7, guidance=1.0), both, controlled]
     alone = [engine.generate([p])[0] for p in reqs]
     together = engine.generate(reqs)
-    assert max(together[0].timing.batch_sizes) == 4 and together[0].timing.cached_steps > 0
+    assert max(together[0].timing.batch_sizes) == 6 and together[0].timing.cached_steps > 0
+    assert together[1].timing.cached_steps > 0 and together[4].timing.cached_steps > 0
     for a, b in zip(alone, together):
         assert b.ok, b.error
         assert a.timing.cached_steps == b.timing.cached_steps
         assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
-    assert np.abs(pixels(together[3].image) - diffusers_ip_adapter(sdxl[0], sdxl[1], reqs[3], "sdxl")).max() <= 1

@@ -110,7 +110,7 @@ def test_a_dead_owners_job_is_taken_over_after_its_lease_and_completes(wan_execu
         record = store.get_job(job["id"])
         mp4 = b.get(f"/v1/videos/{job['id']}/content")
     assert done["status"] == "completed", done
-    assert (record.owner, record.attempts) == ("b", held.attempts + 1)
+    assert record.owner == "b" and record.attempts > held.attempts  # b claimed it after a died
     assert mp4.status_code == 200 and mp4.content[4:8] == b"ftyp"
 
 

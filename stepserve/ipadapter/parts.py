@@ -1,0 +1,95 @@
+"""An IP-Adapter's parts: the folder layout (one weights file and `image_encoder/` per sub-folder), its weights
+split as diffusers' `load_ip_adapter` splits them, what the store holds of one, the errors, and several adapters'
+attention layers joined into one processor per layer (the store's `joined`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ENCODER = "image_encoder"
+
+
+class IPAdapterError(ValueError):
+    """An IP-Adapter that cannot be named, loaded or served; the message says which and why."""
+
+    def __init__(self, message: str, param: str = "ip_adapter") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class IPAdapterBudgetError(IPAdapterError):
+    """The adapter does not fit the IP-Adapter memory beside the adapters that requests in flight use: retry later."""
+
+
+class IPAdapterTooLargeError(IPAdapterError):
+    """Larger than the whole IP-Adapter memory (--ip-adapter-memory-mb): it can never be loaded."""
+
+
+def weight_files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin"))
+
+
+def discover(root: Path | None) -> dict[str, Path]:
+    """The folder's IP-Adapters by name: sub-folders with one weights file and an image_encoder/ config."""
+    if root is None or not root.is_dir():
+        return {}
+    return {d.name: d for d in sorted(root.iterdir())
+            if d.is_dir() and (d / ENCODER / "config.json").is_file() and len(weight_files(d)) == 1}
+
+
+@dataclass
+class Parts:
+    """An adapter read and checked on the CPU, not yet on the device."""
+
+    state: dict  # {"image_proj": ..., "ip_adapter": ...} as load_ip_adapter splits the weights
+    encoder: torch.nn.Module
+    features: object
+    bytes: int  # what it will take loaded (encoder, projection and IP layers)
+
+
+@dataclass
+class Loaded:
+    name: str
+    processors: dict  # the UNet's attention processors with this adapter (IP processors on the cross-attentions)
+    projection: torch.nn.Module  # diffusers' MultiIPAdapterImageProjection (the UNet's encoder_hid_proj)
+    encoder: torch.nn.Module  # CLIPVisionModelWithProjection
+    features: object  # CLIPImageProcessor: a picture -> the encoder's pixel values
+    bytes: int
+
+
+def joined_processor(processors: list) -> object:
+    """One attention layer's processors of several adapters as one: an IP processor holds every adapter's image
+    key and value in order (diffusers' IPAdapterAttnProcessor2_0 for a list of adapters, each scale 1: the rows'
+    own scales are in RowScaled); a layer without image attention keeps the first's processor."""
+    first = processors[0]
+    if not hasattr(first, "to_k_ip"):
+        return first
+    out = type(first).__new__(type(first))
+    torch.nn.Module.__init__(out)
+    out.hidden_size, out.cross_attention_dim = first.hidden_size, first.cross_attention_dim
+    out.num_tokens = [t for p in processors for t in p.num_tokens]
+    out.scale = [1.0] * len(out.num_tokens)
+    out.to_k_ip = torch.nn.ModuleList([m for p in processors for m in p.to_k_ip])
+    out.to_v_ip = torch.nn.ModuleList([m for p in processors for m in p.to_v_ip])
+    return out
+
+
+def read_weights(file: Path) -> dict:
+    """The adapter's state dict split as diffusers' load_ip_adapter splits it."""
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        state: dict = {"image_proj": {}, "ip_adapter": {}}
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                head, _, rest = key.partition(".")
+                if head in state:
+                    state[head][rest] = f.get_tensor(key)
+    else:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not state.get("image_proj") or not state.get("ip_adapter"):
+        raise IPAdapterError(f"{file.name} holds no IP-Adapter (image_proj.* and ip_adapter.* keys)")
+    return state
