@@ -51,6 +51,7 @@ class BenchConfig:
     quality: bool = False  # PSNR / SSIM of step-cached images against uncached ones (in process; bench/quality.py)
     lora_dir: str | None = None  # in process: LoRA adapters loaded from this folder (a mix's `lora` names them)
     controlnet_dir: str | None = None  # in process: ControlNets served from this folder (a mix's `control`)
+    ip_adapter_dir: str | None = None  # in process: IP-Adapters served from this folder (a mix's `ip_adapter`)
     threads: int | None = None  # torch CPU threads; None: all cores but one (that one runs the load generator)
     timeout_s: float | None = None  # every request's deadline in seconds; None: no deadline (unless timeout_slo)
     timeout_slo: bool = False  # every request's deadline is the run's SLO

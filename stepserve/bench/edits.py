@@ -16,11 +16,15 @@ from PIL import Image
 
 EDIT_KINDS = ("image", "inpaint")  # a spec's `edit`; None: a generation
 POOL_SIZE = 16  # images in the pool; a mix draws an edit's image among them
-KINDS = ("generation", *EDIT_KINDS, "controlled")  # how results are split by kind
+KINDS = ("generation", *EDIT_KINDS, "controlled", "image prompt")  # how results are split by kind
 
 
 def kind_of(spec) -> str:
-    return spec.edit or ("controlled" if getattr(spec, "control", None) else "generation")
+    if spec.edit:
+        return spec.edit
+    if getattr(spec, "control", None):
+        return "controlled"
+    return "image prompt" if getattr(spec, "ip_adapter", None) else "generation"
 
 
 def pool_image(index: int, width: int, height: int) -> Image.Image:
@@ -52,16 +56,24 @@ def pool_mask(index: int, width: int, height: int) -> Image.Image:
 def control_fields(spec, encoded: bool = False) -> list[dict[str, Any]]:
     """The `controls` of a spec with a ControlNet: its map is pool image `spec.image` at the spec's size (a PNG in
     base64 when `encoded`, for the HTTP body)."""
+    return [{"name": spec.control, "image": _pooled(spec, spec.image, "a controlled request", encoded)}]
+
+
+def image_prompt_field(spec, encoded: bool = False) -> dict[str, Any]:
+    """The `ip_adapter` of a spec with an image prompt: its picture is pool image `spec.ip_image` at the spec's size
+    (a PNG in base64 when `encoded`)."""
+    return {"name": spec.ip_adapter, "image": _pooled(spec, spec.ip_image, "a request with an image prompt", encoded)}
+
+
+def _pooled(spec, index: int | None, what: str, encoded: bool):
     if spec.width is None or spec.height is None:
-        raise ValueError("a controlled request needs its size (width and height): the pool draws maps at it")
-    image = pool_image(spec.image or 0, spec.width, spec.height)
+        raise ValueError(f"{what} needs its size (width and height): the pool draws its pictures at it")
+    image = pool_image(index or 0, spec.width, spec.height)
     if encoded:
         import base64
 
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        image = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return [{"name": spec.control, "image": image}]
+        image = base64.b64encode(_png(image)).decode("ascii")
+    return image
 
 
 def edit_images(spec) -> tuple[Image.Image, Image.Image | None]:

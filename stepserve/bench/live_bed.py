@@ -80,7 +80,7 @@ def load_model(cfg: BenchConfig):
     batch = max((c.max_batch_size for c in cfg.contenders), default=8)
     config = EngineConfig(model=cfg.model, device=cfg.device, dtype=cfg.dtype, backend=cfg.backend, memory_cap=False,
                           fast_path=cfg.fast_path if fake is None else None, lora_dir=cfg.lora_dir,
-                          controlnet_dir=cfg.controlnet_dir,
+                          controlnet_dir=cfg.controlnet_dir, ip_adapter_dir=cfg.ip_adapter_dir,
                           weights=cfg.weights if fake is None else None,
                           options=EngineOptions(max_batch_size=batch))
     return build_engine(config, executor=fake).executor

@@ -113,5 +113,6 @@ def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
                        negative_prompt=get("negative_prompt", str) or "", timeout_s=timeout, slo_ms=slo_ms,
                        cache=_cache_cell(row.get("cache")), loras=_loras_cell(row.get("loras")),
                        edit=_edit_cell(get("edit", str), where), strength=_strength_cell(get("strength", float), where),
-                       image=get("image", int), num_frames=get("num_frames", int), control=get("control", str))
+                       image=get("image", int), num_frames=get("num_frames", int), control=get("control", str),
+                       ip_adapter=get("ip_adapter", str), ip_image=get("ip_image", int))
     return TraceItem(get("offset_s", float), spec)

@@ -16,7 +16,8 @@ the trace is otherwise the one without it). Such requests run in process only: t
 
 Edits: `edit: {none: 1, image: 1}` with `strength: [0.3, 0.5, 0.8]` makes half the requests image-to-image edits of
 a pooled image (`inpaint`: with a mask; bench/edits.py); such a mix needs `size`. ControlNets: `control: {none: 7,
-edge: 3}` gives 30% of the requests the ControlNet `edge` with a pooled image as its map (needs `size` too).
+edge: 3}` gives 30% of the requests the ControlNet `edge` with a pooled image as its map (needs `size` too); IP-Adapters:
+`ip_adapter: {none: 3, face: 1}` gives a quarter of them an image prompt of adapter `face`, its picture a pooled image.
 
 A request may carry a deadline (timeout_s, seconds from its arrival at the engine); a benchmark with deadlines
 puts the same one on every request (Trace.with_timeout, user_requests(timeout_s=...)).
@@ -63,6 +64,8 @@ class RequestSpec:
     strength: float | None = None  # an edit's strength; None: the model's default
     image: int | None = None  # an edit's image or a control's map: its index in the bench's image pool (bench/edits.py)
     control: str | None = None  # a ControlNet by name, its map the pool's image `image`; None: no control
+    ip_adapter: str | None = None  # an IP-Adapter by name, its picture the pool's image `ip_image`; None: none
+    ip_image: int | None = None  # the image prompt's picture: its index in the bench's image pool
     num_frames: int | None = None  # a video model's frames; None: the model's default (an image)
 
     def to_params(self) -> SamplingParams:
@@ -79,6 +82,10 @@ class RequestSpec:
             from .edits import control_fields
 
             params.controls = control_fields(self)
+        if self.ip_adapter is not None:
+            from .edits import image_prompt_field
+
+            params.ip_adapter = image_prompt_field(self)
         return params
 
     def to_http(self) -> dict[str, Any]:
@@ -99,11 +106,15 @@ class RequestSpec:
             from .edits import control_fields
 
             body["controls"] = control_fields(self, encoded=True)
+        if self.ip_adapter is not None:
+            from .edits import image_prompt_field
+
+            body["ip_adapter"] = image_prompt_field(self, encoded=True)
         return body
 
 
 MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache", "lora", "edit",
-              "strength", "frames", "control")
+              "strength", "frames", "control", "ip_adapter")
 
 
 @dataclass
@@ -127,6 +138,8 @@ class Mix:
     frames: Choice = field(default_factory=lambda: Choice([None], [1.0]))
     # one ControlNet per request, by name ("none": no control), its map a pooled image; from the request's own seed
     control: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    # one IP-Adapter per request, by name ("none": no image prompt), its picture a pooled image; likewise
+    ip_adapter: Choice = field(default_factory=lambda: Choice([None], [1.0]))
 
     @classmethod
     def from_steps(cls, steps: list[int]) -> "Mix":
@@ -151,9 +164,9 @@ class Mix:
         if edits - set(EDIT_KINDS):
             raise ValueError(f"mix field 'edit': {sorted(map(str, edits - set(EDIT_KINDS)))[0]!r}; allowed: none, "
                              f"{', '.join(EDIT_KINDS)}")
-        if (edits or mix.control.values != [None]) and None in mix.size.values:
-            raise ValueError("mix: an edit or control mix needs `size` (the pool's images are drawn at each "
-                             "request's size)")
+        if (edits or mix.control.values != [None] or mix.ip_adapter.values != [None]) and None in mix.size.values:
+            raise ValueError("mix: an edit, control or ip_adapter mix needs `size` (the pool's images are drawn at "
+                             "each request's size)")
         return mix
 
     @classmethod
@@ -187,13 +200,15 @@ class Mix:
                 strength = self.strength.draw(edits)
                 spec.edit, spec.image = str(kind), edits.randrange(POOL_SIZE)
                 spec.strength = None if strength is None else float(strength)
-        if self.control.values != [None]:
-            from .edits import POOL_SIZE
+        for name, picture in (("control", "image"), ("ip_adapter", "ip_image")):  # a pooled map or picture
+            if getattr(self, name).values != [None]:
+                from .edits import POOL_SIZE
 
-            controls = random.Random(f"control-{spec.seed}")
-            name = self.control.draw(controls)
-            if name not in (None, "none", "off"):
-                spec.control, spec.image = str(name), controls.randrange(POOL_SIZE)
+                drawn = random.Random(f"{name.replace('_', '-')}-{spec.seed}")
+                value = getattr(self, name).draw(drawn)
+                if value not in (None, "none", "off"):
+                    setattr(spec, name, str(value))
+                    setattr(spec, picture, drawn.randrange(POOL_SIZE))
         if self.frames.values != [None]:
             frames = self.frames.draw(random.Random(f"frames-{spec.seed}"))
             spec.num_frames = None if frames is None else int(frames)

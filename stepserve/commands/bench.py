@@ -93,7 +93,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
     if quality and (args.target or peers or args.model == "fake"):
         raise UsageError("--quality compares images with uncached ones made by the same in-process model: not with "
                          "--target, --peers or --model fake")
-    for flag in ("lora_dir", "controlnet_dir"):
+    for flag in ("lora_dir", "controlnet_dir", "ip_adapter_dir"):
         if getattr(args, flag, None) and (args.target or peers or args.model == "fake"):
             name = "--" + flag.replace("_", "-")
             raise UsageError(f"{name} loads into the in-process model: not with --target, --peers or --model fake "
@@ -112,8 +112,10 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
     if mix.videos and (args.target or peers):
         raise UsageError("a mix with `frames` (video requests) runs in process: the images endpoint of --target and "
                          "the peers make images; drop the mix's frames field (or --target/--peers)")
-    if peers and set(mix.edit.values) - {None, "none"}:
-        raise UsageError("--peers: the peers serve text to image only; drop the mix's edit field (or --peers)")
+    conditioned = [f for f in ("edit", "control", "ip_adapter") if set(getattr(mix, f).values) - {None, "none"}]
+    if peers and conditioned:
+        raise UsageError(f"--peers: the peers serve text to image only; drop the mix's {' and '.join(conditioned)} "
+                         f"field (or --peers)")
     model = model_of(args) if command == "bench" else args.model
     if command == "bench" and not args.target and model != "fake":
         from ..deploy.onnx_cache import serving_model
@@ -140,7 +142,7 @@ def config_from_args(argv: list[str], command: str = "bench") -> BenchConfig:
         threads=args.threads, timeout_s=args.timeout_s, timeout_slo=args.timeout_slo,
         latency_model=str(args.latency_model) if args.latency_model is not None else None, peers=peers,
         quality=quality, lora_dir=getattr(args, "lora_dir", None),
-        controlnet_dir=getattr(args, "controlnet_dir", None),
+        controlnet_dir=getattr(args, "controlnet_dir", None), ip_adapter_dir=getattr(args, "ip_adapter_dir", None),
     )
 
 

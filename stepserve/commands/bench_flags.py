@@ -101,6 +101,9 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
         p.add_argument("--controlnet-dir", metavar="DIR",
                        help="in process: serve the ControlNets of DIR (one folder per name); a mix's 'control' "
                             "field draws one per request (docs/CONTROLNET.md)")
+        p.add_argument("--ip-adapter-dir", metavar="DIR",
+                       help="in process: serve the IP-Adapters of DIR (one folder per name); a mix's 'ip_adapter' "
+                            "field draws one per request (docs/CONTROLNET.md)")
         p.add_argument("--quality", action="store_true",
                        help="in process: PSNR / SSIM of every image that used step caching (a mix's 'cache' "
                             "field) against the same request generated without it, beside latency in the report")
