@@ -64,6 +64,19 @@ def _schedule(spec: CacheSpec, num_steps: int) -> list[bool] | None:
     return None
 
 
+def reuses_before(row: RowCache | None, have: str) -> bool:
+    """Whether the row reuses cached work at this step, known before the forward: deepcache's interval and
+    magcache's schedule decide it by the step (fbcache decides on the first block's output, inside the forward).
+    `have`: the cached tensor a reuse needs."""
+    if row is None or have not in row.tensors:
+        return False
+    if row.spec.policy == "deepcache":
+        return row.step % row.spec.interval != 0
+    if row.spec.policy == "magcache":
+        return not (row.schedule[row.step] if row.step < len(row.schedule) else True)
+    return False
+
+
 def must_compute(rows: list[RowCache | None], signal: Tensor | None, have: str) -> list[bool]:
     """Per row: whether it runs the expensive part at this step. `signal`: the rows' first-block residual (fbcache
     compares it with the one of the row's last full step); `have`: the cached tensor a skip needs."""
@@ -72,10 +85,8 @@ def must_compute(rows: list[RowCache | None], signal: Tensor | None, have: str) 
     for i, row in enumerate(rows):
         if row is None or have not in row.tensors:
             out.append(True)
-        elif row.spec.policy == "deepcache":
-            out.append(row.step % row.spec.interval == 0)
-        elif row.spec.policy == "magcache":
-            out.append(row.schedule[row.step] if row.step < len(row.schedule) else True)
+        elif row.spec.policy in ("deepcache", "magcache"):
+            out.append(not reuses_before(row, have))
         else:  # fbcache: as diffusers' FBCHeadBlockHook, a ratio of means over the row, in the model's dtype
             prev = row.tensors["ref"]
             diffs.append((signal[i:i + 1] - prev).abs().mean() / prev.abs().mean())

@@ -90,7 +90,9 @@ def unet_forward(unet, sample: Tensor, timestep: Tensor, encoder_hidden_states: 
     deep_res = ()
     if down_block_additional_residuals:  # the shallow skips now, the deep ones in _deep (after their blocks)
         deep_res = tuple(down_block_additional_residuals[len(res):])
-        res = tuple(x + r for x, r in zip(res, down_block_additional_residuals))
+        # (only the shallow ones when every row with a control reuses the deep part: controls/rows.py)
+        given = down_block_additional_residuals
+        res = tuple(x + r for x, r in zip(res, given)) + res[len(given):]
     last = unet.up_blocks[-1]
     shallow = res[:len(last.resnets)]  # the skips the last up block takes (the full forward's first ones)
 

@@ -73,58 +73,72 @@ def _unflatten(shape: list, flat: list[Tensor]) -> dict:
     return out
 
 
-def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: dict, rows: list) -> dict:
+def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: dict, rows: list,
+              shallow: list[bool] | None = None) -> dict:
     """The denoiser's control keywords for the step's rows. `conditioning`: the rows' collated conditioning;
     `rows[i]`: (the Prepared controls of row i's request, its step, its number of steps). Empty when no row has a
-    control weighing anything at this step."""
-    uses: dict[str, list[tuple[int, float, Tensor, bool]]] = {}  # name -> (row, weight, image, guess) using it
+    control weighing anything at this step. `shallow[i]`: row i reuses the denoiser's deep part at this step (step
+    caching), so its ControlNets run only as far as the outputs its shallow part takes (the family's
+    `control_forward_shallow`); when no row needs the rest, the keywords hold only those first outputs."""
+    uses: dict[tuple[str, bool], list[tuple[int, float, Tensor, bool]]] = {}  # (name, shallow) -> rows using it
     order: list[list[str]] = []  # per row: the ControlNets it uses now, in its request's order
     for i, (prepared, step, steps) in enumerate(rows):
         names = []
         for p in prepared or ():
             weight = p.control.weight(step, steps)
             if weight:
-                uses.setdefault(p.control.name, []).append((i, weight, p.image, p.control.guess_mode))
+                uses.setdefault((p.control.name, bool(shallow and shallow[i])), []).append(
+                    (i, weight, p.image, p.control.guess_mode))
                 names.append(p.control.name)
         order.append(names)
     if not uses:
         return {}
-    nets = store.ensure(list(uses))
-    outputs: dict[str, tuple[dict[int, int], list[Tensor]]] = {}
+    nets = store.ensure(list(dict.fromkeys(name for name, _ in uses)))
+    outputs: dict[str, list[tuple[dict[int, int], list[Tensor]]]] = {}  # name -> its forwards' (row -> j, outputs)
     shapes = {}
-    for name, used in uses.items():
+    for (name, part), used in uses.items():
         at = [i for i, *_ in used]
         index = torch.tensor(at, device=sample.device)
         picked = {k: v.index_select(0, index) for k, v in conditioning.items()}
-        out = pipeline.control_forward(nets[name], sample.index_select(0, index), timesteps.index_select(0, index),
-                                       picked, torch.cat([image for _, _, image, _ in used]))
-        shapes[name], flat = _flatten(out)
-        outputs[name] = ({row: j for j, row in enumerate(at)}, _weighted(pipeline, nets[name], flat, used))
-    shape = next(iter(shapes.values()))
-    if any(s != shape for s in shapes.values()):
-        raise ControlNetError(f"the ControlNets {', '.join(sorted(shapes))} give different numbers of block "
-                              f"outputs ({'; '.join(f'{n}: {s}' for n, s in sorted(shapes.items()))}), so they "
-                              f"cannot share one forward; allowed: ControlNets of the same depth")
-    parts = next(iter(outputs.values()))[1]
-    grids = [torch.broadcast_shapes(*(res[b].shape[1:] for _, res in outputs.values())) for b in range(len(parts))]
-    total = [torch.zeros((len(rows), *g), dtype=p.dtype, device=p.device) for p, g in zip(parts, grids)]
+        forward = pipeline.control_forward_shallow if part else pipeline.control_forward
+        out = forward(nets[name], sample.index_select(0, index), timesteps.index_select(0, index), picked,
+                      torch.cat([image for _, _, image, _ in used]))
+        shape, flat = _flatten(out)
+        if not part:
+            shapes[name] = shape
+        count = pipeline.control_outputs(nets[name]) if part else len(flat)
+        outputs.setdefault(name, []).append(({row: j for j, row in enumerate(at)},
+                                             _weighted(pipeline, nets[name], flat, used, count)))
+    if shapes:
+        shape = next(iter(shapes.values()))
+        if any(s != shape for s in shapes.values()):
+            raise ControlNetError(f"the ControlNets {', '.join(sorted(shapes))} give different numbers of block "
+                                  f"outputs ({'; '.join(f'{n}: {s}' for n, s in sorted(shapes.items()))}), so they "
+                                  f"cannot share one forward; allowed: ControlNets of the same depth")
+    else:  # every row using a ControlNet reuses the deep part: only the shallow outputs
+        shape = _flatten(out)[0]
+    widest = max((res for entries in outputs.values() for _, res in entries), key=len)
+    grids = [torch.broadcast_shapes(*(res[b].shape[1:] for entries in outputs.values() for _, res in entries
+                                      if len(res) > b)) for b in range(len(widest))]
+    total = [torch.zeros((len(rows), *g), dtype=p.dtype, device=p.device) for p, g in zip(widest, grids)]
     for slot in range(max(len(names) for names in order)):  # each row adds its controls in its own order
-        for name, (where, res) in outputs.items():
-            at = [i for i, names in enumerate(order) if len(names) > slot and names[slot] == name]
-            if not at:
-                continue
-            into = torch.tensor(at, device=sample.device)
-            take = torch.tensor([where[i] for i in at], device=sample.device)
-            for t, r in zip(total, res):
-                t.index_add_(0, into, r.index_select(0, take).expand(len(at), *t.shape[1:]))
+        for name, entries in outputs.items():
+            for where, res in entries:
+                at = [i for i, names in enumerate(order) if len(names) > slot and names[slot] == name and i in where]
+                if not at:
+                    continue
+                into = torch.tensor(at, device=sample.device)
+                take = torch.tensor([where[i] for i in at], device=sample.device)
+                for t, r in zip(total, res):  # a shallow forward's rows get its first outputs only
+                    t.index_add_(0, into, r.index_select(0, take).expand(len(at), *t.shape[1:]))
     return _unflatten(shape, total)
 
 
-def _weighted(pipeline, net, flat: list[Tensor], used: list) -> list[Tensor]:
-    """A ControlNet's outputs for its rows, each row's weighted by its scale (times the family's guess-mode scale of
-    each output for a row in guess mode)."""
+def _weighted(pipeline, net, flat: list[Tensor], used: list, count: int) -> list[Tensor]:
+    """A ControlNet's outputs for its rows (its first ones of `count`), each row's weighted by its scale (times the
+    family's guess-mode scale of each output for a row in guess mode)."""
     guess = any(g for *_, g in used)
-    factors = pipeline.guess_scales(net, len(flat)) if guess else [1.0]
+    factors = pipeline.guess_scales(net, count)[:len(flat)] if guess else [1.0]
     table = torch.tensor([[w * f if g else w for _, w, _, g in used] for f in factors],  # one copy to the device
                          dtype=flat[0].dtype, device=flat[0].device)
     return [r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1)) for b, r in enumerate(flat)]

@@ -16,7 +16,7 @@ import torch
 
 from .. import sampling
 from ..caching.spec import with_default
-from ..caching.rows import row_caches
+from ..caching.rows import reuses_before, row_caches
 from ..controls import rows as controls
 from ..ipadapter import rows as image_prompts
 from ..sampling.img2img import starting_at
@@ -190,11 +190,11 @@ class TorchExecutor:
         t_rows = torch.cat([timesteps, timesteps[at]]) if guided else timesteps
         conditioning = self.pipeline.collate([r.conditioning.cond for r in requests]
                                              + [requests[i].conditioning.uncond for i in guided])
+        caches = row_caches(requests, guided)  # None unless some request caches steps
         if any(r.controls for r in requests):  # the ControlNets' residuals per row (stepserve/controls)
             control_rows = torch.cat([latents_in, latents_in[at]]) if guided else latents_in
-            conditioning = {**conditioning,
-                            **self._control_residuals(requests, guided, control_rows, t_rows, conditioning)}
-        caches = row_caches(requests, guided)  # None unless some request caches steps
+            conditioning = {**conditioning, **self._control_residuals(requests, guided, control_rows, t_rows,
+                                                                      conditioning, caches)}
         loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
         with adapter_rows(row_keys(self._adapters, loras)), \
                 self._image_prompt_rows(requests, guided) as image_prompt:  # each row's LoRAs and image prompt
@@ -224,12 +224,14 @@ class TorchExecutor:
         for i, r in enumerate(requests):
             r.latents = new[i : i + 1]
 
-    def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning) -> dict:
+    def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning,
+                           caches) -> dict:
         """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it (in guess
         mode to the conditional row only): each row runs the ControlNets, or, where the family's pipeline runs them
         once on the prompt (Qwen-Image), the unconditional row takes its conditional row's outputs. A control's
         window is a fraction of the steps the request runs: an image's strength shortens the schedule, and the
-        ControlNet img2img and inpaint pipelines count from its first step."""
+        ControlNet img2img and inpaint pipelines count from its first step. A row known to reuse the UNet's deep
+        part at this step (`caches`: deepcache) runs its ControlNets only as far as its shallow part takes."""
         firsts = [first_denoising_step(r.params, self.pipeline.info) for r in requests]
         per_row = [(r.controls, r.step - f, r.num_inference_steps - f) for r, f in zip(requests, firsts)]
         if getattr(self.pipeline, "controls_from_conditional_row", False):
@@ -238,8 +240,11 @@ class TorchExecutor:
                                      {k: v[:n] for k, v in conditioning.items()}, per_row)
             return controls.select_rows(out, list(range(n)) + guided)
         per_row += [(controls.unconditional(requests[i].controls), *per_row[i][1:]) for i in guided]
+        shallow = None
+        if caches is not None and hasattr(self.pipeline, "control_forward_shallow"):
+            shallow = [reuses_before(row, "deep") for row in caches]  # the UNet's cached deep features (caching/)
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
-                                  per_row)
+                                  per_row, shallow)
 
     def _image_prompt_rows(self, requests: list[Request], guided: list[int]):
         """The UNet's IP-Adapter for this forward when some row has an image prompt (stepserve/ipadapter)."""

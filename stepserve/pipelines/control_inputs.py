@@ -80,6 +80,42 @@ class UNetControls:
                         conditioning_scale=1.0, added_cond_kwargs=added or None, return_dict=False)
         return {"down_block_additional_residuals": tuple(down), "mid_block_additional_residual": mid}
 
+    @staticmethod
+    def control_outputs(net) -> int:
+        """How many outputs control_forward gives: one per down-block skip, then the mid block's."""
+        return len(net.controlnet_down_blocks) + 1
+
+    @torch.no_grad()
+    def control_forward_shallow(self, net, sample: Tensor, timestep: Tensor, conditioning: dict,
+                                images: Tensor) -> dict:
+        """control_forward's first outputs only, for rows that reuse the UNet's deep part at this step (step
+        caching, caching/unet.py): the residuals of the skips the UNet's last up block takes (conv_in's and the
+        first down block's resnets'). ControlNetModel.forward's own operations up to its first down block, so each
+        equals that output of the whole forward; the rest of the ControlNet does not run."""
+        keep = len(self.networks.unet.up_blocks[-1].resnets)
+        c = net.config
+        if net.class_embedding is not None or c.addition_embed_type not in (None, "text_time"):
+            down = self.control_forward(net, sample, timestep, conditioning, images)["down_block_additional_residuals"]
+            return {"down_block_additional_residuals": down[:keep]}
+        if c.controlnet_conditioning_channel_order == "bgr":
+            images = torch.flip(images, dims=[1])
+        timesteps = (timestep if timestep.dim() else timestep[None]).expand(sample.shape[0])
+        emb = net.time_embedding(net.time_proj(timesteps).to(dtype=sample.dtype), None)
+        if c.addition_embed_type == "text_time":  # SDXL's added text and time embeddings
+            text_embeds = conditioning["text_embeds"]
+            time_embeds = net.add_time_proj(conditioning["time_ids"].flatten()).reshape((text_embeds.shape[0], -1))
+            emb = emb + net.add_embedding(torch.concat([text_embeds, time_embeds], dim=-1).to(emb.dtype))
+        h = net.conv_in(sample) + net.controlnet_cond_embedding(images)
+        block = net.down_blocks[0]
+        if getattr(block, "has_cross_attention", False):
+            _, more = block(hidden_states=h, temb=emb, encoder_hidden_states=conditioning["encoder_hidden_states"])
+        else:
+            _, more = block(hidden_states=h, temb=emb)
+        out = tuple(zero(r) for r, zero in zip(((h,) + more)[:keep], net.controlnet_down_blocks))
+        if c.global_pool_conditions:
+            out = tuple(torch.mean(r, dim=(2, 3), keepdim=True) for r in out)
+        return {"down_block_additional_residuals": out}
+
 
 class FluxControls:
     """Flux.1: diffusers' FluxControlNetModel (FluxControlNetPipeline; InstantX's kind: the control image

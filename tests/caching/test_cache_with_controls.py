@@ -122,3 +122,56 @@ def test_mixed_batches_each_request_its_own_image_and_skips(tiny_sd_path, folder
     for a, b in zip(alone, together):
         assert a.timing.cached_steps == b.timing.cached_steps
         assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_the_shallow_controlnet_forward_gives_the_whole_forwards_first_outputs(engine, pooled):
+    pipeline = engine.executor.pipeline
+    net = engine.executor.controlnets().ensure(["pose"])["pose"]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, pipeline.unet.config.in_channels, 8, 8, generator=g)
+    t, e = torch.tensor([900.0, 400.0, 20.0]), torch.randn(3, 5, pipeline.unet.config.cross_attention_dim, generator=g)
+    images = torch.rand(3, 3, 16, 16, generator=g)
+    net.config.global_pool_conditions = pooled  # (read at each forward)
+    try:
+        whole = pipeline.control_forward(net, x, t, {"encoder_hidden_states": e}, images)
+        part = pipeline.control_forward_shallow(net, x, t, {"encoder_hidden_states": e}, images)
+    finally:
+        net.config.global_pool_conditions = False
+    keep = len(pipeline.unet.up_blocks[-1].resnets)
+    assert list(part) == ["down_block_additional_residuals"] and len(part["down_block_additional_residuals"]) == keep
+    for a, b in zip(part["down_block_additional_residuals"], whole["down_block_additional_residuals"]):
+        assert torch.equal(a, b)
+
+
+def test_reused_steps_run_the_controlnet_only_as_far_as_the_shallow_part_and_the_images_do_not_change(
+        tiny_sd_path, folders, monkeypatch):
+    from stepserve.executor import torch_executor
+
+    def run(reqs):
+        engine = make_engine(tiny_sd_path, folders)
+        calls = {"whole": 0, "shallow": 0}
+        pipeline = engine.executor.pipeline
+        whole, shallow = pipeline.control_forward, pipeline.control_forward_shallow
+        monkeypatch.setattr(pipeline, "control_forward",
+                            lambda *a: (calls.__setitem__("whole", calls["whole"] + 1), whole(*a))[1])
+        monkeypatch.setattr(pipeline, "control_forward_shallow",
+                            lambda *a: (calls.__setitem__("shallow", calls["shallow"] + 1), shallow(*a))[1])
+        return engine.generate(reqs), calls
+
+    def reqs():
+        deep = {"policy": "deepcache", "interval": 3}
+        return [with_cache(controlled(40, [("pose", 1.0, 0.0, 1.0)], steps=9), deep),
+                with_cache(controlled(41, [("depth", 0.8, 0.0, 1.0), ("pose", 0.5, 0.0, 1.0)], steps=9,
+                                      guidance=1.0), deep),
+                with_cache(controlled(42, [("edge", 0.9, 0.0, 1.0)], steps=9, guess=True), deep),
+                controlled(43, [("pose", 0.7, 0.0, 1.0)], steps=9)]  # uncached: the whole ControlNet every step
+
+    got, calls = run(reqs())
+    assert calls["shallow"] > 0
+    monkeypatch.setattr(torch_executor, "reuses_before", lambda row, have: False)  # every ControlNet runs whole
+    want, before = run(reqs())
+    assert before["shallow"] == 0 and calls["whole"] < before["whole"]
+    for a, b in zip(got, want):
+        assert a.ok and b.ok and a.timing.cached_steps == b.timing.cached_steps
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1

@@ -103,7 +103,7 @@ def test_cached_rows_and_image_prompt_rows_share_a_forward(engine, sdxl):
     both = request(34, None, cache=deep)
     both.ip_adapter = [{"name": "face", "image": start_image(60), "scale": 0.8},
                        {"name": "style", "image": start_image(61, size=40), "scale": 1.1}]
-    controlled = request(35, None, cache={"policy": "fbcache", "threshold": 0.3}, guidance=1.0)
+    controlled = request(35, None, cache={"policy": "deepcache", "interval": 2}, guidance=1.0)  # the shallow ControlNet
     controlled.controls = [{"name": "pose", "image": start_image(92), "scale": 0.8}]
     reqs = [request(30, None, cache=deep), request(31, "face", 1.0, cache=deep),
             request(32, None, cache={"policy": "fbcache", "threshold": 0.5}, guidance=1.0),
@@ -116,3 +116,23 @@ def test_cached_rows_and_image_prompt_rows_share_a_forward(engine, sdxl):
         assert b.ok, b.error
         assert a.timing.cached_steps == b.timing.cached_steps
         assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+
+
+def test_the_shallow_controlnet_forward_on_sdxl_gives_the_whole_forwards_first_outputs(engine):
+    """With SDXL's added text and time embeddings (caching with controls: pipelines/control_inputs.py)."""
+    import torch
+
+    pipeline = engine.executor.pipeline
+    net = engine.executor.controlnets().ensure(["pose"])["pose"]
+    c = pipeline.unet.config
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, c.in_channels, 8, 8, generator=g)
+    text_width = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim
+    conditioning = {"encoder_hidden_states": torch.randn(2, 5, c.cross_attention_dim, generator=g),
+                    "text_embeds": torch.randn(2, text_width, generator=g),
+                    "time_ids": torch.tensor([[16.0, 16, 0, 0, 16, 16]] * 2)}
+    images, t = torch.rand(2, 3, 16, 16, generator=g), torch.tensor([700.0, 100.0])
+    whole = pipeline.control_forward(net, x, t, conditioning, images)["down_block_additional_residuals"]
+    part = pipeline.control_forward_shallow(net, x, t, conditioning, images)["down_block_additional_residuals"]
+    assert len(part) == len(pipeline.unet.up_blocks[-1].resnets)
+    assert all(torch.equal(a, b) for a, b in zip(part, whole))
