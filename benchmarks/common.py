@@ -31,6 +31,28 @@ def pick_model(arg: str) -> str:
     return str(build_tiny_sd(Path(tempfile.mkdtemp()) / "tiny"))
 
 
+def benchmark_sd(arg: str) -> str:
+    """'tiny-sd' -> a tiny random SD at benchmark size (UNet widths 64/128, 64x64 images), built in a temp folder;
+    anything else is a model folder, kept."""
+    if arg != "tiny-sd":
+        return arg
+    from stepserve.tiny.sd import build_tiny_sd
+
+    return str(build_tiny_sd(Path(tempfile.mkdtemp()) / "sd", channels=(64, 128), sample_size=32))
+
+
+def rotating_rounds(cases: list, run, rounds: int, warmup: int = 1) -> dict:
+    """Each case's seconds per round (`run(case)` returns them), the cases taking turns in a rotating order so that
+    none always runs first; the `warmup` first rounds are left out."""
+    got: dict = {case: [] for case in cases}
+    for n in range(rounds + warmup):
+        for case in cases[n % len(cases):] + cases[: n % len(cases)]:
+            seconds = run(case)
+            if n >= warmup:
+                got[case].append(seconds)
+    return got
+
+
 def stepserve(*argv: str) -> None:
     """Run a `stepserve` command in a child process from the repository root; fail loudly if it fails."""
     subprocess.run([sys.executable, "-m", "stepserve.cli", *argv], check=True, cwd=ROOT)

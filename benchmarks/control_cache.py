@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import benchmark_sd, rotating_rounds
 from PIL import Image
 
 from stepserve import Engine, SamplingParams
@@ -47,21 +48,18 @@ def measure(model: str, rounds: int, steps: int) -> list[dict]:
     engine = Engine.from_pretrained(model, strategy="static", static_batch_size=8, max_batch_size=8,
                                     controlnet_dir=str(root), threads=1)
     size = engine.model_info.default_height
-    seconds: dict[str, list[float]] = {c: [] for c in CASES}
     cached: dict[str, int] = {}
-    for n in range(rounds + 1):
-        order = CASES[n % len(CASES):] + CASES[: n % len(CASES)]
-        got = {}
-        for case in order:
-            start = time.perf_counter()
-            results = engine.generate(batch(case, size, steps))
-            got[case] = time.perf_counter() - start
-            assert all(r.ok for r in results), [r.error for r in results]
-            cached[case] = results[0].timing.cached_steps
-        if n == 0:  # warm-up round
-            continue
-        for case in CASES:
-            seconds[case].append(got[case] / got["plain"])
+
+    def generate(case: str) -> float:
+        start = time.perf_counter()
+        results = engine.generate(batch(case, size, steps))
+        seconds = time.perf_counter() - start
+        assert all(r.ok for r in results), [r.error for r in results]
+        cached[case] = results[0].timing.cached_steps
+        return seconds
+
+    times = rotating_rounds(list(CASES), generate, rounds)
+    seconds = {case: [t / p for t, p in zip(times[case], times["plain"])] for case in CASES}
     rows = []
     for case in CASES:
         row = {"case": case, "over_plain": statistics.median(seconds[case]), "low": min(seconds[case]),
@@ -80,12 +78,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
     torch.set_num_threads(1)
-    model = args.model
-    if model == "tiny-sd":
-        from stepserve.tiny.sd import build_tiny_sd
-
-        model = str(build_tiny_sd(Path(tempfile.mkdtemp()) / "sd", channels=(64, 128), sample_size=32))
-    print(json.dumps(measure(model, args.rounds, args.steps)))
+    print(json.dumps(measure(benchmark_sd(args.model), args.rounds, args.steps)))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import benchmark_sd
 from PIL import Image
 
 from stepserve.controls.rows import residuals
@@ -114,12 +115,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     args = p.parse_args()
     torch.set_num_threads(1)
-    model = args.model
-    if model == "tiny-sd":
-        from stepserve.tiny.sd import build_tiny_sd
-
-        model = str(build_tiny_sd(Path(tempfile.mkdtemp()) / "sd", channels=(64, 128), sample_size=32))
-    print(json.dumps(measure(model, args.rounds, args.batch)))
+    print(json.dumps(measure(benchmark_sd(args.model), args.rounds, args.batch)))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import benchmark_sd, rotating_rounds
 from PIL import Image
 
 from stepserve.engine.loading import load_executor
@@ -57,21 +58,13 @@ def measure(model: str, rounds: int) -> list[dict]:
                 r.params = replace(r.params, ip_adapter=tuple(ImagePrompt(n, picture(i), 0.8) for n in names))
         executor.prepare(reqs)  # the image embeddings, once per request
         steps[case] = reqs
-    times: dict[str, list[float]] = {case: [] for case in CASES}
-    over_plain: dict[str, list[float]] = {case: [] for case in CASES}
-    names = list(CASES)
-    for n in range(rounds + 2):
-        order = names[n % len(names):] + names[: n % len(names)]
-        got = {}
-        for case in order:
-            for r in steps[case]:
-                r.step = 0  # the same step every round
-            got[case] = executor.denoise(steps[case])
-        if n < 2:  # warm-up rounds
-            continue
-        for case in CASES:
-            times[case].append(got[case])
-            over_plain[case].append(got[case] / got["k=0"])
+    def step(case: str) -> float:
+        for r in steps[case]:
+            r.step = 0  # the same step every round
+        return executor.denoise(steps[case])
+
+    times = rotating_rounds(list(CASES), step, rounds, warmup=2)
+    over_plain = {case: [t / p for t, p in zip(times[case], times["k=0"])] for case in CASES}
     _release([r for reqs in steps.values() for r in reqs])
     rows = []
     for case in CASES:
@@ -91,12 +84,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=20)
     args = p.parse_args()
     torch.set_num_threads(1)
-    model = args.model
-    if model == "tiny-sd":
-        from stepserve.tiny.sd import build_tiny_sd
-
-        model = str(build_tiny_sd(Path(tempfile.mkdtemp()) / "sd", channels=(64, 128), sample_size=32))
-    print(json.dumps(measure(model, args.rounds)))
+    print(json.dumps(measure(benchmark_sd(args.model), args.rounds)))
 
 
 if __name__ == "__main__":

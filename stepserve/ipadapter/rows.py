@@ -91,16 +91,16 @@ def prepare(store, requests: list) -> None:
 
 
 @contextlib.contextmanager
-def applied(store, unet, rows: Sequence[tuple[Embedded | None, bool]]) -> Iterator[dict]:
+def applied(store, unet, rows: Sequence[tuple[tuple[Embedded, ...] | None, bool]]) -> Iterator[dict]:
     """For the forward inside the block: the adapters in the UNet and the UNet's keywords for `rows` (one per batch
     row: the request's tuple of Embedded or None, and whether the row is the request's conditional one). Yields {}
     when no row has an image prompt (the plain UNet runs). Raises LookupError when a row's adapter is no longer
     loaded."""
-    by_row = [({e.name: e for e in es} if es else {}, cond) for es, cond in rows]
-    names = tuple(sorted({name for es, _ in by_row for name in es}))
-    if not names:
+    if not any(es for es, _ in rows):  # every step without image prompts: nothing to build
         yield {}
         return
+    by_row = [({e.name: e for e in es} if es else {}, cond) for es, cond in rows]
+    names = tuple(sorted({name for es, _ in by_row for name in es}))
     try:
         processors, projection = store.joined(names)
     except KeyError:
