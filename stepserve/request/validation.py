@@ -10,7 +10,8 @@ from typing import NamedTuple
 from ..caching.spec import CacheSpecError, parse_cache
 from ..controls.spec import ControlSpecError
 from ..ipadapter.spec import IPAdapterSpecError
-from .control_params import CACHES_WITH_CONTROLS, resolve_controls
+from ..pipelines.capabilities import capabilities
+from .control_params import resolve_controls
 from .image_prompt import resolve_ip_adapter
 from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
@@ -282,7 +283,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         ip_adapter = resolve_ip_adapter(p, model, lambda field, v: as_image(field, v, "RGB"))
     except IPAdapterSpecError as exc:
         raise ValidationError(exc.field, str(exc)) from None
-    if controls and model.family not in CACHES_WITH_CONTROLS:
+    if controls and not capabilities(model.family).caches_with_controls:
         cache = None  # such a request takes every step whole (the server's default cache left out)
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,
