@@ -99,12 +99,28 @@ def markdown_table() -> str:
 
 
 # The pairs of features no family serves together, refused when a server starts (engine/loading.check_pairs), each
-# with why. Every other pair is served, or refused per request with a 400 naming both (tests/test_feature_pairs.py).
+# with why; the names are the matrix's (tests/feature_pairs.py). Every other pair is served, or refused per request
+# with a 400 naming both: PAIRS_REFUSED_PER_REQUEST, and ControlNets with what a family's declaration leaves out.
+_CAST = "diffusers casts the quantized UNet's layers when an IP-Adapter goes in"
+_FAST = "the fast path's fixed-shape networks run no add-ons"
 PAIRS_REFUSED: dict[frozenset[str], str] = {
-    frozenset({"ip_adapter", "quantize"}): "diffusers casts a quantized UNet's layers when an IP-Adapter goes in",
-    frozenset({"ip_adapter", "gguf"}): "diffusers casts a quantized UNet's layers when an IP-Adapter goes in",
-    frozenset({"ip_adapter", "offload_group"}): "the image-prompt layers it adds stay on the CPU in float32",
+    frozenset({"ip_adapter", "quantize"}): _CAST,
+    frozenset({"ip_adapter", "gguf"}): _CAST,
+    frozenset({"ip_adapter", "offload_group"}): "the image-prompt layers it adds would stay on the CPU in float32",
+    frozenset({"quantize", "gguf"}): "a GGUF file is quantized already",
+    frozenset({"controlnets", "compile"}): _FAST,
+    frozenset({"controlnets", "deterministic"}): _FAST,
+    frozenset({"ip_adapter", "compile"}): _FAST,
+    frozenset({"ip_adapter", "deterministic"}): _FAST,
+    frozenset({"lora", "compile"}): "LoRA rows run at the batch's own shape, not the fast path's padded one",
+    frozenset({"lora", "deterministic"}): "LoRA rows run at the batch's own shape, not the fast path's padded one",
+    frozenset({"cache", "compile"}): "the fast path's fixed-shape networks run no step caching",
+    frozenset({"cache", "deterministic"}): "the fast path's fixed-shape networks run no step caching",
 }
+_NO_CACHE = PAIRS_REFUSED[frozenset({"cache", "compile"})]  # a request's `cache` there: a 400
+PAIRS_REFUSED_PER_REQUEST: dict[frozenset[str], str] = {
+    frozenset({policy, fast}): _NO_CACHE for policy in ("fbcache", "deepcache", "magcache")
+    for fast in ("compile", "deterministic")}
 
 
 @runtime_checkable

@@ -262,8 +262,9 @@ class FamilyAdapter:
     @property
     def cache_policies(self) -> tuple[str, ...]:
         """The step-caching policies these networks run (stepserve/caching); none on an exported backend or the
-        fast path's fixed-shape buckets."""
-        return tuple(getattr(self.networks, "cache_policies", ()))
+        fast path's fixed-shape buckets (whose wrapper passes its inner networks' attributes through, so it must
+        be asked which networks these are, not what they have)."""
+        return tuple(getattr(self.networks, "cache_policies", ())) if self._own_networks() else ()
 
     def decode(self, latents: Tensor, size: tuple[int, ...]) -> list:
         """A list of PIL images; a video family (size = (frames, height, width)): a list of frames per request."""
