@@ -157,8 +157,10 @@ def engine_config(tiny: Tiny, family: str, features: set[str]):
             weights = replace(weights, denoiser=tiny.weights_file(family, kind))
     fast = None
     if features & {"deterministic", "compile"}:
+        # compiled: one bucket (every batch padded to 8 rows), so that start-up traces one shape, not four
         fast = FastPathOptions(deterministic="deterministic" in features, compile="compile" in features,
-                               compile_backend="aot_eager", progress=False)
+                               compile_backend="aot_eager", progress=False,
+                               batch_buckets=(8,) if "compile" in features else None)
     dirs = {f"{name}_dir": tiny.addon_dir(family, feature) if feature in features else None
             for feature, name in (("lora", "lora"), ("controlnets", "controlnet"), ("ip_adapter", "ip_adapter"))}
     offload = next((m for m in ("model", "group") if f"offload_{m}" in features), None)

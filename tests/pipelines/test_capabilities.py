@@ -39,6 +39,31 @@ def test_an_undeclared_family_serves_nothing_and_the_words_follow_the_table():
     assert caps.served_for("video") == "Wan"
 
 
+def info(family: str, **extra) -> ModelInfo:
+    return ModelInfo(name="m", default_sampler="flow_euler", default_steps=4, default_guidance_scale=1.0,
+                     default_height=16, default_width=16, size_multiple=16, min_size=16, max_size=64,
+                     family=family, **extra)
+
+
+def test_refusals_name_the_families_the_declarations_name():
+    import re
+
+    import numpy as np
+
+    from stepserve import ValidationError
+    from stepserve.request.types import SamplingParams
+    from stepserve.request.validation import resolve_params
+
+    picture = np.zeros((16, 16, 3), dtype=np.uint8)
+    for p, words in ((SamplingParams(prompt="x", image=picture), caps.served_for("img2img")),
+                     (SamplingParams(prompt="x", ip_adapter={"name": "a", "image": picture}),
+                      caps.where_served("ip_adapter")),
+                     (SamplingParams(prompt="x", controls=[{"name": "a", "image": picture}]),
+                      caps.where_served("controlnets"))):
+        with pytest.raises(ValidationError, match=re.escape(words)):
+            resolve_params(p, info("flux2"))
+
+
 def test_validation_reads_the_declaration(monkeypatch):
     """Controls with an image follow `controls_with_image`, not a list of its own: declaring it for SD3 lets an SD3
     image-to-image request with controls through to the ControlNet names."""
@@ -46,9 +71,7 @@ def test_validation_reads_the_declaration(monkeypatch):
     from stepserve.request.control_params import resolve_controls
     from stepserve.request.types import SamplingParams
 
-    model = ModelInfo(name="m", default_sampler="flow_euler", default_steps=4, default_guidance_scale=1.0,
-                      default_height=16, default_width=16, size_multiple=16, min_size=16, max_size=64,
-                      family="sd3", controls=True, control_names=frozenset({"edges"}))
+    model = info("sd3", controls=True, control_names=frozenset({"edges"}))
     p = SamplingParams(prompt="x", controls=[{"name": "edges", "image": "pic"}], image="start")
     with pytest.raises(ControlSpecError, match=r"no controls with an image .*served for SD 1/2, SDXL and Flux.1"):
         resolve_controls(p, model, "start", lambda field, v: v)
