@@ -88,3 +88,9 @@ def test_add_ons_run_on_the_own_torch_networks_only(tiny_sd_path):
     assert adapter.networks.cache_policies == adapter.capabilities.caches
     adapter.networks = object()  # the fast path's wrapper, an export's runtime
     assert not adapter.runs_controls and not adapter.runs_ip_adapters
+
+
+def test_a_family_declaring_an_add_on_it_has_no_hooks_for_is_refused_when_looked_up(monkeypatch):
+    monkeypatch.setitem(caps.FAMILIES, "wan", caps.Capabilities("wan", "Wan", video=True, controlnets=True))
+    with pytest.raises(TypeError, match="declares what it has no hooks for: controlnets: control_forward"):
+        adapter_class("WanPipeline")
