@@ -1,11 +1,13 @@
-"""What each model family serves, declared once: one frozen `Capabilities` per family, and the `FamilyHooks`
-Protocol of the methods the features call on a family adapter that declares them.
+"""What each model family serves, declared once: one frozen `Capabilities` per family, and a Protocol for the
+hooks each add-on calls on an adapter that declares it (ControlHooks, ShallowControlHooks, ImagePromptHooks,
+LoraHooks; the registry checks an adapter against its declaration when it looks it up).
 
 Everything that says which family serves what reads this table: request validation (request/control_params.py,
-controls/spec.py), the refusal messages (`served_for`), the executor's choice of hooks, and the docs' tables
-(tests/pipelines/test_capabilities_docs.py holds docs/CONTROLNET.md, docs/MODELS.md and README.md to it; the
-pairs of features refused are PAIRS_REFUSED, which tests/test_feature_pairs.py runs). Pure data: no torch, so the
-request layer and the docs' test read it without loading a model.
+request/validation.py, controls/spec.py), the refusal messages (`served_for`, `where_served`), the executor's
+choice of hooks, the pairs of features refused at start-up (PAIRS_REFUSED, engine/loading.check_pairs), and the
+docs (tests/pipelines/test_capabilities_docs.py holds docs/MODELS.md, docs/CONTROLNET.md and the README to it;
+tests/test_feature_pairs.py runs every pair of features it implies). Pure data: no torch, so the request layer and
+the docs' test read it without loading a model.
 
 Adding a family's ControlNet: set `controlnets=True` (and what it serves with an image or a cache) in its
 declaration here, give its adapter the control hooks (a mixin of control_inputs.py or control_mmdit.py), and let
@@ -14,8 +16,8 @@ its tiny builder (stepserve/tiny/) make a ControlNet for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,6 @@ FAMILIES: dict[str, Capabilities] = {c.family: c for c in (
     Capabilities("flux2", "Flux.2", lora=True),
     Capabilities("wan", "Wan", video=True),
 )}
-
-FEATURES = tuple(f.name for f in fields(Capabilities) if f.type in ("bool", bool))  # the yes/no ones, in order
 
 
 def capabilities(family: str) -> Capabilities:
@@ -123,7 +123,6 @@ PAIRS_REFUSED_PER_REQUEST: dict[frozenset[str], str] = {
     for fast in ("compile", "deterministic")}
 
 
-@runtime_checkable
 class ControlHooks(Protocol):
     """What a family that declares `controlnets` gives its ControlNets (control_inputs.py says what each does)."""
 
@@ -139,7 +138,6 @@ class ControlHooks(Protocol):
     def control_forward(self, net: Any, sample: Any, timestep: Any, conditioning: dict, images: Any) -> dict: ...
 
 
-@runtime_checkable
 class ShallowControlHooks(ControlHooks, Protocol):
     """A family that declares `caches_with_controls`: its ControlNets can run only as far as a cached step's
     shallow branch needs (caching/unet.py)."""
@@ -148,7 +146,6 @@ class ShallowControlHooks(ControlHooks, Protocol):
                                 images: Any) -> dict: ...
 
 
-@runtime_checkable
 class ImagePromptHooks(Protocol):
     """A family that declares `ip_adapter`: the UNet whose attention the adapters go into."""
 
@@ -156,7 +153,6 @@ class ImagePromptHooks(Protocol):
     def unet(self) -> Any: ...
 
 
-@runtime_checkable
 class LoraHooks(Protocol):
     """A family that declares `lora`: ("module:diffusers LoRA loader mixin", the denoiser's attribute name)."""
 
