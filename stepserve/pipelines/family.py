@@ -133,6 +133,8 @@ class FamilyAdapter:
         return capabilities(self.family)
 
     def _own_networks(self) -> bool:
+        """Its networks are the family's own torch networks (not an export's runtime, not the fast path's wrapper,
+        which passes their attributes through)."""
         return self.torch_networks is not None and isinstance(self.networks, self.torch_networks)
 
     @property
