@@ -20,7 +20,10 @@ def settings(*argv: str):
     (["--cache", '{"policy": "deepcache", "interval": 0}'], "--cache: deepcache interval must be an integer"),
     (["--lora-dir", "/no/such/folder"], "--lora-dir: '/no/such/folder' is not a folder"),
     (["--cache", "deepcache", "--backend", "onnxruntime"], "--cache need --backend torch"),
-    (["--lora-dir", ".", "--deterministic"], "do not run with --compile/--deterministic"),
+    (["--lora-dir", ".", "--deterministic"], "--deterministic with --lora-dir is not served (LoRA rows"),
+    (["--cache", "fbcache", "--compile"], "--cache with --compile is not served"),
+    (["--ip-adapter-dir", ".", "--quantize", "int8wo"], "--ip-adapter-dir with --quantize is not served"),
+    (["--ip-adapter-dir", ".", "--offload", "group"], "--ip-adapter-dir with --offload group is not served"),
 ])
 def test_cache_and_lora_flags_fail_before_the_model_loads(argv, says, monkeypatch):
     import stepserve.engine.loading as loading

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..pipelines.capabilities import served_for
+
 ModelInfo = Any  # stepserve.request.types.ModelInfo (that module imports this one)
 
 
@@ -70,7 +72,7 @@ def parse_cache(value: object, model: ModelInfo) -> CacheSpec | None:
         raise CacheSpecError(f"policy {policy!r} is not a caching policy; allowed: {', '.join(POLICIES)}")
     if not model.cache_policies:
         raise CacheSpecError(f"{model.name} serves no step caching here: it runs on the torch backend, without "
-                             f"--compile/--deterministic, for the sd, sdxl and flux families")
+                             f"--compile/--deterministic, for {served_for('caches')} models")
     if policy not in model.cache_policies:
         runs = ", ".join(model.cache_policies)
         raise CacheSpecError(f"policy {policy!r} does not run on {model.name} ({model.family} family); "

@@ -197,6 +197,7 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
 def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
     """--cache and --lora-dir checked before the model loads, as far as they can be without it (the model's own
     policies are checked once it is loaded). Raises StartupError naming the flag."""
+    from ..engine.loading import refused_pair
     from ..server.startup import StartupError
 
     controlnet_dir, ip_adapter_dir = getattr(args, "controlnet_dir", None), getattr(args, "ip_adapter_dir", None)
@@ -205,9 +206,12 @@ def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
                                            ("--ip-adapter-dir", ip_adapter_dir)) if value]
     if torch_only and args.backend != "torch":
         raise StartupError(f"{' and '.join(torch_only)} need --backend torch (got {args.backend})")
-    if torch_only and (args.compile or args.deterministic):
-        raise StartupError(f"{' and '.join(torch_only)} do not run with --compile/--deterministic (their "
-                           f"fixed-shape batches cannot leave rows out or add adapters per row)")
+    refused = refused_pair({name for name, value in (
+        ("cache", args.cache and str(args.cache).lower() not in ("off", "none")), ("lora", args.lora_dir),
+        ("controlnets", controlnet_dir), ("ip_adapter", ip_adapter_dir), ("compile", args.compile),
+        ("deterministic", args.deterministic)) if value})
+    if refused:  # the rest of the pairs (weights, offload) are the engine's to refuse: they need the model's flags
+        raise StartupError(refused)
     for flag, folder in (("--lora-dir", args.lora_dir), ("--controlnet-dir", controlnet_dir),
                          ("--ip-adapter-dir", ip_adapter_dir)):
         if folder and not Path(folder).is_dir():

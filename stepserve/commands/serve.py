@@ -17,7 +17,7 @@ import uvicorn
 
 from ..util.api_key import API_KEY_ENV, resolve_api_key
 from ..util.extras import MissingExtraError
-from ..engine.loading import available_cores
+from ..engine.loading import available_cores, refused_pair, startup_features
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
 from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
@@ -131,6 +131,9 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
+    refused = refused_pair(startup_features(config))
+    if refused:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders
+        raise StartupError(refused)
     try:
         api_key = resolve_api_key(args.api_key, args.api_key_file)
     except ValueError as exc:

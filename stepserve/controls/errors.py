@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-# Where ControlNets run: the words of every refusal that says so (docs/CONTROLNET.md, Limits).
-SERVED_FOR = "SD 1/2, SDXL, SD3, Flux.1 and Qwen-Image models on the torch backend, without --compile/--deterministic"
+from ..pipelines.capabilities import where_served
 
 
 class ControlNetError(ValueError):
@@ -27,5 +26,6 @@ class ControlNetBudgetError(ControlNetError):
 
 def unknown_name(name: object, served: Iterable[str]) -> str:
     """The one "not served" message: the name and the names that are."""
-    names = ", ".join(sorted(served)) or f"none (ControlNets need --controlnet-dir, and are served for {SERVED_FOR})"
+    names = ", ".join(sorted(served)) or (f"none (ControlNets need --controlnet-dir, and are served for "
+                                          f"{where_served('controlnets')})")
     return f"ControlNet {str(name)[:80]!r} is not served; served: {names}"

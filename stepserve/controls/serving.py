@@ -15,11 +15,11 @@ def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | Non
     root = Path(controlnet_dir)
     if not root.is_dir():
         raise ValueError(f"controlnet_dir {controlnet_dir!r} is not a folder")
-    if not hasattr(executor, "controlnets") or not getattr(executor.pipeline, "runs_controls", False):
-        from .errors import SERVED_FOR
+    if not hasattr(executor, "controlnets") or not executor.pipeline.runs_controls:
+        from ..pipelines.capabilities import where_served
 
         raise ValueError(f"controlnet_dir: {executor.pipeline.info.name} ({executor.pipeline.family} family) runs no "
-                         f"ControlNets here; they are served for {SERVED_FOR}")
+                         f"ControlNets here; they are served for {where_served('controlnets')}")
     budget = None if memory_mb is None else int(memory_mb * 2**20)
     store = executor.controlnets(root, budget)
     names = sorted(store.names)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..pipelines.capabilities import capabilities, served_for
 from ..util.field_error import FieldError
 from .errors import unknown_name
 from .preprocess import PREPROCESSORS, PreprocessUnavailable, apply, available
@@ -27,7 +28,6 @@ from .preprocess import PREPROCESSORS, PreprocessUnavailable, apply, available
 MAX_PER_REQUEST = 4
 MAX_SCALE = 10.0
 KEYS = ("name", "image", "scale", "start", "end", "preprocess", "guess_mode")
-GUESS_MODE_FAMILIES = ("sd", "sdxl")  # the families whose diffusers ControlNet pipeline has guess_mode
 
 
 class ControlSpecError(FieldError):
@@ -113,9 +113,10 @@ def _guess_mode(items: list | tuple, controls: list[Control], family: str, guess
     for i, item in enumerate(items):
         if "guess_mode" not in item:
             continue
-        if family not in GUESS_MODE_FAMILIES:
+        if not capabilities(family).guess_mode:
             raise ControlSpecError(f"controls[{i}].guess_mode", f"{family} ControlNets have no guess mode (it is "
-                                                                f"served for SD 1/2 and SDXL); allowed: no guess_mode")
+                                                                f"served for {served_for('guess_mode')}); allowed: "
+                                                                f"no guess_mode")
         if not isinstance(item["guess_mode"], bool):
             raise ControlSpecError(f"controls[{i}].guess_mode", f"must be true or false, got {item['guess_mode']!r}")
         said[i] = item["guess_mode"]

@@ -110,6 +110,9 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     """Load and prepare what `config` asks for; `say` hears one line per start-up decision (memory cap, latency
     model). `executor`: one already loaded (a fake, or one shared between engines), used instead of loading.
     Raises FileNotFoundError or ValueError with a message naming the setting and what is allowed."""
+    from .loading import check_pairs, load_executor
+
+    check_pairs(config)  # a pair of features no family serves together: one line, before anything loads
     options = config.options
     if config.threads is not None:
         import torch
@@ -117,8 +120,6 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         torch.set_num_threads(config.threads)
     loaded = executor is None
     if loaded:
-        from .loading import load_executor
-
         executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
                                  config.weights)
     if config.memory_cap and config.backend != "torch":

@@ -63,6 +63,46 @@ def check_runtime(device: str, dtype: str, backend: str) -> None:
         raise ValueError(f"backend 'tensorrt' needs --device cuda; got --device {device}")
 
 
+# How a start-up feature (pipelines/capabilities.PAIRS_REFUSED) is named to the person who asked for it
+STARTUP_FLAGS = {"quantize": "--quantize", "gguf": "a GGUF --unet/--transformer file", "offload_group":
+                 "--offload group", "offload_model": "--offload model", "ip_adapter": "--ip-adapter-dir",
+                 "controlnets": "--controlnet-dir", "lora": "--lora-dir", "compile": "--compile",
+                 "deterministic": "--deterministic", "cache": "--cache"}
+
+
+def startup_features(config) -> set[str]:
+    """The features an EngineConfig asks for at start-up, named as STARTUP_FLAGS names them."""
+    weights, fast = config.weights, config.fast_path
+    denoiser = getattr(weights, "denoiser", None) or ""
+    offload = getattr(weights, "offload", None)
+    on = {"quantize": getattr(weights, "quantize", None) is not None, "gguf": denoiser.lower().endswith(".gguf"),
+          "offload_group": offload == "group", "offload_model": offload == "model",
+          "ip_adapter": config.ip_adapter_dir is not None, "controlnets": config.controlnet_dir is not None,
+          "lora": config.lora_dir is not None, "compile": bool(getattr(fast, "compile", False)),
+          "deterministic": bool(getattr(fast, "deterministic", False)),
+          "cache": config.cache is not None and str(config.cache).lower() not in ("off", "none")}
+    return {name for name, asked in on.items() if asked}
+
+
+def refused_pair(on: set[str]) -> str | None:
+    """The one-line refusal of the first pair among the start-up features `on` (STARTUP_FLAGS' names) that no
+    family serves together (pipelines/capabilities.PAIRS_REFUSED, listed in docs/MODELS.md); None: none is."""
+    from ..pipelines.capabilities import PAIRS_REFUSED
+
+    for pair, why in PAIRS_REFUSED.items():
+        if pair <= on:
+            first, second = sorted(STARTUP_FLAGS[name] for name in pair)
+            return f"{first} with {second} is not served ({why}); allowed: one of them"
+    return None
+
+
+def check_pairs(config) -> None:
+    """Before anything loads: a ValueError naming both flags of a pair no family serves together, and why."""
+    refused = refused_pair(startup_features(config))
+    if refused:
+        raise ValueError(refused)
+
+
 def load_executor(model: str | os.PathLike = "embedded", device: str = "cpu", dtype: str = "float32",
                   backend: str = "torch", threads: int | None = None, weights=None):
     """A TorchExecutor over `model`'s family adapter on `backend`. `threads`: onnxruntime's intra-op threads

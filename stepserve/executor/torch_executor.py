@@ -61,11 +61,11 @@ class TorchExecutor:
             info = with_default(self._base_info, self.pipeline.cache_policies, self.default_cache)
             if adapters is not None:
                 info = replace(info, lora_names=adapters.names)
-            if getattr(self.pipeline, "runs_controls", False):
+            if self.pipeline.runs_controls:
                 store = self._controlnets
                 info = replace(info, controls=True, control_names=store.names if store is not None else frozenset(),
                                control_guess_only=store.guess_only if store is not None else frozenset())
-            if getattr(self.pipeline, "runs_ip_adapters", False):
+            if self.pipeline.runs_ip_adapters:
                 info = replace(info, ip_adapters=True, ip_adapter_names=self._ip_adapters.names
                                if self._ip_adapters is not None else frozenset())
             self._info = (key, info)
@@ -234,14 +234,14 @@ class TorchExecutor:
         part at this step (`caches`: deepcache) runs its ControlNets only as far as its shallow part takes."""
         firsts = [first_denoising_step(r.params, self.pipeline.info) for r in requests]
         per_row = [(r.controls, r.step - f, r.num_inference_steps - f) for r, f in zip(requests, firsts)]
-        if getattr(self.pipeline, "controls_from_conditional_row", False):
+        if self.pipeline.controls_from_conditional_row:
             n = len(requests)
             out = controls.residuals(self._controlnets, self.pipeline, rows[:n], t_rows[:n].to(rows.device),
                                      {k: v[:n] for k, v in conditioning.items()}, per_row)
             return controls.select_rows(out, list(range(n)) + guided)
         per_row += [(controls.unconditional(requests[i].controls), *per_row[i][1:]) for i in guided]
         shallow = None
-        if caches is not None and hasattr(self.pipeline, "control_forward_shallow"):
+        if caches is not None and self.pipeline.capabilities.caches_with_controls:
             shallow = [reuses_before(row, "deep") for row in caches]  # the UNet's cached deep features (caching/)
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
                                   per_row, shallow)

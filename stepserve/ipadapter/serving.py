@@ -13,9 +13,10 @@ def serve_ip_adapters(executor: Any, ip_adapter_dir: str, memory_mb: float | Non
     root = Path(ip_adapter_dir)
     if not root.is_dir():
         raise ValueError(f"ip_adapter_dir {ip_adapter_dir!r} is not a folder")
-    if not hasattr(executor, "ip_adapters") or not getattr(executor.pipeline, "runs_ip_adapters", False):
-        raise ValueError("ip_adapter_dir: IP-Adapters are served for SD 1/2 and SDXL models on the torch backend, "
-                         "without --compile/--deterministic")
+    if not hasattr(executor, "ip_adapters") or not executor.pipeline.runs_ip_adapters:
+        from ..pipelines.capabilities import where_served
+
+        raise ValueError(f"ip_adapter_dir: IP-Adapters are served for {where_served('ip_adapter')}")
     store = executor.ip_adapters(root)
     store.budget_bytes = None if memory_mb is None else int(memory_mb * 2**20)
     names = sorted(store.names)

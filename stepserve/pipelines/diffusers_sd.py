@@ -52,7 +52,9 @@ class StableDiffusionAdapter(UNetControls, FamilyAdapter):
     `unet`, `vae` and `text_encoder` are the torch modules on the torch backend and None on the others."""
 
     family = "sd"
+    torch_networks = TorchNetworks
     lora_loader = ("diffusers.loaders.lora_pipeline:StableDiffusionLoraLoaderMixin", "unet")  # stepserve/lora
+    unet: Any = None  # the torch UNet (IP-Adapters go into it: capabilities.ImagePromptHooks); None on an export
 
     def __init__(self, tokenizer, networks: Networks, scheduler_config: dict, info: ModelInfo, *,
                  vae_scaling_factor: float, use_attention_mask: bool = False, backend: str = "torch",
@@ -167,16 +169,6 @@ class StableDiffusionAdapter(UNetControls, FamilyAdapter):
     def unet_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: torch.Tensor,
                      **controls) -> torch.Tensor:
         return self.networks.denoise(latents, timesteps, encoder_hidden_states=embeds, **controls)
-
-    @property
-    def runs_controls(self) -> bool:
-        """ControlNets (stepserve/controls) run beside the torch UNet (not an export, not the fast path)."""
-        return isinstance(self.networks, TorchNetworks)
-
-    @property
-    def runs_ip_adapters(self) -> bool:
-        """IP-Adapters (stepserve/ipadapter) go into the torch UNet's attention, as ControlNets run beside it."""
-        return self.runs_controls
 
     @torch.no_grad()
     def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:

@@ -41,8 +41,13 @@ How to add a family (SD 1/2 in diffusers_sd.py and SDXL in sdxl.py are worked ex
    - Optionally `schedule_options(params)`: extra keywords for `sampling.build_schedule` (Flux: `mu` from the
      requested size), or override `schedule(params)` entirely; `collate(rows)` when rows of one step can differ
      in shape (pad + mask); `combine_guidance(cond, uncond, scale)` when CFG is not the plain formula;
-     ControlNets (stepserve/controls): a mixin of control_inputs.py (or one like it) and a `runs_controls`
-     property, the denoiser passing the control keywords through.
+     ControlNets (stepserve/controls): a mixin of control_inputs.py (or one like it), the denoiser passing the
+     control keywords through.
+   - Declare what it serves in capabilities.py's FAMILIES (one `Capabilities`: image to image, inpainting, LoRA,
+     caches, ControlNets and with what, IP-Adapters, video) and set `torch_networks` to the class of its own torch
+     networks: validation, refusals and the docs read the declaration, and the add-ons run while `networks` is one
+     of those (not an export, not the fast path's wrappers). A declared add-on needs the hooks of its Protocol
+     there (tests/pipelines/test_capabilities.py checks every family).
 3. Register it: one line in `registry.py`'s `FAMILIES`, from the model_index.json `_class_name` to
    "module:Class". `Engine.from_pretrained`, `stepserve serve --model` and the bench then load it (backend
    torch; the exported backends stay SD 1/2 only).
@@ -68,6 +73,7 @@ from torch import Tensor
 
 from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
+from .capabilities import Capabilities, capabilities
 from .prompt_cache import PromptCache
 
 GUIDANCE_MODES = ("cfg", "embedded")
@@ -102,6 +108,8 @@ class FamilyAdapter:
     networks: Any
     backend: str = "torch"
     prompt_cache_size: ClassVar[int] = 1024  # encoded prompts kept; a family with large embeddings keeps fewer
+    torch_networks: ClassVar[type | None] = None  # the family's own torch networks: where its add-ons run
+    controls_from_conditional_row: ClassVar[bool] = False  # ControlHooks (capabilities.py): Qwen-Image's true CFG
 
     def __init__(self, networks: Any, *, scheduler_config: dict, info: ModelInfo, latent_channels: int,
                  vae_scale_factor: int, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
@@ -118,6 +126,27 @@ class FamilyAdapter:
         self.dtype = dtype
         self.prompt_cache = PromptCache(self.prompt_cache_size)
         self._adapter_caches: OrderedDict[tuple, PromptCache] = OrderedDict()  # per LoRA adapter set (text encoders)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the family serves (capabilities.py: its one declaration)."""
+        return capabilities(self.family)
+
+    def _own_networks(self) -> bool:
+        """Its networks are the family's own torch networks (not an export's runtime, not the fast path's wrapper,
+        which passes their attributes through)."""
+        return self.torch_networks is not None and isinstance(self.networks, self.torch_networks)
+
+    @property
+    def runs_controls(self) -> bool:
+        """ControlNets (stepserve/controls) run here: the family declares them and runs its own torch networks (not
+        an export, not the fast path's fixed-shape wrappers)."""
+        return self.capabilities.controlnets and self._own_networks()
+
+    @property
+    def runs_ip_adapters(self) -> bool:
+        """IP-Adapters (stepserve/ipadapter) go into the denoiser's attention: as runs_controls, for them."""
+        return self.capabilities.ip_adapter and self._own_networks()
 
     # --- per request -------------------------------------------------------------------------------------------
     def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
@@ -235,8 +264,9 @@ class FamilyAdapter:
     @property
     def cache_policies(self) -> tuple[str, ...]:
         """The step-caching policies these networks run (stepserve/caching); none on an exported backend or the
-        fast path's fixed-shape buckets."""
-        return tuple(getattr(self.networks, "cache_policies", ()))
+        fast path's fixed-shape buckets (whose wrapper passes its inner networks' attributes through, so it must
+        be asked which networks these are, not what they have)."""
+        return tuple(getattr(self.networks, "cache_policies", ())) if self._own_networks() else ()
 
     def decode(self, latents: Tensor, size: tuple[int, ...]) -> list:
         """A list of PIL images; a video family (size = (frames, height, width)): a list of frames per request."""

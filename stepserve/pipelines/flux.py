@@ -126,6 +126,7 @@ class FluxAdapter(FluxControls, FamilyAdapter):
     """A loaded Flux.1 pipeline: tokenizers, the networks (torch), configs."""
 
     family = "flux"
+    torch_networks = FluxTorchNetworks
     image_processor_scale = 2  # FluxImg2ImgPipeline's VaeImageProcessor works in 2x2 latent patches
     lora_loader = ("diffusers.loaders.lora_pipeline:FluxLoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real Flux prompt is 512 x 4096 values
@@ -249,11 +250,6 @@ class FluxAdapter(FluxControls, FamilyAdapter):
             if cache is not None:
                 return self.networks.denoise_cached(sample, timestep, cache, img_ids=img_ids[0], **kwargs)
             return self.networks.denoise(sample, timestep, img_ids=img_ids[0], **kwargs)
-
-    @property
-    def runs_controls(self) -> bool:
-        """ControlNets (stepserve/controls, pipelines/control_inputs.py) run beside the torch transformer."""
-        return isinstance(self.networks, FluxTorchNetworks)
 
     @torch.no_grad()
     def image_latents(self, pixels: torch.Tensor, generator) -> torch.Tensor:

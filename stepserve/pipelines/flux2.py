@@ -110,6 +110,7 @@ class Flux2Adapter(FamilyAdapter):
     adapter (flux2_dev.py), which changes what the class attributes and the methods marked "per variant" say."""
 
     family = "flux2"
+    torch_networks = Flux2TorchNetworks
     lora_loader = ("diffusers.loaders.lora_pipeline:Flux2LoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real prompt is 512 x 7680 values
     # per variant: the diffusers pipeline class, its default text_encoder_out_layers, how guidance_scale acts

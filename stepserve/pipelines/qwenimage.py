@@ -95,6 +95,7 @@ class QwenImageAdapter(QwenImageControls, FamilyAdapter):
     """A loaded Qwen-Image pipeline: the tokenizer, the networks (torch), configs."""
 
     family = "qwenimage"
+    torch_networks = QwenImageTorchNetworks
     lora_loader = ("diffusers.loaders.lora_pipeline:QwenImageLoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real prompt is up to 512 x 3584 values
 
@@ -220,11 +221,6 @@ class QwenImageAdapter(QwenImageControls, FamilyAdapter):
             if cache is not None:
                 return self.networks.denoise_cached(sample, timestep, cache, img_shape=img_shape, **kwargs)
             return self.networks.denoise(sample, timestep, img_shape=img_shape, **kwargs)
-
-    @property
-    def runs_controls(self) -> bool:
-        """ControlNets (stepserve/controls, pipelines/control_mmdit.py) run beside the torch transformer."""
-        return isinstance(self.networks, QwenImageTorchNetworks)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, size: tuple[int, int]) -> list[Image.Image]:

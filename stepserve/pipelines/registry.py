@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from .capabilities import capabilities, missing_hooks
 from .folder import resolve_model_path
 
 FAMILIES: dict[str, str] = {
@@ -53,7 +54,11 @@ def adapter_class(class_name: str) -> type:
         raise UnsupportedModelError(f"model_index.json _class_name {class_name!r} is not supported; "
                                     f"supported: {', '.join(FAMILIES)}")
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    cls = getattr(importlib.import_module(module), name)
+    missing = missing_hooks(cls, capabilities(cls.family))
+    if missing:  # a declaration (capabilities.py) its adapter does not keep: say so before anything loads
+        raise TypeError(f"{target}: declares what it has no hooks for: {', '.join(missing)}")
+    return cls
 
 
 def load_family_adapter(model: str | os.PathLike, device: str = "cpu", dtype=None, weights=None):

@@ -84,6 +84,7 @@ class SD3Adapter(SD3Controls, FamilyAdapter):
     networks, configs."""
 
     family = "sd3"
+    torch_networks = SD3TorchNetworks
     lora_loader = ("diffusers.loaders.lora_pipeline:SD3LoraLoaderMixin", "transformer")  # stepserve/lora
     prompt_cache_size = 64  # a real SD3 prompt is 333 x 4096 values (2.7 MB in float16)
 
@@ -182,11 +183,6 @@ class SD3Adapter(SD3Controls, FamilyAdapter):
         _, _, h, w = self.noise_shape(params.height, params.width)
         seq_len = (h // self.patch_size) * (w // self.patch_size)
         return {"mu": sampling.flow_shift_mu(seq_len, self.scheduler_config)}
-
-    @property
-    def runs_controls(self) -> bool:
-        """ControlNets (stepserve/controls, pipelines/control_mmdit.py) run beside the torch transformer."""
-        return isinstance(self.networks, SD3TorchNetworks)
 
     # --- decoder -----------------------------------------------------------------------------------------------
     @torch.no_grad()

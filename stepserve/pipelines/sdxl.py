@@ -106,6 +106,7 @@ class SDXLNetworks:
 
 class StableDiffusionXLAdapter(UNetControls, FamilyAdapter):
     family = "sdxl"
+    torch_networks = SDXLNetworks
     lora_loader = ("diffusers.loaders.lora_pipeline:StableDiffusionXLLoraLoaderMixin", "unet")  # stepserve/lora
 
     def __init__(self, tokenizer, tokenizer_2, networks: SDXLNetworks, scheduler_config: dict, info, *,
@@ -210,16 +211,6 @@ class StableDiffusionXLAdapter(UNetControls, FamilyAdapter):
 
     def decode(self, latents: torch.Tensor, size: tuple[int, int] | None = None) -> list[Image.Image]:
         return to_pil(self.networks.decode(latents))
-
-    @property
-    def runs_controls(self) -> bool:
-        """ControlNets (stepserve/controls) run beside the torch UNet (not the fast path)."""
-        return isinstance(self.networks, SDXLNetworks)
-
-    @property
-    def runs_ip_adapters(self) -> bool:
-        """IP-Adapters (stepserve/ipadapter) go into the torch UNet's attention, as ControlNets run beside it."""
-        return self.runs_controls
 
     @property
     def unet(self):

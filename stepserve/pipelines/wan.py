@@ -114,6 +114,7 @@ class WanAdapter(FamilyAdapter):
     """A loaded Wan pipeline: the tokenizer, the networks (torch), configs."""
 
     family = "wan"
+    torch_networks = WanTorchNetworks
     prompt_cache_size = 64  # a real prompt is 512 x 4096 values
 
     def __init__(self, tokenizer, networks: WanTorchNetworks, *, latents_mean: list[float],

@@ -1,6 +1,9 @@
-"""A request's `controls` (ControlNets, stepserve/controls) checked against the model: the family must run
-ControlNets, with an image only where its diffusers ControlNet img2img / inpaint pipelines were matched, and with
-step caching only on a UNet (CACHES_WITH_CONTROLS)."""
+"""A request's `controls` (ControlNets, stepserve/controls) checked against the model: what its family declares
+(pipelines/capabilities.py) says whether it runs ControlNets, with an image (image to image, inpainting) where its
+diffusers ControlNet img2img / inpaint pipelines were matched, and with step caching (only on a UNet: caching/unet.py
+gives a skipped row this step's residuals for its skips; on the transformers caching follows diffusers' block
+hooks, which add each block's residual again on a skipped step on top of the cached ones, no reference worth
+matching, so it stays refused there)."""
 
 from __future__ import annotations
 
@@ -8,16 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..caching.spec import parse_cache
-from ..controls.errors import SERVED_FOR
 from ..controls.spec import Control, ControlSpecError, parse_controls
+from ..pipelines.capabilities import capabilities, served_for, where_served
 from .types import ModelInfo, SamplingParams
-
-CONTROLS_WITH_AN_IMAGE = ("sd", "sdxl", "flux")  # the families whose ControlNet img2img/inpaint pipelines match
-# The families whose step caching takes ControlNet residuals (caching/unet.py: a skipped row runs the shallow branch
-# with this step's residuals for its skips, on the deep features of its last full step, which had that step's). On
-# the transformers caching follows diffusers' block hooks, which add each block's residual again on a skipped step
-# on top of the cached ones: no reference worth matching, so it stays refused there.
-CACHES_WITH_CONTROLS = ("sd", "sdxl")
 
 
 def resolve_controls(p: SamplingParams, model: ModelInfo, image, to_image: Callable[[str, Any], Any]
@@ -29,17 +25,28 @@ def resolve_controls(p: SamplingParams, model: ModelInfo, image, to_image: Calla
         return ()
     if not model.controls:
         raise ControlSpecError("controls", f"{model.name} ({model.family} family) takes no ControlNets here; "
-                                           f"allowed: none (ControlNets are served for {SERVED_FOR})")
-    if image is not None and model.family not in CONTROLS_WITH_AN_IMAGE:
+                                           f"allowed: none (ControlNets are served for {where_served('controlnets')})")
+    family = capabilities(model.family)
+    if image is not None and p.mask_image is not None and not family.controls_with_mask:
+        raise ControlSpecError("controls", f"{model.name} ({model.family} family) takes no controls with "
+                                           f"inpainting (mask_image){_because(family.no_controls_with_mask)}; allowed: controls "
+                                           f"with {_with_what(family)} (with inpainting they are served for "
+                                           f"{served_for('controls_with_mask')})")
+    if image is not None and not family.controls_with_image:
         raise ControlSpecError("controls", f"{model.name} ({model.family} family) takes no controls with an image "
-                                           f"here; allowed: controls with text to image (with an image they are "
-                                           f"served for SD 1/2 and SDXL, and Flux.1 image to image)")
-    if image is not None and p.mask_image is not None and model.family == "flux":
-        raise ControlSpecError("controls", f"{model.name} inpaints with Flux Fill, whose transformer takes the mask "
-                                           "as input channels: no Flux.1 ControlNet fits it; allowed: controls with "
-                                           "text to image or image to image")
-    if model.family not in CACHES_WITH_CONTROLS and p.cache is not None and parse_cache(p.cache, model) is not None:
+                                           f"(image to image); allowed: controls with text to image (with an image "
+                                           f"they are served for {served_for('controls_with_image')})")
+    if not family.caches_with_controls and p.cache is not None and parse_cache(p.cache, model) is not None:
         raise ControlSpecError("cache", f"step caching does not combine with controls on {model.name} "
                                         f"({model.family} family); allowed: \"off\" or unset (controls cache "
-                                        f"on SD 1/2 and SDXL)")
+                                        f"on {served_for('caches_with_controls')})")
     return parse_controls(p.controls, model.control_names, to_image, model.family, model.control_guess_only)
+
+
+
+def _because(why: str) -> str:
+    return f": {why}" if why else ""
+
+
+def _with_what(family) -> str:
+    return "text to image or image to image" if family.controls_with_image else "text to image"

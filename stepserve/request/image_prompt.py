@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..ipadapter.spec import IPAdapterSpecError, ImagePrompt, parse_ip_adapter
+from ..pipelines.capabilities import where_served
 from .types import ModelInfo, SamplingParams
 
 
@@ -20,6 +21,6 @@ def resolve_ip_adapter(p: SamplingParams, model: ModelInfo, to_image: Callable[[
         return None
     if not model.ip_adapters:
         raise IPAdapterSpecError("ip_adapter", f"{model.name} ({model.family} family) takes no IP-Adapter here; "
-                                               f"allowed: none (IP-Adapters are served for SD 1/2 and SDXL "
-                                               f"models on the torch backend, without --compile/--deterministic)")
+                                               f"allowed: none (IP-Adapters are served for "
+                                               f"{where_served('ip_adapter')})")
     return parse_ip_adapter(p.ip_adapter, model.ip_adapter_names, to_image)

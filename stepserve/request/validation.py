@@ -10,7 +10,8 @@ from typing import NamedTuple
 from ..caching.spec import CacheSpecError, parse_cache
 from ..controls.spec import ControlSpecError
 from ..ipadapter.spec import IPAdapterSpecError
-from .control_params import CACHES_WITH_CONTROLS, resolve_controls
+from ..pipelines.capabilities import capabilities, served_for
+from .control_params import resolve_controls
 from .image_prompt import resolve_ip_adapter
 from ..lora.spec import LoraSpecError, parse_loras
 from .img2img_spec import first_step, is_valid_strength
@@ -125,15 +126,15 @@ def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):
     if not model.img2img:
         # e.g. Flux.2's reference images or Qwen-Image edits: not served, so say where image to image is
         raise ValidationError("image", f"{model.name} ({model.family} family) does not start from an image here; "
-                                       f"allowed: no image (image to image is served for the sd, sdxl, sd3 and "
-                                       f"flux families on the torch backend)")
+                                       f"allowed: no image (image to image is served for "
+                                       f"{served_for('img2img')} models on the torch backend)")
     image = as_image("image", p.image, "RGB")
     mask = None
     if p.mask_image is not None:
         if not model.inpaint:
             raise ValidationError("mask_image", f"{model.name} ({model.family} family) does not inpaint here; "
-                                                f"inpainting is served for SD 1/2 and SDXL models on the torch "
-                                                f"backend (send the image alone for image to image)")
+                                                f"inpainting is served for {served_for('inpaint')} models on the "
+                                                f"torch backend (send the image alone for image to image)")
         mask = as_image("mask_image", p.mask_image, "L")
         if mask.size != image.size:
             raise ValidationError("mask_image", f"is {mask.width}x{mask.height} (width x height); it must match "
@@ -282,7 +283,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         ip_adapter = resolve_ip_adapter(p, model, lambda field, v: as_image(field, v, "RGB"))
     except IPAdapterSpecError as exc:
         raise ValidationError(exc.field, str(exc)) from None
-    if controls and model.family not in CACHES_WITH_CONTROLS:
+    if controls and not capabilities(model.family).caches_with_controls:
         cache = None  # such a request takes every step whole (the server's default cache left out)
     resolved = {"negative_prompt": negative, "seed": seed, "num_inference_steps": steps,
                 "guidance_scale": float(guidance), "sampler": sampler, "height": height, "width": width,

@@ -19,7 +19,7 @@ def flags(**values):
 @pytest.mark.parametrize("values,says", [
     ({"controlnet_dir": "/no/such/folder"}, "--controlnet-dir: '/no/such/folder' is not a folder"),
     ({"controlnet_dir": ".", "backend": "onnxruntime"}, "--controlnet-dir need --backend torch"),
-    ({"controlnet_dir": ".", "compile": True}, "--controlnet-dir do not run with --compile"),
+    ({"controlnet_dir": ".", "compile": True}, "--compile with --controlnet-dir is not served"),
 ])
 def test_bad_flags_are_refused_before_the_model_loads(values, says):
     with pytest.raises(StartupError) as err:
