@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace-s", type=_non_negative_float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     p.add_argument("--max-n", type=int_from(1, 64), default=8, help="largest n (images per request)")
+    p.add_argument("--served-model-name", action="append", default=None, metavar="NAME", type=_model_alias,
+                   help="another name a request's \"model\" may give (e.g. one your clients send, such as "
+                        "dall-e-3), listed at /v1/models; repeatable. A request naming any other model gets 404 "
+                        "model_not_found (the model's own name always works; no \"model\": the one served)")
     p.add_argument("--latency-model", default=None, metavar="PATH|measure",
                    help="slo strategy: the latency model it predicts with, a file written by `stepserve profile` "
                         "or 'measure' (time this model on this device at start-up, a few seconds; the default "
@@ -135,11 +139,21 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         api_key = resolve_api_key(args.api_key, args.api_key_file)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    return ServeSettings(config, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), api_key,
+    limits = ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s,
+                          served_model_names=tuple(args.served_model_name or ()))
+    return ServeSettings(config, limits, api_key,
                          args.shutdown_grace_s, args.host, args.port,
                          api_key_file=os.path.abspath(args.api_key_file) if args.api_key_file else None,
                          cors_origins=tuple(args.cors_origin or ()), access_log=not args.no_access_log,
                          **state_settings(args))
+
+
+def _model_alias(value: str) -> str:
+    """--served-model-name: a name a client can send and a URL path can carry (GET /v1/models/{name})."""
+    if not value.strip() or len(value) > 200 or any(c.isspace() or not c.isprintable() for c in value):
+        raise argparse.ArgumentTypeError(f"{value[:40]!r}: allowed: a name of 1 to 200 printable characters, "
+                                         "without spaces")
+    return value
 
 
 def log_to_stderr(level: str) -> None:
@@ -233,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         extras.append(f"cache {spec.policy} by default")
     if settings.engine.lora_dir:
         extras.append(f"LoRA adapters from {settings.engine.lora_dir}")
+    if settings.limits.served_model_names:
+        extras.append(f"also named {', '.join(settings.limits.served_model_names)}")
     if settings.api_key:
         extras.append("API key required" + (f" (from {settings.api_key_file})" if settings.api_key_file else ""))
     details = f"strategy {args.strategy}, max batch {args.max_batch_size}{''.join(', ' + e for e in extras)}"
