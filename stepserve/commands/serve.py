@@ -24,7 +24,7 @@ from ..server.startup import ServeSettings, StartupError, open_state, ready_line
 from .replica_flags import add_replica_flags, replica_mode
 from .state_flags import add_state_flags, state_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
-                    add_model_flags, check_cache_and_lora_flags, engine_config, float_from, int_from)
+                    add_model_flags, check_checkpoint_flags, check_cache_and_lora_flags, engine_config, float_from, int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
@@ -168,13 +168,18 @@ def log_to_stderr(level: str) -> None:
     logger.setLevel(level.upper())
 
 
-def check_model(model: str) -> None:
+def check_model(args: argparse.Namespace) -> None:
+    """--model (and --config) name something loadable: one line before anything loads."""
     from ..engine.loading import check_model_argument
 
     try:
-        check_model_argument(model)
-    except FileNotFoundError as exc:
-        raise StartupError(f"--{exc}") from None
+        check_checkpoint_flags(args)
+        check_model_argument(model_of(args))
+    except FileNotFoundError as exc:  # "model: ...": the folder is --config's with a whole-model file
+        flag = "--config" if model_of(args) != args.model else "--model"
+        raise StartupError(str(exc).replace("model", flag, 1)) from None
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def claim_port(host: str, port: int) -> socket.socket:
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 opened.close()
             say(state_line(settings, settings.results_dir or "each replica's results folder", replicas=True))
             return serve_replicas(settings, plan)
-        check_model(model_of(args))
+        check_model(args)
         sock = claim_port(args.host, args.port)  # before anything loads (or exports)
         settings = serve_settings(args)
         store, results = open_state(settings)  # a state that cannot be opened fails before the model loads
