@@ -17,7 +17,7 @@ import uvicorn
 
 from ..util.api_key import API_KEY_ENV, resolve_api_key
 from ..util.extras import MissingExtraError
-from ..engine.loading import available_cores
+from ..engine.loading import available_cores, check_weights
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
 from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
@@ -135,6 +135,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
+    try:  # --quantize's device and library, --offload's device: one line before anything loads
+        check_weights(config.weights, config.device, config.backend)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     try:
         api_key = resolve_api_key(args.api_key, args.api_key_file)
     except ValueError as exc:
@@ -252,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         extras.append(f"cache {spec.policy} by default")
     if settings.engine.lora_dir:
         extras.append(f"LoRA adapters from {settings.engine.lora_dir}")
+    weights = settings.engine.weights
+    if weights is not None and weights.changed:
+        extras.append(weights.summary())
     if settings.limits.served_model_names:
         extras.append(f"also named {', '.join(settings.limits.served_model_names)}")
     if settings.api_key:
