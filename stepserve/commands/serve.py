@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time kept before each request's deadline to encode and send the answer: an image ready "
                         "later than timeout_s minus this is a 504, so no 200 arrives after its deadline")
     p.add_argument("--no-memory-cap", action="store_true",
-                   help="skip the start-up check that lowers --max-batch-size to what fits in memory (measured at "
-                        "the model's largest size, 20%% headroom)")
+                   help="skip the start-up check that lowers --max-batch-size to what fits in memory (for the "
+                        "model's largest size, measured near 256x256 and scaled by the pixels; 20%% headroom)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="log level of the server (uvicorn) and of stepserve's own lines, the access log included")
 
