@@ -24,7 +24,8 @@ from ..server.startup import ServeSettings, StartupError, open_state, ready_line
 from .replica_flags import add_replica_flags, replica_mode
 from .state_flags import add_state_flags, state_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
-                    add_model_flags, check_checkpoint_flags, check_cache_and_lora_flags, engine_config, float_from, int_from)
+                    add_model_flags, check_cache_and_lora_flags, check_checkpoint_flags, engine_config, float_from,
+                    int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")

@@ -225,7 +225,8 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
     is charged as what it costs), since any batch may be of it; a bucket larger than probe_size.PROBE_PIXELS is
     measured at a smaller size of its aspect and scaled by the pixels (probe_size), so start-up takes seconds,
     not minutes — and extrapolated linearly in the batch size; the budget is memory_budget(), of which `headroom`
-    is kept free. `share`: the fraction of that budget this engine may use, when engines share the device or host (Ray Serve replicas: EngineConfig.memory_share).
+    is kept free. `share`: the fraction of that budget this engine may use, when engines share the device or host
+    (Ray Serve replicas: EngineConfig.memory_share).
     `reserve_bytes`: kept out of the budget for what the engine holds beside its batches (LoRA adapters).
     """
     if not isinstance(requested_max, int) or isinstance(requested_max, bool) or requested_max < 1:
