@@ -105,7 +105,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=[REPLICA_HEADER])
+                           allow_headers=["Authorization", "Content-Type", "Prefer"],
+                           expose_headers=[REPLICA_HEADER, "Location", "Preference-Applied"])
     if replica is not None:
         app.add_middleware(ReplicaHeader, replica=replica)
     return app
