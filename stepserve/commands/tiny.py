@@ -20,16 +20,16 @@ import time
 import warnings
 from pathlib import Path
 
+from ..controls.errors import SERVED_FOR as CONTROLNETS_SERVED_FOR
 from ..tiny.single_file import GGUF_TYPES
 from .flags import DefaultsHelpFormatter, OneLineParser
 
 # add-on KIND: (module of stepserve.tiny, its builder, what it is called, serve's flag for the folder above it, the
-# models it is written for)
+# models it is written for: those the server runs it for)
 ADD_ONS = {
     "controlnet": ("controlnet", "build_tiny_controlnet", "ControlNet", "--controlnet-dir",
-                   "SD 1/2 (not the embedded model: its UNet has no middle block), SDXL, SD3, Flux.1 and Qwen-Image "
-                   "folders"),
-    "ip-adapter": ("ipadapter", "build_tiny_ip_adapter", "IP-Adapter", "--ip-adapter-dir", "SD 1/2 and SDXL folders"),
+                   f"{CONTROLNETS_SERVED_FOR} (not the embedded model: its UNet has no middle block)"),
+    "ip-adapter": ("ipadapter", "build_tiny_ip_adapter", "IP-Adapter", "--ip-adapter-dir", "SD 1/2 and SDXL models"),
 }
 
 # KIND: (module of stepserve.tiny, keyword options of its builder)
