@@ -136,8 +136,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
-    try:  # --quantize's device and library, --offload's device: one line before anything loads
-        check_weights(config.weights, config.device, config.backend)
+    try:  # --quantize's device and library, --offload's device: one line before anything loads (here, unless the
+        # replicas run on a cluster elsewhere, whose machines have libraries of their own: each replica checks)
+        if getattr(args, "ray_address", None) is None:
+            check_weights(config.weights, config.device, config.backend)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     try:
