@@ -1,6 +1,6 @@
 # Quickstart targets. Each sets up .venv on first use.
 # A torch already in .venv is kept; otherwise TORCH_SPEC is installed from pip's configured index, which is the CPU
-# build only where that index serves it. README (Quickstart) says what to run on plain PyPI or a GPU machine.
+# build only where that index serves it. README (Setup) says what to run on plain PyPI or a GPU machine.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -72,3 +72,20 @@ def test_bench_counts_one_contender_per_target():
     assert one.startswith("target http://127.0.0.1:8000; 1 contender;"), one
     two = start_line(config_from_args(["--target", "a=http://127.0.0.1:8000", "--target", "b=http://127.0.0.1:8001"]))
     assert "; 2 contenders;" in two, two
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--model", "{tmp}/sd15.safetensors"], "--model {tmp}/sd15.safetensors is one file: add --config DIR"),
+    (["--model", "{tmp}/sd15.safetensors", "--config", "{tmp}/none"], "--config: '{tmp}/none' is neither"),
+    (["--model", "{tmp}/none"], "--model: '{tmp}/none' is neither"),
+])
+def test_serve_a_whole_model_file_names_config(argv, says, tmp_path, capsys, monkeypatch):
+    """A lone whole-model file is told about --config (not that it is no folder), and a --config that is no
+    folder is named as --config."""
+    import stepserve.engine.loading as loading
+    from stepserve.cli import main
+
+    (tmp_path / "sd15.safetensors").write_bytes(b"")
+    monkeypatch.setattr(loading, "load_executor", lambda *a, **k: pytest.fail("the model was loaded"))
+    code = main(["serve", "--port", str(free_port()), *(a.format(tmp=tmp_path) for a in argv)])
+    assert code == 2 and says.format(tmp=tmp_path) in one_line(capsys.readouterr().err)

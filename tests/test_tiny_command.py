@@ -62,3 +62,30 @@ def test_single_file_writes_a_denoiser_that_serve_flags_load(tmp_path, capfd):
         with pytest.raises(SystemExit) as exc:
             stepserve_main(["tiny", "single-file", "--model", str(folder), *argv])
         assert exc.value.code == 2 and message in capfd.readouterr().err
+
+
+def test_controlnet_and_ip_adapter_write_folders_that_serve_flags_serve(tmp_path, tiny_sd_path, capfd):
+    """`tiny controlnet` / `tiny ip-adapter` match `tiny lora`: a folder the server serves by its name from the
+    folder above it (the line says the serve command); a model they are not written for is one line naming those
+    they are, and leaves nothing behind."""
+    from stepserve.controls.serving import serve_controlnets
+    from stepserve.engine.loading import load_executor
+    from stepserve.ipadapter.serving import serve_ip_adapters
+
+    for kind, out, flag in (("controlnet", tmp_path / "cn" / "edges", "--controlnet-dir"),
+                            ("ip-adapter", tmp_path / "ipa" / "face", "--ip-adapter-dir")):
+        assert stepserve_main(["tiny", kind, "--model", str(tiny_sd_path), "--out", str(out)]) == 0
+        err = capfd.readouterr().err
+        assert f"serve it as '{out.name}'" in err and f"{flag} {out.parent}`" in err, err
+    executor = load_executor(str(tiny_sd_path))
+    assert "(edges)" in serve_controlnets(executor, str(tmp_path / "cn"), None)
+    assert "(face)" in serve_ip_adapters(executor, str(tmp_path / "ipa"))
+    with pytest.raises(SystemExit) as exc:  # the embedded UNet has no middle block: no ControlNet is made from it
+        stepserve_main(["tiny", "controlnet", "--out", str(tmp_path / "cn" / "none")])
+    err = capfd.readouterr().err
+    assert exc.value.code == 2 and "cannot write the ControlNet for --model embedded" in err
+    assert "written for SD 1/2" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "cn" / "none").exists()
+    with pytest.raises(SystemExit):
+        stepserve_main(["tiny", "ip-adapter", "--model", str(tiny_sd_path), "--out", str(tmp_path / "ipa" / "face")])
+    assert "exists" in capfd.readouterr().err

@@ -240,6 +240,18 @@ def is_checkpoint_file(model: str) -> bool:
     return str(model).lower().endswith((".safetensors", ".ckpt", ".gguf"))
 
 
+def check_checkpoint_flags(args: argparse.Namespace) -> None:
+    """ValueError unless --model FILE (a whole-model file) and --config DIR come together: checked before the model
+    folder is, so that a lone file is told about --config rather than that it is no folder."""
+    checkpoint, config = is_checkpoint_file(args.model), getattr(args, "config", None)
+    if checkpoint and not config:
+        raise ValueError(f"--model {args.model} is one file: add --config DIR, a diffusers folder of the same model "
+                         "(its configs, tokenizers and scheduler; its weights are not read)")
+    if config and not checkpoint:
+        raise ValueError(f"--config {config} goes with --model FILE.safetensors (a whole-model file); "
+                         f"--model {args.model} is a folder already")
+
+
 def weights_from_args(args: argparse.Namespace):
     """--model FILE (with --config DIR), --transformer FILE / --unet FILE, --quantize and --offload as a
     pipelines.weights.Weights, or None: the folder's own weights."""
@@ -247,14 +259,8 @@ def weights_from_args(args: argparse.Namespace):
 
     quantize, text = getattr(args, "quantize", None), getattr(args, "quantize_text", False)
     offload = getattr(args, "offload", None)
+    check_checkpoint_flags(args)
     checkpoint = os.path.abspath(args.model) if is_checkpoint_file(args.model) else None  # (Ray workers' cwd)
-    config = getattr(args, "config", None)
-    if checkpoint and not config:
-        raise ValueError(f"--model {args.model} is one file: add --config DIR, a diffusers folder of the same model "
-                         "(its configs, tokenizers and scheduler; its weights are not read)")
-    if config and not checkpoint:
-        raise ValueError(f"--config {config} goes with --model FILE.safetensors (a whole-model file); "
-                         f"--model {args.model} is a folder already")
     if getattr(args, "transformer", None) and getattr(args, "unet", None):
         raise ValueError("--transformer and --unet both replace the denoiser: give one")
     for part in ("transformer", "unet"):

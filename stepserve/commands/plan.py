@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..scheduling import STRATEGIES
 from ..sim.plan import DEFAULT_STRATEGIES
-from ..fleet.routers import DEFAULT_ROUTER, ROUTERS
+from ..fleet.routers import PLANNING_ROUTER, ROUTERS
 from ..util.words import plural
 from .flags import DefaultsHelpFormatter
 
@@ -48,8 +48,8 @@ def build_parser() -> _Parser:
     mix = p.add_mutually_exclusive_group()
     mix.add_argument("--steps", default="8,20,40", help="step counts drawn uniformly (when no --mix)")
     mix.add_argument("--mix", type=Path, help="request mix file (YAML or JSON), as `stepserve bench --mix`")
-    p.add_argument("--router", default=DEFAULT_ROUTER,
-                   help=f"how requests are spread over the replicas (default {DEFAULT_ROUTER}: where each is "
+    p.add_argument("--router", default=PLANNING_ROUTER,
+                   help=f"how requests are spread over the replicas (default {PLANNING_ROUTER}: where each is "
                         f"predicted to finish first; docs/SCALING.md); allowed: {', '.join(ROUTERS)}")
     p.add_argument("--max-replicas", default="64", help="give up above this many replicas (default 64)")
     p.add_argument("--duration", default="120", help="seconds of arrivals per simulation (default 120)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..fleet.routers import DEFAULT_ROUTER, ROUTERS
+from ..fleet.routers import ROUTERS
 from ..server.startup import StartupError
 from .flags import float_from, int_from
 
@@ -44,7 +44,7 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
                                      "0.8); lower starts replicas sooner and keeps more through a lull")
     g.add_argument("--router", default=None, choices=ROUTERS,
                    help="how Ray Serve spreads requests over the replicas (default power_of_two: Ray's own; "
-                        f"{DEFAULT_ROUTER}: where each is predicted to finish first, docs/SCALING.md)")
+                        "least_work: where each is predicted to finish first, docs/SCALING.md)")
     g.add_argument("--adapter-load-s", type=float_from(0.0, True, "a number of seconds >= 0"), default=None,
                    help="least_work: what loading a LoRA adapter costs a replica that does not hold it (default 1)")
     g.add_argument("--replica-cpus", type=float_from(0.0, False, "a positive number of CPUs (fractions allowed)"),

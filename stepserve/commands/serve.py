@@ -17,14 +17,15 @@ import uvicorn
 
 from ..util.api_key import API_KEY_ENV, resolve_api_key
 from ..util.extras import MissingExtraError
-from ..engine.loading import available_cores, refused_pair, startup_features
+from ..engine.loading import available_cores, check_weights, refused_pair, startup_features
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
 from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
 from .replica_flags import add_replica_flags, replica_mode
 from .state_flags import add_state_flags, state_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
-                    add_model_flags, check_cache_and_lora_flags, engine_config, float_from, int_from)
+                    add_model_flags, check_cache_and_lora_flags, check_checkpoint_flags, engine_config, float_from,
+                    int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
@@ -86,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace-s", type=_non_negative_float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish")
     p.add_argument("--max-n", type=int_from(1, 64), default=8, help="largest n (images per request)")
+    p.add_argument("--served-model-name", action="append", default=None, metavar="NAME", type=_model_alias,
+                   help="another name a request's \"model\" may give (e.g. one your clients send, such as "
+                        "dall-e-3), listed at /v1/models; repeatable. A request naming any other model gets 404 "
+                        "model_not_found (the model's own name always works; no \"model\": the one served)")
     p.add_argument("--latency-model", default=None, metavar="PATH|measure",
                    help="slo strategy: the latency model it predicts with, a file written by `stepserve profile` "
                         "or 'measure' (time this model on this device at start-up, a few seconds; the default "
@@ -97,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time kept before each request's deadline to encode and send the answer: an image ready "
                         "later than timeout_s minus this is a 504, so no 200 arrives after its deadline")
     p.add_argument("--no-memory-cap", action="store_true",
-                   help="skip the start-up check that lowers --max-batch-size to what fits in memory (measured at "
-                        "the model's largest size, 20%% headroom)")
+                   help="skip the start-up check that lowers --max-batch-size to what fits in memory (for the "
+                        "model's largest size, measured near 256x256 and scaled by the pixels; 20%% headroom)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="log level of the server (uvicorn) and of stepserve's own lines, the access log included")
 
@@ -134,15 +139,31 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     refused = refused_pair(startup_features(config))
     if refused:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders
         raise StartupError(refused)
+    try:  # --quantize's device and library, --offload's device: one line before anything loads (here, unless the
+        # replicas run on a cluster elsewhere, whose machines have libraries of their own: each replica checks)
+        if getattr(args, "ray_address", None) is None:
+            check_weights(config.weights, config.device, config.backend)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     try:
         api_key = resolve_api_key(args.api_key, args.api_key_file)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    return ServeSettings(config, ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s), api_key,
+    limits = ServerLimits(max_n=args.max_n, default_timeout_s=args.timeout_s,
+                          served_model_names=tuple(args.served_model_name or ()))
+    return ServeSettings(config, limits, api_key,
                          args.shutdown_grace_s, args.host, args.port,
                          api_key_file=os.path.abspath(args.api_key_file) if args.api_key_file else None,
                          cors_origins=tuple(args.cors_origin or ()), access_log=not args.no_access_log,
                          **state_settings(args))
+
+
+def _model_alias(value: str) -> str:
+    """--served-model-name: a name a client can send and a URL path can carry (GET /v1/models/{name})."""
+    if not value.strip() or len(value) > 200 or any(c.isspace() or not c.isprintable() for c in value):
+        raise argparse.ArgumentTypeError(f"{value[:40]!r}: allowed: a name of 1 to 200 printable characters, "
+                                         "without spaces")
+    return value
 
 
 def log_to_stderr(level: str) -> None:
@@ -157,13 +178,18 @@ def log_to_stderr(level: str) -> None:
     logger.setLevel(level.upper())
 
 
-def check_model(model: str) -> None:
+def check_model(args: argparse.Namespace) -> None:
+    """--model (and --config) name something loadable: one line before anything loads."""
     from ..engine.loading import check_model_argument
 
     try:
-        check_model_argument(model)
-    except FileNotFoundError as exc:
-        raise StartupError(f"--{exc}") from None
+        check_checkpoint_flags(args)
+        check_model_argument(model_of(args))
+    except FileNotFoundError as exc:  # "model: ...": the folder is --config's with a whole-model file
+        flag = "--config" if model_of(args) != args.model else "--model"
+        raise StartupError(str(exc).replace("model", flag, 1)) from None
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def claim_port(host: str, port: int) -> socket.socket:
@@ -205,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 opened.close()
             say(state_line(settings, settings.results_dir or "each replica's results folder", replicas=True))
             return serve_replicas(settings, plan)
-        check_model(model_of(args))
+        check_model(args)
         sock = claim_port(args.host, args.port)  # before anything loads (or exports)
         settings = serve_settings(args)
         store, results = open_state(settings)  # a state that cannot be opened fails before the model loads
@@ -236,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         extras.append(f"cache {spec.policy} by default")
     if settings.engine.lora_dir:
         extras.append(f"LoRA adapters from {settings.engine.lora_dir}")
+    weights = settings.engine.weights
+    if weights is not None and weights.changed:
+        extras.append(weights.summary())
+    if settings.limits.served_model_names:
+        extras.append(f"also named {', '.join(settings.limits.served_model_names)}")
     if settings.api_key:
         extras.append("API key required" + (f" (from {settings.api_key_file})" if settings.api_key_file else ""))
     details = f"strategy {args.strategy}, max batch {args.max_batch_size}{''.join(', ' + e for e in extras)}"

@@ -4,6 +4,8 @@ model family, the server or the bench without downloading anything. It serves no
     stepserve tiny sdxl --out tiny-sdxl && stepserve serve --model tiny-sdxl
     stepserve tiny flux-dev --out tiny-flux --bench-size    # the size the benchmarks use (compute-bound on a CPU)
     stepserve tiny lora --model tiny-sdxl --out loras/ink.safetensors   # a random LoRA adapter for that model
+    stepserve tiny controlnet --model tiny-sdxl --out controlnets/edges   # a random ControlNet for that model
+    stepserve tiny ip-adapter --model tiny-sdxl --out ip-adapters/face    # a random IP-Adapter (SD 1/2, SDXL)
     stepserve tiny single-file --model tiny-flux --out flux-q8.gguf --quant Q8_0   # its transformer as one file
 """
 
@@ -12,13 +14,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shutil
 import sys
 import time
 import warnings
 from pathlib import Path
 
+from ..controls.errors import SERVED_FOR as CONTROLNETS_SERVED_FOR
 from ..tiny.single_file import GGUF_TYPES
 from .flags import DefaultsHelpFormatter, OneLineParser
+
+# add-on KIND: (module of stepserve.tiny, its builder, what it is called, serve's flag for the folder above it, the
+# models it is written for: those the server runs it for)
+ADD_ONS = {
+    "controlnet": ("controlnet", "build_tiny_controlnet", "ControlNet", "--controlnet-dir",
+                   f"{CONTROLNETS_SERVED_FOR} (not the embedded model: its UNet has no middle block)"),
+    "ip-adapter": ("ipadapter", "build_tiny_ip_adapter", "IP-Adapter", "--ip-adapter-dir", "SD 1/2 and SDXL models"),
+}
 
 # KIND: (module of stepserve.tiny, keyword options of its builder)
 KINDS = {
@@ -43,17 +55,19 @@ KINDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="stepserve tiny", description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.add_argument("kind", choices=[*KINDS, "lora", "single-file"],
-                   help="model family (and variant) of the folder; 'lora': an adapter for --model; "
+    p.add_argument("kind", choices=[*KINDS, "lora", *ADD_ONS, "single-file"],
+                   help="model family (and variant) of the folder; 'lora': an adapter for --model; 'controlnet', "
+                        "'ip-adapter': one for --model, as a folder of --controlnet-dir / --ip-adapter-dir; "
                         "'single-file': --model's denoiser as one file (.safetensors or .gguf), for "
                         "--transformer FILE / --unet FILE")
     p.add_argument("--out", type=Path, required=True,
                    help="folder to write (created; must not hold a model yet); lora: a .safetensors file, or a "
-                        "folder to hold pytorch_lora_weights.safetensors as diffusers' save_lora_weights writes")
+                        "folder to hold pytorch_lora_weights.safetensors as diffusers' save_lora_weights writes; "
+                        "controlnet, ip-adapter: a new folder, served by its name from the folder above it")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--bench-size", action="store_true",
                    help="the larger size the benchmarks use (the module's BENCH_OPTIONS), not the test size")
-    lora = p.add_argument_group("lora and single-file")
+    lora = p.add_argument_group("lora, controlnet, ip-adapter and single-file")
     lora.add_argument("--model", default="embedded",
                       help="the model folder the adapter is for, or whose denoiser to write ('embedded', or a "
                            "diffusers folder)")
@@ -85,6 +99,31 @@ def _lora(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     name, lora_dir = (out.stem, out.parent) if out == args.out else (args.out.name, args.out.parent)
     print(f"stepserve tiny: wrote a random rank-{args.rank} LoRA adapter for {args.model} to {path}; serve it as "
           f"{name!r} with `stepserve serve --model {args.model} --lora-dir {lora_dir}`", file=sys.stderr)
+    return 0
+
+
+def _add_on(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """A ControlNet or an IP-Adapter folder for --model, as `tiny lora` writes an adapter: the server serves every
+    sub-folder of its --controlnet-dir / --ip-adapter-dir by the sub-folder's name, so --out names it."""
+    from ..pipelines.folder import resolve_model_path
+
+    module, builder, what, flag, written_for = ADD_ONS[args.kind]
+    if args.out.exists():
+        p.error(f"--out: {args.out} exists; give a new folder (it becomes the {what}'s name)")
+    try:
+        resolve_model_path(args.model)
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
+    build = getattr(importlib.import_module(f"stepserve.tiny.{module}"), builder)
+    try:
+        with quiet():
+            path = build(args.model, args.out, seed=args.seed)
+    except Exception as exc:  # noqa: BLE001 - a family the builder does not know fails anywhere inside diffusers
+        shutil.rmtree(args.out, ignore_errors=True)
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        p.error(f"cannot write the {what} for --model {args.model} ({detail}); it is written for {written_for}")
+    print(f"stepserve tiny: wrote a random {what} for {args.model} to {path}; serve it as {args.out.name!r} with "
+          f"`stepserve serve --model {args.model} {flag} {args.out.parent}`", file=sys.stderr)
     return 0
 
 
@@ -131,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.kind == "lora":
         return _lora(p, args)
+    if args.kind in ADD_ONS:
+        return _add_on(p, args)
     if args.kind == "single-file":
         return _single_file(p, args)
     if (args.out / "model_index.json").exists():

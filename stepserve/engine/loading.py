@@ -48,6 +48,22 @@ def check_model_argument(model: str | os.PathLike) -> None:
                                 f"model_index.json (nor an export folder with {EXPORT_MANIFEST})")
 
 
+def check_weights(weights, device: str, backend: str) -> None:
+    """ValueError (a MissingExtraError for a library not installed) when `weights` (pipelines.weights.Weights)
+    cannot load here: another backend, a --quantize type or --offload the device cannot run. Cheap, and run
+    before anything loads (`stepserve serve` runs it before the model's first line too)."""
+    if weights is None or not weights.changed:
+        return
+    if backend != "torch":
+        flag = f"{weights.flag} FILE" if weights.denoiser else "--quantize"
+        raise ValueError(f"{flag} loads on the torch backend only; got --backend {backend}")
+    from ..pipelines.offload import check_offload
+    from ..pipelines.weights import check_quantize
+
+    check_quantize(weights, device)
+    check_offload(weights.offload, device)
+
+
 def check_runtime(device: str, dtype: str, backend: str) -> None:
     """ValueError naming what is allowed, for a device, dtype or backend that cannot be served."""
     if backend not in BACKENDS:
@@ -111,15 +127,7 @@ def load_executor(model: str | os.PathLike = "embedded", device: str = "cpu", dt
     argument and what is allowed."""
     check_runtime(device, dtype, backend)
     check_model_argument(model)
-    if weights is not None and weights.changed:
-        if backend != "torch":
-            flag = f"{weights.flag} FILE" if weights.denoiser else "--quantize"
-            raise ValueError(f"{flag} loads on the torch backend only; got --backend {backend}")
-        from ..pipelines.offload import check_offload
-        from ..pipelines.weights import check_quantize
-
-        check_quantize(weights, device)
-        check_offload(weights.offload, device)
+    check_weights(weights, device, backend)
     import torch
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():

@@ -6,10 +6,10 @@ Like the engine's batching policies these are pure: no torch, no clock, no I/O. 
 Serve's request router and autoscaling policy call the same functions.
 """
 
-from .routers import DEFAULT_ROUTER, ROUTERS, Router, make_router
+from .routers import PLANNING_ROUTER, ROUTERS, Router, make_router
 from .sent import Sent
 from .stats import Job, ReplicaStats, finish_s, price_s, replica_stats
 from .work import Tally, work_s
 
-__all__ = ["DEFAULT_ROUTER", "ROUTERS", "Job", "ReplicaStats", "Router", "Sent", "Tally", "finish_s", "make_router",
+__all__ = ["PLANNING_ROUTER", "ROUTERS", "Job", "ReplicaStats", "Router", "Sent", "Tally", "finish_s", "make_router",
            "price_s", "replica_stats", "work_s"]

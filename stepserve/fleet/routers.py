@@ -4,7 +4,8 @@ Policies for the fleet, as the batching policies are for one engine: no clock, n
 for the randomised ones, the same seed) always give the same choice. The simulator, `stepserve plan` and the
 Ray Serve request router (server/ray/router.py) call these same functions.
 
-- least_work (the default): the replica where the request is predicted to finish first, its own cost included
+- least_work (simulate's and plan's default, PLANNING_ROUTER; `serve --replicas` runs Ray's power_of_two unless
+  told): the replica where the request is predicted to finish first, its own cost included
   (stats.finish_s: the work in hand, the request's price there, the load of any adapter it names that the
   replica does not hold). So a replica that holds the request's adapters wins unless another finishes sooner
   by more than the adapter's load time. Ties: the lowest index.
@@ -29,7 +30,9 @@ from typing import Protocol
 from .stats import Job, ReplicaStats, finish_s
 
 ROUTERS = ("least_work", "least_work_sampled", "power_of_two", "least_outstanding", "round_robin")
-DEFAULT_ROUTER = "least_work"
+# the router `stepserve simulate --replicas` and `stepserve plan` assume unless told; `serve --replicas` runs Ray's
+# own power_of_two unless --router names another
+PLANNING_ROUTER = "least_work"
 DEFAULT_CHOICES = 2
 
 

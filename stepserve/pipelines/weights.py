@@ -90,6 +90,21 @@ class Weights:
     def flag(self) -> str:
         return f"--{self.part}"
 
+    def summary(self) -> str:
+        """What start-up lines say of these weights beside the dtype (which stays the compute dtype): "denoiser
+        quantized int8wo (torchao Int8WeightOnlyConfig)", the file, the offload mode; "" for the folder's own."""
+        said = []
+        if self.checkpoint is not None:
+            said.append(f"weights from {Path(self.checkpoint).name}")
+        if self.denoiser is not None:
+            said.append(f"{self.part} from {Path(self.denoiser).name}")
+        if self.quantize is not None:
+            what = "denoiser and text encoders" if self.quantize_text else "denoiser"
+            said.append(f"{what} quantized {self.quantize} ({QUANTIZE_TYPES[self.quantize][0]})")
+        if self.offload is not None:
+            said.append(f"offload {self.offload}")
+        return ", ".join(said)
+
 
 def check_denoiser_file(weights: Weights, parts: dict[str, Any] | tuple[str, ...]) -> None:
     """Before any weight is read: the file exists, is of a kind diffusers reads, and replaces a part the family
@@ -137,7 +152,8 @@ def load_checkpoint(weights: Weights, config: Path, pipeline_class: str) -> Any:
 
 
 def check_quantize(weights: Weights, device: str) -> None:
-    """Before anything loads: the type runs on `device`, and its library is installed."""
+    """Before anything loads: the type runs on `device`, and its library is installed (else a MissingExtraError,
+    a ValueError: one line, no traceback)."""
     if weights.quantize is None:
         return
     what, devices = QUANTIZE_TYPES[weights.quantize]
@@ -145,11 +161,16 @@ def check_quantize(weights: Weights, device: str) -> None:
     if kind not in devices:
         raise ValueError(f"--quantize {weights.quantize} ({what}) runs on {' or '.join(devices)}, not --device "
                          f"{device}; on {kind}: {', '.join(t for t, (_, d) in QUANTIZE_TYPES.items() if kind in d)}")
+    from ..util.extras import MissingExtraError
+    from .folder import quiet_optional_imports
+
     module, extra = ("bitsandbytes", "bnb") if weights.quantize == "nf4" else ("torchao", "quant")
     try:
-        __import__(module)
+        with quiet_optional_imports():  # torchao warns of every CUDA-only kernel it cannot load on this machine
+            __import__(module)
     except ImportError:
-        raise ImportError(f"--quantize {weights.quantize} needs {module}: pip install 'stepserve[{extra}]'") from None
+        raise MissingExtraError(f"--quantize {weights.quantize} needs {module}: pip install "
+                                f"'stepserve[{extra}]'") from None
 
 
 def quantization_config(weights: Weights, dtype: torch.dtype | None, part_class: type | None = None):

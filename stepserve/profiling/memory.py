@@ -7,12 +7,14 @@ import math
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ..costs.latency_model import Bucket
 from ..executor.base import Executor
 from ..request.buckets import bucket_name, default_bucket, largest_bucket
 from .budget import memory_budget
+from .probe_size import MIN_GROWTH, growth, probe_note, probe_plan, scale_peaks
 from .requests import _device_of, _dummy_requests, _no_prompt_cache, _release
 
 GIB = 1024**3
@@ -220,9 +222,11 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
 
     The peak is measured (measure_peak_memory) at batch sizes 1, 2 and 4 (those up to `requested_max`) for
     `bucket` — default the largest size the model serves (with its most frames on a video model: a video request
-    is charged as what it costs), since any batch may be of it — and extrapolated
-    linearly; the budget is memory_budget(), of which `headroom` is kept free. `share`: the fraction of that
-    budget this engine may use, when engines share the device or host (Ray Serve replicas: EngineConfig.memory_share).
+    is charged as what it costs), since any batch may be of it; a bucket larger than probe_size.PROBE_PIXELS is
+    measured at a smaller size of its aspect and scaled by the pixels (probe_size), so start-up takes seconds,
+    not minutes — and extrapolated linearly in the batch size; the budget is memory_budget(), of which `headroom`
+    is kept free. `share`: the fraction of that budget this engine may use, when engines share the device or host
+    (Ray Serve replicas: EngineConfig.memory_share).
     `reserve_bytes`: kept out of the budget for what the engine holds beside its batches (LoRA adapters).
     """
     if not isinstance(requested_max, int) or isinstance(requested_max, bool) or requested_max < 1:
@@ -242,7 +246,9 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
     sizes = [n for n in CAP_BATCH_SIZES if n <= requested_max]
     peaks: dict[int, int] = {}
     ran_out_at = None
-    measuring = _iter_peaks(executor, sizes, bucket)
+    plan, started = probe_plan(model, bucket), time.monotonic()  # a small size stands for a large one (probe_size)
+    k = MIN_GROWTH
+    measuring = _iter_peaks(executor, sizes, plan.small)
     try:
         while True:
             try:
@@ -250,6 +256,8 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
             except StopIteration:
                 break
             peaks[n] = peak
+        smaller = None if plan.smaller is None else dict(_iter_peaks(executor, [1], plan.smaller)).get(1)
+        k = growth(plan, peaks.get(1, 0), smaller)
     except Exception as exc:  # noqa: BLE001 - a failed measurement must not stop the server from starting
         if not _is_out_of_memory(exc):
             return requested_max, (f"max_batch_size {requested_max} kept: peak memory could not be measured "
@@ -261,6 +269,7 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
             import torch
 
             torch.cuda.empty_cache()
+    peaks = scale_peaks(plan, peaks, k)
     budget, what = memory_budget(executor)
     if share < 1:
         budget, what = int(budget * share), f"({share:.0%} share of {format_bytes(budget)} {what})"
@@ -271,12 +280,13 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
         if peaks:
             cap = min(cap, memory_cap(peaks, budget, headroom))
         verdict = f"capped to {cap}" if cap < requested_max else "kept (it cannot go lower)"
-        return cap, (f"max_batch_size {requested_max} {verdict}: a batch of {ran_out_at} ({where}) ran out of "
-                     f"memory while measuring")
+        return cap, (f"max_batch_size {requested_max} {verdict}: a batch of {ran_out_at} ({bucket_name(plan.small)}) "
+                     f"ran out of memory while measuring")
     cap = memory_cap(peaks, budget, headroom)
     biggest = max(peaks)
     detail = (f"{format_bytes(budget)} {what} with {headroom:.0%} headroom ({where}: "
-              f"{format_bytes(peaks[biggest])} peak at batch {biggest})")
+              f"{format_bytes(peaks[biggest])} peak at batch {biggest}, "
+              f"{probe_note(plan, k, time.monotonic() - started, bucket_name)})")
     if cap >= requested_max:
         return requested_max, f"max_batch_size {requested_max} kept: {requested_max} fits in {detail}"
     if _peak_at(sorted(peaks.items()), cap) > budget * (1 - headroom):

@@ -204,8 +204,11 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         raise ValidationError("prompt", f"is {len(p.prompt)} characters; at most {model.max_prompt_chars} allowed")
     _check_text("prompt", p.prompt)
     negative = "" if p.negative_prompt is None else p.negative_prompt
-    if not isinstance(negative, str) or len(negative) > model.max_prompt_chars:
-        raise ValidationError("negative_prompt", f"must be a string of at most {model.max_prompt_chars} characters")
+    if not isinstance(negative, str):
+        raise ValidationError("negative_prompt", f"must be a string, got {type(negative).__name__}")
+    if len(negative) > model.max_prompt_chars:
+        raise ValidationError("negative_prompt", f"is {len(negative)} characters; at most {model.max_prompt_chars} "
+                                                 "allowed")
     _check_text("negative_prompt", negative)
     if negative and not model.negative_prompt:
         raise ValidationError("negative_prompt", f"{model.name} ({model.family}) takes no negative prompt; "

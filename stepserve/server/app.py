@@ -35,7 +35,7 @@ from .loras import lora_routes
 from .controlnets import controlnet_routes, read_generation, with_controls
 from .ip_adapters import ip_adapter_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .schemas import ImageGenerationRequest, ServerLimits, engine_params
+from .schemas import ImageGenerationRequest, ServerLimits, check_model, engine_params, served_names
 from .streaming import EventStreamResponse, StreamJob, image_events
 from .image_jobs import async_answer, image_job_routes
 from .jobs_app import attach_jobs
@@ -105,7 +105,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=[REPLICA_HEADER])
+                           allow_headers=["Authorization", "Content-Type", "Prefer"],
+                           expose_headers=[REPLICA_HEADER, "Location", "Preference-Applied"])
     if replica is not None:
         app.add_middleware(ReplicaHeader, replica=replica)
     return app
@@ -191,23 +192,22 @@ _BODY_SCHEMA = {"requestBody": {"required": True, "content": {JSON: {"schema": {
     **ImageGenerationRequest.model_json_schema(), "additionalProperties": False}}}}}
 
 
-def _model_card(state: ServerState) -> dict:
-    return {"id": state.engine.model_info.name, "object": "model", "created": state.started_at, "owned_by": "stepserve"}
+def _model_card(state: ServerState, name: str) -> dict:
+    return {"id": name, "object": "model", "created": state.started_at, "owned_by": "stepserve"}
 
 
 def _v1_routes(state: ServerState) -> APIRouter:
     router = APIRouter()
 
     @router.get("/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [_model_card(state)]}
+    async def models() -> dict:  # the model's own name first, then its --served-model-name aliases
+        names = served_names(state.engine.model_info.name, state.limits)
+        return {"object": "list", "data": [_model_card(state, name) for name in names]}
 
     @router.get("/models/{model_id:path}")
     async def model(model_id: str) -> dict:
-        if model_id != state.engine.model_info.name:
-            raise APIError(404, f"model {model_id!r} is not served here; available: {state.engine.model_info.name}",
-                           code="model_not_found", param="model")
-        return _model_card(state)
+        check_model(model_id, state.engine.model_info.name, state.limits)
+        return _model_card(state, model_id)
 
     @router.post("/images/generations", openapi_extra=_BODY_SCHEMA)
     async def generate(request: Request) -> Response:
@@ -234,6 +234,7 @@ async def answer(state: ServerState, request: Request, read) -> Response:
     streaming = False
     try:
         req, params, sent = await read()
+        check_model(req.model, state.engine.model_info.name, state.limits)  # 404 for a model not served here
         created = await async_answer(state, request, path, req, params, sent)
         if created is not None:  # Prefer: respond-async
             return created

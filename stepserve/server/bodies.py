@@ -5,6 +5,7 @@ model or an APIError 400 naming the field and what is allowed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -30,8 +31,35 @@ def check_json(request: Request, also: str = "") -> None:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with a 413 as soon as it is known to be over `limit` bytes (declared or streamed)."""
-    return b"".join([chunk async for chunk in counted(request, limit, "shorten the prompt")])
+    """The body, refused with a 413 as soon as it is known to be over `limit` bytes (declared or streamed): unread,
+    so the field at fault is unknown (json_too_large names it where the body was read)."""
+    return b"".join([chunk async for chunk in counted(request, limit, TEXT_ADVICE)])
+
+
+TEXT_ADVICE = "a JSON body carries text only: shorten its text fields (prompt, negative_prompt)"
+
+
+async def json_too_large(raw: bytes, limit: int) -> APIError:
+    """The 413 of a JSON body read whole and found over `limit`: it names the field that makes it so (the longest
+    of the object's values, "negative_prompt is 10485760 characters"), parsed off the event loop; a body that does
+    not parse gets the general advice."""
+    largest = await asyncio.to_thread(_largest_field, raw)
+    if largest is None:
+        return too_large(limit, TEXT_ADVICE)
+    name, size = largest
+    return too_large(limit, f"its field {name} is {size} characters; shorten it", param=name)
+
+
+def _largest_field(raw: bytes) -> tuple[str, int] | None:
+    try:
+        data = json_value(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not data:
+        return None
+    sizes = {str(k)[:40]: len(v) if isinstance(v, str) else len(json.dumps(v)) for k, v in data.items()}
+    name = max(sizes, key=sizes.__getitem__)
+    return name, sizes[name]
 
 
 async def counted(request: Request, limit: int, advice: str) -> AsyncIterator[bytes]:
@@ -50,9 +78,9 @@ async def counted(request: Request, limit: int, advice: str) -> AsyncIterator[by
             yield chunk
 
 
-def too_large(limit: int, advice: str) -> APIError:
+def too_large(limit: int, advice: str, param: str | None = None) -> APIError:
     shown = f"{limit // 2**20} MiB" if limit >= 2**20 else f"{limit // 1024} KiB"
-    return APIError(413, f"the request body is larger than {shown}; {advice}", code="body_too_large")
+    return APIError(413, f"the request body is larger than {shown}; {advice}", code="body_too_large", param=param)
 
 
 def json_value(text: str | bytes) -> Any:

@@ -17,14 +17,12 @@ from dataclasses import replace
 
 from fastapi import APIRouter, Request
 
-from .bodies import read_body, too_large
+from .bodies import json_too_large, read_body
 from .edits import _open
 from .errors import invalid
 from .forms import base64_picture
 from .schemas import parse_body
 from .state import ServerState
-
-_JSON_ADVICE = "shorten the prompt"
 
 
 def controlnet_routes(state: ServerState) -> APIRouter:
@@ -43,10 +41,10 @@ async def read_generation(request: Request, state: ServerState):
     limits = state.limits
     raw = await read_body(request, max(limits.max_body_bytes, limits.max_upload_bytes))
     if len(raw) > limits.max_body_bytes and b'"controls"' not in raw and b'"ip_adapter"' not in raw:
-        raise too_large(limits.max_body_bytes, _JSON_ADVICE)
+        raise await json_too_large(raw, limits.max_body_bytes)
     req = parse_body(raw, limits)
     if len(raw) > limits.max_body_bytes and not req.controls and req.ip_adapter is None:
-        raise too_large(limits.max_body_bytes, _JSON_ADVICE)
+        raise await json_too_large(raw, limits.max_body_bytes)
     return req
 
 

@@ -83,8 +83,10 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
         raise
     if not created:  # the job made earlier under this key has its own
         await asyncio.to_thread(results.delete, inputs.values())
+    # RFC 7240: the preference was honoured (a synchronous answer carries no Preference-Applied, so a client whose
+    # Prefer was misspelt, "respond-asynch", can tell)
     return JSONResponse(await image_job_object(state, job), status_code=202 if created else 200,
-                        headers={"Location": f"{JOBS}/{job.id}"})
+                        headers={"Location": f"{JOBS}/{job.id}", "Preference-Applied": "respond-async"})
 
 
 async def image_job_object(state: ServerState, job: JobRecord, with_result: bool = True) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from ..request.types import SamplingParams
 from ..request.validation import MAX_SEED, ValidationError, draw_seed, parse_size
 from .bodies import from_fields, parse_object
-from .errors import invalid
+from .errors import APIError, invalid
 
 MAX_PARTIAL_IMAGES = 3
 
@@ -32,6 +32,7 @@ class ServerLimits:
     max_video_jobs: int = 64  # video jobs queued or running in the whole service at once; beyond it, POST gets 429
     max_image_jobs: int = 256  # async image jobs (Prefer: respond-async) queued or running at once; beyond, 429
     max_running_jobs: int | None = None  # jobs one process runs at once; None: the engine's max_batch_size
+    served_model_names: tuple[str, ...] = ()  # aliases a request's "model" may name besides the model's own name
 
 
 class ImageGenerationRequest(BaseModel):
@@ -115,6 +116,24 @@ def _check(req: ImageGenerationRequest, limits: ServerLimits) -> None:
         raise invalid(f"seed: must be an integer in [0, {MAX_SEED - (n - 1)}] (image i uses seed + i), got {req.seed}",
                       "seed")
     request_size(req.size)
+
+
+def served_names(model: str, limits: ServerLimits) -> tuple[str, ...]:
+    """The names a request's "model" may give, as GET /v1/models lists them: the model's own, then the aliases of
+    --served-model-name (an operator whose clients send a fixed name, such as "dall-e-3")."""
+    return (model, *(a for a in dict.fromkeys(limits.served_model_names) if a != model))
+
+
+def check_model(name: str | None, model: str, limits: ServerLimits) -> None:
+    """A request that names a model (its "model", GET /v1/models/{id}) names one served here, or it is answered
+    404 model_not_found as OpenAI and vLLM answer: another model never stands in for it silently. A request without
+    "model" gets the one served."""
+    if name is None:
+        return
+    names = served_names(model, limits)
+    if name not in names:
+        raise APIError(404, f"model: {name[:100]!r} is not served here; served: {', '.join(names)} (GET /v1/models)",
+                       code="model_not_found", param="model")
 
 
 def request_size(size: str | None) -> tuple[int | None, int | None]:

@@ -123,7 +123,8 @@ def start_engine(config: EngineConfig):
         check_model_argument(config.model)  # a one-line error before anything loads
     except FileNotFoundError as exc:
         raise StartupError(f"--{exc}") from None
-    say(f"loading {config.model} on {config.device} ({config.dtype}, backend {config.backend}) ...")
+    weights = f", {config.weights.summary()}" if config.weights is not None and config.weights.changed else ""
+    say(f"loading {config.model} on {config.device} ({config.dtype}{weights}, backend {config.backend}) ...")
     try:
         built = build_engine(config, say)
     except (OSError, ValueError) as exc:

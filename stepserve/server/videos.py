@@ -36,6 +36,7 @@ from .forms import is_form
 from .images import outcome_of, resolve_all
 from .job_http import check_webhook, create_job, fingerprint, idempotency_key, job_events
 from .mp4 import EncoderMissing, check_encoder
+from .schemas import check_model
 from .state import CLIENT_GONE, ServerState
 from .streaming import EventStreamResponse
 from .video_jobs import parse_video_body, read_video_form, video_meta, video_object, video_params
@@ -54,6 +55,7 @@ def video_routes(state: ServerState) -> APIRouter:
             else:
                 check_json(request, also="or multipart/form-data")
                 req = parse_video_body(await read_body(request, state.limits.max_body_bytes))
+            check_model(req.model, state.engine.model_info.name, state.limits)  # 404 for a model not served here
             params, fps = video_params(req, state.engine.model_info, state.limits.default_timeout_s)
             webhook = check_webhook(req.webhook, state.jobs.webhook_secret)
             try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..engine.core import EngineCore
 from ..fleet.autoscale import DEFAULT_UTILISATION, SLOScaling
-from ..fleet.routers import DEFAULT_ROUTER, make_router
+from ..fleet.routers import PLANNING_ROUTER, make_router
 from .autoscale import Autoscaler, RayDefault
 from .fleet import Fleet
 
@@ -21,7 +21,7 @@ LOAD_SAMPLES = 200  # work-in-hand samples per replica over a run (the replica l
 @dataclass
 class FleetSettings:
     replicas: int = 1
-    router: str = DEFAULT_ROUTER
+    router: str = PLANNING_ROUTER
     autoscale: tuple[int, int] | None = None
     policy: str = "slo"  # slo | ray
     target_ongoing_requests: float = 2.0

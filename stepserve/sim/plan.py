@@ -28,7 +28,7 @@ from ..costs import LatencyModel
 from ..scheduling import DEFAULT_STRATEGY
 from ..util.words import noun_for
 from .replicas import FleetResult, allowed_misses, run_replicas, summarize
-from ..fleet.routers import DEFAULT_ROUTER, make_router
+from ..fleet.routers import PLANNING_ROUTER, make_router
 from .run import Arrival
 
 DEFAULT_STRATEGIES = (DEFAULT_STRATEGY, "continuous", "dynamic")  # the default first, then the fixed contenders
@@ -41,7 +41,7 @@ class PlanSpec:
     slo_s: float  # the p95 bound
     mix: Mix
     strategies: list[str] = field(default_factory=lambda: list(DEFAULT_STRATEGIES))
-    router: str = DEFAULT_ROUTER
+    router: str = PLANNING_ROUTER
     max_replicas: int = 64
     duration_s: float = 120.0  # measured arrivals, after the warm-up
     warmup_s: float = 0.0  # arrivals before this are served but not counted

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepserve.fleet.routers import (
-    DEFAULT_ROUTER,
+    PLANNING_ROUTER,
     ROUTERS,
     LeastOutstanding,
     PowerOfTwo,
@@ -158,7 +158,7 @@ def test_sampled_least_work_reads_only_its_draws_and_adds_an_adapter_holder():
 
 
 def test_make_router_names_and_errors():
-    assert DEFAULT_ROUTER == "least_work"
+    assert PLANNING_ROUTER == "least_work"
     for name in ROUTERS:
         assert make_router(name, 1).name == name
     with pytest.raises(ValueError, match="allowed: least_work, least_work_sampled, power_of_two"):

@@ -110,6 +110,24 @@ def test_a_request_naming_a_held_adapter_goes_where_it_is_held():
     assert choose(router, [a, b], "r3", route="/health")[0][0] == "b"  # no work: the least loaded all the same
 
 
+@pytest.mark.parametrize("route,method,priced", [
+    ("/v1/images/generations", "", True), ("/v1/images/edits", "", True), ("/v1/videos", "", True),
+    ("/v1/videos", "POST", True), ("/v1/videos", "GET", False),  # the listing, where Ray gives the method
+    ("", "", True), ("/", "", True),  # unknown: priced, the safe side
+    ("/v1/videos/{video_id}", "", False), ("/v1/videos/{video_id}/events", "", False),
+    ("/v1/videos/{video_id}/content", "", False), ("/v1/images/jobs/{job_id}", "", False),
+    ("/v1/images/jobs/{job_id}/events", "", False), ("/v1/images/jobs", "", False), ("/v1/loras", "", False),
+    ("/v1/models", "", False), ("/health", "", False),
+])
+def test_only_requests_that_generate_are_priced(route, method, priced):
+    """A job's polls and event streams are not generations: priced at nothing, so a replica polled often does
+    not look busy."""
+    router = make_router(router="least_work")
+    meta = FakeMeta("r", route=route)
+    meta._http_method = method
+    assert router.job(FakePending(meta)).steps == (20 if priced else 0)
+
+
 def test_a_replica_that_published_nothing_yet_counts_as_idle():
     router = make_router(router="least_work")
     assert choose(router, [FakeReplica("a", published(3.0, 2, 1.0)), FakeReplica("new")], "r")[0] == ["new", "a"]

@@ -15,7 +15,8 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
   floor on what a replica holds (`with_in_flight`); without it, live runs on a loaded machine let a replica slow
   to take requests in look emptier than it was and draw ever more.
 - Ray's HTTP proxy routes a request before reading its body, so the router does not know its steps or size: it
-  prices each at the model's default steps and reference size (what each replica quotes). The replicas' work in
+  prices each that generates (GENERATING_ROUTES; a job's polls and event streams cost nothing) at the model's
+  default steps and reference size (what each replica quotes). The replicas' work in
   hand, which is what differs between them, is exact. A client that names its LoRA adapter in Ray's
   `serve_multiplexed_model_id` header gets adapter affinity (a replica holding it wins unless another finishes
   sooner by more than --adapter-load-s).
@@ -39,7 +40,20 @@ from ...fleet.stats import Job, ReplicaStats, finish_s, price_s, with_in_flight
 
 ROUTING_STATS_PERIOD_S = 0.5  # how often Ray's controller asks each replica for its stats
 ROUTER_CLASS = "stepserve.server.ray.router.FleetRouter"
-IMAGE_ROUTES = ("/v1/images", "/v1/videos")  # requests that make work; the others (health, models) cost nothing
+# The routes whose POST makes work (Ray's proxy matches each request to the app's route pattern, and the router sees
+# that pattern). Every other request costs nothing here: health, models, a job's polls and event streams
+# (GET /v1/videos/{video_id}, .../events, /v1/images/jobs/{job_id}), listings, adapter loads.
+GENERATING_ROUTES = frozenset(("/v1/images/generations", "/v1/images/edits", "/v1/videos"))
+
+
+def generates(route: str, method: str = "") -> bool:
+    """Whether a request makes work, from its route pattern and, where Ray gives it, its HTTP method (GET
+    /v1/videos lists; only POST creates). A request whose route is unknown ("": a call through a handle; "/": the
+    prefix, before the replicas have told the proxy their routes) is priced as one that does: the safe side."""
+    if method and method.upper() != "POST":
+        return False
+    path = route.rstrip("/")
+    return not path or path in GENERATING_ROUTES
 
 
 class FleetRouter(FIFOMixin, RequestRouter):
@@ -62,7 +76,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
         if pending is None:
             return Job(self.default_steps)
         meta = pending.metadata
-        steps = self.default_steps if any(meta.route.startswith(r) for r in IMAGE_ROUTES) or not meta.route else 0
+        steps = self.default_steps if generates(meta.route, getattr(meta, "_http_method", "")) else 0
         adapter = meta.multiplexed_model_id
         return Job(steps, 0, frozenset((adapter,)) if adapter else frozenset())
 
