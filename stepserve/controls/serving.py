@@ -28,15 +28,20 @@ def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | Non
 
 
 def to_load(executor: Any, params) -> list[str]:
-    """The served ControlNets these requests name (before any check: what validation refuses is left out) that are
-    not loaded now. Cheap: on the event loop."""
+    """The served ControlNets these requests name that are not loaded now. `params` as resolved (the HTTP, edit
+    and job paths: Control objects) or as sent (the Python API: dicts, before any check: what validation refuses
+    is left out). Cheap: on the event loop."""
     store = getattr(executor, "_controlnets", None)
     if store is None:
         return []
-    names = [c.get("name") for p in params if isinstance(getattr(p, "controls", None), (list, tuple))
-             for c in p.controls if isinstance(c, dict)]
+    names = [_name(c) for p in params if isinstance(getattr(p, "controls", None), (list, tuple)) for c in p.controls]
     served = store.names
     return sorted({n for n in names if isinstance(n, str) and n in served and n not in store.loaded})
+
+
+def _name(item: Any) -> object:
+    """A control's name, resolved (controls/spec.Control) or as sent (a dict)."""
+    return item.get("name") if isinstance(item, dict) else getattr(item, "name", None)
 
 
 def load(executor: Any, names: list[str]) -> None:
