@@ -59,7 +59,8 @@ def _number(value: object) -> bool:
 def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any],
                    family: str = "sd", guess_only: frozenset[str] = frozenset()) -> tuple[Control, ...]:
     """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one);
-    `family`: the model's; `guess_only`: the served ControlNets that run in guess mode only."""
+    `family`: the model's; `guess_only`: the served ControlNets that run in guess mode only. Controls resolved
+    already (a tuple of Control: images decoded and preprocessed) are taken as they are, their names checked."""
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
@@ -67,6 +68,12 @@ def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str
                                            f"\"end\"}}, got {type(value).__name__}")
     if len(value) > MAX_PER_REQUEST:
         raise ControlSpecError("controls", f"{len(value)} controls; at most {MAX_PER_REQUEST} per request")
+    # resolved once per request at the edge (the server, off its event loop): every image of `n` shares it
+    if value and all(isinstance(c, Control) for c in value):
+        for i, c in enumerate(value):
+            if c.name not in known:
+                raise ControlSpecError(f"controls[{i}].name", unknown_name(c.name, known))
+        return tuple(value)
     out: list[Control] = []
     for i, item in enumerate(value):
         at = f"controls[{i}]"
