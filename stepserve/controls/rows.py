@@ -136,12 +136,14 @@ def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: 
 
 def _weighted(pipeline, net, flat: list[Tensor], used: list, count: int) -> list[Tensor]:
     """A ControlNet's outputs for its rows (its first ones of `count`), each row's weighted by its scale (times the
-    family's guess-mode scale of each output for a row in guess mode)."""
+    family's guess-mode scale of each output for a row in guess mode). The table stays float32 and each product
+    is rounded to the outputs' dtype once, as diffusers multiplies by the Python float: a table in bfloat16 would
+    round 0.7 to 0.6992 before the product."""
     guess = any(g for *_, g in used)
     factors = pipeline.guess_scales(net, count)[:len(flat)] if guess else [1.0]
-    table = torch.tensor([[w * f if g else w for _, w, _, g in used] for f in factors],  # one copy to the device
-                         dtype=flat[0].dtype, device=flat[0].device)
-    return [r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1)) for b, r in enumerate(flat)]
+    table = torch.tensor([[float(w * f) if g else w for _, w, _, g in used] for f in factors],  # one copy to the
+                         dtype=torch.float32, device=flat[0].device)                          # device
+    return [(r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1))).to(r.dtype) for b, r in enumerate(flat)]
 
 
 def select_rows(out: dict, rows: list[int]) -> dict:
