@@ -4,6 +4,7 @@ rest."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,42 @@ def to_load(executor: Any, params) -> list[str]:
     names = [_name(c) for p in params if isinstance(getattr(p, "controls", None), (list, tuple)) for c in p.controls]
     served = store.names
     return sorted({n for n in names if isinstance(n, str) and n in served and n not in store.loaded})
+
+
+DEPTH = ("num_layers", "num_single_layers")  # a transformer ControlNet's config: how many block outputs it gives
+
+
+def check_depths(executor: Any, params) -> None:
+    """Refuse a request that names ControlNets of different depths (ControlNetError naming them): its controls are
+    summed output by output, which such cannot be. Read from their configs (a UNet ControlNet's structure is the
+    UNet's, checked at load). Before the request is queued, so it never fails in a step."""
+    store = getattr(executor, "_controlnets", None)
+    if store is None:
+        return
+    from .errors import ControlNetError
+    from .spec import different_depths
+
+    for p in params:
+        controls = getattr(p, "controls", None)
+        if not isinstance(controls, (list, tuple)) or len(controls) < 2:
+            continue
+        names = [n for n in dict.fromkeys(map(_name, controls)) if isinstance(n, str) and n in store.names]
+        depths = {n: _depth(store, n) for n in names}
+        if len(set(depths.values())) > 1:
+            raise ControlNetError(different_depths(names, {n: [(k, v) for k, v in zip(DEPTH, d) if v is not None]
+                                                           for n, d in depths.items()}))
+
+
+def _depth(store: Any, name: str) -> tuple:
+    loaded = store.loaded.get(name)
+    if loaded is not None:
+        config = loaded.module.config
+    else:
+        try:
+            config = json.loads((store.files()[name] / "config.json").read_text())
+        except (KeyError, OSError, ValueError):  # gone or unreadable: the load says why
+            return ()
+    return tuple(config.get(k) for k in DEPTH)
 
 
 def _name(item: Any) -> object:

@@ -251,6 +251,10 @@ class AsyncEngine(EngineThread):
         names = controls.to_load(self.executor, params)
         if names:
             await self._off_loop.run(self._off_loop.adapters, controls.load, self.executor, names)
+        try:
+            controls.check_depths(self.executor, params)  # else the request would fail at its first step
+        except ValueError as exc:  # ControlNetError: the request's own bad input
+            raise ValidationError(getattr(exc, "param", "controls"), str(exc)) from None
         groups = image_prompts.to_load(self.executor, params)  # each request's adapters, loaded together
         if groups:
             await self._off_loop.run(self._off_loop.adapters, image_prompts.load, self.executor, groups)
