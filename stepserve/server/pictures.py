@@ -74,8 +74,8 @@ def decode(picture, field: str, mode: str = "RGB"):
 
 
 def sent_picture(field: str, value, model: ModelInfo):
-    """A picture of a JSON body (base64 text) opened, checked and decoded as RGB; anything else (a picture decoded
-    already, or a value the request's checks refuse) as it is. A worker thread's work."""
+    """A picture of a JSON body (base64 text) opened, checked and decoded as RGB. A worker thread's work."""
     if not isinstance(value, str):
-        return value
+        raise invalid(f"{field}: expected a base64 PNG, JPEG or WebP image (or a data: URL of one), got "
+                      f"{type(value).__name__}", field)
     return decode(open_picture(from_base64(value, field), field, model), field)
