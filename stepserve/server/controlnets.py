@@ -20,6 +20,7 @@ from functools import partial
 
 from fastapi import APIRouter, Request
 
+from ..caching.spec import CacheSpecError
 from ..request.control_params import resolve_controls
 from ..request.image_prompt import resolve_ip_adapter
 from ..util.field_error import FieldError
@@ -91,3 +92,5 @@ def _resolve(p, model, to_image) -> tuple:
         return resolve_controls(p, model, p.image, to_image), resolve_ip_adapter(p, model, to_image)
     except FieldError as exc:
         raise invalid(f"{exc.field}: {exc}", exc.field) from None
+    except CacheSpecError as exc:  # read by the controls' checks (caching with controls) before the request's own
+        raise invalid(f"cache: {exc}", "cache") from None

@@ -83,3 +83,5 @@ def test_one_request_naming_two_depths_is_a_400_naming_both(flux):
         assert "same depth" in error["message"]
         body["controls"] = body["controls"][:1]
         assert client.post("/v1/images/generations", json=body).status_code == 200
+        bad_cache = client.post("/v1/images/generations", json={**body, "cache": "bogus"})  # read with the controls
+        assert bad_cache.status_code == 400 and bad_cache.json()["error"]["param"] == "cache", bad_cache.text
