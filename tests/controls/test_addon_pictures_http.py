@@ -111,3 +111,19 @@ def test_a_16_bit_png_control_is_scaled_by_the_servers_decoder():
     levels, image = sixteen_bit_gradient()
     got = pictures.sent_picture("controls[0].image", png64(image), SimpleNamespace(name="m", max_size=64))
     assert got.mode == "RGB" and np.abs(np.asarray(got)[..., 1].astype(int) - np.rint(levels / 257)).max() == 0
+
+
+def test_an_edits_canny_runs_once_per_request_off_the_loop(client, monkeypatch):
+    require("cv2", "canny")
+    from stepserve.controls import preprocess
+
+    calls: list = []
+    watched(monkeypatch, preprocess, "canny", calls)
+    png = base64.b64decode(png64(noise_photo(16)))
+    answer = client.post("/v1/images/edits", data={"prompt": "a small cat", "n": "2", "num_inference_steps": "3",
+                                                    "size": "16x16", "controls[0][name]": "edge",
+                                                    "controls[0][preprocess]": "canny"},
+                         files={"image": ("i.png", png), "controls[0][image]": ("c.png", png)})
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["data"]) == 2
+    assert [(name, loop) for name, loop, _ in calls] == [("canny", False)]
