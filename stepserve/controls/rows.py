@@ -104,7 +104,7 @@ def _spread(pipeline, shapes: dict, outputs: dict) -> tuple[list, dict]:
     keys = list(dict.fromkeys(key for shape in shapes.values() for key, n in shape if n))
     denoiser = getattr(getattr(pipeline, "networks", None), "transformer", None)
     if denoiser is None or any(key not in SPREAD for key in keys):  # a UNet's are checked to match it at load
-        raise ControlNetError(different_depths(shapes, shapes).replace("for one request", "in one forward"))
+        raise ControlNetError(different_depths(shapes, shapes, "one forward of this model"))
     target = [(key, len(getattr(denoiser, SPREAD[key][0]))) for key in keys]
     laid = {}
     for name, entries in outputs.items():
@@ -190,8 +190,8 @@ def _weighted(pipeline, net, flat: list[Tensor], used: list, count: int) -> list
     round 0.7 to 0.6992 before the product."""
     guess = any(g for *_, g in used)
     factors = pipeline.guess_scales(net, count)[:len(flat)] if guess else [1.0]
-    table = torch.tensor([[float(w * f) if g else w for _, w, _, g in used] for f in factors],  # one copy to the
-                         dtype=torch.float32, device=flat[0].device)                          # device
+    table = torch.tensor([[float(w * f) if g else w for _, w, _, g in used] for f in factors],
+                         dtype=torch.float32, device=flat[0].device)  # one copy to the device
     return [(r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1))).to(r.dtype) for b, r in enumerate(flat)]
 
 

@@ -58,21 +58,21 @@ def check_depths(executor: Any, params) -> None:
         if not isinstance(controls, (list, tuple)) or len(controls) < 2:
             continue
         names = [n for n in dict.fromkeys(map(_name, controls)) if isinstance(n, str) and n in store.names]
-        depths = {n: _depth(store, n) for n in names}
+        depths = {n: d for n in names if (d := _depth(store, n)) is not None}  # unreadable: its load says why
         if len(set(depths.values())) > 1:
             raise ControlNetError(different_depths(names, {n: [(k, v) for k, v in zip(DEPTH, d) if v is not None]
                                                            for n, d in depths.items()}))
 
 
-def _depth(store: Any, name: str) -> tuple:
+def _depth(store: Any, name: str) -> tuple | None:
     loaded = store.loaded.get(name)
     if loaded is not None:
         config = loaded.module.config
     else:
         try:
             config = json.loads((store.files()[name] / "config.json").read_text())
-        except (KeyError, OSError, ValueError):  # gone or unreadable: the load says why
-            return ()
+        except (KeyError, OSError, ValueError):
+            return None
     return tuple(config.get(k) for k in DEPTH)
 
 

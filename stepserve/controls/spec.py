@@ -138,9 +138,9 @@ def _guess_mode(items: list | tuple, controls: list[Control], family: str, guess
     return guess
 
 
-def different_depths(names, shapes: Mapping) -> str:
-    """The one message for ControlNets of different depths in one request (`shapes`: name -> (what, count) pairs,
-    e.g. ("num_layers", 2)): their outputs are summed block by block, as diffusers' Multi models sum them."""
+def different_depths(names, shapes: Mapping, within: str = "one request") -> str:
+    """The one message for ControlNets of different depths (`shapes`: name -> (what, count) pairs, e.g.
+    ("num_layers", 2)): one request's are summed block by block, as diffusers' Multi models sum them."""
     shown = "; ".join(f"{n}: {', '.join(f'{k} {v}' for k, v in s)}" for n, s in sorted(shapes.items()))
     return (f"the ControlNets {', '.join(sorted(names))} give different numbers of block outputs ({shown}), so they "
-            f"cannot be summed for one request; allowed: ControlNets of the same depth in one request")
+            f"cannot be combined in {within}; allowed: ControlNets of the same depth in {within}")
