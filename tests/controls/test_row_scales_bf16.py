@@ -76,3 +76,31 @@ def test_lora_rows_scaled_as_peft_does():
     assert got.dtype is BF16
     for i, s in enumerate(SCALES):
         assert torch.equal(got[i], base[i] + delta[i] * (layer.scaling["a"] * s)), i
+
+
+def test_lora_rows_of_different_adapters_scaled_as_peft_does():
+    """Rows of different adapters at one position take the gathered path (one batched matmul pair)."""
+    peft = pytest.importorskip("peft")
+    from stepserve.lora import rows as lora_rows
+
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 6))
+    for name in ("a", "b"):
+        model = peft.inject_adapter_in_model(peft.LoraConfig(r=2, lora_alpha=2, target_modules=["0"]), model, name)
+    layer = model[0]
+    for name in ("a", "b"):
+        torch.nn.init.normal_(layer.lora_B[name].weight)
+    model.to(BF16)
+    layer.enable_adapters(False)
+    layer.register_forward_hook(lora_rows.hook)
+    x = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(7)).to(BF16)
+    names = ("a", "b", "a")
+    with torch.inference_mode():
+        with lora_rows.adapter_rows([((n, s),) for n, s in zip(names, SCALES)]):
+            got = model(x)
+        base = layer.base_layer(x)
+        for i, (n, s) in enumerate(zip(names, SCALES)):
+            A, B = layer.lora_A[n].weight, layer.lora_B[n].weight
+            xa = torch.bmm(x[i:i + 1], A.t()[None])
+            want = base[i] + (torch.bmm(xa, B.t()[None]) * (layer.scaling[n] * s))[0]
+            assert torch.equal(got[i], want), i
