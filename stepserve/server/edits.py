@@ -123,8 +123,9 @@ async def _read(upload: UploadFile, name: str) -> bytes:
 def _decode(image, mask, named=()):
     """(the image as RGB, the mask as the grayscale that repaints where white, or None, the other pictures as RGB:
     `named`, (form part, picture) each): the pixels decoded and converted once, in a worker thread."""
+    image = decode(image, "image")
     mask = None if mask is None else repaint_mask(decode(mask, "mask", mask.mode))
-    return decode(image, "image"), mask, [decode(picture, name) for name, picture in named]
+    return image, mask, [decode(picture, name) for name, picture in named]
 
 
 def repaint_mask(mask):
