@@ -59,8 +59,8 @@ def _number(value: object) -> bool:
 def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any],
                    family: str = "sd", guess_only: frozenset[str] = frozenset()) -> tuple[Control, ...]:
     """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one);
-    `family`: the model's; `guess_only`: the served ControlNets that run in guess mode only. Controls resolved
-    already (a tuple of Control: images decoded and preprocessed) are taken as they are, their names checked."""
+    `family`: the model's; `guess_only`: the served ControlNets that run in guess mode only. A Control (resolved
+    already) is checked again as the fields it stands for."""
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
@@ -68,12 +68,7 @@ def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str
                                            f"\"end\"}}, got {type(value).__name__}")
     if len(value) > MAX_PER_REQUEST:
         raise ControlSpecError("controls", f"{len(value)} controls; at most {MAX_PER_REQUEST} per request")
-    # resolved once per request at the edge (the server, off its event loop): every image of `n` shares it
-    if value and all(isinstance(c, Control) for c in value):
-        for i, c in enumerate(value):
-            if c.name not in known:
-                raise ControlSpecError(f"controls[{i}].name", unknown_name(c.name, known))
-        return tuple(value)
+    value = [_as_sent(c) if isinstance(c, Control) else c for c in value]
     out: list[Control] = []
     for i, item in enumerate(value):
         at = f"controls[{i}]"
@@ -112,6 +107,13 @@ def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str
         out.append(Control(name, image, float(scale), float(start), float(end)))
     guess = _guess_mode(value, out, family, guess_only)
     return tuple(replace(c, guess_mode=guess) for c in out)
+
+
+def _as_sent(c: Control) -> dict:
+    """A control resolved already (at the edge: the server resolves a request's once, off its event loop, and every
+    image of `n` shares it) as the fields that resolve to it again: its image is decoded and preprocessed."""
+    return {"name": c.name, "image": c.image, "scale": c.scale, "start": c.start, "end": c.end,
+            **({"guess_mode": True} if c.guess_mode else {})}
 
 
 def _guess_mode(items: list | tuple, controls: list[Control], family: str, guess_only: frozenset[str]) -> bool:
