@@ -49,8 +49,24 @@ def test_a_controlnet_without_single_blocks_equals_diffusers(flux):
     assert np.abs(pixels(got.image) - diffusers_controlnet(pipe, folder, p, "flux")).max() <= 1
 
 
-def test_requests_of_different_depths_share_each_step(flux):
-    pipe, folder = flux
+@pytest.fixture(scope="module")
+def sd3(tmp_path_factory):
+    """A tiny SD3 of six blocks (the last takes no ControlNet output) and ControlNets of four, two and one: SD3
+    spreads them by int(k / (blocks / n)), not Flux's k // ceil(blocks / n) (block 3 takes output 2 of four, not
+    1)."""
+    from stepserve.tiny.controlnet import build_tiny_controlnet
+    from stepserve.tiny.sd3 import build_tiny_sd3
+
+    root = tmp_path_factory.mktemp("control_depths_sd3")
+    pipe = build_tiny_sd3(root / "pipe", layers=6)
+    for seed, (name, depth) in enumerate({"full": (4,), "half": (1,), "nosingle": (2,)}.items(), start=1):
+        build_tiny_controlnet(pipe, root / "controlnets" / name, seed=seed, std=0.5, depth=depth)
+    return pipe, root / "controlnets"
+
+
+@pytest.mark.parametrize("family", ["flux", "sd3"])
+def test_requests_of_different_depths_share_each_step(family, request):
+    pipe, folder = request.getfixturevalue(family)
     engine = Engine.from_pretrained(str(pipe), strategy="static", static_batch_size=3, max_batch_size=3,
                                     controlnet_dir=str(folder))
     reqs = [ask(2, (("full", 1.0, 0.0, 1.0),)), ask(3, (("half", 0.8, 0.0, 1.0),)),
