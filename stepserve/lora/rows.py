@@ -148,13 +148,14 @@ def _stacks(module, device) -> dict[int, tuple[list[str], torch.Tensor, torch.Te
 
 
 def stack_bytes(layers, key: str) -> int:
-    """What adapter `key` adds to the stacks of `layers` (its slots: its weights in each Linear layer's dtype)."""
+    """What adapter `key` adds to the stacks of `layers` (its slots: its weights in each Linear layer's dtype, its
+    scaling in float32)."""
     total = 0
     for layer in layers:
         base = getattr(layer, "base_layer", None)
         if isinstance(base, torch.nn.Linear) and key in layer.lora_A:
             r = int(layer.r[key])
-            total += (r * (base.in_features + base.out_features) + 1) * base.weight.element_size()
+            total += r * (base.in_features + base.out_features) * base.weight.element_size() + 4
     return total
 
 
