@@ -1,5 +1,5 @@
 """The combination matrix's parts (tests/test_feature_pairs.py): every feature a server or a request can ask for,
-which tiny family hosts a pair (the first that serves both, by pipelines/capabilities.py), what the pair should
+which tiny family hosts a pair (the first that serves both, by stepserve/capabilities.py), what the pair should
 get (served, refused at start-up, refused at admission), and how an engine and a request with a pair are made.
 
 Start-up features are flags of `stepserve serve` (an EngineConfig); request features are fields of a request (and
@@ -16,7 +16,7 @@ from pathlib import Path
 from edit_images import mask_image, start_image
 
 from stepserve import SamplingParams
-from stepserve.pipelines import capabilities as caps
+from stepserve import capabilities as caps
 
 START = ("quantize", "offload_model", "offload_group", "single_file", "gguf", "deterministic", "compile")
 REQUEST = ("lora", "controlnets", "ip_adapter", "fbcache", "deepcache", "magcache", "img2img", "inpaint", "video")

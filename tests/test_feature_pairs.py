@@ -1,6 +1,6 @@
 """The combination matrix: every pair of features (`--quantize`, `--offload`, single-file and GGUF weights, LoRA,
 ControlNets, IP-Adapters, each cache, image to image, inpainting, `--deterministic`, `--compile`, video), generated
-from the families' declarations (pipelines/capabilities.py; the parts are tests/feature_pairs.py), on the first tiny
+from the families' declarations (stepserve/capabilities.py; the parts are tests/feature_pairs.py), on the first tiny
 family that serves both. Each pair is served (a request with both is served, and inside a mixed batch with a plain
 request and another of its kind gets the image it gets alone), or refused at start-up (a ValueError, one line,
 naming both) or at admission (a ValidationError, a 400, naming both): whichever the declarations say. No pair
@@ -14,7 +14,7 @@ from feature_pairs import (FEATURES, REQUEST, START, Tiny, engine_config, expect
 
 from stepserve import Engine, ValidationError
 from stepserve.engine.config import build_engine
-from stepserve.pipelines import capabilities as caps
+from stepserve import capabilities as caps
 
 pytestmark = pytest.mark.usefixtures("batching_pays")  # requests must share batches (see conftest)
 # Pairs that answered 500 per request before they were refused, run in the default run beside the sample: an

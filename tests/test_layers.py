@@ -29,6 +29,7 @@ LAYERS = (
     # the per-row features: a request is validated against their specs; their per-row code is reached from the
     # executor and the families above
     ("caching", "controls", "ipadapter", "lora", "addons"),
+    ("capabilities",),  # what each family serves, declared once (plain data, read by every layer above)
     ("util", "version", "models"),
 )
 LAYER_OF = {name: rank for rank, names in enumerate(LAYERS) for name in names}

@@ -19,11 +19,7 @@ import torch
 from torch import Tensor
 
 from ..lora.rows import rows_subset
-from .rows import RowCache, index_of, must_compute
-
-
-def _gather(x: Tensor, at: Tensor | None) -> Tensor:
-    return x if at is None else x.index_select(0, at)
+from .rows import RowCache, gather, index_of, must_compute
 
 
 def _control(hs: Tensor, samples, count: int, k: int) -> Tensor:
@@ -64,14 +60,14 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
                          "residual")
     head_rows = [i for i in range(n) if whole[i]]
     at = None if len(head_rows) == n else index_of(head_rows, hs0.device)
-    hs_in = _gather(hs0, at)
+    hs_in = gather(hs0, at)
     first = tr.transformer_blocks[0]
     ehs1 = hs1 = None
     if head_rows:
         with rows_subset(head_rows):  # LoRA adapters (stepserve/lora) follow their rows
-            ehs1, hs1 = first(hidden_states=hs_in, encoder_hidden_states=_gather(ehs0, at),
-                              temb=_gather(temb, at), image_rotary_emb=rotary)
-        double = [_gather(x, at) for x in double]
+            ehs1, hs1 = first(hidden_states=hs_in, encoder_hidden_states=gather(ehs0, at),
+                              temb=gather(temb, at), image_rotary_emb=rotary)
+        double = [gather(x, at) for x in double]
         hs1 = _control(hs1, double, len(tr.transformer_blocks), 0)
 
     # fbcache rows whose first-block residual barely moved skip the other blocks
@@ -82,12 +78,12 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
     hs_t = ehs_t = None
     if tail_rows:
         at2 = None if len(tail_rows) == len(head_rows) else index_of(tail_rows, hs0.device)
-        temb_t = _gather(_gather(temb, at), at2)
+        temb_t = gather(gather(temb, at), at2)
         with rows_subset([head_rows[k] for k in tail_rows]):
-            hs_t, ehs_t = _blocks(tr.transformer_blocks[1:], _gather(hs1, at2), _gather(ehs1, at2), temb_t, rotary,
-                                  [_gather(x, at2) for x in double], len(tr.transformer_blocks), first=1)
+            hs_t, ehs_t = _blocks(tr.transformer_blocks[1:], gather(hs1, at2), gather(ehs1, at2), temb_t, rotary,
+                                  [gather(x, at2) for x in double], len(tr.transformer_blocks), first=1)
             hs_t, ehs_t = _blocks(tr.single_transformer_blocks, hs_t, ehs_t, temb_t, rotary,
-                                  [_gather(_gather(x, at), at2) for x in single], len(tr.single_transformer_blocks))
+                                  [gather(gather(x, at), at2) for x in single], len(tr.single_transformer_blocks))
 
     if len(tail_rows) == n:
         out_hs = hs_t

@@ -19,11 +19,7 @@ from torch import Tensor
 
 from ..lora.rows import rows_subset
 from .flux import _control
-from .rows import RowCache, index_of, must_compute
-
-
-def _gather(x: Tensor | None, at: Tensor | None) -> Tensor | None:
-    return x if x is None or at is None else x.index_select(0, at)
+from .rows import RowCache, gather, index_of, must_compute
 
 
 @torch.no_grad()
@@ -46,11 +42,11 @@ def qwenimage_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hi
 
     def run(blocks, at: Tensor | None, hs: Tensor, ehs: Tensor, row_ids: list[int],
             first: int = 0) -> tuple[Tensor, Tensor]:
-        samples = [_gather(x, at) for x in controlnet_block_samples or ()]
+        samples = [gather(x, at) for x in controlnet_block_samples or ()]
         with rows_subset(row_ids):  # LoRA adapters (stepserve/lora) follow their rows
             for k, block in enumerate(blocks, start=first):
                 ehs, hs = block(hidden_states=hs, encoder_hidden_states=ehs,
-                                encoder_hidden_states_mask=_gather(mask, at), temb=_gather(temb, at),
+                                encoder_hidden_states_mask=gather(mask, at), temb=gather(temb, at),
                                 image_rotary_emb=rotary)
                 hs = _control(hs, samples, count, k)
         return hs, ehs
@@ -62,7 +58,7 @@ def qwenimage_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hi
     hs_t = None
     if tail:
         at = None if len(tail) == n else index_of(tail, hs0.device)
-        hs_t, _ = run(tr.transformer_blocks[1:], at, _gather(hs1, at), _gather(ehs1, at), tail, first=1)
+        hs_t, _ = run(tr.transformer_blocks[1:], at, gather(hs1, at), gather(ehs1, at), tail, first=1)
     if len(tail) == n:
         out_hs = hs_t
     else:

@@ -99,3 +99,9 @@ def must_compute(rows: list[RowCache | None], signal: Tensor | None, have: str) 
 
 def index_of(rows: list[int], device: torch.device) -> Tensor:
     return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def gather(x: Tensor | None, at: Tensor | None) -> Tensor | None:
+    """The rows `at` of `x` (None: all of them; an absent input stays None): the transformer forwards' one
+    gather."""
+    return x if x is None or at is None else x.index_select(0, at)

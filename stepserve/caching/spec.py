@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipelines.capabilities import served_for
+from ..capabilities import served_for
 
 ModelInfo = Any  # stepserve.request.types.ModelInfo (that module imports this one)
 

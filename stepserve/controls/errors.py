@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..pipelines.capabilities import where_served
+from ..capabilities import where_served
 
 
 class ControlNetError(ValueError):

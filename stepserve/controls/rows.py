@@ -15,13 +15,14 @@ denoiser adds it to its features (broadcast over the grid).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .errors import ControlNetError
-from .spec import Control
+from .spec import Control, different_depths
 
 
 @dataclass
@@ -66,11 +67,57 @@ def _flatten(out: dict) -> tuple[list, list[Tensor]]:
 
 
 def _unflatten(shape: list, flat: list[Tensor]) -> dict:
+    """The keywords again; one of no outputs is left out (a Flux ControlNet without single-stream blocks: the
+    transformer takes None there, and an empty tuple would divide by zero)."""
     out, at = {}, 0
     for key, n in shape:
-        out[key] = tuple(flat[at:at + n]) if n is not None else flat[at]
+        if n != 0:
+            out[key] = tuple(flat[at:at + n]) if n is not None else flat[at]
         at += 1 if n is None else n
     return out
+
+
+# How diffusers' transformers spread the outputs of one ControlNet over their blocks, per keyword: (the blocks that
+# take them, block k's output index of `n` over `blocks`). Flux.1 and Qwen-Image: k // ceil(blocks / n); SD3:
+# int(k / (blocks / n)).
+SPREAD = {
+    "controlnet_block_samples": ("transformer_blocks", lambda k, blocks, n: k // math.ceil(blocks / n)),
+    "controlnet_single_block_samples": ("single_transformer_blocks", lambda k, blocks, n: k // math.ceil(blocks / n)),
+    "block_controlnet_hidden_states": ("transformer_blocks", lambda k, blocks, n: int(k / (blocks / n))),
+}
+
+
+def _one_depth_per_row(order: list[list[str]], shapes: dict) -> None:
+    """A request's ControlNets are summed output by output (diffusers' Multi models): of different depths they
+    cannot be (a request naming such is refused before it is queued: serving.check_depths)."""
+    for names in order:
+        mine = [n for n in dict.fromkeys(names) if n in shapes]
+        if any(shapes[n] != shapes[mine[0]] for n in mine):
+            raise ControlNetError(different_depths(mine, {n: shapes[n] for n in mine}))
+
+
+def _spread(pipeline, shapes: dict, outputs: dict) -> tuple[list, dict]:
+    """Rows whose ControlNets have different depths (each row's of one depth) share the forward: each ControlNet's
+    outputs are spread over the denoiser's blocks as the denoiser spreads a lone ControlNet's (SPREAD), so every
+    block gets its own entry, and a row gets exactly what it gets alone. Returns the keywords' structure and
+    `outputs` with each ControlNet's list laid out on it (None where it adds nothing: no single-stream blocks)."""
+    keys = list(dict.fromkeys(key for shape in shapes.values() for key, n in shape if n))
+    denoiser = getattr(getattr(pipeline, "networks", None), "transformer", None)
+    if denoiser is None or any(key not in SPREAD for key in keys):  # a UNet's are checked to match it at load
+        raise ControlNetError(different_depths(shapes, shapes, "one forward of this model"))
+    target = [(key, len(getattr(denoiser, SPREAD[key][0]))) for key in keys]
+    laid = {}
+    for name, entries in outputs.items():
+        offsets, at = {}, 0
+        for key, n in shapes[name]:
+            offsets[key] = (at, n or 0)
+            at += 1 if n is None else n
+        picks = []
+        for key, blocks in target:
+            start, n = offsets.get(key, (0, 0))
+            picks += [start + SPREAD[key][1](k, blocks, n) if n else None for k in range(blocks)]
+        laid[name] = [(where, [None if j is None else res[j] for j in picks]) for where, res in entries]
+    return target, laid
 
 
 def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: dict, rows: list,
@@ -109,18 +156,19 @@ def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: 
         count = pipeline.control_outputs(nets[name]) if part else len(flat)
         outputs.setdefault(name, []).append(({row: j for j, row in enumerate(at)},
                                              _weighted(pipeline, nets[name], flat, used, count)))
-    if shapes:
+    if shapes and any(s != next(iter(shapes.values())) for s in shapes.values()):  # different depths
+        _one_depth_per_row(order, shapes)
+        shape, outputs = _spread(pipeline, shapes, outputs)
+    elif shapes:
         shape = next(iter(shapes.values()))
-        if any(s != shape for s in shapes.values()):
-            raise ControlNetError(f"the ControlNets {', '.join(sorted(shapes))} give different numbers of block "
-                                  f"outputs ({'; '.join(f'{n}: {s}' for n, s in sorted(shapes.items()))}), so they "
-                                  f"cannot share one forward; allowed: ControlNets of the same depth")
     else:  # every row using a ControlNet reuses the deep part: only the shallow outputs
         shape = _flatten(out)[0]
-    widest = max((res for entries in outputs.values() for _, res in entries), key=len)
-    grids = [torch.broadcast_shapes(*(res[b].shape[1:] for entries in outputs.values() for _, res in entries
-                                      if len(res) > b)) for b in range(len(widest))]
-    total = [torch.zeros((len(rows), *g), dtype=p.dtype, device=p.device) for p, g in zip(widest, grids)]
+    widest = max(len(res) for entries in outputs.values() for _, res in entries)
+    total = []
+    for b in range(widest):
+        present = [res[b] for entries in outputs.values() for _, res in entries if len(res) > b and res[b] is not None]
+        grid = torch.broadcast_shapes(*(r.shape[1:] for r in present))
+        total.append(torch.zeros((len(rows), *grid), dtype=present[0].dtype, device=present[0].device))
     for slot in range(max(len(names) for names in order)):  # each row adds its controls in its own order
         for name, entries in outputs.items():
             for where, res in entries:
@@ -130,18 +178,21 @@ def residuals(store, pipeline, sample: Tensor, timesteps: Tensor, conditioning: 
                 into = torch.tensor(at, device=sample.device)
                 take = torch.tensor([where[i] for i in at], device=sample.device)
                 for t, r in zip(total, res):  # a shallow forward's rows get its first outputs only
-                    t.index_add_(0, into, r.index_select(0, take).expand(len(at), *t.shape[1:]))
+                    if r is not None:
+                        t.index_add_(0, into, r.index_select(0, take).expand(len(at), *t.shape[1:]))
     return _unflatten(shape, total)
 
 
 def _weighted(pipeline, net, flat: list[Tensor], used: list, count: int) -> list[Tensor]:
     """A ControlNet's outputs for its rows (its first ones of `count`), each row's weighted by its scale (times the
-    family's guess-mode scale of each output for a row in guess mode)."""
+    family's guess-mode scale of each output for a row in guess mode). The table stays float32 and each product
+    is rounded to the outputs' dtype once, as diffusers multiplies by the Python float: a table in bfloat16 would
+    round 0.7 to 0.6992 before the product."""
     guess = any(g for *_, g in used)
     factors = pipeline.guess_scales(net, count)[:len(flat)] if guess else [1.0]
-    table = torch.tensor([[w * f if g else w for _, w, _, g in used] for f in factors],  # one copy to the device
-                         dtype=flat[0].dtype, device=flat[0].device)
-    return [r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1)) for b, r in enumerate(flat)]
+    table = torch.tensor([[float(w * f) if g else w for _, w, _, g in used] for f in factors],
+                         dtype=torch.float32, device=flat[0].device)  # one copy to the device
+    return [(r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1))).to(r.dtype) for b, r in enumerate(flat)]
 
 
 def select_rows(out: dict, rows: list[int]) -> dict:

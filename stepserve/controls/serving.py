@@ -4,6 +4,7 @@ rest."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | Non
     if not root.is_dir():
         raise ValueError(f"controlnet_dir {controlnet_dir!r} is not a folder")
     if not hasattr(executor, "controlnets") or not executor.pipeline.runs_controls:
-        from ..pipelines.capabilities import where_served
+        from ..capabilities import where_served
 
         raise ValueError(f"controlnet_dir: {executor.pipeline.info.name} ({executor.pipeline.family} family) runs no "
                          f"ControlNets here; they are served for {where_served('controlnets')}")
@@ -28,15 +29,56 @@ def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | Non
 
 
 def to_load(executor: Any, params) -> list[str]:
-    """The served ControlNets these requests name (before any check: what validation refuses is left out) that are
-    not loaded now. Cheap: on the event loop."""
+    """The served ControlNets these requests name that are not loaded now. `params` as resolved (the HTTP, edit
+    and job paths: Control objects) or as sent (the Python API: dicts, before any check: what validation refuses
+    is left out). Cheap: on the event loop."""
     store = getattr(executor, "_controlnets", None)
     if store is None:
         return []
-    names = [c.get("name") for p in params if isinstance(getattr(p, "controls", None), (list, tuple))
-             for c in p.controls if isinstance(c, dict)]
+    names = [_name(c) for p in params if isinstance(getattr(p, "controls", None), (list, tuple)) for c in p.controls]
     served = store.names
     return sorted({n for n in names if isinstance(n, str) and n in served and n not in store.loaded})
+
+
+DEPTH = ("num_layers", "num_single_layers")  # a transformer ControlNet's config: how many block outputs it gives
+
+
+def check_depths(executor: Any, params) -> None:
+    """Refuse a request that names ControlNets of different depths (ControlNetError naming them): its controls are
+    summed output by output, which such cannot be. Read from their configs (a UNet ControlNet's structure is the
+    UNet's, checked at load). Before the request is queued, so it never fails in a step."""
+    store = getattr(executor, "_controlnets", None)
+    if store is None:
+        return
+    from .errors import ControlNetError
+    from .spec import different_depths
+
+    for p in params:
+        controls = getattr(p, "controls", None)
+        if not isinstance(controls, (list, tuple)) or len(controls) < 2:
+            continue
+        names = [n for n in dict.fromkeys(map(_name, controls)) if isinstance(n, str) and n in store.names]
+        depths = {n: d for n in names if (d := _depth(store, n)) is not None}  # unreadable: its load says why
+        if len(set(depths.values())) > 1:
+            raise ControlNetError(different_depths(names, {n: [(k, v) for k, v in zip(DEPTH, d) if v is not None]
+                                                           for n, d in depths.items()}))
+
+
+def _depth(store: Any, name: str) -> tuple | None:
+    loaded = store.loaded.get(name)
+    if loaded is not None:
+        config = loaded.module.config
+    else:
+        try:
+            config = json.loads((store.files()[name] / "config.json").read_text())
+        except (KeyError, OSError, ValueError):
+            return None
+    return tuple(config.get(k) for k in DEPTH)
+
+
+def _name(item: Any) -> object:
+    """A control's name, resolved (controls/spec.Control) or as sent (a dict)."""
+    return item.get("name") if isinstance(item, dict) else getattr(item, "name", None)
 
 
 def load(executor: Any, names: list[str]) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipelines.capabilities import capabilities, served_for
+from ..capabilities import capabilities, served_for
 from ..util.field_error import FieldError
 from .errors import unknown_name
 from .preprocess import PREPROCESSORS, PreprocessUnavailable, apply, available
@@ -59,7 +59,8 @@ def _number(value: object) -> bool:
 def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str, Any], Any],
                    family: str = "sd", guess_only: frozenset[str] = frozenset()) -> tuple[Control, ...]:
     """`to_image(field, picture)`: the picture as an RGB PIL image (raising the caller's error for a bad one);
-    `family`: the model's; `guess_only`: the served ControlNets that run in guess mode only."""
+    `family`: the model's; `guess_only`: the served ControlNets that run in guess mode only. A Control (resolved
+    already) is checked again as the fields it stands for."""
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
@@ -67,6 +68,7 @@ def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str
                                            f"\"end\"}}, got {type(value).__name__}")
     if len(value) > MAX_PER_REQUEST:
         raise ControlSpecError("controls", f"{len(value)} controls; at most {MAX_PER_REQUEST} per request")
+    value = [_as_sent(c) if isinstance(c, Control) else c for c in value]
     out: list[Control] = []
     for i, item in enumerate(value):
         at = f"controls[{i}]"
@@ -107,6 +109,13 @@ def parse_controls(value: object, known: frozenset[str], to_image: Callable[[str
     return tuple(replace(c, guess_mode=guess) for c in out)
 
 
+def _as_sent(c: Control) -> dict:
+    """A control resolved already (at the edge: the server resolves a request's once, off its event loop, and every
+    image of `n` shares it) as the fields that resolve to it again: its image is decoded and preprocessed."""
+    return {"name": c.name, "image": c.image, "scale": c.scale, "start": c.start, "end": c.end,
+            **({"guess_mode": True} if c.guess_mode else {})}
+
+
 def _guess_mode(items: list | tuple, controls: list[Control], family: str, guess_only: frozenset[str]) -> bool:
     """The request's guess mode: one for all its controls (see the module docstring)."""
     said: dict[int, bool] = {}
@@ -130,3 +139,11 @@ def _guess_mode(items: list | tuple, controls: list[Control], family: str, guess
             raise ControlSpecError(f"controls[{i}].guess_mode", f"guess mode is one setting per request and "
                                                                 f"{why}; allowed: true or unset on every control")
     return guess
+
+
+def different_depths(names, shapes: Mapping, within: str = "one request") -> str:
+    """The one message for ControlNets of different depths (`shapes`: name -> (what, count) pairs, e.g.
+    ("num_layers", 2)): one request's are summed block by block, as diffusers' Multi models sum them."""
+    shown = "; ".join(f"{n}: {', '.join(f'{k} {v}' for k, v in s)}" for n, s in sorted(shapes.items()))
+    return (f"the ControlNets {', '.join(sorted(names))} give different numbers of block outputs ({shown}), so they "
+            f"cannot be combined in {within}; allowed: ControlNets of the same depth in {within}")

@@ -174,7 +174,7 @@ class AsyncEngine(EngineThread):
         assert self._loop is not None, "call start() first"
         off = self._off_loop
         await self.resolve_adapters(params)
-        await self.load_controlnets(params)
+        await self.preload_addons(params)
         group = self._new_group(params, preview_steps, request_ids)
         outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
         if getattr(self.core.policy, "admission", None) is None:
@@ -240,17 +240,21 @@ class AsyncEngine(EngineThread):
             with _adapter_errors():
                 await self._off_loop.run(self._off_loop.adapters, self.adapter_gate.resolve, unknown)
 
-    async def load_controlnets(self, params: Sequence[SamplingParams]) -> None:
-        """The ControlNets these requests name that are not loaded are loaded now, on the adapter thread, before
-        the requests are queued, so no step waits for the load (stepserve/controls/serving.py). Nothing to do (and
-        no thread) when every one is loaded or none is named."""
+    async def preload_addons(self, params: Sequence[SamplingParams]) -> None:
+        """The ControlNets and IP-Adapters these requests name that are not loaded are loaded now, on the adapter
+        thread, before the requests are queued: a first load (gigabytes from disk) never runs inside a step, on the
+        engine thread with the executor's lock held (controls/serving.py, ipadapter/serving.py). `params` as
+        resolved or as sent. Nothing to do (and no thread) when every one is loaded or none is named."""
         from ..controls import serving as controls
+        from ..ipadapter import serving as image_prompts
 
         names = controls.to_load(self.executor, params)
         if names:
             await self._off_loop.run(self._off_loop.adapters, controls.load, self.executor, names)
-        from ..ipadapter import serving as image_prompts  # an IP-Adapter too (stepserve/ipadapter/serving.py)
-
+        try:
+            controls.check_depths(self.executor, params)  # else the request would fail at its first step
+        except ValueError as exc:  # ControlNetError: the request's own bad input
+            raise ValidationError(getattr(exc, "param", "controls"), str(exc)) from None
         groups = image_prompts.to_load(self.executor, params)  # each request's adapters, loaded together
         if groups:
             await self._off_loop.run(self._off_loop.adapters, image_prompts.load, self.executor, groups)

@@ -79,7 +79,7 @@ def check_runtime(device: str, dtype: str, backend: str) -> None:
         raise ValueError(f"backend 'tensorrt' needs --device cuda; got --device {device}")
 
 
-# How a start-up feature (pipelines/capabilities.PAIRS_REFUSED) is named to the person who asked for it
+# How a start-up feature (capabilities.PAIRS_REFUSED) is named to the person who asked for it
 STARTUP_FLAGS = {"quantize": "--quantize", "gguf": "a GGUF --unet/--transformer file", "offload_group":
                  "--offload group", "offload_model": "--offload model", "ip_adapter": "--ip-adapter-dir",
                  "controlnets": "--controlnet-dir", "lora": "--lora-dir", "compile": "--compile",
@@ -102,8 +102,8 @@ def startup_features(config) -> set[str]:
 
 def refused_pair(on: set[str]) -> str | None:
     """The one-line refusal of the first pair among the start-up features `on` (STARTUP_FLAGS' names) that no
-    family serves together (pipelines/capabilities.PAIRS_REFUSED, listed in docs/MODELS.md); None: none is."""
-    from ..pipelines.capabilities import PAIRS_REFUSED
+    family serves together (capabilities.PAIRS_REFUSED, listed in docs/MODELS.md); None: none is."""
+    from ..capabilities import PAIRS_REFUSED
 
     for pair, why in PAIRS_REFUSED.items():
         if pair <= on:

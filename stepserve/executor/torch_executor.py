@@ -103,11 +103,14 @@ class TorchExecutor:
     def model_info(self, info) -> None:
         self._base_info = info
 
-    # The engine core only sees these durations; measuring them is the executor's job.
+    # The engine core only sees these durations; measuring them is the executor's job. Every forward of a stage
+    # (encoders, the denoiser, ControlNets, IP-Adapters, the VAE) runs under inference_mode: no autograd graph is
+    # kept alive (a ControlNet's weights require grad) and nothing a step makes can require grad.
     def _timed(self, fn, *args) -> float:
         _sync(self.device)
         start = time.perf_counter()
-        fn(*args)
+        with torch.inference_mode():
+            fn(*args)
         _sync(self.device)
         return time.perf_counter() - start
 
@@ -269,4 +272,5 @@ class TorchExecutor:
         video's first frame: pipeline.preview)."""
         latents = request.preview_latents if request.preview_latents is not None else request.latents
         request.preview_latents = None
-        return self.pipeline.preview(latents, request.bucket)
+        with torch.inference_mode():
+            return self.pipeline.preview(latents, request.bucket)

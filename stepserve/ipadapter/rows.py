@@ -49,8 +49,8 @@ class RowScaled(torch.nn.Module):
         if scales is None or scales.shape[0] != x.shape[0]:
             raise RuntimeError(f"IP-Adapter rows: {x.shape[0]} rows, scales for "
                                f"{None if scales is None else scales.shape[0]}")
-        out = self.linear(x)
-        return out * scales.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
+        out = self.linear(x)  # scales stay float32: each product rounded once, as diffusers' `scale * ...`
+        return (out * scales.view(-1, *([1] * (out.dim() - 1)))).to(out.dtype)
 
 
 @torch.no_grad()
@@ -111,7 +111,8 @@ def applied(store, unet, rows: Sequence[tuple[tuple[Embedded, ...] | None, bool]
         like = next(es[name].embeds for es, _ in by_row if name in es)
         zero = torch.zeros_like(like)
         embeds.append(torch.cat([es[name].embeds if name in es and cond else zero for es, cond in by_row])[:, None])
-        scales[name] = torch.tensor([es[name].scale if name in es else 0.0 for es, _ in by_row], device=like.device)
+        scales[name] = torch.tensor([es[name].scale if name in es else 0.0 for es, _ in by_row],
+                                    dtype=torch.float32, device=like.device)
     kind, own = unet.config.encoder_hid_dim_type, unet.encoder_hid_proj  # the UNet's own, put back after
     before = getattr(_state, "scales", None)
     store.use(processors)

@@ -14,7 +14,7 @@ def serve_ip_adapters(executor: Any, ip_adapter_dir: str, memory_mb: float | Non
     if not root.is_dir():
         raise ValueError(f"ip_adapter_dir {ip_adapter_dir!r} is not a folder")
     if not hasattr(executor, "ip_adapters") or not executor.pipeline.runs_ip_adapters:
-        from ..pipelines.capabilities import where_served
+        from ..capabilities import where_served
 
         raise ValueError(f"ip_adapter_dir: IP-Adapters are served for {where_served('ip_adapter')}")
     store = executor.ip_adapters(root)
@@ -25,8 +25,9 @@ def serve_ip_adapters(executor: Any, ip_adapter_dir: str, memory_mb: float | Non
 
 
 def to_load(executor: Any, params) -> list[list[str]]:
-    """Per request, the served IP-Adapters it names (before any check) that are not loaded now (requests naming
-    none, or more than a request may, are left out). Cheap: on the event loop."""
+    """Per request, the served IP-Adapters it names that are not loaded now (requests naming none, or more than a
+    request may, are left out). `params` as resolved (the HTTP, edit and job paths: ImagePrompt objects) or as sent
+    (the Python API: a dict or a list of them, before any check). Cheap: on the event loop."""
     from .spec import MAX_PROMPTS
 
     store = getattr(executor, "_ip_adapters", None)
@@ -35,11 +36,11 @@ def to_load(executor: Any, params) -> list[list[str]]:
     out = []
     for p in params:
         prompts = getattr(p, "ip_adapter", None)
-        items = [prompts] if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else []
+        items = [prompts] if isinstance(prompts, dict) else prompts if isinstance(prompts, (list, tuple)) else []
         if not items or len(items) > MAX_PROMPTS:
             continue
-        names = [n for n in dict.fromkeys(i.get("name") for i in items if isinstance(i, dict))
-                 if isinstance(n, str) and n in store.names]
+        said = (i.get("name") if isinstance(i, dict) else getattr(i, "name", None) for i in items)
+        names = [n for n in dict.fromkeys(said) if isinstance(n, str) and n in store.names]
         if any(n not in store.loaded for n in names):
             out.append(names)
     return out

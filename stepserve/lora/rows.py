@@ -77,8 +77,9 @@ def hook(module, args, output):
         A, B = module.lora_A[name], module.lora_B[name]
         index = None if len(at) == n else torch.tensor(at, dtype=torch.long, device=x.device)
         xs = x if index is None else x.index_select(0, index)
-        factor = torch.tensor([module.scaling[name] * s for s in scales], dtype=output.dtype, device=x.device)
-        delta = B(A(xs.to(A.weight.dtype))) * factor.view(-1, *([1] * (output.dim() - 1)))
+        # float32 factors, each product rounded once, as peft multiplies by the Python float (not 0.7 as 0.6992)
+        factor = torch.tensor([module.scaling[name] * s for s in scales], dtype=torch.float32, device=x.device)
+        delta = (B(A(xs.to(A.weight.dtype))) * factor.view(-1, *([1] * (output.dim() - 1)))).to(output.dtype)
         output = output + delta if index is None else output.index_add(0, index, delta.to(output.dtype))
     return output
 
@@ -113,8 +114,8 @@ def _gathered(module, x, output, n: int, groups):
             order = sorted(range(len(rows)), key=rows.__getitem__)
             rows = [rows[i] for i in order]
             ids_t = torch.tensor([ids[i] for i in order], dtype=torch.long, device=x.device)
-            factor = (scaling.index_select(0, ids_t)
-                      * torch.tensor([scales[i] for i in order], dtype=scaling.dtype, device=x.device))
+            factor = (scaling.index_select(0, ids_t)  # float32, as above
+                      * torch.tensor([scales[i] for i in order], dtype=torch.float32, device=x.device))
             index = None if len(rows) == n else torch.tensor(rows, dtype=torch.long, device=x.device)
             xs = x if index is None else x.index_select(0, index)
             xa = torch.bmm(xs.to(A.dtype), A.index_select(0, ids_t).transpose(1, 2))
@@ -139,20 +140,22 @@ def _stacks(module, device) -> dict[int, tuple[list[str], torch.Tensor, torch.Te
         with torch.no_grad():
             A = torch.stack([module.lora_A[nm].weight.to(device, dtype) for nm in at])
             B = torch.stack([module.lora_B[nm].weight.to(device, dtype) for nm in at])
-        scaling = torch.tensor([module.scaling[nm] for nm in at], dtype=dtype, device=device)
+        # the factors stay float32: each product is rounded once to the output's dtype (_gathered)
+        scaling = torch.tensor([module.scaling[nm] for nm in at], dtype=torch.float32, device=device)
         stacks[rank] = (at, A, B, scaling)
     module._stepserve_stacks = (names, stacks)
     return stacks
 
 
 def stack_bytes(layers, key: str) -> int:
-    """What adapter `key` adds to the stacks of `layers` (its slots: its weights in each Linear layer's dtype)."""
+    """What adapter `key` adds to the stacks of `layers` (its slots: its weights in each Linear layer's dtype, its
+    scaling in float32)."""
     total = 0
     for layer in layers:
         base = getattr(layer, "base_layer", None)
         if isinstance(base, torch.nn.Linear) and key in layer.lora_A:
             r = int(layer.r[key])
-            total += (r * (base.in_features + base.out_features) + 1) * base.weight.element_size()
+            total += r * (base.in_features + base.out_features) * base.weight.element_size() + 4
     return total
 
 

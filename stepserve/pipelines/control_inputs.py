@@ -163,4 +163,4 @@ class FluxControls:
             pooled_projections=conditioning["pooled_projections"], encoder_hidden_states=embeds,
             txt_ids=torch.zeros(embeds.shape[1], 3, device=sample.device, dtype=self.dtype),
             img_ids=conditioning["img_ids"][0], return_dict=False)
-        return {"controlnet_block_samples": tuple(double), "controlnet_single_block_samples": tuple(single)}
+        return {"controlnet_block_samples": tuple(double), "controlnet_single_block_samples": tuple(single or ())}

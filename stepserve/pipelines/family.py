@@ -73,7 +73,7 @@ from torch import Tensor
 
 from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
-from .capabilities import Capabilities, capabilities
+from ..capabilities import Capabilities, capabilities
 from .prompt_cache import PromptCache
 
 GUIDANCE_MODES = ("cfg", "embedded")

@@ -167,27 +167,6 @@ def serving_info(name: str, defaults: dict, *, size_multiple: int, default_size:
                      max_size=max_size, samplers=samplers, **family_rules)
 
 
-# What optional libraries print as they are first imported, harmless to serving: torchao (stepserve[quant]) warns
-# of its CUDA-only kernels on a CPU machine and of enum registrations, and diffusers of torchao tensor types that
-# newer torchao versions dropped. Kept to errors while a model loads (when diffusers imports them).
-IMPORT_NOISE = ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer")
-
-
-@contextlib.contextmanager
-def quiet_optional_imports() -> Iterator[None]:
-    import logging
-
-    loggers = [logging.getLogger(name) for name in IMPORT_NOISE]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
 @contextlib.contextmanager
 def loading_bars_only_on_a_terminal() -> Iterator[None]:
     """transformers and diffusers draw their own weight-loading bars; in a log (stderr not a terminal) those are

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from .capabilities import capabilities, missing_hooks
+from ..capabilities import capabilities, missing_hooks
 from .folder import resolve_model_path
 
 FAMILIES: dict[str, str] = {
@@ -66,7 +66,7 @@ def load_family_adapter(model: str | os.PathLike, device: str = "cpu", dtype=Non
     `weights` (weights.Weights): a file that replaces the folder's denoiser."""
     import torch
 
-    from .folder import quiet_optional_imports
+    from .weights import quiet_optional_imports
 
     cls = adapter_class(pipeline_class_name(model))
     with quiet_optional_imports():

@@ -19,6 +19,8 @@ Every error names the file (or the type) and what was expected.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,7 +164,6 @@ def check_quantize(weights: Weights, device: str) -> None:
         raise ValueError(f"--quantize {weights.quantize} ({what}) runs on {' or '.join(devices)}, not --device "
                          f"{device}; on {kind}: {', '.join(t for t, (_, d) in QUANTIZE_TYPES.items() if kind in d)}")
     from ..util.extras import MissingExtraError
-    from .folder import quiet_optional_imports
 
     module, extra = ("bitsandbytes", "bnb") if weights.quantize == "nf4" else ("torchao", "quant")
     try:
@@ -232,3 +233,24 @@ def gguf_config(weights: Weights, compute_dtype: torch.dtype):
     from diffusers import GGUFQuantizationConfig
 
     return GGUFQuantizationConfig(compute_dtype=compute_dtype)
+
+
+# What optional libraries print as they are first imported, harmless to serving: torchao (stepserve[quant]) warns
+# of its CUDA-only kernels on a CPU machine and of enum registrations, and diffusers of torchao tensor types that
+# newer torchao versions dropped. Kept to errors while a model loads (when diffusers imports them).
+IMPORT_NOISE = ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer")
+
+
+@contextlib.contextmanager
+def quiet_optional_imports() -> Iterator[None]:
+    import logging
+
+    loggers = [logging.getLogger(name) for name in IMPORT_NOISE]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

@@ -1,5 +1,5 @@
 """A request's `controls` (ControlNets, stepserve/controls) checked against the model: what its family declares
-(pipelines/capabilities.py) says whether it runs ControlNets, with an image (image to image, inpainting) where its
+(stepserve/capabilities.py) says whether it runs ControlNets, with an image (image to image, inpainting) where its
 diffusers ControlNet img2img / inpaint pipelines were matched, and with step caching (only on a UNet: caching/unet.py
 gives a skipped row this step's residuals for its skips; on the transformers caching follows diffusers' block
 hooks, which add each block's residual again on a skipped step on top of the cached ones, no reference worth
@@ -12,7 +12,7 @@ from typing import Any
 
 from ..caching.spec import parse_cache
 from ..controls.spec import Control, ControlSpecError, parse_controls
-from ..pipelines.capabilities import capabilities, served_for, where_served
+from ..capabilities import capabilities, served_for, where_served
 from .types import ModelInfo, SamplingParams
 
 

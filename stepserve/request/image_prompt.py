@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..ipadapter.spec import IPAdapterSpecError, ImagePrompt, parse_ip_adapter
-from ..pipelines.capabilities import where_served
+from ..capabilities import where_served
 from .types import ModelInfo, SamplingParams
 
 

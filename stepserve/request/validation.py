@@ -10,7 +10,7 @@ from typing import NamedTuple
 from ..caching.spec import CacheSpecError, parse_cache
 from ..controls.spec import ControlSpecError
 from ..ipadapter.spec import IPAdapterSpecError
-from ..pipelines.capabilities import capabilities, served_for
+from ..capabilities import capabilities, served_for
 from .control_params import resolve_controls
 from .image_prompt import resolve_ip_adapter
 from ..lora.spec import LoraSpecError, parse_loras
@@ -107,7 +107,24 @@ def as_image(field: str, value, mode: str):
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValidationError(field, f"expected a PIL image or an (H, W[, 3]) uint8 array, got "
                                          f"{type(value).__name__} ({exc})") from None
+    if value.mode in WIDE_GRAYS and mode != value.mode:
+        value = _eight_bit(value)
     return value if value.mode == mode else value.convert(mode)
+
+
+WIDE_GRAYS = ("I", "I;16", "I;16L", "I;16B", "I;16N")  # 16- and 32-bit grayscale (a 16-bit PNG: a depth map)
+
+
+def _eight_bit(value):
+    """A 16-bit grayscale picture scaled to 8 bits ("L"): Pillow's convert clips it (everything above 255 turns
+    white). Mode "I" holds 16-bit PNGs too: scaled when any value passes 255, else taken as 8-bit levels."""
+    import numpy as np
+    from PIL import Image
+
+    levels = np.asarray(value).astype(np.float64)
+    if value.mode != "I" or levels.max(initial=0) > 255:
+        levels = np.clip(levels, 0, 65535) / 257
+    return Image.fromarray(np.clip(np.rint(levels), 0, 255).astype(np.uint8))
 
 
 def _image_and_strength(p: SamplingParams, model: ModelInfo, steps: int):

@@ -4,10 +4,9 @@
 The form is read within the server's upload limits (forms.py). Form fields arrive as text; each is read as its
 JSON type (`n=2`, `guidance_scale=3.5`, `stream=true`, `cache` and `loras` as JSON) and then checked exactly as the
 generations body is (ImageGenerationRequest), with `strength` (default: the model's) on top. The image and the
-mask: PNG, JPEG or WebP, at most MAX_FILE_BYTES each, and no wider or taller than MAX_PICTURE_SIDE or the largest
-size the model makes, whichever is larger: that is read from the picture's header before anything is decoded, and the decoding (and the one conversion to what
-the engine takes, request/validation.as_image) then runs in a worker thread, off the event loop. Anything else is a
-400 naming the field. A `mask` makes the request an inpainting one. As OpenAI defines it, a mask with an alpha
+mask: PNG, JPEG or WebP, at most MAX_FILE_BYTES each, checked and decoded as every picture of a request is
+(pictures.py: the sides read from the header first, the pixels in a worker thread). Anything else is a 400 naming
+the field. A `mask` makes the request an inpainting one. As OpenAI defines it, a mask with an alpha
 channel repaints where it is transparent; a mask without one repaints where it is white (diffusers' convention);
 either way it must have the image's size. ControlNets and an image prompt come as form parts (edit_controls.py),
 their pictures with the image's limits.
@@ -16,25 +15,21 @@ their pictures with the image's limits.
 from __future__ import annotations
 
 import asyncio
-import io
 from dataclasses import dataclass, field, replace
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
 
 from ..controls.spec import MAX_PER_REQUEST
-from ..request.types import ModelInfo
 from ..request.validation import as_image
+from .controlnets import resolved_addons
 from .edit_controls import control_parts, image_prompt_parts
 from .errors import APIError, invalid
 from .forms import MAX_FILE_BYTES, bounded_form, form_fields
+from .pictures import decode, open_picture
 from .schemas import FIELDS, body_from_fields, engine_params
 from .state import ServerState
 
-FORMATS = ("PNG", "JPEG", "WEBP")
-# The widest or tallest picture read: a phone photo (4032x3024) fits, decoded in about 50 MB; `size` then resizes it
-# to what the model makes. A model that makes larger images takes pictures as large as it makes.
-MAX_PICTURE_SIDE = 4096
 _FILES = ("image", "image[]", "mask")
 _TEXT = {"prompt", "model", "size", "response_format", "user", "output_format", "background", "quality", "style",
          "moderation", "sampler", "negative_prompt", "safety_identifier", "webhook"}  # fields taken as text, never parsed
@@ -93,28 +88,29 @@ async def read_edit(request: Request, state: ServerState):
 
 async def edit_params(sent: EditForm, state: ServerState):
     """(the body as an ImageGenerationRequest, one SamplingParams per image with the image and strength): the
-    pictures' headers checked, then the fields, then the pictures decoded (off the event loop)."""
-    image = _open(sent.image, "image", state.engine.model_info)
-    mask = None if sent.mask is None else _open(sent.mask, "mask", state.engine.model_info)
-    pictures = [_open(data, f"controls[{i}][image]", state.engine.model_info) for i, data in enumerate(sent.controls)]
-    if sent.ip_adapter is not None:
-        pictures.append(_open(sent.ip_adapter, "ip_adapter[image]", state.engine.model_info))
+    pictures' headers checked, then the fields, then the pictures decoded and the add-ons resolved, once for the
+    request, off the event loop (pictures.py, controlnets.resolved_addons)."""
+    model = state.engine.model_info
+    image = open_picture(sent.image, "image", model)
+    mask = None if sent.mask is None else open_picture(sent.mask, "mask", model)
+    named = [(f"controls[{i}][image]", data) for i, data in enumerate(sent.controls)]
+    named += [("ip_adapter[image]", sent.ip_adapter)] if sent.ip_adapter is not None else []
+    named = [(name, open_picture(data, name, model)) for name, data in named]
     fields = dict(sent.fields)
-    controls = fields.pop("controls", None) or []  # each without its image, which is in `pictures`
-    prompt = fields.pop("ip_adapter", None)  # without its image: the last of `pictures`
+    controls = fields.pop("controls", None) or []  # each without its image, which is in `named`
+    prompt = fields.pop("ip_adapter", None)  # without its image: the last of `named`
     strength = fields.pop("strength", None)
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise invalid(f"{unknown[0]}: not a field of an edit; allowed: image, mask, strength, "
                       f"{', '.join(FIELDS)}", unknown[0])
     req = body_from_fields(fields, state.limits)  # the cheap checks before any decoding
-    names = [f"controls[{i}][image]" for i in range(len(controls))] + ["ip_adapter[image]"] * (prompt is not None)
-    image, mask, pictures = await asyncio.to_thread(_decode, image, mask, list(zip(names, pictures)))
+    image, mask, pictures = await asyncio.to_thread(_decode, image, mask, named)
     prompt = None if prompt is None else {**prompt, "image": pictures.pop()}
     controls = [{**c, "image": picture} for c, picture in zip(controls, pictures)] or None
     params = [replace(p, image=image, strength=strength, mask_image=mask, controls=controls, ip_adapter=prompt)
               for p in engine_params(req, state.limits)]
-    return req, params
+    return req, await resolved_addons(params, lambda field, picture: picture, state)
 
 
 async def _read(upload: UploadFile, name: str) -> bytes:
@@ -124,43 +120,12 @@ async def _read(upload: UploadFile, name: str) -> bytes:
     return data
 
 
-def _open(data: bytes, name: str, model: ModelInfo):
-    """The picture, opened lazily (its header read, its pixels not), and refused when it is larger than the server
-    reads (picture_side): a small file can decode to gigabytes."""
-    from PIL import Image
-
-    try:
-        image = Image.open(io.BytesIO(data), formats=list(FORMATS))
-    except Image.DecompressionBombError:
-        raise invalid(f"{name}: more than {Image.MAX_IMAGE_PIXELS} pixels (Pillow's decompression-bomb limit)",
-                      name) from None
-    except Exception:  # noqa: BLE001 - Pillow raises many kinds for data it cannot read
-        raise invalid(f"{name}: not a PNG, JPEG or WebP image ({len(data)} bytes)", name) from None
-    side = picture_side(model)
-    if image.width > side or image.height > side:
-        raise invalid(f"{name}: {image.width}x{image.height} (width x height) is larger than this server reads; "
-                      f"allowed: width and height at most {side} (resize the picture first; `size` then picks what "
-                      f"{model.name} makes, at most {model.max_size})", name)
-    return image
-
-
-def picture_side(model: ModelInfo) -> int:
-    """The widest or tallest image or mask an edit may send: MAX_PICTURE_SIDE, or the model's largest size."""
-    return max(MAX_PICTURE_SIDE, model.max_size)
-
-
 def _decode(image, mask, named=()):
     """(the image as RGB, the mask as the grayscale that repaints where white, or None, the other pictures as RGB:
     `named`, (form part, picture) each): the pixels decoded and converted once, in a worker thread."""
-    for name, picture in (("image", image), ("mask", mask), *named):
-        try:
-            if picture is not None:
-                picture.load()
-        except Exception:  # noqa: BLE001 - a header that reads but pixels that do not (a truncated file)
-            raise invalid(f"{name}: not a readable PNG, JPEG or WebP image (its pixels could not be decoded)",
-                          name) from None
-    return (as_image("image", image, "RGB"), None if mask is None else repaint_mask(mask),
-            [as_image(name, c, "RGB") for name, c in named])
+    image = decode(image, "image")
+    mask = None if mask is None else repaint_mask(decode(mask, "mask", mask.mode))
+    return image, mask, [decode(picture, name) for name, picture in named]
 
 
 def repaint_mask(mask):

@@ -14,8 +14,6 @@ form is taken only from the server's own pages or an origin allowed with --cors-
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING
@@ -122,15 +120,3 @@ def _cross_site(who: str) -> APIError:
 def _kind(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
-
-def base64_picture(text: str, field: str) -> bytes:
-    """A base64 picture (or a data: URL of one), refused before decoding when larger than an edit's picture."""
-    if text.startswith("data:"):
-        text = text.partition(",")[2]
-    if len(text) > (MAX_FILE_BYTES + 2) // 3 * 4:
-        raise invalid(f"{field}: larger than {MAX_FILE_BYTES // 2**20} MiB (as an edit's image)", field)
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise invalid(f"{field}: not base64 (a PNG, JPEG or WebP file encoded as base64, or a data: URL)",
-                      field) from None

@@ -62,6 +62,7 @@ def test_listed_then_served_equal_to_diffusers(served, tiny_sd_path):
 
 @pytest.mark.parametrize("controls,param,says", [
     ([{"name": "pose", "image": "not base64!"}], "controls[0].image", "not base64"),
+    ([{"name": "pose", "image": 12}], "controls[0].image", "expected a base64 PNG, JPEG or WebP image"),
     ([{"name": "pose", "image": base64.b64encode(b"plain text").decode()}], "controls[0].image",
      "not a PNG, JPEG or WebP"),
     ([{"name": "pose", "image": b64(Image.new("RGB", (5000, 4)))}], "controls[0].image", "larger than this server"),

@@ -59,6 +59,7 @@ def test_listed_then_served_equal_to_diffusers(served, tiny_sd_path):
 
 @pytest.mark.parametrize("ip_adapter,param,says", [
     ({"name": "face", "image": "not base64!"}, "ip_adapter.image", "not base64"),
+    ({"name": "face", "image": [1, 2]}, "ip_adapter.image", "expected a base64 PNG, JPEG or WebP image"),
     ({"name": "face", "image": base64.b64encode(b"plain text").decode()}, "ip_adapter.image",
      "not a PNG, JPEG or WebP"),
     ({"name": "face", "image": b64(Image.new("RGB", (5000, 4)))}, "ip_adapter.image", "larger than this server"),

@@ -1,10 +1,10 @@
-"""Each family's declaration (pipelines/capabilities.py) against its adapter: every registered family has one, an
+"""Each family's declaration (stepserve/capabilities.py) against its adapter: every registered family has one, an
 add-on it declares has its Protocol's hooks, the caches it declares are the ones its networks run, and the
 add-ons run only where the declaration says (not on an export, not on the fast path's wrappers)."""
 
 import pytest
 
-from stepserve.pipelines import capabilities as caps
+from stepserve import capabilities as caps
 from stepserve.pipelines.registry import FAMILIES, adapter_class
 from stepserve.request.types import ModelInfo
 

@@ -1,4 +1,4 @@
-"""The docs say what the families' declarations (pipelines/capabilities.py) say: docs/MODELS.md's table of features
+"""The docs say what the families' declarations (stepserve/capabilities.py) say: docs/MODELS.md's table of features
 is the one made from them and its list of pairs refused at start-up is PAIRS_REFUSED; docs/CONTROLNET.md, the
 HTTP reference and the README name the families that serve ControlNets, IP-Adapters, guess mode, caching with
 controls and inpainting as the declarations do."""
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from stepserve.engine.loading import STARTUP_FLAGS
-from stepserve.pipelines import capabilities as caps
-from stepserve.pipelines.capabilities import served_for
+from stepserve import capabilities as caps
+from stepserve.capabilities import served_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
