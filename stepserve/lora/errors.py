@@ -1,4 +1,5 @@
-"""The errors of LoRA adapters: typed, so each front end maps them to its own status without reading messages.
+"""The errors of LoRA adapters: the add-ons' errors (stepserve/addons/errors.py), as ControlNets' and IP-Adapters'
+are, so each front end maps them to its own status without reading messages.
 
 Every message says what was wrong and what is allowed. `param` names the field of a POST /v1/loras body (or of a
 request) that the error is about.
@@ -8,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..addons.errors import AddonBudgetError, AddonError, AddonTooLargeError
 
-class LoraError(ValueError):
+
+class LoraError(AddonError):
     """An adapter that cannot be loaded, named or served; the message says which and why (HTTP 400)."""
 
-    def __init__(self, message: str, param: str = "name") -> None:
-        super().__init__(message)
-        self.param = param
+    default_param = "name"
 
 
 class LoraUnsupportedError(LoraError):
@@ -25,11 +26,11 @@ class LoraNotFoundError(LoraError):
     """No adapter of that name is loaded or in the folder (HTTP 404 where the name is in the path)."""
 
 
-class LoraTooLargeError(LoraError):
+class LoraTooLargeError(LoraError, AddonTooLargeError):
     """The adapter is larger than the whole adapter memory: it can never be loaded, whatever is evicted (413)."""
 
 
-class LoraBudgetError(LoraError):
+class LoraBudgetError(LoraError, AddonBudgetError):
     """The adapter memory (or count) is held by adapters that requests carry: retry later (HTTP 429)."""
 
 
