@@ -9,27 +9,51 @@ from pathlib import Path
 
 import torch
 
+from ..addons import sizes
+from ..addons.errors import AddonBudgetError, AddonError, AddonTooLargeError
+
 ENCODER = "image_encoder"
+# the image encoder's weights, as transformers' from_pretrained looks for them (it prefers safetensors)
+ENCODER_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
-class IPAdapterError(ValueError):
-    """An IP-Adapter that cannot be named, loaded or served; the message says which and why."""
+class IPAdapterError(AddonError):
+    """An IP-Adapter that cannot be named, loaded or served; the message says which and why (HTTP 400)."""
 
-    def __init__(self, message: str, param: str = "ip_adapter") -> None:
-        super().__init__(message)
-        self.param = param
+    default_param = "ip_adapter"
 
 
-class IPAdapterBudgetError(IPAdapterError):
-    """The adapter does not fit the IP-Adapter memory beside the adapters that requests in flight use: retry later."""
+class IPAdapterBudgetError(IPAdapterError, AddonBudgetError):
+    """The adapter does not fit the IP-Adapter memory beside the adapters that requests in flight use: retry later
+    (HTTP 429)."""
 
 
-class IPAdapterTooLargeError(IPAdapterError):
-    """Larger than the whole IP-Adapter memory (--ip-adapter-memory-mb): it can never be loaded."""
+class IPAdapterTooLargeError(IPAdapterError, AddonTooLargeError):
+    """Larger than the whole IP-Adapter memory (--ip-adapter-memory-mb), alone or with the others of its request:
+    it can never be loaded (HTTP 400)."""
 
 
 def weight_files(folder: Path) -> list[Path]:
+    """The adapter's weights file(s): suffixes as diffusers' load_ip_adapter dispatches on them (case matters)."""
     return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin"))
+
+
+def encoder_weights(folder: Path) -> Path | None:
+    return next((folder / ENCODER / f for f in ENCODER_WEIGHTS if (folder / ENCODER / f).is_file()), None)
+
+
+def files_of(folder: Path) -> list[Path]:
+    """Every file whose change makes another adapter of the folder (what a remembered size is valid for)."""
+    return [*weight_files(folder)[:1], *filter(None, [encoder_weights(folder)])]
+
+
+def size_of(folder: Path, width: int) -> int:
+    """The bytes an adapter will take loaded in a dtype `width` bytes wide (its image projection and IP layers,
+    and its image encoder), read from its files' headers before anything is loaded."""
+    weights = weight_files(folder)[0]
+    own = sizes.file_bytes(weights, width, keep=lambda key: key.split(".", 1)[0] in ("image_proj", "ip_adapter"))
+    encoder = encoder_weights(folder)
+    return own + (sizes.file_bytes(encoder, width) if encoder is not None else 0)
 
 
 def discover(root: Path | None) -> dict[str, Path]:
