@@ -7,6 +7,7 @@ request) that the error is about.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from ..addons.errors import AddonBudgetError, AddonError, AddonTooLargeError
@@ -41,3 +42,23 @@ class LoraInUseError(LoraError):
 def not_loaded(name: str, loaded: Iterable[str], none: str = "none") -> LoraNotFoundError:
     """The one "not loaded" error: the name, and the names that are (`none`: what to say where none is)."""
     return LoraNotFoundError(f"adapter {name!r} is not loaded; loaded: {', '.join(sorted(loaded)) or none}")
+
+
+# torch's load_state_dict says this once per layer (a wrong-size adapter: kilobytes of lines)
+_MISMATCH = re.compile(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) from "
+                       r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def does_not_fit(name: str, shown: str, module: str, detail: str) -> LoraError:
+    """The one line for an adapter the model's layers cannot take: which adapter, which model part, the first
+    layer that differs (the model's own name for it) and its shapes, and how many more differ; another failure
+    keeps its first line only. `detail`: the library's message, paths already scrubbed."""
+    found = _MISMATCH.findall(detail)
+    if not found:
+        first = (detail.strip().splitlines() or ["unknown error"])[0][:200]
+        return LoraError(f"adapter {name!r}: {shown} does not fit this model's {module}: {first}", "path")
+    layer, got, want = found[0]
+    more = f" (and {len(found) - 1} more layers differ)" if len(found) > 1 else ""
+    return LoraError(f"adapter {name!r}: {shown} does not fit this model's {module}: its weights for "
+                     f"{layer.split('.lora_')[0]} are [{got}], the layer takes [{want}]{more}; allowed: adapters "
+                     f"made for this model (its family and size)", "path")

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..addons import sizes
 from ..addons.store import AddonBudget, Kind
 from . import folder
-from .errors import LoraBudgetError, LoraError, LoraInUseError, LoraTooLargeError, not_loaded
+from .errors import LoraBudgetError, LoraError, LoraInUseError, LoraTooLargeError, does_not_fit, not_loaded
 from .inject import Injector, check_served, key_for, require_peft
 from .rows import drop_stacks, hook, stack_bytes
 
@@ -183,8 +183,8 @@ class AdapterStore:
                 self.budget.cancel(name)
                 if isinstance(exc, LoraError):
                     raise
-                raise LoraError(f"adapter {name!r}: {shown} does not fit this model: "
-                                f"{folder.scrub(str(exc), self.root, file)}", "path") from None
+                raise does_not_fit(name, shown, self.injector.module_name,
+                                   folder.scrub(str(exc), self.root, file)) from None
             drop_stacks(layers)
             for layer in layers:
                 layer.enable_adapters(False)  # PEFT's own application off: rows.hook applies it per row
