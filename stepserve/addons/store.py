@@ -14,6 +14,9 @@ three kinds cannot drift apart.
   names. One that does not fit beside them: AddonBudgetError (retry later). So two requests with different
   add-ons and room for one never unload each other's: the second waits for a retry instead of reloading every step.
 - To make room, the least recently used idle add-ons are unloaded (they load again on their next use).
+- Shared parts: an add-on may need a part that several share (IP-Adapters with one image encoder share one copy
+  of it, as diffusers keeps one per pipeline). A part is an entry of its own, settled with the first add-on that
+  loads it (`parts`), held while any add-on that needs it is, and unloaded only once no loaded add-on needs it.
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ class AddonBudget:
         self._pending: dict[str, int] = {}  # reserved, being loaded: counted as loaded
         self._holders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> the names it holds
         self._too_large: dict[str, tuple[object, int]] = {}  # name -> (its files' stamp, its size)
+        self.needs: dict[str, frozenset[str]] = {}  # an add-on -> the shared parts it needs loaded beside it
+
+    def _with_parts(self, names: Iterable[str]) -> set[str]:
+        names = set(names)
+        return names | {p for n in names for p in self.needs.get(n, ())}
 
     # --- what requests hold -----------------------------------------------------------------------------------
     def hold(self, owner, names: Iterable[str]) -> None:
@@ -84,13 +92,14 @@ class AddonBudget:
             for owner, _ in held:
                 if getattr(owner, "is_finished", False):
                     self._holders.pop(owner, None)
-            return {n for owner, names in held if not getattr(owner, "is_finished", False) for n in names}
+            return self._with_parts(n for owner, names in held if not getattr(owner, "is_finished", False)
+                                    for n in names)
 
     def touch(self, names: Iterable[str]) -> None:
         """`names` were just used (the least recently used are unloaded first)."""
         with self.mutex:
             self._uses += 1
-            for name in names:
+            for name in self._with_parts(names):
                 self.last_used[name] = self._uses
 
     @property
@@ -118,17 +127,19 @@ class AddonBudget:
             self._pending[name] = size
 
     def settle(self, name: str, size: int, own: Iterable[str] = (), busy: Iterable[str] = (),
-               stamp: object = None) -> None:
-        """`name` is loaded and takes `size` bytes. Where that is more than reserved it is checked again (raising
-        as reserve() does: the caller then unloads it)."""
+               stamp: object = None, parts: dict[str, int] | None = None) -> None:
+        """`name` is loaded and takes `size` bytes, and `parts` (shared parts loaded with it, by name: their
+        bytes) theirs. Where that is more than reserved it is checked again (raising as reserve() does: the caller
+        then unloads it)."""
         with self.mutex:
             reserved = self._pending.pop(name, None)
-            if reserved is None or size > reserved:
-                self._check(name, size, set(own) - {name}, set(busy), stamp)
+            total = size + sum((parts or {}).values())
+            if reserved is None or total > reserved:
+                self._check(name, total, set(own) - {name}, set(busy), stamp)
+            self.sizes.update(parts or {})
             self.sizes[name] = size
             self.loads += 1
-            self._uses += 1
-            self.last_used[name] = self._uses
+            self.touch([name])
             self._make_room(set(own) | set(busy) | {name})
 
     def cancel(self, name: str) -> None:
@@ -143,7 +154,7 @@ class AddonBudget:
 
     def _check(self, name: str, size: int, own: set[str], busy: set[str], stamp: object) -> None:
         k, budget = self.kind, self.budget_bytes
-        held_names = (self.in_use() | busy | own) - {name}
+        held_names = self._with_parts(self.in_use() | busy | own | {name}) - {name}
         if self.max_count is not None and name not in self.sizes and \
                 sum(n in held_names for n in self.sizes) + len(self._pending) + 1 > self.max_count:
             raise k.held(f"{self.max_count} {k.plural} are loaded, the most served at once, and requests are "
@@ -153,7 +164,7 @@ class AddonBudget:
         if size > budget:
             self._too_large[name] = (stamp, size)
             raise self._too_large_error(name, size)
-        mine = sorted(n for n in own if n in self.sizes)
+        mine = sorted(n for n in self._with_parts(own | {name}) if n in self.sizes and n != name)
         together = size + sum(self.sizes[n] for n in mine)
         if together > budget:
             raise k.too_large(f"{k.plural} {', '.join(map(repr, [*mine, name]))} of one request take "
@@ -173,15 +184,21 @@ class AddonBudget:
                            f"{k.flag}): it can never be loaded; allowed: {k.plural} up to {budget}", k.param)
 
     def _make_room(self, keep: set[str], need: int = 0, extra: int = 0) -> None:
-        """Unload least recently used add-ons that nobody holds and `keep` does not name while the memory (with
-        `need` bytes more) is over the budget, or while `extra` more would be over the count."""
-        keep = keep | self.in_use()
-        idle = sorted((n for n in self.sizes if n not in keep), key=lambda n: self.last_used.get(n, 0))
+        """Unload least recently used add-ons that nobody holds and `keep` does not name (nor a shared part a
+        loaded add-on needs) while the memory (with `need` bytes more) is over the budget, or while `extra` more
+        would be over the count."""
+        keep = self._with_parts(keep | self.in_use())
         count = len(self.sizes) + len(self._pending)
-        while idle and ((self.budget_bytes is not None and self.loaded_bytes + need > self.budget_bytes)
-                        or (self.max_count is not None and count + extra > self.max_count)):
-            name = idle.pop(0)
+        while (self.budget_bytes is not None and self.loaded_bytes + need > self.budget_bytes) or \
+                (self.max_count is not None and count + extra > self.max_count):
+            idle = [n for n in self.sizes if n not in keep and not self._needed_by_loaded(n)]
+            if not idle:
+                return
+            name = min(idle, key=lambda n: self.last_used.get(n, 0))
             self.unload(name)
             self.sizes.pop(name, None)
-            self.evictions += 1
+            self.evictions += not any(name in parts for parts in self.needs.values())  # add-ons, not their parts
             count -= 1
+
+    def _needed_by_loaded(self, part: str) -> bool:
+        return any(part in self.needs.get(n, ()) for n in self.sizes if n != part)

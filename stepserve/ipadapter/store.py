@@ -26,7 +26,7 @@ from ..addons import sizes
 from ..addons.store import AddonBudget, Holder, Kind
 from ..lora.folder import Watched
 from .parts import (ENCODER, IPAdapterBudgetError, IPAdapterError, IPAdapterTooLargeError, Loaded, Parts,
-                    discover, files_of, joined_processor, read_weights, size_of, weight_files)
+                    discover, encoder_part, files_of, joined_processor, read_weights, sizes_of, weight_files)
 from .spec import unknown_name
 
 KIND = Kind("IP-Adapter", "IP-Adapters", "IP-Adapter memory", "--ip-adapter-memory-mb", IPAdapterTooLargeError,
@@ -42,6 +42,7 @@ class IPAdapterStore:
         self.lock = lock if lock is not None else threading.RLock()
         self.root = Path(root).resolve() if root is not None else None
         self.loaded: dict[str, Loaded] = {}
+        self.encoders: dict[str, torch.nn.Module] = {}  # image encoders by part name, one copy for all that share it
         self._joined: dict[tuple[str, ...], tuple[dict, torch.nn.Module]] = {}  # several adapters' parts together
         self.budget = AddonBudget(KIND, self._unload, budget_bytes)
         self.mutex = self.budget.mutex
@@ -57,8 +58,10 @@ class IPAdapterStore:
     last_used = property(lambda self: self.budget.last_used)
 
     def _unload(self, name: str) -> None:
-        self.loaded.pop(name, None)
-        self._joined.clear()
+        """Free an adapter, or an image encoder (once no loaded adapter needs it: the budget's shared parts)."""
+        if self.encoders.pop(name, None) is None:
+            self.loaded.pop(name, None)
+            self._joined.clear()
 
     def use(self, processors: dict) -> None:
         """Put `processors` (by name, as UNet2DConditionModel.attn_processors) in the UNet's attention modules:
@@ -119,14 +122,18 @@ class IPAdapterStore:
             self.budget.remembered(name, stamp)  # found too large before: refused without reading anything
             width = torch.empty((), dtype=self.pipeline.dtype).element_size()
             try:
-                size = size_of(folder, width)
+                size, encoder_size = sizes_of(folder, width)
+                part = encoder_part(folder)
             except (OSError, ValueError) as exc:
                 raise IPAdapterError(f"IP-Adapter {name!r}: its files cannot be read ({exc}); allowed: folders "
                                      f"with one IP-Adapter weights file and an image_encoder/") from None
+            self.budget.needs[name] = frozenset([part])
+            shared = self.encoders.get(part)  # loaded for another adapter: this one uses that copy
             own = set(keep) - {name}
-            self.budget.reserve(name, size, own, stamp=stamp)
+            self.budget.reserve(name, size + (0 if shared is not None else encoder_size), own, stamp=stamp)
         try:  # on the CPU, then to the device and the UNet part (under the stages' lock), outside the mutex
-            new = self._place(name, self._read_parts(name, folder))
+            parts = self._read_parts(name, folder, shared)
+            new = self._place(name, parts, part)
         except BaseException:
             self.budget.cancel(name)
             raise
@@ -134,7 +141,11 @@ class IPAdapterStore:
             if name in self.loaded:  # another thread loaded it meanwhile
                 self.budget.cancel(name)
                 return self.loaded[name]
-            self.budget.settle(name, new.bytes, own, stamp=stamp)
+            first = part not in self.encoders
+            if not first:  # another adapter loaded the same encoder meanwhile: use that copy
+                new.encoder = self.encoders[part]
+            self.budget.settle(name, parts.bytes, own, stamp=stamp, parts={part: parts.encoder_bytes} if first else {})
+            self.encoders[part] = new.encoder
             self.loaded[name] = new
             self._joined.clear()
             return new
@@ -160,18 +171,20 @@ class IPAdapterStore:
             self._joined[names] = hit
             return hit
 
-    def _read_parts(self, name: str, folder: Path) -> "Parts":
-        """The adapter's weights and image encoder read on the CPU and checked, and the bytes they will take."""
+    def _read_parts(self, name: str, folder: Path, encoder=None) -> "Parts":
+        """The adapter's weights and image encoder (unless it shares `encoder`, loaded already) read on the CPU
+        and checked, and the bytes they will take."""
         from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
         p = self.pipeline
         state = read_weights(weight_files(folder)[0])
-        try:
-            encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read "
-                                 f"({str(exc)[:200]})") from None
-        encoder.eval()
+        if encoder is None:
+            try:
+                encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype)
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read "
+                                     f"({str(exc)[:200]})") from None
+            encoder.eval()
         self._check(name, state, encoder)
         own = Path(p.folder) / "feature_extractor" if getattr(p, "folder", None) is not None else None
         if own is not None and (own / "preprocessor_config.json").is_file():  # the model's own, which diffusers' pipeline keeps
@@ -180,15 +193,15 @@ class IPAdapterStore:
             size = encoder.config.image_size
             features = CLIPImageProcessor(size=size, crop_size=size)
         width = torch.empty((), dtype=p.dtype).element_size()  # the projection and IP layers take the model's dtype
-        n = sum(t.numel() * t.element_size() for t in encoder.parameters())
-        n += sum(t.numel() * width for part in state.values() for t in part.values())
-        return Parts(state, encoder, features, n)
+        n = sum(t.numel() * width for part in state.values() for t in part.values())
+        return Parts(state, encoder, features, n, sum(t.numel() * t.element_size() for t in encoder.parameters()))
 
-    def _place(self, name: str, parts: "Parts") -> Loaded:
-        """The adapter on the device: its encoder moved, its processors and projection built."""
+    def _place(self, name: str, parts: "Parts", part: str) -> Loaded:
+        """The adapter on the device: its encoder moved (a shared one is there already), its processors and
+        projection built."""
         encoder = parts.encoder.to(self.pipeline.device)
         processors, projection = self._build(name, parts.state)
-        return Loaded(name, processors, projection, encoder, parts.features, parts.bytes)
+        return Loaded(name, processors, projection, encoder, parts.features, parts.bytes + parts.encoder_bytes, part)
 
     def _check(self, name: str, state: dict, encoder) -> None:
         unet = self.pipeline.unet
