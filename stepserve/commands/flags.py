@@ -193,7 +193,8 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ip-adapter-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"),
                    default=None, metavar="MB",
                    help="device memory for loaded IP-Adapters, each with its image encoder; to load another, the "
-                        f"least recently used ones no request in flight uses are unloaded; {default_help('ip_adapter')}")
+                        "least recently used ones no request in flight uses are unloaded; "
+                        + default_help("ip_adapter"))
 
 
 def check_cache_and_lora_flags(args: argparse.Namespace) -> None:

@@ -90,11 +90,11 @@ class EngineConfig:
     cache: Any = None  # step caching for requests that do not say (stepserve/caching/spec.py forms); None: off
     lora_dir: str | None = None  # LoRA adapters: every one here is servable by name (lora/folder.py); POST reads here
     # each add-on kind's memory in MiB (None: no bound; AUTO: its default for the dtype, stepserve/addons/budgets.py)
-    lora_memory_mb: float | str | None = AUTO  # device memory for loaded adapters (least recently used unloaded first)
+    lora_memory_mb: float | str | None = AUTO  # device memory for loaded adapters (least recently used out first)
     controlnet_dir: str | None = None  # ControlNets: every sub-folder here is servable by its name (stepserve/controls)
-    controlnet_memory_mb: float | str | None = AUTO  # memory for loaded ControlNets (least recently used unloaded first)
+    controlnet_memory_mb: float | str | None = AUTO  # memory for loaded ControlNets (least recently used out first)
     ip_adapter_dir: str | None = None  # IP-Adapters: every sub-folder here is servable by its name (stepserve/ipadapter)
-    ip_adapter_memory_mb: float | str | None = AUTO  # memory for loaded IP-Adapters, image encoders included (LRU of idle)
+    ip_adapter_memory_mb: float | str | None = AUTO  # memory for loaded IP-Adapters, image encoders included
     options: EngineOptions = field(default_factory=EngineOptions)
 
 

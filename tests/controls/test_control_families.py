@@ -203,7 +203,8 @@ def test_each_controlnet_runs_once_per_step_on_its_rows(family, monkeypatch):
         run.config = net.config  # what a family reads of its ControlNet (SD3: force_zeros_for_pooled_projection)
         return run
 
-    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m, n) for n, m in ensure(names).items()})
+    monkeypatch.setattr(store, "ensure",
+                        lambda names, **kw: {n: counted(m, n) for n, m in ensure(names, **kw).items()})
     # a guided request's ControlNet runs on its two rows; Flux has one row per request, and Qwen-Image's
     # unconditional row takes its conditional row's outputs
     guided = 1 if family[0] in ("flux", "qwenimage") else 2

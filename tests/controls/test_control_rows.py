@@ -27,7 +27,8 @@ def counting(engine, monkeypatch):
     def counted(net, name):
         return lambda sample, *a, **k: (seen.setdefault(name, []).append(sample.shape[0]), net(sample, *a, **k))[1]
 
-    monkeypatch.setattr(store, "ensure", lambda names, **kw: {n: counted(m, n) for n, m in ensure(names, **kw).items()})
+    monkeypatch.setattr(store, "ensure",
+                        lambda names, **kw: {n: counted(m, n) for n, m in ensure(names, **kw).items()})
     return seen
 
 
