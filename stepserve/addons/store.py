@@ -60,6 +60,8 @@ class AddonBudget:
         self.budget_bytes = budget_bytes
         self.max_count = max_count
         self.mutex = threading.RLock()  # every decision of this store, and each kind's load of one name
+        # the holders alone: a request's admission or step never waits for a load that holds `mutex`
+        self._held_lock = threading.Lock()
         self.sizes: dict[str, int] = {}  # loaded add-ons -> their bytes
         self.last_used: dict[str, int] = {}  # name -> use counter at its last use (the least recent goes first)
         self.loads = 0
@@ -78,16 +80,16 @@ class AddonBudget:
     def hold(self, owner, names: Iterable[str]) -> None:
         """`owner` (a request: held until its `is_finished`, or until it is dropped; or a Holder, until released)
         uses `names`: none of them is unloaded meanwhile."""
-        with self.mutex:
+        with self._held_lock:
             self._holders[owner] = self._holders.get(owner, frozenset()) | frozenset(names)
 
     def release(self, owner) -> None:
-        with self.mutex:
+        with self._held_lock:
             self._holders.pop(owner, None)
 
     def in_use(self) -> set[str]:
         """The add-ons held by requests in flight (finished ones are forgotten here)."""
-        with self.mutex:
+        with self._held_lock:
             held = list(self._holders.items())
             for owner, _ in held:
                 if getattr(owner, "is_finished", False):
@@ -96,11 +98,11 @@ class AddonBudget:
                                     for n in names)
 
     def touch(self, names: Iterable[str]) -> None:
-        """`names` were just used (the least recently used are unloaded first)."""
-        with self.mutex:
-            self._uses += 1
-            for name in self._with_parts(names):
-                self.last_used[name] = self._uses
+        """`names` were just used (the least recently used are unloaded first). Takes no lock: every step of a
+        request with add-ons calls it, and a use counted a little out of order only reorders who goes first."""
+        self._uses += 1
+        for name in self._with_parts(names):
+            self.last_used[name] = self._uses
 
     @property
     def loaded_bytes(self) -> int:
