@@ -20,9 +20,14 @@ from fastapi.testclient import TestClient
 from stepserve import Engine
 from stepserve.addons import sizes
 from stepserve.addons.store import Holder
-from stepserve.controls.errors import ControlNetBudgetError, ControlNetTooLargeError
+from stepserve.controls.errors import ControlNetBudgetError, ControlNetError, ControlNetTooLargeError
 from stepserve.engine.async_engine import AsyncEngine
 from stepserve.engine.config import EngineConfig, EngineOptions, build_engine
+from stepserve.ipadapter.parts import IPAdapterError
+from stepserve.lora.errors import LoraTooLargeError
+from stepserve.request.types import FinishReason, GenerationResult, RequestStatus, RequestTiming
+from stepserve.server.errors import APIError
+from stepserve.server.images import check
 from stepserve.server.app import create_app
 from server.server_helpers import assert_error_shape
 
@@ -139,3 +144,21 @@ def test_over_http_a_controlnet_of_another_model_is_400(served, folder):
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == "controls" and "cross_attention_dim 64" in error["message"]
+
+
+@pytest.mark.parametrize("cause, status, param, code", [
+    (ControlNetTooLargeError("too large", None), 400, "controls", "addon_too_large"),
+    (ControlNetError("the ControlNets a, b give different numbers of block outputs"), 400, "controls",
+     "invalid_value"),
+    (ControlNetBudgetError("does not fit beside; retry later"), 429, "controls", "addon_memory_full"),
+    (IPAdapterError("does not fit this model"), 400, "ip_adapter", "invalid_value"),
+    (LoraTooLargeError("too large", "loras"), 400, "loras", "addon_too_large"),
+])
+def test_a_request_failed_on_an_add_on_answers_with_its_typed_error(cause, status, param, code):
+    failed = GenerationResult("req-1", RequestStatus.FAILED, None, None, RequestTiming(arrival=0.0),
+                              FinishReason.ERROR, f"prepare failed: {type(cause).__name__}: {cause}", cause=cause)
+    with pytest.raises(APIError) as err:
+        check(failed)
+    assert (err.value.status, err.value.param, err.value.code) == (status, param, code)
+    assert err.value.message == str(cause)  # the add-on's own line, not "the model failed ..."
+    assert (err.value.headers.get("Retry-After") == "1") == (status == 429)
