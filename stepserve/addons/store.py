@@ -39,7 +39,7 @@ class Kind:
     flag: str  # the flag that sets the memory: "--controlnet-memory-mb"
     too_large: type[AddonTooLargeError]
     held: type[AddonBudgetError]
-    param: str  # the field the budget errors are about
+    param: str | None  # the field the budget errors are about (None: the kind's errors' own default)
 
 
 class Holder:

@@ -29,7 +29,8 @@ from .inject import Injector, check_served, key_for, require_peft
 from .rows import drop_stacks, hook, stack_bytes
 
 MAX_ADAPTERS = 64  # adapters loaded at once (each adds its low-rank weights to every adapted layer)
-KIND = Kind("adapter", "adapters", "adapter memory", "--lora-memory-mb", LoraTooLargeError, LoraBudgetError, "loras")
+# param None: the errors' own ("name", what POST /v1/loras reads; a request's admission names "loras" itself)
+KIND = Kind("adapter", "adapters", "adapter memory", "--lora-memory-mb", LoraTooLargeError, LoraBudgetError, None)
 
 
 @dataclass(frozen=True)
