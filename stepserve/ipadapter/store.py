@@ -8,7 +8,9 @@ have image-prompt rows (rows.py). Several are loaded at once within `budget_byte
 encoder, the projection and the IP processors of each), decided by the add-ons' one budgeted store
 (stepserve/addons/store.py) as for ControlNets and LoRA adapters: an adapter's size is read from its files' headers
 before anything is read; one larger than the whole memory is refused without a load, and remembered; to make room,
-the least recently used adapters that no request in flight uses are unloaded (they load again on their next use). The
+the least recently used adapters that no request in flight uses are unloaded (they load again on their next use).
+Adapters whose image encoders are the same (parts.encoder_part) share one loaded copy, as diffusers' pipeline keeps
+one image encoder for all its adapters: a shared part of the store, unloaded with the last adapter that needs it. The
 rows of different adapters share one forward: `joined` gives the processors and projection of several adapters
 together, as diffusers builds them for a list of adapters (rows.py gives each row its own adapter's scale).
 """
@@ -31,6 +33,7 @@ from .spec import unknown_name
 
 KIND = Kind("IP-Adapter", "IP-Adapters", "IP-Adapter memory", "--ip-adapter-memory-mb", IPAdapterTooLargeError,
             IPAdapterBudgetError, "ip_adapter")
+
 
 class IPAdapterStore:
     """IP-Adapters by name for one SD pipeline (`pipeline.unet`: the UNet they go into)."""
