@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .addons.budgets import AUTO
 from .engine.clock import Clock, WallClock
 from .engine.config import EngineConfig, EngineOptions, build_engine, options_from
 from .executor.base import Executor
@@ -28,9 +29,9 @@ class Engine:
     def from_pretrained(cls, model: str = "embedded", *, device: str = "cpu", dtype: str = "float32",
                         backend: str = "torch", memory_cap: bool = True, compile: bool = False,
                         deterministic: bool = False, fast_path: Any = None, threads: int | None | str = "auto",
-                        cache: Any = None, lora_dir: str | None = None, lora_memory_mb: float | None = 1024.0,
-                        controlnet_dir: str | None = None, controlnet_memory_mb: float | None = 1024.0,
-                        ip_adapter_dir: str | None = None, ip_adapter_memory_mb: float | None = 6144.0,
+                        cache: Any = None, lora_dir: str | None = None, lora_memory_mb: float | str | None = AUTO,
+                        controlnet_dir: str | None = None, controlnet_memory_mb: float | str | None = AUTO,
+                        ip_adapter_dir: str | None = None, ip_adapter_memory_mb: float | str | None = AUTO,
                         weights: Any = None, **options: Any) -> "Engine":
         """Load a model and build an engine (stepserve.engine.config.build_engine). With memory_cap,
         max_batch_size is lowered to what fits in the device's memory (the reason is logged; torch backend only).
@@ -44,7 +45,8 @@ class Engine:
         `cache`: step caching for requests that do not say (docs/CACHING.md); `lora_dir` / `lora_memory_mb`:
         LoRA adapters served from that folder (docs/LORA.md); `controlnet_dir` / `controlnet_memory_mb`: ControlNets
         served from that folder (docs/CONTROLNET.md); `ip_adapter_dir` / `ip_adapter_memory_mb`: IP-Adapters
-        served from that folder (docs/CONTROLNET.md); `weights` (stepserve.pipelines.weights.Weights): the
+        served from that folder (docs/CONTROLNET.md); each memory in MiB, "auto" (the default) sized for `dtype`
+        (stepserve/addons/budgets.py), None for no bound; `weights` (stepserve.pipelines.weights.Weights): the
         denoiser from a single or GGUF file, quantized on load, or offloaded (docs/MODELS.md)."""
         if fast_path is None and (compile or deterministic):
             from .backends.fast_path import FastPathOptions

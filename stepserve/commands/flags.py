@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..addons.budgets import AUTO, default_help
 from ..engine.loading import BACKENDS, DEVICES, DTYPES, default_threads
 from ..pipelines.offload import OFFLOAD_MODES
 from ..pipelines.weights import QUANTIZE_TYPES
@@ -169,10 +170,10 @@ def add_lora_flag(p: argparse.ArgumentParser) -> None:
                         "relative path without extension ('/' read as '.'), a save_lora_weights folder by its "
                         "path, loaded at start-up while --lora-memory-mb holds them and the others on first "
                         "use; POST /v1/loras loads more from it (torch backend; default: no adapters)")
-    p.add_argument("--lora-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0, metavar="MB",
+    p.add_argument("--lora-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=None, metavar="MB",
                    help="device memory for loaded LoRA adapters (their weights and their per-layer stacks); to "
-                        "load another, the least recently used one "
-                        "that no request in the engine carries is unloaded (it loads again on its next use)")
+                        "load another, the least recently used one that no request in the engine carries is "
+                        f"unloaded (it loads again on its next use); {default_help('lora')}")
 
 
 def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
@@ -181,17 +182,19 @@ def add_controlnet_flag(p: argparse.ArgumentParser) -> None:
                    help="serve ControlNets from this folder: every sub-folder holding a diffusers ControlNet "
                         "(config.json and its weights) by the sub-folder's name, loaded on first use (SD 1/2, "
                         "SDXL, SD3, Flux.1 and Qwen-Image models, torch backend; default: no ControlNets)")
-    p.add_argument("--controlnet-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=1024.0,
+    p.add_argument("--controlnet-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"), default=None,
                    metavar="MB", help="device memory for loaded ControlNets; to load another, the least recently "
-                                      "used ones the step does not use are unloaded (they load again on next use)")
+                                      "used ones no request in flight uses are unloaded (they load again on next "
+                                      f"use); {default_help('controlnet')}")
     p.add_argument("--ip-adapter-dir", default=None, metavar="DIR",
                    help="serve IP-Adapters (an image as a prompt) from this folder: every sub-folder holding an "
                         "adapter's weights and its image_encoder/ by the sub-folder's name, loaded on first use "
                         "(SD 1/2 and SDXL models, torch backend; default: none)")
     p.add_argument("--ip-adapter-memory-mb", type=float_from(0.0, False, "a number of megabytes > 0"),
-                   default=6144.0, metavar="MB",
+                   default=None, metavar="MB",
                    help="device memory for loaded IP-Adapters, each with its image encoder; to load another, the "
-                        "least recently used ones no request in flight uses are unloaded")
+                        "least recently used ones no request in flight uses are unloaded; "
+                        + default_help("ip_adapter"))
 
 
 def check_cache_and_lora_flags(args: argparse.Namespace) -> None:
@@ -288,11 +291,11 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
     return EngineConfig(model=model, device=args.device, dtype=args.dtype, backend=args.backend,
                         threads=args.threads, weights=weights, memory_cap=memory_cap, fast_path=fast_path_from_args(args),
                         cache=getattr(args, "cache", None), lora_dir=getattr(args, "lora_dir", None),
-                        lora_memory_mb=getattr(args, "lora_memory_mb", 1024.0),
+                        lora_memory_mb=getattr(args, "lora_memory_mb", None) or AUTO,
                         controlnet_dir=getattr(args, "controlnet_dir", None),
-                        controlnet_memory_mb=getattr(args, "controlnet_memory_mb", 1024.0),
+                        controlnet_memory_mb=getattr(args, "controlnet_memory_mb", None) or AUTO,
                         ip_adapter_dir=getattr(args, "ip_adapter_dir", None),
-                        ip_adapter_memory_mb=getattr(args, "ip_adapter_memory_mb", 6144.0), options=options)
+                        ip_adapter_memory_mb=getattr(args, "ip_adapter_memory_mb", None) or AUTO, options=options)
 
 
 def say_to_stderr(prog: str):

@@ -20,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ..controls.errors import SERVED_FOR as CONTROLNETS_SERVED_FOR
+from ..capabilities import served_for, where_served
 from ..tiny.single_file import GGUF_TYPES
 from .flags import DefaultsHelpFormatter, OneLineParser
 
@@ -28,8 +28,9 @@ from .flags import DefaultsHelpFormatter, OneLineParser
 # models it is written for: those the server runs it for)
 ADD_ONS = {
     "controlnet": ("controlnet", "build_tiny_controlnet", "ControlNet", "--controlnet-dir",
-                   f"{CONTROLNETS_SERVED_FOR} (not the embedded model: its UNet has no middle block)"),
-    "ip-adapter": ("ipadapter", "build_tiny_ip_adapter", "IP-Adapter", "--ip-adapter-dir", "SD 1/2 and SDXL models"),
+                   f"{where_served('controlnets')} (not the embedded model: its UNet has no middle block)"),
+    "ip-adapter": ("ipadapter", "build_tiny_ip_adapter", "IP-Adapter", "--ip-adapter-dir",
+                   f"{served_for('ip_adapter')} models"),
 }
 
 # KIND: (module of stepserve.tiny, keyword options of its builder)

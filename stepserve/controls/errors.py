@@ -1,27 +1,28 @@
-"""The errors of ControlNets: typed as the LoRA adapters' are (stepserve/lora/errors.py), so each front end maps
-them to its own status without reading messages. `param` names the field the error is about."""
+"""The errors of ControlNets: the add-ons' errors (stepserve/addons/errors.py), as LoRA adapters' and IP-Adapters'
+are, so each front end maps them to its own status without reading messages. `param` names the field the error is
+about."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..addons.errors import AddonBudgetError, AddonError, AddonTooLargeError
 from ..capabilities import where_served
 
 
-class ControlNetError(ValueError):
+class ControlNetError(AddonError):
     """A ControlNet that cannot be named, loaded or served; the message says which and why (HTTP 400)."""
 
-    def __init__(self, message: str, param: str = "controls") -> None:
-        super().__init__(message)
-        self.param = param
+    default_param = "controls"
 
 
-class ControlNetTooLargeError(ControlNetError):
-    """Larger than the whole ControlNet memory (--controlnet-memory-mb): it can never be loaded."""
+class ControlNetTooLargeError(ControlNetError, AddonTooLargeError):
+    """Larger than the whole ControlNet memory (--controlnet-memory-mb), alone or with the others of its request:
+    it can never be loaded (HTTP 400)."""
 
 
-class ControlNetBudgetError(ControlNetError):
-    """The ControlNet memory is held by ControlNets the step in flight uses: retry later."""
+class ControlNetBudgetError(ControlNetError, AddonBudgetError):
+    """The ControlNet memory is held by ControlNets that requests in flight use: retry later (HTTP 429)."""
 
 
 def unknown_name(name: object, served: Iterable[str]) -> str:

@@ -1,24 +1,34 @@
 """The ControlNets an executor serves: every sub-folder of the ControlNet folder that holds a diffusers ControlNet
 (config.json of a ControlNetModel and its weights) is servable by the sub-folder's name.
 
-A ControlNet is loaded when a step first needs it (the request's first step: `ensure`), within `budget_bytes` of
-memory, the same policy as the LoRA adapters' (stepserve/lora/store.py): to make room, the least recently used
-ControlNets that the step does not use are unloaded (they load again on their next use). A folder whose config is
-not a ControlNet for this model (another family's, a different UNet) is refused when a request first needs it,
-before anything is unloaded for it.
+A ControlNet is loaded when a request first needs it (the front end before queueing it, else the request's
+admission: `ensure`), within `budget_bytes` of memory: the add-ons' one budgeted store (stepserve/addons/store.py)
+decides, as it does for LoRA adapters and IP-Adapters. Its size is read from its weights file's header before
+anything is read (at the width of the dtype in force); one larger than the whole memory is refused without a load,
+and remembered; the ControlNets of admitted, unfinished requests are never unloaded (each request holds its own
+from its admission), so a request that does not fit beside them is refused with a retry-later error rather than
+unloading theirs; to make room, the least recently used idle ones are unloaded (they load again on their next use).
+A folder whose config is not a ControlNet for this model (another family's, a different UNet) is refused when a
+request first needs it, before anything is unloaded for it.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from ..addons import sizes
+from ..addons.store import AddonBudget, Kind
 from ..lora.folder import Watched
 from .errors import ControlNetBudgetError, ControlNetError, ControlNetTooLargeError, unknown_name
 
+# what ControlNetModel.from_pretrained reads, in the order it prefers them (names as diffusers spells them)
 WEIGHT_FILES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
+KIND = Kind("ControlNet", "ControlNets", "ControlNet memory", "--controlnet-memory-mb", ControlNetTooLargeError,
+            ControlNetBudgetError, "controls")
 
 
 @dataclass(frozen=True)
@@ -27,12 +37,16 @@ class Loaded:
     bytes: int
 
 
+def weights_of(folder: Path) -> Path | None:
+    return next((folder / f for f in WEIGHT_FILES if (folder / f).is_file()), None)
+
+
 def discover(root: Path | None) -> dict[str, Path]:
     """The folder's ControlNets by name: its sub-folders with a config.json and a weights file."""
     if root is None or not root.is_dir():
         return {}
     return {d.name: d for d in sorted(root.iterdir())
-            if d.is_dir() and (d / "config.json").is_file() and any((d / f).is_file() for f in WEIGHT_FILES)}
+            if d.is_dir() and (d / "config.json").is_file() and weights_of(d) is not None}
 
 
 def _pools(folder: Path) -> bool:
@@ -48,15 +62,15 @@ class ControlNetStore:
     def __init__(self, pipeline, root: str | Path | None, budget_bytes: int | None = None) -> None:
         self.pipeline = pipeline
         self.root = Path(root).resolve() if root is not None else None
-        self.budget_bytes = budget_bytes
         self.loaded: dict[str, Loaded] = {}
-        self.last_used: dict[str, int] = {}
-        self._uses = 0
-        self.evictions = 0
-        self.version = 0  # bumped when the folder's names may have changed (the executor's ModelInfo lists them)
-        self._mutex = threading.RLock()
+        self.budget = AddonBudget(KIND, lambda name: self.loaded.pop(name, None), budget_bytes)
         self._folder = Watched(self.root, discover)
         self._guess: tuple = (None, frozenset())  # (the folder's entries, the names of those that pool)
+
+    budget_bytes = property(lambda self: self.budget.budget_bytes,
+                            lambda self, value: setattr(self.budget, "budget_bytes", value))
+    loads = property(lambda self: self.budget.loads)
+    evictions = property(lambda self: self.budget.evictions)
 
     def files(self) -> dict[str, Path]:
         """The folder's ControlNets by name, looked for again only when the folder changed."""
@@ -79,7 +93,7 @@ class ControlNetStore:
 
     @property
     def loaded_bytes(self) -> int:
-        return sum(c.bytes for c in self.loaded.values())
+        return self.budget.loaded_bytes
 
     def listing(self) -> list[dict]:
         """GET /v1/controlnets: every servable ControlNet, loaded or not."""
@@ -87,40 +101,50 @@ class ControlNetStore:
         return [{"name": n, "loaded": n in loaded, "bytes": loaded[n].bytes if n in loaded else None}
                 for n in sorted(self.names)]
 
-    def ensure(self, names) -> dict:
+    def ensure(self, names, holder=None) -> dict:
         """The modules of `names` by name, loading those that are not loaded (they count as just used) and
-        unloading least recently used others for room. Safe beside a load on another thread (the front end loads
-        before queueing): what it returns stays usable even if unloaded meanwhile. Raises ControlNetError (not
-        servable, not for this model), ControlNetTooLargeError, ControlNetBudgetError (it does not fit beside the
-        others of `names`)."""
+        unloading least recently used idle others for room. `holder`: the request that uses them, which holds them
+        until it finishes (none of them is unloaded meanwhile). Safe beside a load on another thread (the front end
+        loads before queueing): what it returns stays usable even if unloaded meanwhile. Raises ControlNetError
+        (not servable, not for this model), ControlNetTooLargeError (it, or the request's together, can never
+        fit), ControlNetBudgetError (not beside those requests in flight hold: retry later)."""
         names = list(dict.fromkeys(names))
-        self._uses += 1
+        if holder is not None:  # first: nothing it names is unloaded from here on
+            self.budget.hold(holder, names)
         try:  # all loaded (every step after the first): no lock, so a load elsewhere never stalls a step
             modules = {name: self.loaded[name].module for name in names}
         except KeyError:
-            with self._mutex:
+            with self.budget.mutex:
                 for name in (n for n in names if n not in self.loaded):
-                    self._load(name, keep=set(names))
+                    self._load(name, names)
                 modules = {name: self.loaded[name].module for name in names}
-        for name in names:
-            self.last_used[name] = self._uses
+        self.budget.touch(names)
         return modules
 
-    def _load(self, name: str, keep: set[str]) -> None:
-        if name in self.loaded:  # loaded by another thread meanwhile
-            return
+    def _load(self, name: str, own: list[str]) -> None:
         folder = self.files().get(name)
         if folder is None:
             raise ControlNetError(unknown_name(name, self.names))
+        weights = weights_of(folder)
+        stamp = sizes.stamp([weights])
+        self.budget.remembered(name, stamp)  # found too large before: refused without reading anything
         self._check_config(name, json.loads((folder / "config.json").read_text()))
+        width = torch.empty((), dtype=self.pipeline.dtype).element_size()
+        try:
+            size = sizes.file_bytes(weights, width)
+        except (OSError, ValueError) as exc:
+            raise ControlNetError(f"ControlNet {name!r}: its weights file cannot be read ({exc}); allowed: "
+                                  f"diffusers ControlNet folders") from None
+        self.budget.reserve(name, size, own, stamp=stamp)  # before the load: nothing read for one that cannot fit
         try:
             module = self.pipeline.controlnet_class().from_pretrained(folder, torch_dtype=self.pipeline.dtype)
         except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a folder it cannot read
+            self.budget.cancel(name)
             raise ControlNetError(f"ControlNet {name!r}: its folder does not load as a diffusers ControlNet: "
                                   f"{str(exc)[:200]}") from None
-        size = sum(p.numel() * p.element_size() for p in module.parameters())
-        self._fits(name, size, keep)
-        self.loaded[name] = Loaded(module.to(self.pipeline.device).eval(), size)
+        real = sum(p.numel() * p.element_size() for p in module.parameters())
+        self.budget.settle(name, real, own, stamp=stamp)
+        self.loaded[name] = Loaded(module.to(self.pipeline.device).eval(), real)
 
     def _check_config(self, name: str, config: dict) -> None:
         """The folder is a ControlNet of this model's denoiser (the family says what must match:
@@ -130,19 +154,3 @@ class ControlNetStore:
             raise ControlNetError(f"ControlNet {name!r} does not fit {self.pipeline.info.name} "
                                   f"({self.pipeline.family}): {'; '.join(problems)}; allowed: ControlNets made for "
                                   f"this model")
-
-    def _fits(self, name: str, size: int, keep: set[str]) -> None:
-        if self.budget_bytes is None:
-            return
-        mib, budget = f"{size / 2**20:.3g} MiB", f"{self.budget_bytes / 2**20:.3g} MiB"
-        if size > self.budget_bytes:
-            raise ControlNetTooLargeError(f"ControlNet {name!r} ({mib}) is larger than the whole ControlNet "
-                                          f"memory ({budget}, --controlnet-memory-mb): it can never be loaded")
-        held = sum(c.bytes for n, c in self.loaded.items() if n in keep)
-        if held + size > self.budget_bytes:
-            raise ControlNetBudgetError(f"ControlNet {name!r} ({mib}) does not fit the ControlNet memory ({budget}) "
-                                        f"beside the ControlNets this step uses; retry later")
-        idle = sorted((n for n in self.loaded if n not in keep), key=lambda n: self.last_used.get(n, 0))
-        while idle and self.loaded_bytes + size > self.budget_bytes:
-            del self.loaded[idle.pop(0)]
-            self.evictions += 1

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..addons.budgets import AUTO, NAMES, memory_mb
 from .core import EngineCore
 from ..costs import LatencyModel
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, make_policy
@@ -88,11 +89,12 @@ class EngineConfig:
     warm_up: bool = True  # one throwaway request at start-up, so the first real one is not slow (see warm_up)
     cache: Any = None  # step caching for requests that do not say (stepserve/caching/spec.py forms); None: off
     lora_dir: str | None = None  # LoRA adapters: every one here is servable by name (lora/folder.py); POST reads here
-    lora_memory_mb: float | None = 1024.0  # device memory for loaded adapters (least recently used unloaded first)
+    # each add-on kind's memory in MiB (None: no bound; AUTO: its default for the dtype, stepserve/addons/budgets.py)
+    lora_memory_mb: float | str | None = AUTO  # device memory for loaded adapters (least recently used out first)
     controlnet_dir: str | None = None  # ControlNets: every sub-folder here is servable by its name (stepserve/controls)
-    controlnet_memory_mb: float | None = 1024.0  # memory for loaded ControlNets (least recently used unloaded first)
+    controlnet_memory_mb: float | str | None = AUTO  # memory for loaded ControlNets (least recently used out first)
     ip_adapter_dir: str | None = None  # IP-Adapters: every sub-folder here is servable by its name (stepserve/ipadapter)
-    ip_adapter_memory_mb: float | None = 6144.0  # memory for loaded IP-Adapters, image encoders included (LRU of idle)
+    ip_adapter_memory_mb: float | str | None = AUTO  # memory for loaded IP-Adapters, image encoders included
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -122,17 +124,16 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if loaded:
         executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
                                  config.weights)
+    budgets = {kind: memory_mb(kind, getattr(config, f"{kind}_memory_mb"), config.dtype)
+               for kind, folder in (("lora", config.lora_dir), ("controlnet", config.controlnet_dir),
+                                    ("ip_adapter", config.ip_adapter_dir)) if folder is not None}
     if config.memory_cap and config.backend != "torch":
         say(f"no memory cap on backend {config.backend}: the check measures torch's allocator")
     elif config.memory_cap:
         from ..profiling import cap_max_batch_size
 
-        # LoRA adapters take up to --lora-memory-mb, the per-layer stacks a mixed batch uses counted in it
-        reserve = int(config.lora_memory_mb * 2**20) if config.lora_dir and config.lora_memory_mb else 0
-        if config.controlnet_dir and config.controlnet_memory_mb:  # and the ControlNets their memory
-            reserve += int(config.controlnet_memory_mb * 2**20)
-        if config.ip_adapter_dir and config.ip_adapter_memory_mb:  # and the IP-Adapters theirs
-            reserve += int(config.ip_adapter_memory_mb * 2**20)
+        # each add-on kind served takes up to its memory (LoRA adapters' per-layer stacks counted in theirs)
+        reserve = {NAMES[kind]: int(mb * 2**20) for kind, mb in budgets.items() if mb}
         capped, why = cap_max_batch_size(executor, options.max_batch_size, share=config.memory_share,
                                          reserve_bytes=reserve)
         options = replace(options, max_batch_size=capped)
@@ -148,15 +149,15 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if config.lora_dir is not None:
         from ..lora.serving import serve_folder
 
-        say(serve_folder(executor, config.lora_dir, config.lora_memory_mb))
+        say(serve_folder(executor, config.lora_dir, budgets["lora"]))
     if config.controlnet_dir is not None:
         from ..controls.serving import serve_controlnets
 
-        say(serve_controlnets(executor, config.controlnet_dir, config.controlnet_memory_mb))
+        say(serve_controlnets(executor, config.controlnet_dir, budgets["controlnet"]))
     if config.ip_adapter_dir is not None:
         from ..ipadapter.serving import serve_ip_adapters
 
-        say(serve_ip_adapters(executor, config.ip_adapter_dir, config.ip_adapter_memory_mb))
+        say(serve_ip_adapters(executor, config.ip_adapter_dir, budgets["ip_adapter"]))
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:

@@ -37,6 +37,7 @@ class StageRunner:
                           requests[0].request_id, exc_info=exc)
             for r in requests:
                 if r.status is RequestStatus.RUNNING:
+                    r.cause = exc  # typed ones (an add-on's) reach the client as what they are
                     self.fail(r, t, f"{stage} failed: {type(exc).__name__}: {exc}")
                     finished.append(r)
             return [], 0.0

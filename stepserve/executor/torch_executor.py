@@ -153,7 +153,7 @@ class TorchExecutor:
         generators = [torch.Generator("cpu").manual_seed(r.params.seed) for r in requests]
         for r, generator in zip(requests, generators):
             if r.params.controls:  # its control images, prepared once (stepserve/controls)
-                self._controlnets.ensure([c.name for c in r.params.controls])  # loaded on first use
+                self._controlnets.ensure([c.name for c in r.params.controls], holder=r)  # held until it ends
                 # before the start image and the noise: the ControlNet pipelines encode it first (Flux.1 samples it)
                 r.controls = controls.prepare(p, r.params, generator)
         images = inpaint.encode_start_images(p, [r.params for r in requests], generators)  # one VAE pass per size

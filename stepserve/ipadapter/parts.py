@@ -4,32 +4,76 @@ attention layers joined into one processor per layer (the store's `joined`)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..addons import sizes
+from ..addons.errors import AddonBudgetError, AddonError, AddonTooLargeError
+
 ENCODER = "image_encoder"
+# the image encoder's weights, as transformers' from_pretrained looks for them (it prefers safetensors)
+ENCODER_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
-class IPAdapterError(ValueError):
-    """An IP-Adapter that cannot be named, loaded or served; the message says which and why."""
+class IPAdapterError(AddonError):
+    """An IP-Adapter that cannot be named, loaded or served; the message says which and why (HTTP 400)."""
 
-    def __init__(self, message: str, param: str = "ip_adapter") -> None:
-        super().__init__(message)
-        self.param = param
+    default_param = "ip_adapter"
 
 
-class IPAdapterBudgetError(IPAdapterError):
-    """The adapter does not fit the IP-Adapter memory beside the adapters that requests in flight use: retry later."""
+class IPAdapterBudgetError(IPAdapterError, AddonBudgetError):
+    """The adapter does not fit the IP-Adapter memory beside the adapters that requests in flight use: retry later
+    (HTTP 429)."""
 
 
-class IPAdapterTooLargeError(IPAdapterError):
-    """Larger than the whole IP-Adapter memory (--ip-adapter-memory-mb): it can never be loaded."""
+class IPAdapterTooLargeError(IPAdapterError, AddonTooLargeError):
+    """Larger than the whole IP-Adapter memory (--ip-adapter-memory-mb), alone or with the others of its request:
+    it can never be loaded (HTTP 400)."""
 
 
 def weight_files(folder: Path) -> list[Path]:
+    """The adapter's weights file(s): suffixes as diffusers' load_ip_adapter dispatches on them (case matters)."""
     return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in (".safetensors", ".bin"))
+
+
+def encoder_weights(folder: Path) -> Path | None:
+    return next((folder / ENCODER / f for f in ENCODER_WEIGHTS if (folder / ENCODER / f).is_file()), None)
+
+
+def files_of(folder: Path) -> list[Path]:
+    """Every file whose change makes another adapter of the folder (what a remembered size is valid for)."""
+    return [*weight_files(folder)[:1], *filter(None, [encoder_weights(folder)])]
+
+
+def sizes_of(folder: Path, width: int) -> tuple[int, int]:
+    """The bytes an adapter will take loaded in a dtype `width` bytes wide, read from its files' headers before
+    anything is loaded: its own (image projection and IP layers) and its image encoder's."""
+    weights = weight_files(folder)[0]
+    own = sizes.file_bytes(weights, width, keep=lambda key: key.split(".", 1)[0] in ("image_proj", "ip_adapter"))
+    encoder = encoder_weights(folder)
+    return own, (sizes.file_bytes(encoder, width) if encoder is not None else 0)
+
+
+_digests: dict[tuple, str] = {}  # (file, size, mtime) -> the digest of its bytes
+
+
+def encoder_part(folder: Path) -> str:
+    """The name of the adapter's image encoder in the store: the same for every adapter whose image encoder has
+    the same config and weights (a copy or a link of one), so that they share one copy of it loaded, as
+    diffusers' pipeline keeps one image encoder for all its IP-Adapters. Its files are hashed once per change."""
+    files = [folder / ENCODER / "config.json", *filter(None, [encoder_weights(folder)])]
+    digest = hashlib.sha256()
+    for f in files:
+        s = f.stat()
+        key = (str(f.resolve()), s.st_size, s.st_mtime_ns)
+        if key not in _digests:
+            with open(f, "rb") as fh:
+                _digests[key] = hashlib.file_digest(fh, "sha256").hexdigest()
+        digest.update(_digests[key].encode())
+    return f"{ENCODER}@{digest.hexdigest()[:12]}"
 
 
 def discover(root: Path | None) -> dict[str, Path]:
@@ -45,9 +89,10 @@ class Parts:
     """An adapter read and checked on the CPU, not yet on the device."""
 
     state: dict  # {"image_proj": ..., "ip_adapter": ...} as load_ip_adapter splits the weights
-    encoder: torch.nn.Module
+    encoder: torch.nn.Module  # read for it, or the one already loaded that it shares
     features: object
-    bytes: int  # what it will take loaded (encoder, projection and IP layers)
+    bytes: int  # what it will take loaded beside its encoder (projection and IP layers)
+    encoder_bytes: int
 
 
 @dataclass
@@ -57,7 +102,8 @@ class Loaded:
     projection: torch.nn.Module  # diffusers' MultiIPAdapterImageProjection (the UNet's encoder_hid_proj)
     encoder: torch.nn.Module  # CLIPVisionModelWithProjection
     features: object  # CLIPImageProcessor: a picture -> the encoder's pixel values
-    bytes: int
+    bytes: int  # its layers and its image encoder (which other adapters may share)
+    part: str = ""  # its image encoder's name in the store (parts.encoder_part)
 
 
 def joined_processor(processors: list) -> object:

@@ -5,8 +5,12 @@ and its image encoder (`image_encoder/`, a CLIPVisionModelWithProjection) is ser
 An adapter is loaded on first use: diffusers builds its attention processors and image projection
 (UNet2DConditionModel._load_ip_adapter_weights), which are kept aside and put in the UNet only for the forwards that
 have image-prompt rows (rows.py). Several are loaded at once within `budget_bytes` (--ip-adapter-memory-mb: the image
-encoder, the projection and the IP processors of each), as ControlNets and LoRA adapters are: to make room, the
-least recently used adapters that no request in flight uses are unloaded (they load again on their next use). The
+encoder, the projection and the IP processors of each), decided by the add-ons' one budgeted store
+(stepserve/addons/store.py) as for ControlNets and LoRA adapters: an adapter's size is read from its files' headers
+before anything is read; one larger than the whole memory is refused without a load, and remembered; to make room,
+the least recently used adapters that no request in flight uses are unloaded (they load again on their next use).
+Adapters whose image encoders are the same (parts.encoder_part) share one loaded copy, as diffusers' pipeline keeps
+one image encoder for all its adapters: a shared part of the store, unloaded with the last adapter that needs it. The
 rows of different adapters share one forward: `joined` gives the processors and projection of several adapters
 together, as diffusers builds them for a list of adapters (rows.py gives each row its own adapter's scale).
 """
@@ -15,17 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from ..addons import sizes
+from ..addons.store import AddonBudget, Holder, Kind
 from ..lora.folder import Watched
 from .parts import (ENCODER, IPAdapterBudgetError, IPAdapterError, IPAdapterTooLargeError, Loaded, Parts,
-                    discover, joined_processor, read_weights, weight_files)
+                    discover, encoder_part, files_of, joined_processor, read_weights, sizes_of, weight_files)
 from .spec import unknown_name
+
+KIND = Kind("IP-Adapter", "IP-Adapters", "IP-Adapter memory", "--ip-adapter-memory-mb", IPAdapterTooLargeError,
+            IPAdapterBudgetError, "ip_adapter")
+
 
 class IPAdapterStore:
     """IP-Adapters by name for one SD pipeline (`pipeline.unet`: the UNet they go into)."""
@@ -36,21 +44,27 @@ class IPAdapterStore:
         self.pipeline = pipeline
         self.lock = lock if lock is not None else threading.RLock()
         self.root = Path(root).resolve() if root is not None else None
-        self.budget_bytes = budget_bytes
         self.loaded: dict[str, Loaded] = {}
-        self.last_used: dict[str, int] = {}
-        self._uses = 0
+        self.encoders: dict[str, torch.nn.Module] = {}  # image encoders by part name, one copy for all that share it
         self._joined: dict[tuple[str, ...], tuple[dict, torch.nn.Module]] = {}  # several adapters' parts together
-        self._users: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # requests given an embedding
-        self._pending: dict[str, int] = {}  # adapters being placed on the device: their bytes, already counted
-        self._starting: Counter = Counter()  # adapters of requests between their load and their embedding
-        self.loads = 0
-        self.evictions = 0
-        self.mutex = threading.RLock()
+        self.budget = AddonBudget(KIND, self._unload, budget_bytes)
+        self.mutex = self.budget.mutex
         self._folder = Watched(self.root, discover)
         unet = pipeline.unet
         self.plain = dict(unet.attn_processors)  # the UNet's own processors, put back after each IP forward
         self._attention = {name: unet.get_submodule(name.rsplit(".", 1)[0]) for name in self.plain}
+
+    budget_bytes = property(lambda self: self.budget.budget_bytes,
+                            lambda self, value: setattr(self.budget, "budget_bytes", value))
+    loads = property(lambda self: self.budget.loads)
+    evictions = property(lambda self: self.budget.evictions)
+    last_used = property(lambda self: self.budget.last_used)
+
+    def _unload(self, name: str) -> None:
+        """Free an adapter, or an image encoder (once no loaded adapter needs it: the budget's shared parts)."""
+        if self.encoders.pop(name, None) is None:
+            self.loaded.pop(name, None)
+            self._joined.clear()
 
     def use(self, processors: dict) -> None:
         """Put `processors` (by name, as UNet2DConditionModel.attn_processors) in the UNet's attention modules:
@@ -73,91 +87,71 @@ class IPAdapterStore:
 
     @property
     def loaded_bytes(self) -> int:
-        return sum(a.bytes for a in self.loaded.values()) + sum(self._pending.values())
+        return self.budget.loaded_bytes
 
     @contextlib.contextmanager
     def starting(self, names) -> Iterator[None]:
         """While requests get their embeddings: their adapters are not unloaded for another (rows.prepare)."""
-        names = list(names)
-        with self.mutex:
-            self._starting.update(names)
+        token = Holder()
+        self.budget.hold(token, names)
         try:
             yield
         finally:
-            with self.mutex:
-                self._starting.subtract(names)
-                self._starting += Counter()  # drop the names at zero
+            self.budget.release(token)
 
     def hold(self, request) -> None:
-        """`request` carries an image prompt of a loaded adapter until it releases its tensors."""
-        self._users[id(request)] = request
+        """`request` carries an image prompt of loaded adapters until it finishes (or is dropped)."""
+        self.budget.hold(request, [e.name for e in request.image_prompt or ()])
 
     def in_use(self) -> set[str]:
-        """The adapters of the requests in flight (those that hold an embedding)."""
-        return {e.name for r in list(self._users.values()) for e in r.image_prompt or ()}
+        """The adapters of the requests in flight (those that hold an embedding) and of those starting."""
+        return self.budget.in_use()
 
     def ensure(self, name: str, keep=()) -> Loaded:
         """The adapter `name`, loaded (it counts as just used), unloading least recently used idle ones for room,
-        never those of `keep` (the others a request needs beside it). Its size is known before anything goes to
-        the device. Raises IPAdapterError (not served, not for this model), IPAdapterTooLargeError (it, or it with
-        the others of `keep`, can never fit), IPAdapterBudgetError (not now: retry later)."""
+        never those of `keep` (the others a request needs beside it). Its size is read from its files before
+        anything is read or goes to the device. Raises IPAdapterError (not served, not for this model),
+        IPAdapterTooLargeError (it, or it with the others of `keep`, can never fit), IPAdapterBudgetError (not
+        now: retry later)."""
         with self.mutex:
-            self._uses += 1
             loaded = self.loaded.get(name)
             if loaded is not None:
-                self.last_used[name] = self._uses
+                self.budget.touch([name])
                 return loaded
             folder = self.files().get(name)
             if folder is None:
                 raise IPAdapterError(unknown_name(name, self.names), "ip_adapter.name")
-        parts = self._read_parts(name, folder)  # on the CPU, outside the mutex
+            stamp = sizes.stamp(files_of(folder))
+            self.budget.remembered(name, stamp)  # found too large before: refused without reading anything
+            width = torch.empty((), dtype=self.pipeline.dtype).element_size()
+            try:
+                size, encoder_size = sizes_of(folder, width)
+                part = encoder_part(folder)
+            except (OSError, ValueError) as exc:
+                raise IPAdapterError(f"IP-Adapter {name!r}: its files cannot be read ({exc}); allowed: folders "
+                                     f"with one IP-Adapter weights file and an image_encoder/") from None
+            self.budget.needs[name] = frozenset([part])
+            shared = self.encoders.get(part)  # loaded for another adapter: this one uses that copy
+            own = set(keep) - {name}
+            self.budget.reserve(name, size + (0 if shared is not None else encoder_size), own, stamp=stamp)
+        try:  # on the CPU, then to the device and the UNet part (under the stages' lock), outside the mutex
+            parts = self._read_parts(name, folder, shared)
+            new = self._place(name, parts, part)
+        except BaseException:
+            self.budget.cancel(name)
+            raise
         with self.mutex:
             if name in self.loaded:  # another thread loaded it meanwhile
+                self.budget.cancel(name)
                 return self.loaded[name]
-            self._fits(name, parts.bytes, set(keep))
-            self._pending[name] = parts.bytes
-        try:
-            new = self._place(name, parts)  # the device and the UNet part (under the stages' lock), outside the mutex
-        finally:
-            with self.mutex:
-                self._pending.pop(name, None)
-        with self.mutex:
-            if name in self.loaded:
-                return self.loaded[name]
+            first = part not in self.encoders
+            if not first:  # another adapter loaded the same encoder meanwhile: use that copy
+                new.encoder = self.encoders[part]
+            self.budget.settle(name, parts.bytes, own, stamp=stamp, parts={part: parts.encoder_bytes} if first else {})
+            self.encoders[part] = new.encoder
             self.loaded[name] = new
-            self.last_used[name] = self._uses
             self._joined.clear()
-            self.loads += 1
             return new
-
-    def _fits(self, name: str, size: int, keep: set[str]) -> None:
-        """Make room for `size` bytes more (unloading least recently used idle adapters), or raise without
-        unloading anything."""
-        if self.budget_bytes is None:
-            return
-        mib, budget = f"{size / 2**20:.3g} MiB", f"{self.budget_bytes / 2**20:.3g} MiB"
-        if size > self.budget_bytes:
-            raise IPAdapterTooLargeError(f"IP-Adapter {name!r} ({mib} with its image encoder) is larger than the "
-                                         f"whole IP-Adapter memory ({budget}, --ip-adapter-memory-mb): it can "
-                                         f"never be loaded")
-        mine = sorted(n for n in keep if n in self.loaded and n != name)
-        together = size + sum(self.loaded[n].bytes for n in mine)
-        if together > self.budget_bytes:
-            raise IPAdapterTooLargeError(f"IP-Adapters {', '.join(map(repr, [*mine, name]))} of one request take "
-                                         f"{together / 2**20:.3g} MiB together, more than the whole IP-Adapter "
-                                         f"memory ({budget}, --ip-adapter-memory-mb): they can never be served "
-                                         f"together")
-        busy = self.in_use() | keep | set(self._starting)
-        held = sum(a.bytes for n, a in self.loaded.items() if n in busy) + sum(self._pending.values())
-        if held + size > self.budget_bytes:
-            raise IPAdapterBudgetError(f"IP-Adapter {name!r} ({mib}) does not fit the IP-Adapter memory ({budget}, "
-                                       f"--ip-adapter-memory-mb) beside the ones requests in flight (or this "
-                                       f"request) use ({', '.join(sorted(busy & set(self.loaded)))}); retry later")
-        idle = sorted((n for n in self.loaded if n not in busy), key=lambda n: self.last_used.get(n, 0))
-        while idle and self.loaded_bytes + size > self.budget_bytes:
-            del self.loaded[idle.pop(0)]
-            self.evictions += 1
-            self._joined.clear()
 
     def joined(self, names: tuple[str, ...]) -> tuple[dict, torch.nn.Module]:
         """The attention processors (by name) and the image projection of the loaded adapters `names` together,
@@ -180,18 +174,20 @@ class IPAdapterStore:
             self._joined[names] = hit
             return hit
 
-    def _read_parts(self, name: str, folder: Path) -> "Parts":
-        """The adapter's weights and image encoder read on the CPU and checked, and the bytes they will take."""
+    def _read_parts(self, name: str, folder: Path, encoder=None) -> "Parts":
+        """The adapter's weights and image encoder (unless it shares `encoder`, loaded already) read on the CPU
+        and checked, and the bytes they will take."""
         from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
         p = self.pipeline
         state = read_weights(weight_files(folder)[0])
-        try:
-            encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read "
-                                 f"({str(exc)[:200]})") from None
-        encoder.eval()
+        if encoder is None:
+            try:
+                encoder = CLIPVisionModelWithProjection.from_pretrained(folder / ENCODER, dtype=p.dtype)
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise IPAdapterError(f"IP-Adapter {name!r}: its image encoder could not be read "
+                                     f"({str(exc)[:200]})") from None
+            encoder.eval()
         self._check(name, state, encoder)
         own = Path(p.folder) / "feature_extractor" if getattr(p, "folder", None) is not None else None
         if own is not None and (own / "preprocessor_config.json").is_file():  # the model's own, which diffusers' pipeline keeps
@@ -200,15 +196,15 @@ class IPAdapterStore:
             size = encoder.config.image_size
             features = CLIPImageProcessor(size=size, crop_size=size)
         width = torch.empty((), dtype=p.dtype).element_size()  # the projection and IP layers take the model's dtype
-        n = sum(t.numel() * t.element_size() for t in encoder.parameters())
-        n += sum(t.numel() * width for part in state.values() for t in part.values())
-        return Parts(state, encoder, features, n)
+        n = sum(t.numel() * width for part in state.values() for t in part.values())
+        return Parts(state, encoder, features, n, sum(t.numel() * t.element_size() for t in encoder.parameters()))
 
-    def _place(self, name: str, parts: "Parts") -> Loaded:
-        """The adapter on the device: its encoder moved, its processors and projection built."""
+    def _place(self, name: str, parts: "Parts", part: str) -> Loaded:
+        """The adapter on the device: its encoder moved (a shared one is there already), its processors and
+        projection built."""
         encoder = parts.encoder.to(self.pipeline.device)
         processors, projection = self._build(name, parts.state)
-        return Loaded(name, processors, projection, encoder, parts.features, parts.bytes)
+        return Loaded(name, processors, projection, encoder, parts.features, parts.bytes + parts.encoder_bytes, part)
 
     def _check(self, name: str, state: dict, encoder) -> None:
         unet = self.pipeline.unet

@@ -7,9 +7,11 @@ the deletion take it, so a load waits for the step in flight and stalls the next
 The adapter cache: with a folder (`root`), every adapter in it (folder.py) is servable by its name; it is loaded
 when a request first names it (`ensure`, called by the front end before the request is queued: the request waits
 there, never in a batch). Loaded adapters live in device memory within `budget_bytes`, which counts each adapter's
-weights and its slots in the per-layer stacks a mixed batch gathers from; to make room, the least recently used
-adapter that no request in the engine carries is unloaded (it loads again on its next use, from the file it was
-loaded from). A load is checked (name, path, file, size) before anything is unloaded for it.
+weights and its slots in the per-layer stacks a mixed batch gathers from. The add-ons' one budgeted store decides
+(stepserve/addons/store.py, as for ControlNets and IP-Adapters): to make room, the least recently used adapter
+that no request in the engine carries is unloaded (it loads again on its next use, from the file it was loaded
+from); a load is checked (name, path, file, size) before anything is unloaded for it; one larger than the whole
+memory is remembered (refused again without reading its file until the file changes).
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..addons import sizes
+from ..addons.store import AddonBudget, Kind
 from . import folder
-from .errors import LoraBudgetError, LoraError, LoraInUseError, LoraTooLargeError, not_loaded
+from .errors import LoraBudgetError, LoraError, LoraInUseError, LoraTooLargeError, does_not_fit, not_loaded
 from .inject import Injector, check_served, key_for, require_peft
 from .rows import drop_stacks, hook, stack_bytes
 
 MAX_ADAPTERS = 64  # adapters loaded at once (each adds its low-rank weights to every adapted layer)
+# param None: the errors' own ("name", what POST /v1/loras reads; a request's admission names "loras" itself)
+KIND = Kind("adapter", "adapters", "adapter memory", "--lora-memory-mb", LoraTooLargeError, LoraBudgetError, None)
 
 
 @dataclass(frozen=True)
@@ -53,11 +59,9 @@ class AdapterStore:
         self.sources: dict[str, Path] = {}  # name -> the file it was loaded from, where that is not the folder's
         # file of that name (kept when evicted: it reloads from there)
         self.retired: set[str] = set()  # being deleted: no new request may name them
-        self.budget_bytes = budget_bytes  # device memory for loaded adapters (None: no bound)
-        self.last_used: dict[str, int] = {}  # name -> use counter at its last use (least recently used goes first)
-        self._uses = 0
+        # device memory for loaded adapters (None: no bound) and which to unload for room
+        self.budget = AddonBudget(KIND, self._unload, budget_bytes, MAX_ADAPTERS)
         self._serial = 0
-        self.evictions = 0
         self.version = 0  # bumped at every change (the executor's ModelInfo lists the names)
         self._hooked: set[int] = set()
         self._files: tuple = (object(), {})  # (folder stamp, files) of the last look at the folder
@@ -65,6 +69,11 @@ class AdapterStore:
         # name -> a path in the folder, or None: adapters registered elsewhere (the server wires its state store);
         # asked off the event loop when a request names an adapter this store does not serve (gate.resolve)
         self.resolver: Callable[[str], str | None] | None = None
+
+    budget_bytes = property(lambda self: self.budget.budget_bytes,
+                            lambda self, value: setattr(self.budget, "budget_bytes", value))
+    last_used = property(lambda self: self.budget.last_used)
+    evictions = property(lambda self: self.budget.evictions)
 
     @property
     def names(self) -> frozenset[str]:
@@ -87,7 +96,7 @@ class AdapterStore:
 
     @property
     def loaded_bytes(self) -> int:
-        return sum(a.bytes + a.stack_bytes for a in self.adapters.values())
+        return self.budget.loaded_bytes
 
     def ensure(self, names, in_use=frozenset()) -> None:
         """Load the adapters among `names` that are not loaded (from the file each was last loaded from, else the
@@ -95,23 +104,20 @@ class AdapterStore:
         not hold when the budget needs room. Raises LoraError: LoraTooLargeError (it can never fit),
         LoraBudgetError (not beside those in use: retry later)."""
         with self._mutex:
-            self._uses += 1
-            for name in names:
-                self.last_used[name] = self._uses
+            self.budget.touch(names)
             files = self.files()
             for name in [n for n in dict.fromkeys(names) if n not in self.adapters]:
                 source = self.sources.get(name, files.get(name))
                 if source is None:
                     raise not_loaded(name, self.names)
-                self._admit(name, source, keep=set(names) | set(in_use))
+                self._admit(name, source, own=set(names), busy=set(in_use))
 
     def load_within_budget(self, name: str, path: str | Path, in_use=frozenset()) -> AdapterInfo:
         """Load `path` as `name` (POST /v1/loras), unloading least recently used idle adapters for room; it counts
         as just used. Raises LoraError as ensure() does; nothing is unloaded for a load that fails its checks."""
         with self._mutex:
-            info = self._admit(name, path, keep=set(in_use))
-            self._uses += 1
-            self.last_used[name] = self._uses
+            info = self._admit(name, path, busy=set(in_use))
+            self.budget.touch([name])
             return info
 
     def register(self, name: str, path: str | Path) -> bool:
@@ -137,16 +143,20 @@ class AdapterStore:
         """Read `path` (safetensors: diffusers/PEFT, kohya, ... as diffusers reads them; or a folder holding
         pytorch_lora_weights.safetensors) and serve it as `name`, within the budget; nothing is unloaded for it."""
         with self._mutex:
-            return self._admit(name, path, keep=set(self.adapters))
+            return self._admit(name, path, busy=set(self.adapters))
 
-    def _admit(self, name: str, path: str | Path, keep: set[str]) -> AdapterInfo:
-        """The one "fit in the budget or undo": check, read, size, make room, inject, account."""
+    def _admit(self, name: str, path: str | Path, own: set[str] = frozenset(), busy: set[str] = frozenset()
+               ) -> AdapterInfo:
+        """The one "fit in the budget or undo": check, read, size, make room, inject, account. `own`: the other
+        adapters of the request that names it; `busy`: adapters in use (nothing of either is unloaded for it)."""
         folder.check_name(name)
         if name in self.adapters:
             raise LoraInUseError(f"adapter {name!r} is already loaded; delete it first to load another file as it")
         file = folder.check_path(self.root, path)
         require_peft()
         shown = folder.shown(self.root, file)
+        stamp = sizes.stamp([file])
+        self.budget.remembered(name, stamp)  # found too large before: refused without reading the file again
         try:
             state_dict, alphas, metadata = self.injector.read(file)
         except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds for a file it cannot read
@@ -157,7 +167,8 @@ class AdapterStore:
             have = [self.injector.module_name] + [p for p, _ in self.injector.text_encoders(None)]
             raise LoraError(f"adapter {name!r}: {shown} adapts {', '.join(unknown)}, which this model does not have "
                             f"(it has {', '.join(have)}): is it made for another model family?", "path")
-        self._fits(name, 2 * self.injector.estimate_bytes(state_dict), keep)  # weights, and as much in stacks
+        # weights, and as much in stacks: reserved before anything is unloaded or injected for it
+        self.budget.reserve(name, 2 * self.injector.estimate_bytes(state_dict), own, busy, stamp)
         self._serial += 1
         key = key_for(name, self._serial)
         with self.lock:
@@ -170,10 +181,11 @@ class AdapterStore:
                 check_served(layers, key, name, shown)
             except Exception as exc:  # noqa: BLE001
                 self.injector.forget(key)
+                self.budget.cancel(name)
                 if isinstance(exc, LoraError):
                     raise
-                raise LoraError(f"adapter {name!r}: {shown} does not fit this model: "
-                                f"{folder.scrub(str(exc), self.root, file)}", "path") from None
+                raise does_not_fit(name, shown, self.injector.module_name,
+                                   folder.scrub(str(exc), self.root, file)) from None
             drop_stacks(layers)
             for layer in layers:
                 layer.enable_adapters(False)  # PEFT's own application off: rows.hook applies it per row
@@ -188,47 +200,15 @@ class AdapterStore:
             self.adapters[name], self.keys[name] = info, key
             self.version += 1
         try:
-            self._fits(name, info.bytes + info.stack_bytes, keep | {name}, loaded=True)
+            self.budget.settle(name, info.bytes + info.stack_bytes, own, busy, stamp)
         except LoraError:
             self._unload(name)
             raise
-        self._make_room(keep | {name})
         if self.files().get(name) == file:  # the folder's own: it reloads from there while the file is there
             self.sources.pop(name, None)
         else:  # loaded from elsewhere (POST): it reloads from its own file
             self.sources[name] = file
         return info
-
-    def _fits(self, name: str, size: int, keep: set[str], loaded: bool = False) -> None:
-        """LoraTooLargeError when `size` exceeds the whole budget, LoraBudgetError when it does not fit beside the
-        adapters in `keep` (then nothing is unloaded for it); `loaded`: it is among the adapters already."""
-        if not loaded and sum(n in keep for n in self.adapters) + 1 > MAX_ADAPTERS:
-            raise LoraBudgetError(f"{MAX_ADAPTERS} adapters are loaded, the most served at once, and requests are "
-                                  f"using them; retry later")
-        if self.budget_bytes is None:
-            if not loaded:
-                self._make_room(keep, extra=1)
-            return
-        mib, budget = f"{size / 2**20:.3g} MiB with its stacks", f"{self.budget_bytes / 2**20:.3g} MiB"
-        if size > self.budget_bytes:
-            raise LoraTooLargeError(f"adapter {name!r} ({mib}) is larger than the whole adapter memory ({budget}, "
-                                    f"--lora-memory-mb): it can never be loaded; allowed: adapters up to that size")
-        held = sum(a.bytes + a.stack_bytes for n, a in self.adapters.items() if n in keep and n != name)
-        if held + size > self.budget_bytes:
-            raise LoraBudgetError(f"adapter {name!r} ({mib}) does not fit the adapter memory budget "
-                                  f"({budget}) beside the adapters requests are using; "
-                                  f"retry later")
-        if not loaded:  # room for it now: unload the least recently used idle adapters
-            self._make_room(keep, extra=1, need=size)
-
-    def _make_room(self, keep: set[str], extra: int = 0, need: int = 0) -> None:
-        """Unload least recently used adapters outside `keep` while the memory budget (with `need` bytes more) is
-        exceeded, or while `extra` more would exceed the count (MAX_ADAPTERS)."""
-        idle = sorted((n for n in self.adapters if n not in keep), key=lambda n: self.last_used.get(n, 0))
-        while idle and ((self.budget_bytes is not None and self.loaded_bytes + need > self.budget_bytes)
-                        or len(self.adapters) + extra > MAX_ADAPTERS):
-            self._unload(idle.pop(0))
-            self.evictions += 1
 
     def retire(self, name: str) -> None:
         """No new request may name `name` (the first half of a deletion while serving)."""
@@ -254,7 +234,7 @@ class AdapterStore:
             if name in self.adapters:
                 self._unload(name)
             self.sources.pop(name, None)
-            self.last_used.pop(name, None)
+            self.budget.last_used.pop(name, None)
             self.retired.discard(name)
             self.version += 1
 
@@ -266,6 +246,7 @@ class AdapterStore:
             self.injector.forget(key)
             drop_stacks(layers)
             del self.adapters[name]
+            self.budget.drop(name)
             self.version += 1
 
     # --- what the executor asks (names -> the modules' keys) ------------------------------------------------------

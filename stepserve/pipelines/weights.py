@@ -31,7 +31,14 @@ if TYPE_CHECKING:
     import torch
 
 DENOISER_PARTS = ("unet", "transformer")
-FILE_KINDS = (".safetensors", ".gguf")
+FILE_KINDS = (".safetensors", ".gguf")  # as diffusers dispatches on them: by the exact, lower-case suffix
+
+
+def upper_case_hint(path: Path, kinds: tuple[str, ...]) -> str:
+    """For a file whose suffix is one of `kinds` in another case: diffusers reads a file by its exact suffix (it
+    would unpickle 'X.SAFETENSORS'), so the file must be renamed."""
+    return (f" (diffusers tells kinds apart by the exact suffix: rename it to end in {path.suffix.lower()!r})"
+            if path.suffix.lower() in kinds else "")
 TEXT_TYPES = ("int8wo", "int8dq", "int4wo", "float8wo")  # --quantize-text: torchao's, through transformers
 # whole-model files: the pipelines diffusers reads them for (with the options they take)
 WHOLE_FILE_PIPELINES = {"StableDiffusionPipeline": {"safety_checker": None, "requires_safety_checker": False},
@@ -72,7 +79,7 @@ class Weights:
                              "allowed with a diffusers folder, or a --transformer/--unet .safetensors file")
         if self.offload is not None and self.offload not in OFFLOAD_MODES:
             raise ValueError(f"--offload: {self.offload!r} is not a mode; allowed: {', '.join(OFFLOAD_MODES)}")
-        if self.quantize is not None and self.denoiser is not None and self.denoiser.lower().endswith(".gguf"):
+        if self.quantize is not None and self.denoiser is not None and self.denoiser.endswith(".gguf"):
             raise ValueError(f"--quantize {self.quantize}: {self.denoiser} is quantized already (GGUF); give one")
 
     @property
@@ -116,8 +123,9 @@ def check_denoiser_file(weights: Weights, parts: dict[str, Any] | tuple[str, ...
     path = Path(weights.denoiser).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{weights.flag}: {weights.denoiser} is not a file")
-    if path.suffix.lower() not in FILE_KINDS:
-        raise ValueError(f"{weights.flag}: {weights.denoiser} is neither a .safetensors nor a .gguf file")
+    if path.suffix not in FILE_KINDS:
+        raise ValueError(f"{weights.flag}: {weights.denoiser} is neither a .safetensors nor a .gguf file"
+                         + upper_case_hint(path, FILE_KINDS))
     if weights.part not in parts:
         other = next((p for p in DENOISER_PARTS if p in parts), None)
         hint = f"; this model's denoiser is its {other} (use --{other} FILE)" if other else ""
@@ -132,8 +140,9 @@ def check_checkpoint(weights: Weights, pipeline_class: str | None) -> None:
     path = Path(weights.checkpoint).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"model: {weights.checkpoint} is not a file")
-    if path.suffix.lower() != ".safetensors":
-        raise ValueError(f"model: {weights.checkpoint} is not a .safetensors file (a whole-model checkpoint)")
+    if path.suffix != ".safetensors":
+        raise ValueError(f"model: {weights.checkpoint} is not a .safetensors file (a whole-model checkpoint)"
+                         + upper_case_hint(path, (".safetensors",)))
     if pipeline_class not in WHOLE_FILE_PIPELINES:
         raise ValueError(f"model: a whole-model file loads for {', '.join(WHOLE_FILE_PIPELINES)} configs; "
                          f"--config holds a {pipeline_class}")
@@ -207,7 +216,7 @@ def load_denoiser(part_class: type, folder: Path, weights: Weights, dtype: torch
     options: dict[str, Any] = {"config": str(folder.parent), "subfolder": folder.name, "local_files_only": True}
     if dtype is not None:
         options["torch_dtype"] = dtype
-    if path.suffix.lower() == ".gguf":
+    if path.suffix == ".gguf":
         options["quantization_config"] = gguf_config(weights, dtype or torch.float32)
     elif weights.quantize is not None:
         options["quantization_config"] = quantization_config(weights, dtype)

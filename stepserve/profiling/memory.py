@@ -215,7 +215,8 @@ CAP_BATCH_SIZES = (1, 2, 4)  # measured by cap_max_batch_size (those <= the requ
 
 
 def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float = 0.2,
-                       bucket: Bucket | None = None, share: float = 1.0, reserve_bytes: int = 0) -> tuple[int, str]:
+                       bucket: Bucket | None = None, share: float = 1.0,
+                       reserve_bytes: Mapping[str, int] | int = 0) -> tuple[int, str]:
     """The configured max_batch_size, lowered if a batch that large would not fit in memory, with a one-line
     explanation. Never raises for a too-large request; when memory cannot be measured (the fake executor, an
     unsupported device) the request is kept and the explanation says why.
@@ -227,7 +228,8 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
     not minutes — and extrapolated linearly in the batch size; the budget is memory_budget(), of which `headroom`
     is kept free. `share`: the fraction of that budget this engine may use, when engines share the device or host
     (Ray Serve replicas: EngineConfig.memory_share).
-    `reserve_bytes`: kept out of the budget for what the engine holds beside its batches (LoRA adapters).
+    `reserve_bytes`: kept out of the budget for what the engine holds beside its batches, by what it is (each
+    add-on kind's memory: "LoRA adapters", "ControlNets", "IP-Adapters"; a bare number: "add-ons").
     """
     if not isinstance(requested_max, int) or isinstance(requested_max, bool) or requested_max < 1:
         raise ValueError(f"max_batch_size must be an integer >= 1, got {requested_max!r}")
@@ -273,8 +275,10 @@ def cap_max_batch_size(executor: Executor, requested_max: int, headroom: float =
     budget, what = memory_budget(executor)
     if share < 1:
         budget, what = int(budget * share), f"({share:.0%} share of {format_bytes(budget)} {what})"
-    if reserve_bytes:  # kept for what the engine holds beside its batches (LoRA adapters and their stacks)
-        budget, what = max(budget - reserve_bytes, 0), f"{what}, less {format_bytes(reserve_bytes)} for LoRA adapters"
+    reserve = reserve_bytes if isinstance(reserve_bytes, Mapping) else {"add-ons": reserve_bytes}
+    if sum(reserve.values()):  # kept for what the engine holds beside its batches, each add-on kind's memory named
+        budget, what = max(budget - sum(reserve.values()), 0), f"{what}, less " + ", ".join(
+            f"{format_bytes(n)} for {kind}" for kind, n in reserve.items() if n)
     if ran_out_at is not None:
         cap = max(ran_out_at - 1, 1)
         if peaks:

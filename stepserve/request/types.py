@@ -144,6 +144,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
+    cause: Any = None  # the exception it failed on, where typed ones tell the client more (server/errors.py)
     step: int = 0  # denoising steps done so far (the one progress counter)
     preview_steps: frozenset[int] = frozenset()  # after these steps, keep an x0 estimate for a preview image
     timing: RequestTiming = field(default=None)  # type: ignore[assignment]
@@ -190,6 +191,7 @@ class GenerationResult:
     finish_reason: FinishReason | None
     error: str | None = None
     frames: Any = None  # a video model's request, completed: every frame (a list of PIL images)
+    cause: Any = None  # the exception it failed on (Request.cause)
 
     @property
     def ok(self) -> bool:
@@ -197,7 +199,7 @@ class GenerationResult:
 
     @classmethod
     def from_request(cls, r: "Request") -> "GenerationResult":
-        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error, r.frames)
+        return cls(r.request_id, r.status, r.image, r.params, r.timing, r.finish_reason, r.error, r.frames, r.cause)
 
 
 @dataclass

@@ -13,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..addons.errors import AddonBudgetError, AddonError, AddonTooLargeError
+
 log = logging.getLogger("stepserve.server")
 
 
@@ -76,6 +78,18 @@ def engine_failed(detail: str) -> APIError:
 def model_failure(detail: str | None) -> APIError:
     return APIError(500, f"the model failed on this request: {detail or 'unknown error'}", type="server_error",
                     code="model_failure")
+
+
+def addon_failure(exc: AddonError) -> APIError:
+    """A request that failed on one of its add-ons (a LoRA adapter, ControlNet or IP-Adapter: addons/errors.py): a
+    memory held by the add-ons of requests in flight is 429 with Retry-After (they end within steps); anything else
+    (too large, made for another model, ControlNets of different depths) is the request's own input, 400 naming
+    its field."""
+    if isinstance(exc, AddonBudgetError):
+        return APIError(429, str(exc), type="rate_limit_error", param=exc.param, code="addon_memory_full",
+                        headers={"Retry-After": str(exc.retry_after_s)})
+    return APIError(400, str(exc), param=exc.param,
+                    code="addon_too_large" if isinstance(exc, AddonTooLargeError) else "invalid_value")
 
 
 def unsupported_media_type(got: str, also: str = "") -> APIError:

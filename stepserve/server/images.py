@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+from ..addons.errors import AddonError
 from ..api import GenerationResult
 from ..engine.async_engine import AsyncEngine, EngineDeadError, RequestHandle, ShuttingDownError
 from ..engine.admission_errors import AdmissionError, DeadlineInfeasibleError, DeadlineRefusedError
@@ -162,6 +163,8 @@ def check(result: GenerationResult) -> None:
         raise errors.deadline_refused(result.error or "deadline cannot be met", 1)
     if reason is FinishReason.ABORTED:  # the client's own aborts are never answered; these are shutdown aborts
         raise errors.shutting_down("the server shut down before this request finished; retry")
+    if isinstance(result.cause, AddonError):  # an add-on's error: the request's own (400) or a held budget (429)
+        raise errors.addon_failure(result.cause)
     raise errors.model_failure(result.error)
 
 

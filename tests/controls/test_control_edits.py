@@ -111,7 +111,8 @@ def test_the_window_counts_the_steps_the_strength_leaves(engine, monkeypatch):
             return net(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m) for n, m in ensure(names).items()})
+    monkeypatch.setattr(store, "ensure",
+                        lambda names, **kw: {n: counted(m) for n, m in ensure(names, **kw).items()})
     got = engine.generate([edit(50, (("pose", 1.0, 0.0, 0.5),), 0.5, steps=8, guidance=1.0)])[0]
     assert got.ok and len(got.timing.batch_sizes) == 4
     assert len(ran) == 2

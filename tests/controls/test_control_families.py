@@ -136,6 +136,7 @@ def test_controlnets_of_different_depths(family, engine):
         both, fine = engine.generate([ask(family, 60, (("pose", 1.0, 0.0, 1.0), ("deep", 1.0, 0.0, 1.0)), steps=3),
                                       ask(family, 61, (("pose", 1.0, 0.0, 1.0),), steps=3)])
         assert not both.ok and "different numbers of block outputs" in both.error and "deep" in both.error
+        assert isinstance(both.cause, ControlNetError) and both.cause.param == "controls"  # HTTP: a 400, not a 500
         assert fine.ok
         reqs = [ask(family, 62, (("pose", 1.0, 0.0, 1.0),), steps=3), ask(family, 63, (("deep", 0.8, 0, 1),), steps=3)]
         alone = [engine.generate([p])[0] for p in reqs]
@@ -203,7 +204,8 @@ def test_each_controlnet_runs_once_per_step_on_its_rows(family, monkeypatch):
         run.config = net.config  # what a family reads of its ControlNet (SD3: force_zeros_for_pooled_projection)
         return run
 
-    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m, n) for n, m in ensure(names).items()})
+    monkeypatch.setattr(store, "ensure",
+                        lambda names, **kw: {n: counted(m, n) for n, m in ensure(names, **kw).items()})
     # a guided request's ControlNet runs on its two rows; Flux has one row per request, and Qwen-Image's
     # unconditional row takes its conditional row's outputs
     guided = 1 if family[0] in ("flux", "qwenimage") else 2

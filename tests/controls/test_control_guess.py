@@ -124,7 +124,8 @@ def test_guess_rows_run_the_controlnet_on_their_conditional_row_only(family, mon
         run.config = net.config
         return run
 
-    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m) for n, m in ensure(names).items()})
+    monkeypatch.setattr(store, "ensure",
+                        lambda names, **kw: {n: counted(m) for n, m in ensure(names, **kw).items()})
     results = engine.generate([request(50, (("pose", 1.0, 0.0, 1.0),), steps=3, guess=True),
                                request(51, (("pose", 0.5, 0.0, 1.0),), steps=3)])
     assert all(r.timing.batch_sizes == [2] * 3 for r in results)

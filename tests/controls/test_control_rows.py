@@ -8,6 +8,7 @@ from control_reference import build_controlnets, diffusers_controlnet, request
 from edit_images import pixels
 
 from stepserve import Engine
+from stepserve.controls.errors import ControlNetTooLargeError
 
 pytestmark = pytest.mark.usefixtures("batching_pays")
 
@@ -26,7 +27,8 @@ def counting(engine, monkeypatch):
     def counted(net, name):
         return lambda sample, *a, **k: (seen.setdefault(name, []).append(sample.shape[0]), net(sample, *a, **k))[1]
 
-    monkeypatch.setattr(store, "ensure", lambda names: {n: counted(m, n) for n, m in ensure(names).items()})
+    monkeypatch.setattr(store, "ensure",
+                        lambda names, **kw: {n: counted(m, n) for n, m in ensure(names, **kw).items()})
     return seen
 
 
@@ -89,5 +91,6 @@ def test_two_controlnets_that_never_fit_together_fail_that_request_alone(tiny_sd
     store.budget_bytes = int(1.5 * store.loaded["pose"].bytes)
     both, fine = engine.generate([request(51, (("pose", 1.0, 0.0, 1.0), ("depth", 1.0, 0.0, 1.0))),
                                   request(52, (("pose", 1.0, 0.0, 1.0),))])
-    assert not both.ok and "does not fit the ControlNet memory" in both.error and "depth" in both.error
+    assert not both.ok and "can never be served together" in both.error and "depth" in both.error
+    assert isinstance(both.cause, ControlNetTooLargeError)
     assert fine.ok

@@ -21,11 +21,11 @@ def test_the_load_happens_before_queueing_and_never_in_a_step(tiny_sd_path, tmp_
     where: list[str] = []
     read = store._read_parts
 
-    def held(name, path):
+    def held(name, path, *shared):
         where.append(threading.current_thread().name)
         loading.set()
         assert release.wait(120)
-        return read(name, path)
+        return read(name, path, *shared)
 
     store._read_parts = held
 

@@ -34,7 +34,7 @@ def test_lora_adapters_memory_is_kept_out_of_the_budget(tiny_executor, monkeypat
     budget = peaks[4] * 10 / 0.8
     monkeypatch.setattr(profiling.memory, "memory_budget", lambda executor: (int(budget), "in the test budget"))
     whole, _ = profiling.cap_max_batch_size(tiny_executor, 64)
-    reserved, why = profiling.cap_max_batch_size(tiny_executor, 64, reserve_bytes=int(budget / 2))
+    reserved, why = profiling.cap_max_batch_size(tiny_executor, 64, reserve_bytes={"LoRA adapters": int(budget / 2)})
     assert reserved == profiling.memory_cap(peaks, int(budget) - int(budget / 2), 0.2) and reserved < whole
     assert "for LoRA adapters" in why, why
 
