@@ -133,9 +133,10 @@ def test_the_shallow_controlnet_forward_gives_the_whole_forwards_first_outputs(e
     t, e = torch.tensor([900.0, 400.0, 20.0]), torch.randn(3, 5, pipeline.unet.config.cross_attention_dim, generator=g)
     images = torch.rand(3, 3, 16, 16, generator=g)
     net.config.global_pool_conditions = pooled  # (read at each forward)
-    try:
-        whole = pipeline.control_forward(net, x, t, {"encoder_hidden_states": e}, images)
-        part = pipeline.control_forward_shallow(net, x, t, {"encoder_hidden_states": e}, images)
+    try:  # under inference_mode, as the engine runs every forward (its weights may be inference tensors)
+        with torch.inference_mode():
+            whole = pipeline.control_forward(net, x, t, {"encoder_hidden_states": e}, images)
+            part = pipeline.control_forward_shallow(net, x, t, {"encoder_hidden_states": e}, images)
     finally:
         net.config.global_pool_conditions = False
     keep = len(pipeline.unet.up_blocks[-1].resnets)
