@@ -18,6 +18,7 @@ Records are plain data (JSON-able dicts inside) so that every backend stores the
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "failed"
@@ -42,6 +43,7 @@ class JobRecord:
     webhook: dict[str, Any] | None = None  # {"url", "state": pending|delivered|failed, "attempts", "last_error"}
     idempotency_key: str | None = None  # the client's Idempotency-Key (scoped by the server: see create_job)
     meta: dict[str, Any] = field(default_factory=dict)  # the server's own details (model, request id, ...)
+    service: str = ""  # the service it belongs to: only that service's servers list, read, claim or delete it
 
     @property
     def finished(self) -> bool:
@@ -57,12 +59,40 @@ class JobRecord:
 
 
 JOB_FIELDS = frozenset(f.name for f in fields(JobRecord))
-FIXED_FIELDS = ("id", "idempotency_key")  # set at creation, never changed
+FIXED_FIELDS = ("id", "idempotency_key", "service")  # set at creation, never changed
+TOO_MANY_ATTEMPTS = "too_many_attempts"  # the error code of a job claimed max_attempts times without finishing
+
+
+def iso_utc(seconds: float) -> str:
+    """A store-clock time as clients read it: ISO 8601 in UTC with a Z (jobs' and webhooks' timestamps)."""
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def attempts_error(attempts: int) -> dict[str, str]:
+    """The error of a job that was claimed `attempts` times and never finished (its process died on it each
+    time: a host out of memory, a native crash): it fails instead of crash-looping every process that starts."""
+    return {"code": TOO_MANY_ATTEMPTS, "message": f"the job was started {attempts} times and its process stopped "
+                                                  f"before it finished each time; it is not run again"}
+
+
+RELEASED = {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0}  # a job handed back (release_job)
+
+
+def take(job: JobRecord, owner: str, now: float, lease_s: float, max_attempts: int | None) -> bool:
+    """A claim of a claimable job, in place (the Python backends; redis_scripts.py's `claim` is the same in Lua):
+    it becomes owner's and starts again (True); or, claimed max_attempts times already, it ends failed (False)."""
+    if max_attempts is not None and job.attempts >= max_attempts:
+        job.status, job.error, job.completed_at = FAILED, attempts_error(job.attempts), now
+        job.owner, job.lease_until = None, 0.0
+        return False
+    job.owner, job.lease_until, job.attempts = owner, now + lease_s, job.attempts + 1
+    job.status, job.progress = QUEUED, 0
+    return True
 
 
 def check_changes(changes: dict[str, Any]) -> None:
-    """update_job's changes name fields of a job other than id and idempotency_key; else ValueError (before any
-    is applied)."""
+    """update_job's changes name fields of a job other than id, idempotency_key and service; else ValueError
+    (before any is applied)."""
     bad = sorted(name for name in changes if name not in JOB_FIELDS or name in FIXED_FIELDS)
     if bad:
         allowed = ", ".join(sorted(JOB_FIELDS.difference(FIXED_FIELDS)))
@@ -75,12 +105,21 @@ class StoreError(ValueError):
     ValueError, like a malformed URL, so that whatever turns a bad `--state` into one line catches both."""
 
 
+class TooManyUnfinished(Exception):
+    """create_job refused a new job: its service holds `unfinished` queued or running jobs of its kind already."""
+
+    def __init__(self, unfinished: int) -> None:
+        super().__init__(f"{unfinished} jobs are queued or running")
+        self.unfinished = unfinished
+
+
 @dataclass
 class AdapterRecord:
     name: str
     path: str  # as the client gave it: relative to (or inside) every replica's --lora-dir
     registered_at: float
     deleted_at: float | None = None  # DELETE marks it; replicas refuse it and unload it once idle
+    service: str = ""  # the service it belongs to (one registration per service and name)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,24 +140,30 @@ class Store(Protocol):
     def now(self) -> float: ...
 
     # -- jobs --------------------------------------------------------------------------------------------------
-    def create_job(self, job: JobRecord) -> tuple[JobRecord, bool]:
+    def create_job(self, job: JobRecord, max_unfinished: int | None = None) -> tuple[JobRecord, bool]:
         """Store a new job: (job, True). When job.idempotency_key is set and a job with that key exists already:
-        (that job, False), and nothing is written."""
+        (that job, False), and nothing is written. With `max_unfinished`: TooManyUnfinished, and nothing written,
+        when job.service holds that many unfinished jobs of job.kind (counted in the same atomic step)."""
 
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
-    def list_jobs(self, kind: str | None = None, limit: int = 100) -> list[JobRecord]:
-        """Newest first (by created_at), at most `limit`."""
+    def list_jobs(self, kind: str | None = None, limit: int = 100, service: str | None = None) -> list[JobRecord]:
+        """Newest first (by created_at), at most `limit`; of one service when given."""
+
+    def count_unfinished(self, service: str, kind: str | None = None) -> int:
+        """How many jobs of the service (and kind) are queued or running; read from indexes, not documents."""
 
     def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
         """Set fields of a job and return it as now stored. With `owner` given, only while that process owns the
         job (else None: the job was taken over or deleted, and the caller must stop). None when there is no job."""
 
-    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS,
-                  job_id: str | None = None) -> JobRecord | None:
-        """Take one unfinished job that nobody holds (no owner, or a lease that has passed): the given one, or else
-        the oldest. It becomes `owner`'s until now() + lease_s, attempts + 1, status queued and progress 0 (it
-        starts again). None when there is none."""
+    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
+                  service: str | None = None, max_attempts: int | None = None) -> JobRecord | None:
+        """Take one unfinished job that nobody holds (no owner, or a lease that has passed), of one service when
+        given: the given one, or else the oldest. It becomes `owner`'s until now() + lease_s, attempts + 1, status
+        queued and progress 0 (it starts again). With `max_attempts`: a job claimed that many times already ends
+        failed instead (attempts_error), in the same atomic step, and the next one is taken. None when there is
+        none."""
 
     def release_job(self, job_id: str, owner: str) -> JobRecord | None:
         """Hand a job back unfinished (a draining process): no owner, queued, claimable at once."""
@@ -132,13 +177,17 @@ class Store(Protocol):
 
     # -- adapters registered at run time -------------------------------------------------------------------
     def register_adapter(self, record: AdapterRecord) -> None:
-        """Add or replace the registration under record.name (a deleted one comes back)."""
+        """Add or replace the registration under (record.service, record.name) (a deleted one comes back)."""
 
-    def adapters(self) -> list[AdapterRecord]:
-        """Every registration, deleted ones included (until swept), by name."""
+    def adapters(self, service: str | None = None) -> list[AdapterRecord]:
+        """Every registration (of one service when given), deleted ones included (until swept), by name."""
 
-    def delete_adapter(self, name: str) -> AdapterRecord | None:
-        """Mark a registration deleted (deleted_at = now()); None when there is none or it was deleted already."""
+    def delete_adapter(self, name: str, service: str = "") -> AdapterRecord | None:
+        """Mark the service's registration deleted (deleted_at = now()); None when there is none or it was deleted
+        already."""
+
+    def sweep_adapters(self, deleted_before: float) -> int:
+        """Forget the registrations deleted before then (every process has acted on them by now); how many."""
 
     # -- replicas ----------------------------------------------------------------------------------------------
     def publish(self, replica: str, info: dict[str, Any], ttl_s: float) -> None:
