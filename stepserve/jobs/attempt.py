@@ -1,6 +1,12 @@
 """One job's run on this process (JobRunner's half that follows a claimed job to its end: runner.py says how jobs
 are claimed, leased and handed back): submit its engine requests, write its progress at every step (the write that
 returns None stops it), make its files, write its end, tell it once, and send its webhook.
+
+Result files are named per attempt (the kinds name them with job.attempts, unique per claim), and published by the
+fenced final write (its `results`). An attempt that lost its job (a stall past its lease, a partition: another
+process ran it meanwhile) deletes only the files it wrote itself, which no one published: never the new owner's.
+A store error at the end is retried while the lease holds; a finished job is never marked failed for it.
+A job that fails on an unexpected error says `internal_error` and a short message; the exception goes to the log.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from .kinds import JobError, JobKind
 from .notify import notify
 
 log = logging.getLogger("stepserve.jobs")
+INTERNAL = "the job failed on an internal error of the server (its log has the details); sending it again may work"
+
+
+class EndNotWritten(Exception):
+    """The store refused the job's end until its lease was about to pass: another process will run it again."""
 
 
 @dataclass(eq=False)
@@ -129,12 +140,18 @@ class Attempts:
         except JobError as exc:
             self._abort(run)
             return exc
+        except EndNotWritten:
+            log.warning("job %s: its end could not be written to the state store within its lease; left to run "
+                        "again", run.job.id)
+            run.ended = True
+            self._abort(run)
+            return None
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a job fails alone; the runner runs on
-            log.exception("job %s failed", run.job.id)
+        except Exception:  # noqa: BLE001 - a job fails alone; the runner runs on
+            log.exception("job %s failed", run.job.id)  # the details (paths, addresses) for the operator only
             self._abort(run)
-            return JobError("internal_error", f"{type(exc).__name__}: {exc}")
+            return JobError("internal_error", INTERNAL)
 
     async def _submit(self, run: Running, params: list) -> bool:
         try:
@@ -143,7 +160,6 @@ class Attempts:
         except DeadlineInfeasibleError as exc:
             raise JobError("deadline_infeasible", f"timeout_s: {exc}", "invalid") from None
         except (QueueFullError, DeadlineRefusedError):  # the engine is full now: another time, or another process
-            self._backoff_until = time.monotonic() + self.backoff_s
             await self._hand_back(run)
             return False
         except ValidationError as exc:  # an adapter deleted since the job was made, say
@@ -223,10 +239,16 @@ class Attempts:
         if error is not None:
             await self._end(run, kind, FAILED, results, error=error)
             return
-        files = await kind.finish(run.job, results)
-        names = [await asyncio.to_thread(self.results.write, name, data) for name, data in files.items()]
-        if not await self._end(run, kind, COMPLETED, results, names=names):
-            await asyncio.to_thread(self.results.delete, names)  # deleted meanwhile: its files go too
+        files = await kind.finish(run.job, results)  # named for this attempt: no other process writes them
+        names: list[str] = []
+        published = False
+        try:
+            for name, data in files.items():
+                names.append(await asyncio.to_thread(self.results.write, name, data))
+            published = await self._end(run, kind, COMPLETED, results, names=names)
+        finally:
+            if not published:  # lost (deleted, or run by another meanwhile), or not written: only ours go
+                await asyncio.to_thread(self.results.delete, names)
 
     async def _end(self, run: Running, kind: JobKind, status: str, results: Sequence[GenerationResult],
                    error: JobError | None = None, names: list[str] | None = None) -> bool:
@@ -235,7 +257,7 @@ class Attempts:
             changes.update(progress=100, results=names or [])
         else:
             changes["error"] = error.as_error() if error is not None else None
-        record = await self._write(run, **changes)
+        record = await self._final_write(run, changes)
         if record is None:
             await self._lost(run, kind)
             return False
@@ -245,6 +267,21 @@ class Attempts:
         if record.webhook and self.sender is not None:
             self._spawn(self._notify(kind, record))
         return True
+
+    async def _final_write(self, run: Running, changes: dict[str, Any]) -> JobRecord | None:
+        """The job's end, written as its owner; a store that fails is asked again every poll_s while the lease
+        (renewed at the last write that went through) still holds. EndNotWritten once it would not."""
+        while True:
+            try:
+                return await self._write(run, **changes)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a store that fails for a moment (a Redis failover, a locked file)
+                if time.monotonic() + self.poll_s >= run.last_write + self.lease_s:
+                    raise EndNotWritten() from None
+                log.warning("job %s: its end could not be written to the state store; retrying", run.job.id,
+                            exc_info=True)
+                await asyncio.sleep(self.poll_s)
 
     async def _notify(self, kind: JobKind, record: JobRecord) -> None:
         await notify(self.sender, kind, record, self.owner)
@@ -262,7 +299,10 @@ class Attempts:
                         record.owner, self.owner)
 
     async def _hand_back(self, run: Running) -> None:
+        """Give the job back to the store unfinished; nothing is claimed for backoff_s (no claim-and-hand-back
+        loop)."""
         run.ended = True
+        self._backoff_until = time.monotonic() + self.backoff_s
         record = await asyncio.to_thread(self.store.release_job, run.job.id, self.owner)
         self.running.pop(run.job.id, None)
         if record is not None:

@@ -32,8 +32,8 @@ from ..store.base import COMPLETED, JobRecord
 from .edits import EditForm, edit_params
 from .errors import APIError, invalid
 from .images import image_body, resolve_all
-from .job_http import (check_webhook, create_job, fingerprint, idempotency_key, job_error, job_events,
-                       prefers_async, result_error, started_from)
+from .job_http import (check_serving, check_webhook, create_job, fingerprint, idempotency_key, job_error,
+                       job_events, prefers_async, result_error, started_from)
 from .schemas import body_from_fields, engine_params
 from .controlnets import with_controls
 from .state import ServerState
@@ -61,6 +61,7 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
         raise invalid(f"stream: not with 'Prefer: respond-async'; follow the job's events instead ({JOBS}/{{id}}/"
                       f"events)", "stream")
     key = idempotency_key(request)
+    check_serving(state)  # before any input file is written
     webhook = check_webhook(req.webhook, state.jobs.webhook_secret)
     resolved = await resolve_all(state, params)
     route = "edits" if sent is not None else "generations"
@@ -78,9 +79,12 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
                     meta={"model": state.engine.model_info.name, "path": path})
     try:
         job, created = await create_job(state, job, print_, state.limits.max_image_jobs, "image jobs")
-    except BaseException:
-        await asyncio.to_thread(results.delete, inputs.values())
+    except APIError as exc:  # refused: no job of these inputs exists (a store that failed may have made it: kept)
+        if exc.code != "state_unavailable":
+            await asyncio.to_thread(results.delete, inputs.values())
         raise
+    # (a creation cancelled meanwhile, its client gone, leaves the inputs: the job may still be made in the store's
+    # thread; if it was not, the sweep removes them by age)
     if not created:  # the job made earlier under this key has its own
         await asyncio.to_thread(results.delete, inputs.values())
     return JSONResponse(await image_job_object(state, job), status_code=202 if created else 200,
@@ -131,7 +135,7 @@ class ImageKind:
 
     async def finish(self, job: JobRecord, results: Sequence[GenerationResult]) -> dict[str, bytes]:
         body = await image_body(self.state, results)
-        return {f"{job.id}.json": json.dumps(body, separators=(",", ":")).encode()}
+        return {f"{job.id}.{job.attempts}.json": json.dumps(body, separators=(",", ":")).encode()}  # per attempt
 
     async def describe(self, job: JobRecord) -> dict[str, Any]:
         return await image_job_object(self.state, job)

@@ -17,6 +17,7 @@ Records are plain data (JSON-able dicts inside) so that every backend stores the
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -60,6 +61,7 @@ class JobRecord:
 
 JOB_FIELDS = frozenset(f.name for f in fields(JobRecord))
 FIXED_FIELDS = ("id", "idempotency_key", "service")  # set at creation, never changed
+DEFAULT_MAX_ATTEMPTS = 3  # serve --job-max-attempts: claims of a job that never finished before it fails
 TOO_MANY_ATTEMPTS = "too_many_attempts"  # the error code of a job claimed max_attempts times without finishing
 
 
@@ -73,6 +75,17 @@ def attempts_error(attempts: int) -> dict[str, str]:
     time: a host out of memory, a native crash): it fails instead of crash-looping every process that starts."""
     return {"code": TOO_MANY_ATTEMPTS, "message": f"the job was started {attempts} times and its process stopped "
                                                   f"before it finished each time; it is not run again"}
+
+
+SERVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # no "/" or ":": part of keys (redis.py)
+
+
+def check_service(name: str) -> str:
+    """A service name as given (serve --service); ValueError saying what is allowed otherwise."""
+    if not SERVICE_NAME.fullmatch(name):
+        raise ValueError(f"service {name[:120]!r}: allowed: 1 to 100 letters, digits, '.', '_' or '-', starting with "
+                         f"a letter or digit")
+    return name
 
 
 RELEASED = {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0}  # a job handed back (release_job)

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from extras import require
 from store.redis_server import redis_url  # noqa: F401  (a fixture)
-from job_helpers import RecordingSender, app_client, wait_job
+from job_helpers import RecordingSender, app_client, die, wait_job
 from job_helpers import wan_folder, one_torch_thread  # noqa: F401  (fixtures)
 from server.server_helpers import wait_until
 from step_gate import SteppedExecutor
@@ -100,7 +100,7 @@ def test_a_dead_owners_job_is_taken_over_after_its_lease_and_completes(wan_execu
         try:
             job = a.post("/v1/videos", json=QUICK).json()
             assert gate.wait_held(), "the job never reached its first step"
-            a.app.state.server.jobs.runner.abandon()  # a dies: no word to the store, no more renewals
+            die(a.app.state.server.jobs.runner)  # a dies: no word to the store, no more renewals
             held = store.get_job(job["id"])  # a may have claimed it again itself, had a stall outlived its lease
             assert held.owner == "a"
             b.app.state.server.jobs.runner.claiming = True
