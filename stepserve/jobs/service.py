@@ -32,7 +32,7 @@ class Jobs:
                  webhook_secret: str | None = None, sweep_every_s: float = SWEEP_EVERY_S,
                  on_close: Callable[[], None] | None = None) -> None:
         self.store, self.results, self.kinds, self.service = store, results, dict(kinds), service
-        self.changes = Changes()
+        self.changes = Changes(store)
         self.runner = JobRunner(engine, store, results, owner, kinds, service=service, max_running=max_running,
                                 lease_s=lease_s, poll_s=poll_s, max_attempts=max_attempts, changes=self.changes,
                                 sender=sender)
@@ -114,4 +114,4 @@ class Jobs:
 
     def follow(self, job: JobRecord) -> AsyncIterator[JobRecord | None]:
         """The job as it changes (changes.follow), from `job` as just read."""
-        return follow(self.store, self.changes, job.id, first=job)
+        return follow(self.changes, job.id, first=job)

@@ -32,8 +32,8 @@ from ..store.base import COMPLETED, JobRecord
 from .edits import EditForm, edit_params
 from .errors import APIError, invalid
 from .images import image_body, resolve_all
-from .job_http import (check_serving, check_webhook, create_job, fingerprint, idempotency_key, job_error,
-                       job_events, prefers_async, result_error, started_from)
+from .job_http import (check_serving, check_streams, check_webhook, create_job, fingerprint, idempotency_key,
+                       job_error, job_events, prefers_async, result_error, started_from)
 from .schemas import body_from_fields, engine_params
 from .controlnets import with_controls
 from .state import ServerState
@@ -159,6 +159,7 @@ def image_job_routes(state: ServerState) -> APIRouter:
     @router.get("/images/jobs/{job_id}/events")
     async def events(job_id: str) -> Response:
         job = await _job(state, job_id)
+        check_streams(state)
         return EventStreamResponse(job_events(state, job, "image", lambda j: image_job_object(state, j)),
                                    lambda: None)
 

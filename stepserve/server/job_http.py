@@ -135,10 +135,20 @@ def started_from(job: JobRecord) -> float:
     return time.monotonic() - max(0.0, time.time() - job.created_at)
 
 
+def check_streams(state: ServerState) -> None:
+    """A 429 when this process serves as many job event streams as it may (jobs/changes.py: MAX_FOLLOWERS)."""
+    changes = state.jobs.changes
+    if changes.full:
+        raise APIError(429, f"{changes.following} job event streams are open on this server, the most it serves at "
+                            f"once; retry later, or poll the job (GET) instead", type="rate_limit_error",
+                       code="too_many_streams", headers={"Retry-After": "5"})
+
+
 async def job_events(state: ServerState, job: JobRecord, event: str,
                      describe: Callable[[JobRecord], Any]) -> AsyncIterator[bytes]:
     """`{event}.{status}` with the job as GET answers it, now and at each change, until it is finished. A job
-    deleted meanwhile ends the stream with `{event}.failed`, its error `cancelled`."""
+    deleted meanwhile ends the stream with `{event}.failed`, its error `cancelled`. (The routes call
+    check_streams first.)"""
     last = None
     async for record in state.jobs.follow(job):
         if record is None:

@@ -122,17 +122,16 @@ def open_state(settings: ServeSettings):
 
 
 def state_line(settings: ServeSettings, results_root, replicas: bool = False, service: str | None = None) -> str:
-    """What the start-up says of the state: which store, which service, which results folder, how long results
-    are kept."""
+    """What the start-up says of the state: which store, which results folder, how long results are kept, and
+    the service the jobs belong to."""
     where = "a temporary folder" if settings.results_dir is None and settings.state_url == "memory" else results_root
-    service = service or settings.service
-    of = f" (service {service})" if service else ""
-    line = f"jobs: state {settings.state_url}{of}, results in {where} (kept {settings.keep_results_h:g} h)"
+    line = f"jobs: state {settings.state_url}, results in {where} (kept {settings.keep_results_h:g} h)"
     if settings.state_url == "memory":
         line += (" - warning: with --state memory each replica keeps its own jobs and adapters (a poll that reaches "
                  "another replica finds nothing); give --state sqlite:///PATH or redis://..." if replicas else
                  "; nothing survives a restart")
-    return line
+    service = service or settings.service
+    return f"{line}; service {service}" if service else line
 
 
 class StartupError(Exception):

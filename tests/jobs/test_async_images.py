@@ -69,7 +69,7 @@ def test_an_async_edit_gives_the_synchronous_edit(embedded):
         assert results.read(f"{job_id}.image") == png(1)  # kept to run it again anywhere
         done = wait_job(c, f"{JOBS}/{job_id}")
         assert c.delete(f"{JOBS}/{job_id}").json() == {"id": job_id, "object": "image.job.deleted", "deleted": True}
-        assert results.read(f"{job_id}.image") is None and results.read(f"{job_id}.json") is None
+        assert results.read(f"{job_id}.image") is None and results.read(f"{job_id}.1.json") is None
         assert c.get(f"{JOBS}/{job_id}").status_code == 404
     assert done["status"] == "completed", done
     assert done["result"]["data"][0]["b64_json"] == sync.json()["data"][0]["b64_json"]
@@ -185,3 +185,33 @@ def test_a_server_of_another_model_on_the_same_state_never_sees_nor_claims_the_j
         done = wait_job(a, f"{JOBS}/{job['id']}")
     assert done["status"] == "completed" and done["result"]["stepserve"]["model"] == "embedded", done
     assert store.get_job(job["id"]).attempts == 1
+
+
+def test_a_creation_cancelled_while_its_job_is_stored_keeps_the_jobs_inputs(embedded, monkeypatch):
+    """The handler is cancelled (its client gone, Ray Serve) while the store's thread makes the job: the job exists,
+    so its pictures must stay (they were deleted, and the job then failed input_missing)."""
+    import asyncio
+
+    from stepserve.server import image_jobs
+
+    made = []
+
+    async def stored_then_cancelled(state, job, *args):
+        made.append(await create_job(state, job, *args))
+        raise asyncio.CancelledError  # the cancellation arrives as the insert completes
+
+    create_job = image_jobs.create_job
+    monkeypatch.setattr(image_jobs, "create_job", stored_then_cancelled)
+    files = {"image": ("in.png", png(1), "image/png")}
+    with app_client(embedded) as c:
+        c.app.state.server.jobs.runner.claiming = False
+        with pytest.raises(BaseException):  # noqa: B017 - the cancellation reaches the test client
+            c.post(EDITS, files=files, data={"prompt": "seven", "seed": "5", "num_inference_steps": "2"},
+                   headers=ASYNC)
+        (job, created), = made
+        assert created and c.app.state.server.jobs.results.read(f"{job.id}.image") == png(1)
+        monkeypatch.undo()
+        c.app.state.server.jobs.runner.claiming = True
+        c.app.state.server.jobs.runner.wake()
+        done = wait_job(c, f"{JOBS}/{job.id}")
+    assert done["status"] == "completed", done
