@@ -10,8 +10,9 @@ its result is exactly the body the synchronous request would have answered (kept
   each with the job (as videos' events: local changes, else the store read every 0.5 s);
 - DELETE /v1/images/jobs/{id}: cancel (when unfinished) and forget it and its files.
 
-The job stores the request as sent, with its seed (drawn at creation when none was given), and an edit's pictures
-as input files in the results folder, so that a rerun on any process makes the same images.
+The job stores the request as sent, with its seed (drawn at creation when none was given), and its pictures (an
+edit's uploads, a generation's base64 control and image-prompt pictures: job_pictures.py) as input files in the
+results folder, so that a rerun on any process makes the same images and the job's document stays small.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..store.base import COMPLETED, JobRecord
 from .edits import EditForm, edit_params
 from .errors import APIError, invalid
 from .images import image_body, resolve_all
+from .job_pictures import put_pictures, take_pictures
 from .job_http import (check_serving, check_streams, check_webhook, create_job, fingerprint, idempotency_key,
                        job_error, job_events, prefers_async, result_error, started_from)
 from .schemas import body_from_fields, engine_params
@@ -69,6 +71,8 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
     pictures = {} if sent is None else sent.pictures()  # image, mask and control images
     print_ = fingerprint({"route": route, "body": body,
                           "files": {k: hashlib.sha256(v).hexdigest() for k, v in pictures.items()}})
+    if sent is None:  # a generation's base64 pictures: input files too, not megabytes in the job's document
+        body, pictures = take_pictures(body)
     job_id = new_id("imgjob")
     results = state.jobs.results
     inputs = {role: f"{job_id}.{role}" for role in pictures}
@@ -116,16 +120,16 @@ class ImageKind:
     async def params(self, job: JobRecord) -> list[SamplingParams]:
         state, body = self.state, job.request["body"]
         try:
-            if job.request["route"] != "edits":
-                req = body_from_fields(body, state.limits)
-                return await with_controls(req, engine_params(req, state.limits), state)  # controlnets.py
             pictures = {}
-            for role, name in job.request["inputs"].items():
+            for role, name in (job.request.get("inputs") or {}).items():
                 pictures[role] = await asyncio.to_thread(state.jobs.results.read, name)
                 if pictures[role] is None:
                     raise JobError("input_missing", f"the job's {role} is no longer in the results folder (swept, or "
                                                     f"this server does not share the folder of the one that took "
                                                     f"the request)")
+            if job.request["route"] != "edits":
+                req = body_from_fields(put_pictures(body, pictures), state.limits)
+                return await with_controls(req, engine_params(req, state.limits), state)  # controlnets.py
             _, params = await edit_params(EditForm.from_pictures(body, pictures), state)
             return params
         except APIError as exc:  # a request this server's model cannot make (a store shared with another model)
