@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.admission_errors import DeadlineInfeasibleError, DeadlineRefusedError, QueueFullError
-from ..engine.async_engine import AsyncEngine, ProgressEvent
+from ..engine.async_engine import AsyncEngine
 from ..engine.handles import EngineDeadError, RequestHandle, ShuttingDownError
 from ..request.types import FinishReason, GenerationResult
 from ..request.validation import ValidationError
 from ..store.base import COMPLETED, FAILED, IN_PROGRESS, JobRecord, Store
 from ..store.results import Results
 from .changes import Changes
+from .following import follow_requests
 from .kinds import JobError, JobKind
 from .notify import notify
 
@@ -131,7 +132,8 @@ class Attempts:
             await asyncio.to_thread(self.results.touch, inputs)  # they outlive this run (the sweep goes by age)
             params = await kind.params(run.job)
             if await self._submit(run, params):
-                results = await self._follow(run)
+                results = await follow_requests(run.handles, lambda p: self._progress(run, p),
+                                                lambda: self._abort(run))
                 if results is not None:
                     await self._finish(run, kind, results)
             if run.gone and not run.ended:
@@ -171,44 +173,6 @@ class Attempts:
             self._abort(run)
             return False
         return True
-
-    async def _follow(self, run: Running) -> list[GenerationResult] | None:
-        """Every request's result, in order, writing progress at each step; None when the job was lost meanwhile
-        or a request failed (the others are then aborted)."""
-        handles = run.handles
-        events: asyncio.Queue = asyncio.Queue()
-
-        async def pump(index: int, handle: RequestHandle) -> None:
-            async for item in handle.events():
-                events.put_nowait((index, item))
-
-        pumps = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
-        done = [0.0] * len(handles)
-        results: list[GenerationResult | None] = [None] * len(handles)
-        try:
-            while any(r is None for r in results):
-                items = [await events.get()]
-                while not events.empty():  # steps that piled up while the last write was made: one write for all
-                    items.append(events.get_nowait())
-                stepped = False
-                for index, item in items:
-                    if isinstance(item, ProgressEvent):
-                        done[index] = item.step / max(1, item.num_inference_steps)
-                        stepped = True
-                    else:
-                        results[index] = item
-                        done[index] = 1.0
-                        if not item.ok:  # one failed: the job fails; the rest need not run
-                            self._abort(run)
-                            return [item]
-                if stepped and any(r is None for r in results):
-                    progress = min(99, int(100 * sum(done) / len(done)))
-                    if not await self._progress(run, progress):
-                        return None
-            return results  # type: ignore[return-value]
-        finally:
-            for p in pumps:
-                p.cancel()
 
     async def _progress(self, run: Running, progress: int) -> bool:
         """Write the progress (and renew the lease); False when the job is no longer ours. A store that fails
