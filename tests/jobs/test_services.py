@@ -91,3 +91,19 @@ def test_the_default_service_is_the_models_and_what_it_serves(embedded, tiny_sd_
     assert default_service(info) != default_service(replace(info, max_size=info.max_size * 2))
     assert default_service(info) == default_service(replace(info, lora_names=frozenset({"style"})))
     assert default_service(info).startswith(f"{info.name}-{info.family}-")
+
+
+def test_the_sweep_forgets_registrations_deleted_longer_ago_than_results_are_kept(tmp_path):
+    from stepserve.jobs.sweep import sweep_once
+    from stepserve.store import AdapterRecord
+
+    now = [1000.0]
+    store, results = MemoryStore(lambda: now[0]), Results(tmp_path, keep_s=60)
+    for name in ("kept", "deleted", "deleted-late"):
+        store.register_adapter(AdapterRecord(name, f"{name}.safetensors", now[0], service="x"))
+    store.delete_adapter("deleted", "x")
+    now[0] += 30
+    store.delete_adapter("deleted-late", "x")
+    now[0] += 31  # 61 s after the first deletion, 31 s after the second
+    sweep_once(store, results)
+    assert [(r.name, r.deleted_at is None) for r in store.adapters()] == [("deleted-late", False), ("kept", True)]
