@@ -163,7 +163,8 @@ def test_a_restarted_owner_takes_its_orphans_back_at_once(wan_executors, tmp_pat
         job = a.post("/v1/videos", json=QUICK).json()
         assert wait_job(a, f"/v1/videos/{job['id']}")["status"] == "completed"
         request = store.get_job(job["id"]).request
-    orphan = JobRecord("video_orphan", "video", request, store.now(), meta=store.get_job(job["id"]).meta)
+    made = store.get_job(job["id"])
+    orphan = JobRecord("video_orphan", "video", request, store.now(), meta=made.meta, service=made.service)
     store.create_job(orphan)
     assert store.claim_job("a", lease_s=600) is not None  # as the killed process held it
     with app_client(wan_executors[1], store=store, results=results, owner="a", lease_s=600) as again:
