@@ -145,6 +145,30 @@ def test_a_dead_engine_claims_nothing_and_refuses_new_jobs(embedded):
     assert len(store.list_jobs()) == 1  # no job was made for the refused request
 
 
+def test_a_job_handed_back_is_not_claimed_again_at_once(embedded, tmp_path):
+    """An engine that stops taking work (shutting down) hands the claimed job back: the runner then backs off,
+    rather than claim the same job again on every wake (a claim, a write transaction, each time)."""
+    from stepserve.store.sqlite import SqliteStore
+
+    store = CountingStore(SqliteStore(tmp_path / "state.db"))  # durable: a job is handed back, not failed
+    with app_client(embedded, store=store) as c:
+        state = c.app.state.server
+        runner = state.jobs.runner
+        runner.backoff_s = 3600.0
+        state.engine.accepting = False  # healthy, but every submission is refused (ShuttingDownError)
+        job, _ = store.create_job(JobRecord(new_id("imgjob"), "image", {"route": "generations", "body": BODY,
+                                                                        "inputs": {}}, store.now(),
+                                            service=state.jobs.service))
+        assert wait_until(lambda: store.get_job(job.id).attempts == 1, 60)
+        for _ in range(4):
+            seen = runner.rounds
+            runner.wake()
+            assert wait_until(lambda: runner.rounds > seen + 1, 60)
+        state.engine.accepting = True
+        held = store.get_job(job.id)
+    assert held.attempts == 1 and held.owner is None and store.calls.count("release_job") == 1
+
+
 def test_a_draining_server_refuses_new_jobs_with_a_503(embedded, tmp_path):
     results = Results(tmp_path, keep_s=3600)
     with app_client(embedded, results=results) as c:
