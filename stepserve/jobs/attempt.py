@@ -166,8 +166,8 @@ class Attempts:
             return False
         except ValidationError as exc:  # an adapter deleted since the job was made, say
             raise JobError("invalid_value", str(exc), "invalid") from None
-        except (ShuttingDownError, EngineDeadError):
-            await self._cut_short(run)
+        except (ShuttingDownError, EngineDeadError) as exc:  # an engine that died on it counts as an attempt
+            await self._cut_short(run, counted=isinstance(exc, EngineDeadError))
             return False
         if run.gone:  # deleted while it was being admitted
             self._abort(run)
@@ -262,21 +262,21 @@ class Attempts:
             log.warning("job %s: taken over by %s (this process, %s, let its lease pass); stopped here", run.job.id,
                         record.owner, self.owner)
 
-    async def _hand_back(self, run: Running) -> None:
-        """Give the job back to the store unfinished; nothing is claimed for backoff_s (no claim-and-hand-back
-        loop)."""
+    async def _hand_back(self, run: Running, counted: bool = False) -> None:
+        """Give the job back to the store unfinished (its claim counted as an attempt only when `counted`); nothing
+        is claimed for backoff_s (no claim-and-hand-back loop)."""
         run.ended = True
         self._backoff_until = time.monotonic() + self.backoff_s
-        record = await asyncio.to_thread(self.store.release_job, run.job.id, self.owner)
+        record = await asyncio.to_thread(self.store.release_job, run.job.id, self.owner, counted)
         self.running.pop(run.job.id, None)
         if record is not None:
             self.changes.publish(record.id, record)
 
-    async def _cut_short(self, run: Running) -> None:
+    async def _cut_short(self, run: Running, counted: bool = False) -> None:
         """The process stops before the job finished: hand it back, or (memory store) it fails."""
         self._abort(run)
         if self.durable:
-            await self._guarded(lambda: self._hand_back(run))
+            await self._guarded(lambda: self._hand_back(run, counted))
             return
         kind = self.kinds[run.job.kind]
         error = JobError("shutting_down", "the server shut down before the job finished", "shutting_down")

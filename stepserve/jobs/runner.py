@@ -17,7 +17,8 @@ requests, and follows them.
 - A hand-back (a full engine queue, 429 at admission; an engine that stopped) is followed by `backoff_s` without
   a claim; an engine that is not healthy claims nothing at all (its process must be restarted: others run the jobs).
 - Attempts: a job claimed `max_attempts` times without finishing (its process died on it each time: a host out of
-  memory, a native crash) ends failed (`too_many_attempts`) in the claim itself, and the next job is taken.
+  memory, a native crash) ends failed (`too_many_attempts`) in the claim itself, and the next job is taken. A clean
+  hand-back (a drain, a full engine) gives its claim back: only the claims a process died on (or its engine) count.
 - Endings: a finished job's files go to the results folder, then the record says completed (or failed, with the
   error); the kind is told the job's end once (metrics, access log), and a job with a webhook gets its one
   notification (webhook.py's sender, run as a task).
@@ -139,7 +140,7 @@ class JobRunner(Attempts):
         jobs = await asyncio.to_thread(self.store.list_jobs, None, ORPHAN_SCAN, self.service)
         orphans = [j for j in jobs if j.owner == self.owner and not j.finished and j.id not in self.running]
         for job in orphans:
-            await asyncio.to_thread(self.store.release_job, job.id, self.owner)
+            await asyncio.to_thread(self.store.release_job, job.id, self.owner, True)  # its process died on it
         if orphans:
             log.info("jobs: %d job(s) of %s's previous run handed back to run again", len(orphans), self.owner)
 

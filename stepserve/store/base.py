@@ -91,6 +91,15 @@ def check_service(name: str) -> str:
 RELEASED = {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0}  # a job handed back (release_job)
 
 
+def release(job: JobRecord, counted: bool) -> None:
+    """A hand-back, in place (the Python backends; redis_scripts.py's `release` is the same in Lua): the job is
+    nobody's and queued; its claim counts as an attempt only when `counted`."""
+    for name, value in RELEASED.items():
+        setattr(job, name, value)
+    if not counted:
+        job.attempts = max(0, job.attempts - 1)
+
+
 def take(job: JobRecord, owner: str, now: float, lease_s: float, max_attempts: int | None) -> bool:
     """A claim of a claimable job, in place (the Python backends; redis_scripts.py's `claim` is the same in Lua):
     it becomes owner's and starts again (True); or, claimed max_attempts times already, it ends failed (False)."""
@@ -178,8 +187,10 @@ class Store(Protocol):
         failed instead (attempts_error), in the same atomic step, and the next one is taken. None when there is
         none."""
 
-    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        """Hand a job back unfinished (a draining process): no owner, queued, claimable at once."""
+    def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
+        """Hand a job back unfinished, as its owner: no owner, queued, claimable at once. Its claim is given back
+        too (attempts - 1: a drain, a full engine did not fail on it), unless `counted` (its process died on it:
+        the orphans a restarted owner finds; an engine that stopped)."""
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         """Forget a job (its idempotency key too) and return it as it was; None when there was none. A process

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .base import (FINISHED, KINDS, RELEASED, AdapterRecord, JobRecord, TooManyUnfinished, check_changes,
-                   take)
+from .base import (FINISHED, KINDS, AdapterRecord, JobRecord, TooManyUnfinished, check_changes,
+                   release, take)
 
 
 class MemoryStore:
@@ -67,7 +67,7 @@ class MemoryStore:
         return self._update(job_id, owner, changes)
 
     def _update(self, job_id: str, owner: str | None, changes: dict[str, Any]) -> JobRecord | None:
-        """update_job with the changes as a dict, which may change the owner itself (release_job)."""
+        """update_job with the changes as a dict."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None or (owner is not None and job.owner != owner):
@@ -89,8 +89,13 @@ class MemoryStore:
                     return copy.deepcopy(job)
             return None
 
-    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        return self._update(job_id, owner, dict(RELEASED))
+    def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.owner != owner:
+                return None
+            release(job, counted)
+            return copy.deepcopy(job)
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         with self._lock:

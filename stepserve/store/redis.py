@@ -126,8 +126,9 @@ class RedisStore:
         return _decode(JobRecord, self._run("claim", json.dumps(owner), repr(float(lease_s)), job_id or "", scope,
                                             most, *kinds))
 
-    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        return self._update(job_id, owner, dict(RELEASED))
+    def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
+        pairs = [item for name, value in RELEASED.items() for item in (name, json.dumps(value))]
+        return _decode(JobRecord, self._run("release", job_id, json.dumps(owner), "1" if counted else "0", *pairs))
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         return _decode(JobRecord, self._run("delete", job_id))

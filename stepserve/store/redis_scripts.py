@@ -151,6 +151,20 @@ local n = 0
 for i = 3, #ARGV do n = n + redis.call('ZCARD', scoped(ARGV[2]) .. 'open:' .. ARGV[i]) end
 return n
 """,
+    # ARGV: prefix, id, the owner's JSON, '1' when the claim counts as an attempt, then field, JSON value, ... (the
+    # hand-back's: base.py RELEASED). base.py's release, in Lua.
+    "release": """
+local id = ARGV[2]
+local key = P .. 'job:' .. id
+local f = redis.call('HMGET', key, 'owner', 'kind', 'attempts')
+if not f[2] or f[1] ~= ARGV[3] then return false end
+redis.call('HSET', key, unpack(ARGV, 5))
+if ARGV[4] ~= '1' then
+  redis.call('HSET', key, 'attempts', string.format('%d', math.max(0, tonumber(f[3]) - 1)))
+end
+reindex(id, cjson.decode(f[2]))
+return redis.call('HGETALL', key)
+""",
     # ARGV: prefix, id
     "delete": "return forget(ARGV[2])",
     # ARGV: prefix, finished before (a score)

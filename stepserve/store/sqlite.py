@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .base import (KINDS, RELEASED, AdapterRecord, JobRecord, StoreError, TooManyUnfinished, check_changes,
-                   take)
+from .base import (KINDS, AdapterRecord, JobRecord, StoreError, TooManyUnfinished, check_changes,
+                   release, take)
 
 from .sqlite_schema import SCHEMA, TABLES, TO_2, UNFINISHED, claim_query  # noqa: F401 (the tests read them)
 
@@ -209,8 +209,13 @@ class SqliteStore:
                     return job
             return None
 
-    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        return self._update(job_id, owner, dict(RELEASED))
+    def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
+        with self._write() as conn:
+            job = self._get(conn, job_id)
+            if job is None or job.owner != owner:
+                return None
+            release(job, counted)
+            return _job(self._save(conn, job))
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         with self._write() as conn:

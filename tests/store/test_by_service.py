@@ -68,6 +68,19 @@ def test_a_job_claimed_max_attempts_times_ends_failed_and_the_next_is_taken(back
     assert s.count_unfinished("x") == 1 and [j.id for j in s.sweep(s.now() + 1)] == ["crashes"]
 
 
+def test_a_clean_hand_back_gives_its_attempt_back_and_a_counted_one_keeps_it(backend):  # noqa: F811
+    s = backend.store
+    s.create_job(job(s, "j", service="x"))
+    for _ in range(5):  # drains, a full engine: never the job's fault
+        assert s.claim_job("A", 600, service="x", max_attempts=3).attempts == 1
+        assert s.release_job("j", "A").attempts == 0
+    assert s.release_job("j", "A") is None  # nobody's now: only the owner hands it back
+    assert s.claim_job("A", 600, service="x", max_attempts=3).attempts == 1
+    released = s.release_job("j", "A", counted=True)  # a restarted owner's orphan: its process died on it
+    assert (released.attempts, released.owner, released.status) == (1, None, QUEUED)
+    assert s.claim_job("B", 600, service="x", max_attempts=3).attempts == 2
+
+
 def test_adapter_registrations_are_one_per_service_and_name_and_deleted_ones_are_swept(backend):  # noqa: F811
     s = backend.store
     s.register_adapter(AdapterRecord("style", "x/style.safetensors", 1.0, service="x"))
