@@ -11,6 +11,7 @@ requests, and follows them.
   the engine's queue or its files are being made. A process that dies stops renewing; once the lease has passed
   another process (or this one, restarted) claims the job and runs it again from the start; the job's stored
   request (its seed included) makes the same result.
+- Adoption: at start, the jobs of before services (service "") that this model made become this service's.
 - Orphans: at start, jobs that this owner holds in the store (left by a previous life of this process, killed
   before it could hand them back) are handed back at once, without waiting for their leases.
 - Waking: a POST wakes the runner (`wake()`); otherwise it polls the store every `poll_s` (1 s).
@@ -118,6 +119,7 @@ class JobRunner(Attempts):
 
     # -- claiming -----------------------------------------------------------------------------------------------
     async def _loop(self) -> None:
+        await self._guarded(self._adopt)
         await self._guarded(self._hand_back_orphans)
         next_resume, resuming = 0.0, None
         while not self._closing:  # (a cancellation that asyncio.wait_for swallowed in 3.11 still ends the loop)
@@ -135,6 +137,13 @@ class JobRunner(Attempts):
                 await asyncio.wait_for(self._wake.wait(), min(self.poll_s, self.lease_s / 3))
             except asyncio.TimeoutError:
                 pass
+
+    async def _adopt(self) -> None:
+        """The jobs this model made before services (a state of 0.4) become this service's."""
+        adopted = await asyncio.to_thread(self.store.adopt_jobs, self.engine.model_info.name, self.service)
+        if adopted:
+            log.info("jobs: %d job(s) of %s made before services are now service %s's", adopted,
+                     self.engine.model_info.name, self.service)
 
     async def _hand_back_orphans(self) -> None:
         jobs = await asyncio.to_thread(self.store.list_jobs, None, ORPHAN_SCAN, self.service)

@@ -175,6 +175,10 @@ class Store(Protocol):
     def count_unfinished(self, service: str, kind: str | None = None) -> int:
         """How many jobs of the service (and kind) are queued or running; read from indexes, not documents."""
 
+    def adopt_jobs(self, model: str, service: str) -> int:
+        """Give the jobs of before services (service "") made for `model` (their meta["model"]) to `service`; how
+        many. A server calls it at start, so that its model's jobs of an upgraded state are its own."""
+
     def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
         """Set fields of a job and return it as now stored. With `owner` given, only while that process owns the
         job (else None: the job was taken over or deleted, and the caller must stop). None when there is no job."""

@@ -58,6 +58,13 @@ class MemoryStore:
         with self._lock:
             return self._unfinished(service, kind)
 
+    def adopt_jobs(self, model: str, service: str) -> int:
+        with self._lock:
+            found = [j for j in self._jobs.values() if j.service == "" and j.meta.get("model") == model]
+            for job in found:
+                job.service = service
+            return len(found)
+
     def _unfinished(self, service: str, kind: str | None) -> int:
         return sum(1 for j in self._jobs.values()
                    if j.service == service and (kind is None or j.kind == kind) and j.status not in FINISHED)

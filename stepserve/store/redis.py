@@ -97,6 +97,9 @@ class RedisStore:
             raise TooManyUnfinished(int(answer[1]))
         return _decode(JobRecord, fields), True
 
+    def adopt_jobs(self, model: str, service: str) -> int:
+        return int(self._run("adopt", model, json.dumps(service), *KINDS))
+
     def count_unfinished(self, service: str, kind: str | None = None) -> int:
         return int(self._run("count", service, *((kind,) if kind is not None else KINDS)))
 

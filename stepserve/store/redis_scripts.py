@@ -145,6 +145,28 @@ while true do
   start = start + 100
 end
 """,
+    # ARGV: prefix, a model, the service's JSON, then the kinds: the jobs of before services made for that model
+    # become the service's (a scan of every job: once, when a server starts)
+    "adopt": """
+local n = 0
+for _, id in ipairs(redis.call('ZRANGE', P .. 'jobs', 0, -1)) do
+  local f = redis.call('HMGET', P .. 'job:' .. id, 'service', 'meta')
+  if (not f[1] or f[1] == '""') and f[2] then
+    local meta = cjson.decode(f[2])
+    if type(meta) == 'table' and meta.model == ARGV[2] then
+      redis.call('HSET', P .. 'job:' .. id, 'service', ARGV[3])
+      redis.call('ZREM', scoped('') .. 'jobs', id)
+      for i = 4, #ARGV do
+        redis.call('ZREM', scoped('') .. 'jobs:' .. ARGV[i], id)
+        redis.call('ZREM', scoped('') .. 'open:' .. ARGV[i], id)
+      end
+      reindex(id, nil)
+      n = n + 1
+    end
+  end
+end
+return n
+""",
     # ARGV: prefix, the service, then the kinds: how many of its jobs of those kinds are unfinished
     "count": """
 local n = 0

@@ -167,6 +167,11 @@ class SqliteStore:
         return conn.execute(f"SELECT COUNT(*) FROM jobs WHERE service = ? {where} AND {UNFINISHED}",
                             (service, *args)).fetchone()[0]
 
+    def adopt_jobs(self, model: str, service: str) -> int:
+        with self._write() as conn:
+            return conn.execute("UPDATE jobs SET service = ?, doc = json_set(doc, '$.service', ?) WHERE service = '' "
+                                "AND json_extract(doc, '$.meta.model') = ?", (service, service, model)).rowcount
+
     def count_unfinished(self, service: str, kind: str | None = None) -> int:
         with self._lock:
             return self._count(self._connection(), service, kind)

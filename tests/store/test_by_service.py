@@ -1,7 +1,8 @@
 """The store's answers by service, every backend (test_contract.py's fixture): a service lists, counts and claims
 only its own jobs, in the store's query; the bound on unfinished jobs is part of the insert; a job claimed
 max_attempts times ends failed in the claim; adapter registrations are one per (service, name), and deleted ones
-are swept. And a SQLite file of schema 1 is brought to 2 with its records kept (their service is "")."""
+are swept; the jobs of before services are adopted by their model's service. And a SQLite file of schema 1 is
+brought to 2 with its records kept (their service is "", until adopted)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,20 @@ def test_a_job_claimed_max_attempts_times_ends_failed_and_the_next_is_taken(back
     assert s.count_unfinished("x") == 1 and [j.id for j in s.sweep(s.now() + 1)] == ["crashes"]
 
 
+def test_the_jobs_of_before_services_are_adopted_by_their_models_service(backend):  # noqa: F811
+    s = backend.store
+    s.create_job(job(s, "old-a", at=0, meta={"model": "a"}))  # service "": written before services
+    s.create_job(job(s, "old-a-done", at=1, meta={"model": "a"}, status="completed", completed_at=s.now()))
+    s.create_job(job(s, "old-b", at=2, meta={"model": "b"}))
+    s.create_job(job(s, "new-a", at=3, meta={"model": "a"}, service="other"))
+    assert s.claim_job("A", 600, service="a-1") is None
+    assert s.adopt_jobs("a", "a-1") == 2 and s.adopt_jobs("a", "a-2") == 0  # the first server of the model takes them
+    assert [j.id for j in s.list_jobs(service="a-1")] == ["old-a-done", "old-a"]
+    assert s.count_unfinished("a-1") == 1 and s.get_job("old-a").service == "a-1"
+    assert s.claim_job("A", 600, service="a-1").id == "old-a"
+    assert s.get_job("old-b").service == "" and s.get_job("new-a").service == "other"
+
+
 def test_a_clean_hand_back_gives_its_attempt_back_and_a_counted_one_keeps_it(backend):  # noqa: F811
     s = backend.store
     s.create_job(job(s, "j", service="x"))
@@ -104,7 +119,8 @@ def test_a_schema_1_file_is_brought_to_2_and_keeps_its_records(tmp_path):
 
         for statement in TABLES:
             conn.execute(statement)
-        doc = {"id": "old", "kind": "video", "request": {}, "created_at": 1.0, "status": "queued"}
+        doc = {"id": "old", "kind": "video", "request": {}, "created_at": 1.0, "status": "queued",
+               "meta": {"model": "tiny"}}
         conn.execute("INSERT INTO jobs (id, kind, status, owner, lease_until, created_at, doc) VALUES "
                      "('old', 'video', 'queued', NULL, 0.0, 1.0, ?)", (json.dumps(doc),))
         conn.execute("INSERT INTO adapters VALUES ('style', NULL, ?)",
@@ -114,5 +130,7 @@ def test_a_schema_1_file_is_brought_to_2_and_keeps_its_records(tmp_path):
     assert store.get_job("old").service == "" and [j.id for j in store.list_jobs(service="")] == ["old"]
     assert store.count_unfinished("") == 1 and store.claim_job("A", 60, service="other") is None
     assert [(r.name, r.service) for r in store.adapters("")] == [("style", "")]
+    assert store.adopt_jobs("tiny", "tiny-1") == 1 and store.claim_job("A", 60, service="tiny-1").id == "old"
+    assert store.get_job("old").service == "tiny-1" and store.count_unfinished("") == 0
     store.close()
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
