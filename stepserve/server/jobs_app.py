@@ -58,5 +58,6 @@ def attach_jobs(state: ServerState, store: Store, results: Results | None = None
                       kinds, service=service or default_service(engine.model_info),
                       max_running=state.limits.max_running_jobs or engine.options.max_batch_size,
                       lease_s=lease_s, poll_s=poll_s, max_attempts=max_attempts,
-                      sender=WebhookSender(store, webhook_secret, lease_s=lease_s), webhook_secret=webhook_secret, on_close=lambda: [close() for close in closers])
+                      sender=WebhookSender(store, webhook_secret, lease_s=lease_s), webhook_secret=webhook_secret,
+                      on_close=lambda: [close() for close in closers])
     return state.jobs
