@@ -121,11 +121,19 @@ def job_error(exc: APIError) -> JobError:
     return JobError(exc.code or "failed", exc.message, outcome_of(exc))
 
 
+MODEL_FAILURE = "the model failed on this request (the server's log has the details)"
+
+
 def result_error(result: GenerationResult) -> JobError | None:
-    """The failure a finished engine request stands for (the error a synchronous request would have answered)."""
+    """The failure a finished engine request stands for (the error a synchronous request would have answered); a
+    model failure with a short message, its exception's text (paths, addresses) in the log only: a job's error is
+    read by whoever holds its id, and sent to its webhook."""
     try:
         check(result)
     except APIError as exc:
+        if exc.code == "model_failure":
+            log.warning("a job's request %s failed in the model: %s", result.request_id, result.error)
+            return JobError("model_failure", MODEL_FAILURE, outcome_of(exc))
         return job_error(exc)
     return None
 

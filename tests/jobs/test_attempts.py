@@ -121,6 +121,27 @@ def test_an_internal_error_shows_a_code_and_a_short_message_and_logs_the_rest(em
     assert "/srv/secret" in caplog.text  # for the operator
 
 
+def test_a_model_failure_shows_a_code_and_a_short_message_and_logs_the_rest(embedded, caplog):
+    from stepserve.server.job_http import MODEL_FAILURE
+
+    class FailingDecode:
+        def __init__(self, executor) -> None:
+            self._executor = executor
+
+        def __getattr__(self, name):
+            return getattr(self._executor, name)
+
+        def decode(self, requests):
+            raise OSError("cannot read /srv/secret/vae.safetensors")
+
+    with app_client(FailingDecode(embedded)) as c:
+        job = c.post(GENERATIONS, json=BODY, headers=ASYNC).json()
+        with caplog.at_level(logging.WARNING):
+            failed = wait_job(c, f"{JOBS}/{job['id']}")
+    assert failed["status"] == "failed" and failed["error"] == {"code": "model_failure", "message": MODEL_FAILURE}
+    assert "/srv/secret" in caplog.text  # for the operator
+
+
 def test_a_dead_engine_claims_nothing_and_refuses_new_jobs(embedded):
     store = CountingStore(MemoryStore())
     with app_client(embedded, store=store) as c:
