@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from ..engine.async_engine import AsyncEngine
-from ..store.base import Store
+from ..store.base import DEFAULT_MAX_ATTEMPTS, Store
 from ..store.memory import MemoryStore
 from ..store.results import Results
 from .auth import require_key
@@ -52,7 +52,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
                metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = (),
                access_log: bool = True, store: Store | None = None, results: Results | None = None,
                owner: str | None = None, webhook_secret: str | None = None, job_lease_s: float = 30.0,
-               job_poll_s: float = 1.0, service: str | None = None, job_max_attempts: int = 3) -> FastAPI:
+               job_poll_s: float = 1.0, service: str | None = None,
+               job_max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins

@@ -7,6 +7,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 
+from ..store.base import DEFAULT_MAX_ATTEMPTS
 from ..util.api_key import API_KEY_ENV, resolve_api_key
 
 WEBHOOK_SECRET_ENV = "STEPSERVE_WEBHOOK_SECRET"
@@ -34,7 +35,7 @@ class ServeSettings:
     webhook_secret: str | None = None  # signs webhooks (never travels to a replica: see for_replicas)
     webhook_secret_required: bool = False  # a replica: the secret must be found where it starts
     service: str | None = None  # the service of the jobs and registrations; None: derived from the model served
-    job_max_attempts: int = 3  # a job claimed this many times without finishing ends failed
+    job_max_attempts: int = DEFAULT_MAX_ATTEMPTS  # a job claimed this many times without finishing ends failed
 
 
 def for_replicas(settings: ServeSettings) -> ServeSettings:
