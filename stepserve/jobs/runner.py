@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..engine.async_engine import AsyncEngine
-from ..store.base import Store
+from ..store.base import JobRecord, Store
 from ..store.results import Results
 from .attempt import Attempts, Running
 from .changes import Changes
@@ -157,8 +157,11 @@ class JobRunner(Attempts):
         kinds = tuple(self.kinds)
         while self.claiming and len(self.running) < self.max_running and time.monotonic() >= self._backoff_until \
                 and self.engine.healthy:
+            ended: list[JobRecord] = []
             job = await asyncio.to_thread(self.store.claim_job, self.owner, self.lease_s, kinds, None, self.service,
-                                          self.max_attempts)
+                                          self.max_attempts, ended)
+            for record in ended:  # failed in the claim (too many attempts): their ends are told here
+                self._gave_up(record)
             if job is None:
                 return
             if job.id in self.running:  # ours still, though its lease lapsed (a stalled loop): it runs on here
@@ -170,6 +173,15 @@ class JobRunner(Attempts):
                 await self._hand_back(run)
                 return
             run.task = asyncio.ensure_future(self._run(run))
+
+    def _gave_up(self, record: JobRecord) -> None:
+        """A job the claim ended failed: its end told once (metrics, the access log), and its webhook sent."""
+        log.warning("job %s: %s", record.id, (record.error or {}).get("message"))
+        kind = self.kinds[record.kind]
+        self.changes.publish(record.id, record)
+        self._tell_end(kind, record, "failed", ())
+        if record.webhook and self.sender is not None:
+            self._spawn(self._notify(kind, record))
 
     async def _renew_due(self) -> None:
         due = time.monotonic() - self.lease_s / 3

@@ -184,12 +184,13 @@ class Store(Protocol):
         job (else None: the job was taken over or deleted, and the caller must stop). None when there is no job."""
 
     def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
-                  service: str | None = None, max_attempts: int | None = None) -> JobRecord | None:
+                  service: str | None = None, max_attempts: int | None = None,
+                  ended: list[JobRecord] | None = None) -> JobRecord | None:
         """Take one unfinished job that nobody holds (no owner, or a lease that has passed), of one service when
         given: the given one, or else the oldest. It becomes `owner`'s until now() + lease_s, attempts + 1, status
         queued and progress 0 (it starts again). With `max_attempts`: a job claimed that many times already ends
-        failed instead (attempts_error), in the same atomic step, and the next one is taken. None when there is
-        none."""
+        failed instead (attempts_error), in the same atomic step, and the next one is taken; the jobs it ended so
+        are appended to `ended` (their ends are the claimer's to tell). None when there is none."""
 
     def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
         """Hand a job back unfinished, as its owner: no owner, queued, claimable at once. Its claim is given back

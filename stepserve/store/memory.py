@@ -84,16 +84,19 @@ class MemoryStore:
             return copy.deepcopy(job)
 
     def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
-                  service: str | None = None, max_attempts: int | None = None) -> JobRecord | None:
+                  service: str | None = None, max_attempts: int | None = None,
+                  ended: list[JobRecord] | None = None) -> JobRecord | None:
         with self._lock:
             now = self._clock()
             candidates = [self._jobs[job_id]] if job_id in self._jobs else [] if job_id else \
                 sorted(self._jobs.values(), key=lambda j: j.created_at)
             for job in candidates:
                 if job.kind in kinds and job.status not in FINISHED and (job.owner is None or job.lease_until < now) \
-                        and (service is None or job.service == service) and take(job, owner, now, lease_s,
-                                                                               max_attempts):
-                    return copy.deepcopy(job)
+                        and (service is None or job.service == service):
+                    if take(job, owner, now, lease_s, max_attempts):
+                        return copy.deepcopy(job)
+                    if ended is not None:
+                        ended.append(copy.deepcopy(job))
             return None
 
     def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:

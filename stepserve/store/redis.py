@@ -123,11 +123,15 @@ class RedisStore:
         return _decode(JobRecord, self._run("update", job_id, fence, *pairs))
 
     def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
-                  service: str | None = None, max_attempts: int | None = None) -> JobRecord | None:
+                  service: str | None = None, max_attempts: int | None = None,
+                  ended: list[JobRecord] | None = None) -> JobRecord | None:
         scope = "" if service is None else json.dumps(service)
         most = "" if max_attempts is None else str(int(max_attempts))
-        return _decode(JobRecord, self._run("claim", json.dumps(owner), repr(float(lease_s)), job_id or "", scope,
-                                            most, *kinds))
+        claimed, *failed = self._run("claim", json.dumps(owner), repr(float(lease_s)), job_id or "", scope, most,
+                                     *kinds)
+        if ended is not None:
+            ended.extend(_decode(JobRecord, flat) for flat in failed)
+        return None if claimed == 0 else _decode(JobRecord, claimed)
 
     def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
         pairs = [item for name, value in RELEASED.items() for item in (name, json.dumps(value))]

@@ -96,10 +96,11 @@ return redis.call('HGETALL', key)
 """,
     # ARGV: prefix, the owner's JSON, lease_s, a job id or '', the service's JSON or '' (any), max attempts or ''
     # (no limit), then the kinds. A job claimed max attempts times already ends failed (base.py: take), and the
-    # next is taken. With a service: its sets of unfinished jobs, one per kind, oldest first across them.
+    # next is taken. With a service: its sets of unfinished jobs, one per kind, oldest first across them. Returns
+    # {the claimed job or 0, then each job it ended failed}.
     "claim": """
 local t = now()
-local kinds, service, most = {}, ARGV[5], tonumber(ARGV[6])
+local kinds, service, most, failed = {}, ARGV[5], tonumber(ARGV[6]), {}
 for i = 7, #ARGV do kinds[ARGV[i]] = true end
 local function take(id)
   local key = P .. 'job:' .. id
@@ -114,13 +115,15 @@ local function take(id)
                  string.format('%d', attempts) .. ' times and its process stopped before it finished each time; ' ..
                  'it is not run again'}))
     reindex(id, nil)
+    failed[#failed + 1] = redis.call('HGETALL', key)
     return nil
   end
   redis.call('HSET', key, 'owner', ARGV[2], 'lease_until', num(t + tonumber(ARGV[3])),
              'attempts', string.format('%d', attempts + 1), 'status', '"queued"', 'progress', '0')
   return redis.call('HGETALL', key)
 end
-if ARGV[4] ~= '' then return take(ARGV[4]) or false end
+local function answer(got) return {got or 0, unpack(failed)} end
+if ARGV[4] ~= '' then return answer(take(ARGV[4])) end
 if service ~= '' then
   local open = {}
   for kind in pairs(kinds) do
@@ -130,17 +133,17 @@ if service ~= '' then
   table.sort(open, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
   for _, entry in ipairs(open) do
     local got = take(entry[2])
-    if got then return got end
+    if got then return answer(got) end
   end
-  return false
+  return answer(nil)
 end
 local start = 0
 while true do
   local ids = redis.call('ZRANGE', P .. 'open', start, start + 99)
-  if #ids == 0 then return false end
+  if #ids == 0 then return answer(nil) end
   for _, id in ipairs(ids) do
     local got = take(id)
-    if got then return got end
+    if got then return answer(got) end
   end
   start = start + 100
 end

@@ -201,7 +201,8 @@ class SqliteStore:
             return _job(self._save(conn, job))
 
     def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
-                  service: str | None = None, max_attempts: int | None = None) -> JobRecord | None:
+                  service: str | None = None, max_attempts: int | None = None,
+                  ended: list[JobRecord] | None = None) -> JobRecord | None:
         with self._write() as conn:
             now = self._clock()
             args = (*(() if job_id is None else (job_id,)), *(() if service is None else (service,)), *kinds, now)
@@ -212,6 +213,8 @@ class SqliteStore:
                 self._save(conn, job)
                 if claimed:
                     return job
+                if ended is not None:
+                    ended.append(job)
             return None
 
     def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:

@@ -50,6 +50,10 @@ def test_a_job_whose_process_died_on_it_three_times_ends_failed_and_the_next_run
     store = MemoryStore()
     with app_client(embedded, store=store, owner="a") as c:
         jobs = c.app.state.server.jobs
+        told = []
+        kind = jobs.kinds["image"]
+        ended = kind.ended
+        kind.ended = lambda job, outcome, results: told.append((job.id, outcome)) or ended(job, outcome, results)
         jobs.runner.claiming = False
         crashing = c.post(GENERATIONS, json=BODY, headers=ASYNC).json()
         after = c.post(GENERATIONS, json={**BODY, "seed": 4}, headers=ASYNC).json()
@@ -63,6 +67,8 @@ def test_a_job_whose_process_died_on_it_three_times_ends_failed_and_the_next_run
     assert done["status"] == "completed", done
     assert failed["status"] == "failed" and failed["error"]["code"] == "too_many_attempts", failed
     assert "3 times" in failed["error"]["message"] and store.get_job(crashing["id"]).attempts == 3
+    assert (crashing["id"], "failed") in told and (after["id"], "completed") in told  # each end told once
+    assert len(told) == 2
 
 
 def test_an_owner_stalled_past_its_lease_leaves_the_file_of_the_owner_that_finished(embedded, tmp_path):

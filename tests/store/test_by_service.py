@@ -61,8 +61,10 @@ def test_a_job_claimed_max_attempts_times_ends_failed_and_the_next_is_taken(back
         got = s.claim_job(f"P{attempt}", lease_s=0.05, service="x", max_attempts=3)
         assert (got.id, got.attempts) == ("crashes", attempt)
         backend.pass_time(got.lease_until)
-    got = s.claim_job("P4", lease_s=600, service="x", max_attempts=3)
+    ended = []
+    got = s.claim_job("P4", lease_s=600, service="x", max_attempts=3, ended=ended)
     assert got.id == "next" and got.status == QUEUED
+    assert [(j.id, j.status, j.error["code"]) for j in ended] == [("crashes", FAILED, TOO_MANY_ATTEMPTS)]
     failed = s.get_job("crashes")
     assert (failed.status, failed.owner, failed.error["code"]) == (FAILED, None, TOO_MANY_ATTEMPTS)
     assert "3 times" in failed.error["message"] and failed.completed_at is not None and failed.attempts == 3
