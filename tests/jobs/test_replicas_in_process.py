@@ -39,6 +39,7 @@ def test_a_delete_through_another_process_stops_the_job_within_two_steps(wan_exe
             app_client(wan_executors[1], store=store, results=results, owner="b", poll_s=3600) as b:
         engine_a = a.app.state.server.engine
         runner_a = a.app.state.server.jobs.runner
+        b.app.state.server.jobs.runner.claiming = False  # a runs the job (b's first round may come after the POST)
         try:
             job = a.post("/v1/videos", json=SLOW).json()
             assert gate.wait_held(), "the job never reached its first step"
