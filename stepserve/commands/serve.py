@@ -20,7 +20,8 @@ from ..util.extras import MissingExtraError
 from ..engine.loading import available_cores, check_weights, refused_pair, startup_features
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
-from ..server.startup import ServeSettings, StartupError, open_state, ready_line, say, start_engine, state_line
+from ..server.startup import (ServeSettings, StartupError, job_options, open_state, ready_line, say, start_engine,
+                              state_line)
 from .replica_flags import add_replica_flags, replica_mode
 from .state_flags import add_state_flags, state_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                      shutdown_grace_s=settings.shutdown_grace_s, cors_origins=settings.cors_origins,
                      access_log=settings.access_log, store=store, results=results,
                      owner=f"{socket.gethostname()}:{args.port}",  # the same after a restart: its jobs come back
-                     webhook_secret=settings.webhook_secret, job_lease_s=settings.job_lease_s)
+                     webhook_secret=settings.webhook_secret, **job_options(settings))
     log_to_stderr(args.log_level)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.api_key:
         extras.append("API key required" + (f" (from {settings.api_key_file})" if settings.api_key_file else ""))
     details = f"strategy {args.strategy}, max batch {args.max_batch_size}{''.join(', ' + e for e in extras)}"
-    say(state_line(settings, results.root))
+    say(state_line(settings, results.root, service=app.state.server.jobs.service))
     print(f"stepserve serve: {ready_line(name, args.host, args.port, details)}", file=sys.stderr, flush=True)
     try:
         DrainingServer(config, app, args.shutdown_grace_s).run(sockets=[sock])

@@ -1,6 +1,12 @@
 """One job's run on this process (JobRunner's half that follows a claimed job to its end: runner.py says how jobs
 are claimed, leased and handed back): submit its engine requests, write its progress at every step (the write that
 returns None stops it), make its files, write its end, tell it once, and send its webhook.
+
+Result files are named per attempt (the kinds name them with job.attempts, unique per claim), and published by the
+fenced final write (its `results`). An attempt that lost its job (a stall past its lease, a partition: another
+process ran it meanwhile) deletes only the files it wrote itself, which no one published: never the new owner's.
+A store error at the end is retried while the lease holds; a finished job is never marked failed for it.
+A job that fails on an unexpected error says `internal_error` and a short message; the exception goes to the log.
 """
 
 from __future__ import annotations
@@ -13,17 +19,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.admission_errors import DeadlineInfeasibleError, DeadlineRefusedError, QueueFullError
-from ..engine.async_engine import AsyncEngine, ProgressEvent
+from ..engine.async_engine import AsyncEngine
 from ..engine.handles import EngineDeadError, RequestHandle, ShuttingDownError
 from ..request.types import FinishReason, GenerationResult
 from ..request.validation import ValidationError
 from ..store.base import COMPLETED, FAILED, IN_PROGRESS, JobRecord, Store
 from ..store.results import Results
 from .changes import Changes
+from .following import follow_requests
 from .kinds import JobError, JobKind
 from .notify import notify
 
 log = logging.getLogger("stepserve.jobs")
+INTERNAL = "the job failed on an internal error of the server (its log has the details); sending it again may work"
+
+
+class EndNotWritten(Exception):
+    """The store refused the job's end until its lease was about to pass: another process will run it again."""
 
 
 @dataclass(eq=False)
@@ -120,7 +132,8 @@ class Attempts:
             await asyncio.to_thread(self.results.touch, inputs)  # they outlive this run (the sweep goes by age)
             params = await kind.params(run.job)
             if await self._submit(run, params):
-                results = await self._follow(run)
+                results = await follow_requests(run.handles, lambda p: self._progress(run, p),
+                                                lambda: self._abort(run))
                 if results is not None:
                     await self._finish(run, kind, results)
             if run.gone and not run.ended:
@@ -129,12 +142,18 @@ class Attempts:
         except JobError as exc:
             self._abort(run)
             return exc
+        except EndNotWritten:
+            log.warning("job %s: its end could not be written to the state store within its lease; left to run "
+                        "again", run.job.id)
+            run.ended = True
+            self._abort(run)
+            return None
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a job fails alone; the runner runs on
-            log.exception("job %s failed", run.job.id)
+        except Exception:  # noqa: BLE001 - a job fails alone; the runner runs on
+            log.exception("job %s failed", run.job.id)  # the details (paths, addresses) for the operator only
             self._abort(run)
-            return JobError("internal_error", f"{type(exc).__name__}: {exc}")
+            return JobError("internal_error", INTERNAL)
 
     async def _submit(self, run: Running, params: list) -> bool:
         try:
@@ -143,56 +162,17 @@ class Attempts:
         except DeadlineInfeasibleError as exc:
             raise JobError("deadline_infeasible", f"timeout_s: {exc}", "invalid") from None
         except (QueueFullError, DeadlineRefusedError):  # the engine is full now: another time, or another process
-            self._backoff_until = time.monotonic() + self.backoff_s
             await self._hand_back(run)
             return False
         except ValidationError as exc:  # an adapter deleted since the job was made, say
             raise JobError("invalid_value", str(exc), "invalid") from None
-        except (ShuttingDownError, EngineDeadError):
-            await self._cut_short(run)
+        except (ShuttingDownError, EngineDeadError) as exc:  # an engine that died on it counts as an attempt
+            await self._cut_short(run, counted=isinstance(exc, EngineDeadError))
             return False
         if run.gone:  # deleted while it was being admitted
             self._abort(run)
             return False
         return True
-
-    async def _follow(self, run: Running) -> list[GenerationResult] | None:
-        """Every request's result, in order, writing progress at each step; None when the job was lost meanwhile
-        or a request failed (the others are then aborted)."""
-        handles = run.handles
-        events: asyncio.Queue = asyncio.Queue()
-
-        async def pump(index: int, handle: RequestHandle) -> None:
-            async for item in handle.events():
-                events.put_nowait((index, item))
-
-        pumps = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(handles)]
-        done = [0.0] * len(handles)
-        results: list[GenerationResult | None] = [None] * len(handles)
-        try:
-            while any(r is None for r in results):
-                items = [await events.get()]
-                while not events.empty():  # steps that piled up while the last write was made: one write for all
-                    items.append(events.get_nowait())
-                stepped = False
-                for index, item in items:
-                    if isinstance(item, ProgressEvent):
-                        done[index] = item.step / max(1, item.num_inference_steps)
-                        stepped = True
-                    else:
-                        results[index] = item
-                        done[index] = 1.0
-                        if not item.ok:  # one failed: the job fails; the rest need not run
-                            self._abort(run)
-                            return [item]
-                if stepped and any(r is None for r in results):
-                    progress = min(99, int(100 * sum(done) / len(done)))
-                    if not await self._progress(run, progress):
-                        return None
-            return results  # type: ignore[return-value]
-        finally:
-            for p in pumps:
-                p.cancel()
 
     async def _progress(self, run: Running, progress: int) -> bool:
         """Write the progress (and renew the lease); False when the job is no longer ours. A store that fails
@@ -223,10 +203,16 @@ class Attempts:
         if error is not None:
             await self._end(run, kind, FAILED, results, error=error)
             return
-        files = await kind.finish(run.job, results)
-        names = [await asyncio.to_thread(self.results.write, name, data) for name, data in files.items()]
-        if not await self._end(run, kind, COMPLETED, results, names=names):
-            await asyncio.to_thread(self.results.delete, names)  # deleted meanwhile: its files go too
+        files = await kind.finish(run.job, results)  # named for this attempt: no other process writes them
+        names: list[str] = []
+        published = False
+        try:
+            for name, data in files.items():
+                names.append(await asyncio.to_thread(self.results.write, name, data))
+            published = await self._end(run, kind, COMPLETED, results, names=names)
+        finally:
+            if not published:  # lost (deleted, or run by another meanwhile), or not written: only ours go
+                await asyncio.to_thread(self.results.delete, names)
 
     async def _end(self, run: Running, kind: JobKind, status: str, results: Sequence[GenerationResult],
                    error: JobError | None = None, names: list[str] | None = None) -> bool:
@@ -235,7 +221,7 @@ class Attempts:
             changes.update(progress=100, results=names or [])
         else:
             changes["error"] = error.as_error() if error is not None else None
-        record = await self._write(run, **changes)
+        record = await self._final_write(run, changes)
         if record is None:
             await self._lost(run, kind)
             return False
@@ -245,6 +231,21 @@ class Attempts:
         if record.webhook and self.sender is not None:
             self._spawn(self._notify(kind, record))
         return True
+
+    async def _final_write(self, run: Running, changes: dict[str, Any]) -> JobRecord | None:
+        """The job's end, written as its owner; a store that fails is asked again every poll_s while the lease
+        (renewed at the last write that went through) still holds. EndNotWritten once it would not."""
+        while True:
+            try:
+                return await self._write(run, **changes)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a store that fails for a moment (a Redis failover, a locked file)
+                if time.monotonic() + self.poll_s >= run.last_write + self.lease_s:
+                    raise EndNotWritten() from None
+                log.warning("job %s: its end could not be written to the state store; retrying", run.job.id,
+                            exc_info=True)
+                await asyncio.sleep(self.poll_s)
 
     async def _notify(self, kind: JobKind, record: JobRecord) -> None:
         await notify(self.sender, kind, record, self.owner)
@@ -261,18 +262,21 @@ class Attempts:
             log.warning("job %s: taken over by %s (this process, %s, let its lease pass); stopped here", run.job.id,
                         record.owner, self.owner)
 
-    async def _hand_back(self, run: Running) -> None:
+    async def _hand_back(self, run: Running, counted: bool = False) -> None:
+        """Give the job back to the store unfinished (its claim counted as an attempt only when `counted`); nothing
+        is claimed for backoff_s (no claim-and-hand-back loop)."""
         run.ended = True
-        record = await asyncio.to_thread(self.store.release_job, run.job.id, self.owner)
+        self._backoff_until = time.monotonic() + self.backoff_s
+        record = await asyncio.to_thread(self.store.release_job, run.job.id, self.owner, counted)
         self.running.pop(run.job.id, None)
         if record is not None:
             self.changes.publish(record.id, record)
 
-    async def _cut_short(self, run: Running) -> None:
+    async def _cut_short(self, run: Running, counted: bool = False) -> None:
         """The process stops before the job finished: hand it back, or (memory store) it fails."""
         self._abort(run)
         if self.durable:
-            await self._guarded(lambda: self._hand_back(run))
+            await self._guarded(lambda: self._hand_back(run, counted))
             return
         kind = self.kinds[run.job.kind]
         error = JobError("shutting_down", "the server shut down before the job finished", "shutting_down")

@@ -1,6 +1,10 @@
 """Jobs: what a server holds of the jobs subsystem (one per app): the store, the results folder, the runner, the
 local change bus and the sweep, with the few operations the HTTP routes need. Every store call runs off the event
 loop (asyncio.to_thread). Synchronous image requests never come here.
+
+Jobs belong to a service (`service`: by default derived from what the server serves, server/jobs_app.py; `serve
+--service NAME` shares one deliberately, as replicas of one deployment do). A server creates its jobs in its
+service, and lists, reads, counts, claims and deletes only that service's: another's job is not found here (404).
 """
 
 from __future__ import annotations
@@ -10,21 +14,12 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 
 from ..engine.async_engine import AsyncEngine
-from ..store.base import JobRecord, Store
+from ..store.base import DEFAULT_MAX_ATTEMPTS, JobRecord, Store, TooManyUnfinished  # noqa: F401 (create's refusal)
 from ..store.results import Results
 from .changes import Changes, follow
 from .kinds import JobKind, job_files
 from .runner import JobRunner
 from .sweep import SWEEP_EVERY_S, sweep_forever
-
-COUNT_WINDOW = 1000  # the newest jobs of a kind counted against its bound of unfinished jobs
-
-
-class JobsFull(Exception):
-    def __init__(self, unfinished: int) -> None:
-        super().__init__(f"{unfinished} jobs are queued or running")
-        self.unfinished = unfinished
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
@@ -32,13 +27,15 @@ def new_id(prefix: str) -> str:
 
 class Jobs:
     def __init__(self, engine: AsyncEngine, store: Store, results: Results, owner: str,
-                 kinds: Mapping[str, JobKind], *, max_running: int, lease_s: float = 30.0, poll_s: float = 1.0,
-                 sender=None, webhook_secret: str | None = None, sweep_every_s: float = SWEEP_EVERY_S,
+                 kinds: Mapping[str, JobKind], *, service: str, max_running: int, lease_s: float = 30.0,
+                 poll_s: float = 1.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS, sender=None,
+                 webhook_secret: str | None = None, sweep_every_s: float = SWEEP_EVERY_S,
                  on_close: Callable[[], None] | None = None) -> None:
-        self.store, self.results, self.kinds = store, results, dict(kinds)
-        self.changes = Changes()
-        self.runner = JobRunner(engine, store, results, owner, kinds, max_running=max_running, lease_s=lease_s,
-                                poll_s=poll_s, changes=self.changes, sender=sender)
+        self.store, self.results, self.kinds, self.service = store, results, dict(kinds), service
+        self.changes = Changes(store)
+        self.runner = JobRunner(engine, store, results, owner, kinds, service=service, max_running=max_running,
+                                lease_s=lease_s, poll_s=poll_s, max_attempts=max_attempts, changes=self.changes,
+                                sender=sender)
         self.sweep_every_s = sweep_every_s
         self.webhook_secret = webhook_secret  # what webhooks are signed with (a job naming one needs it)
         self.on_close = on_close  # closes what the app opened for itself (a memory store, a temporary folder)
@@ -69,34 +66,31 @@ class Jobs:
             self.on_close()
 
     async def create(self, job: JobRecord, max_unfinished: int) -> tuple[JobRecord, bool]:
-        """Store a new job (created_at: the store's clock) and wake the runner: (job, True); or the job made earlier
-        under the same idempotency key: (it, False). JobsFull when `max_unfinished` jobs of its kind are queued or
-        running."""
+        """Store a new job of this service (created_at: the store's clock) and wake the runner: (job, True); or the
+        job made earlier under the same idempotency key: (it, False). TooManyUnfinished when `max_unfinished` jobs
+        of its kind and service are queued or running (the store counts them in the insert itself)."""
         store = self.store
+        job.service = self.service
 
         def create() -> tuple[JobRecord, bool]:
-            recent = store.list_jobs(job.kind, max(COUNT_WINDOW, 2 * max_unfinished))
-            unfinished = sum(1 for j in recent if not j.finished)
-            if unfinished >= max_unfinished and job.idempotency_key is None:
-                raise JobsFull(unfinished)
             job.created_at = store.now()
-            record, created = store.create_job(job)
-            if created and unfinished >= max_unfinished:  # a new key: the bound holds for it too
-                store.delete_job(record.id)
-                raise JobsFull(unfinished)
-            return record, created
+            return store.create_job(job, max_unfinished)
 
         record, created = await asyncio.to_thread(create)
         if created:
             self.runner.wake()
         return record, created
 
+    def ours(self, job: JobRecord | None, kind: str) -> bool:
+        """A job of this kind and of this service (any other is not found here)."""
+        return job is not None and job.kind == kind and job.service == self.service
+
     async def get(self, kind: str, job_id: str) -> JobRecord | None:
         job = await asyncio.to_thread(self.store.get_job, job_id)
-        return job if job is not None and job.kind == kind else None
+        return job if self.ours(job, kind) else None
 
     async def list(self, kind: str, limit: int = 100) -> list[JobRecord]:
-        return await asyncio.to_thread(self.store.list_jobs, kind, limit)
+        return await asyncio.to_thread(self.store.list_jobs, kind, limit, self.service)
 
     async def delete(self, kind: str, job_id: str) -> JobRecord | None:
         """Forget the job and its files; stop it where it runs (here at once; elsewhere at its next write). Its end
@@ -104,8 +98,7 @@ class Jobs:
         store = self.store
 
         def delete() -> tuple[JobRecord | None, float]:
-            job = store.get_job(job_id)
-            if job is None or job.kind != kind:
+            if not self.ours(store.get_job(job_id), kind):
                 return None, 0.0
             return store.delete_job(job_id), store.now()
 
@@ -121,4 +114,4 @@ class Jobs:
 
     def follow(self, job: JobRecord) -> AsyncIterator[JobRecord | None]:
         """The job as it changes (changes.follow), from `job` as just read."""
-        return follow(self.store, self.changes, job.id, first=job)
+        return follow(self.changes, job.id, first=job)

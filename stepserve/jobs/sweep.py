@@ -1,5 +1,6 @@
 """The sweep: jobs that finished more than --keep-results-h hours ago leave the store, and their files (results
-and inputs) the results folder, with any file older than that and temporary files a dead writer left. Every
+and inputs) the results folder, with any file older than that and temporary files a dead writer left; adapter
+registrations deleted that long ago leave the store too (every process has acted on them by then). Every
 process sweeps every SWEEP_EVERY_S, at start first; sweeping is idempotent, so processes sharing a store and a
 folder need not agree on who does it."""
 
@@ -19,10 +20,12 @@ SWEEP_EVERY_S = 300.0
 
 def sweep_once(store: Store, results: Results) -> int:
     """One sweep; returns how many jobs left the store."""
-    old = store.sweep(store.now() - results.keep_s)
+    before = store.now() - results.keep_s
+    old = store.sweep(before)
     for job in old:
         results.delete(job_files(job))
     results.sweep(time.time())
+    store.sweep_adapters(before)
     return len(old)
 
 

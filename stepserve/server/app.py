@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from ..engine.async_engine import AsyncEngine
-from ..store.base import Store
+from ..store.base import DEFAULT_MAX_ATTEMPTS, Store
 from ..store.memory import MemoryStore
 from ..store.results import Results
 from .auth import require_key
@@ -52,7 +52,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
                metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = (),
                access_log: bool = True, store: Store | None = None, results: Results | None = None,
                owner: str | None = None, webhook_secret: str | None = None, job_lease_s: float = 30.0,
-               job_poll_s: float = 1.0) -> FastAPI:
+               job_poll_s: float = 1.0, service: str | None = None,
+               job_max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
@@ -61,15 +62,17 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     `store` with their files in `results` (by default an in-memory store and a temporary folder, closed with the
     app: `stepserve serve` passes the ones its flags name); `owner` is this process's id in the store (a stable one
     lets a restarted server take back its jobs at once; default: a new one). The same store holds the LoRA
-    adapters registered at run time, shared by the replicas."""
+    adapters registered at run time, shared by the replicas. Jobs and registrations belong to `service` (default:
+    derived from what the engine serves, server/jobs_app.py); a job claimed job_max_attempts times ends failed."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
                         cors_origins=tuple(cors_origins), access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
     events = EngineEvents(engine)
     state.events = events  # start_drain ends its streams
     store = store if store is not None else MemoryStore()
-    registry = AdapterRegistry(engine, store, replica)
-    jobs = attach_jobs(state, store, results, owner, webhook_secret, job_lease_s, job_poll_s)
+    jobs = attach_jobs(state, store, results, owner, webhook_secret, job_lease_s, job_poll_s, service,
+                       job_max_attempts)
+    registry = AdapterRegistry(engine, store, replica, service=jobs.service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -10,8 +10,9 @@ its result is exactly the body the synchronous request would have answered (kept
   each with the job (as videos' events: local changes, else the store read every 0.5 s);
 - DELETE /v1/images/jobs/{id}: cancel (when unfinished) and forget it and its files.
 
-The job stores the request as sent, with its seed (drawn at creation when none was given), and an edit's pictures
-as input files in the results folder, so that a rerun on any process makes the same images.
+The job stores the request as sent, with its seed (drawn at creation when none was given), and its pictures (an
+edit's uploads, a generation's base64 control and image-prompt pictures: job_pictures.py) as input files in the
+results folder, so that a rerun on any process makes the same images and the job's document stays small.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from ..store.base import COMPLETED, JobRecord
 from .edits import EditForm, edit_params
 from .errors import APIError, invalid
 from .images import image_body, resolve_all
-from .job_http import (check_webhook, create_job, fingerprint, idempotency_key, job_error, job_events,
-                       prefers_async, result_error, started_from)
+from .job_pictures import put_pictures, take_pictures
+from .job_http import (check_serving, check_streams, check_webhook, create_job, fingerprint, idempotency_key,
+                       job_error, job_events, prefers_async, result_error, started_from)
 from .schemas import body_from_fields, engine_params
 from .controlnets import with_controls
 from .state import ServerState
@@ -61,6 +63,7 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
         raise invalid(f"stream: not with 'Prefer: respond-async'; follow the job's events instead ({JOBS}/{{id}}/"
                       f"events)", "stream")
     key = idempotency_key(request)
+    check_serving(state)  # before any input file is written
     webhook = check_webhook(req.webhook, state.jobs.webhook_secret)
     resolved = await resolve_all(state, params)
     route = "edits" if sent is not None else "generations"
@@ -68,6 +71,8 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
     pictures = {} if sent is None else sent.pictures()  # image, mask and control images
     print_ = fingerprint({"route": route, "body": body,
                           "files": {k: hashlib.sha256(v).hexdigest() for k, v in pictures.items()}})
+    if sent is None:  # a generation's base64 pictures: input files too, not megabytes in the job's document
+        body, pictures = take_pictures(body)
     job_id = new_id("imgjob")
     results = state.jobs.results
     inputs = {role: f"{job_id}.{role}" for role in pictures}
@@ -78,9 +83,12 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
                     meta={"model": state.engine.model_info.name, "path": path})
     try:
         job, created = await create_job(state, job, print_, state.limits.max_image_jobs, "image jobs")
-    except BaseException:
-        await asyncio.to_thread(results.delete, inputs.values())
+    except APIError as exc:  # refused: no job of these inputs exists (a store that failed may have made it: kept)
+        if exc.code != "state_unavailable":
+            await asyncio.to_thread(results.delete, inputs.values())
         raise
+    # (a creation cancelled meanwhile, its client gone, leaves the inputs: the job may still be made in the store's
+    # thread; if it was not, the sweep removes them by age)
     if not created:  # the job made earlier under this key has its own
         await asyncio.to_thread(results.delete, inputs.values())
     # RFC 7240: the preference was honoured (a synchronous answer carries no Preference-Applied, so a client whose
@@ -114,16 +122,16 @@ class ImageKind:
     async def params(self, job: JobRecord) -> list[SamplingParams]:
         state, body = self.state, job.request["body"]
         try:
-            if job.request["route"] != "edits":
-                req = body_from_fields(body, state.limits)
-                return await with_controls(req, engine_params(req, state.limits), state)  # controlnets.py
             pictures = {}
-            for role, name in job.request["inputs"].items():
+            for role, name in (job.request.get("inputs") or {}).items():
                 pictures[role] = await asyncio.to_thread(state.jobs.results.read, name)
                 if pictures[role] is None:
                     raise JobError("input_missing", f"the job's {role} is no longer in the results folder (swept, or "
                                                     f"this server does not share the folder of the one that took "
                                                     f"the request)")
+            if job.request["route"] != "edits":
+                req = body_from_fields(put_pictures(body, pictures), state.limits)
+                return await with_controls(req, engine_params(req, state.limits), state)  # controlnets.py
             _, params = await edit_params(EditForm.from_pictures(body, pictures), state)
             return params
         except APIError as exc:  # a request this server's model cannot make (a store shared with another model)
@@ -133,7 +141,7 @@ class ImageKind:
 
     async def finish(self, job: JobRecord, results: Sequence[GenerationResult]) -> dict[str, bytes]:
         body = await image_body(self.state, results)
-        return {f"{job.id}.json": json.dumps(body, separators=(",", ":")).encode()}
+        return {f"{job.id}.{job.attempts}.json": json.dumps(body, separators=(",", ":")).encode()}  # per attempt
 
     async def describe(self, job: JobRecord) -> dict[str, Any]:
         return await image_job_object(self.state, job)
@@ -157,6 +165,7 @@ def image_job_routes(state: ServerState) -> APIRouter:
     @router.get("/images/jobs/{job_id}/events")
     async def events(job_id: str) -> Response:
         job = await _job(state, job_id)
+        check_streams(state)
         return EventStreamResponse(job_events(state, job, "image", lambda j: image_job_object(state, j)),
                                    lambda: None)
 

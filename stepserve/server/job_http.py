@@ -1,6 +1,7 @@
 """What the job routes share (videos.py, image_jobs.py): the `Idempotency-Key` header, the `webhook` field,
-`Prefer: respond-async`, creating a job (its bound: 429; a key reused for another body: 409), and a job's events
-as server-sent events.
+`Prefer: respond-async`, creating a job (its bound: 429; a key reused for another body: 409; a server that is
+draining or whose engine stopped: 503, as the synchronous request answers), and a job's events as server-sent
+events.
 
 - Idempotency-Key: at most 255 printable ASCII characters. A creation that carries one returns the job made
   earlier under the same key (scoped per kind of job) instead of a second job, as long as that job is kept; the
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 
 from ..jobs.kinds import JobError
-from ..jobs.service import JobsFull
+from ..jobs.service import TooManyUnfinished
 from ..jobs.webhooks import WebhookSecretError, require_secret
 from ..request.types import GenerationResult
 from ..store.base import JobRecord
@@ -84,13 +85,23 @@ def fingerprint(request: Any) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def check_serving(state: ServerState) -> None:
+    """A job is taken only where a synchronous request would be (images.py: submit_all): a 503 while the server
+    drains or once its engine has stopped (the job would wait for a process that never runs it)."""
+    if not state.engine.healthy:
+        raise errors.engine_failed("the engine stopped after an internal error and serves no more requests")
+    if state.draining or not state.engine.accepting:
+        raise errors.shutting_down()
+
+
 async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfinished: int,
                      noun: str) -> tuple[JobRecord, bool]:
     """Store the job (see the module docstring): (job, True), or (the job made under its key, False)."""
+    check_serving(state)
     job.meta["fingerprint"] = print_
     try:
         record, created = await state.jobs.create(job, max_unfinished)
-    except JobsFull as exc:
+    except TooManyUnfinished as exc:
         raise errors.queue_full(f"{exc.unfinished} {noun} are queued or running, the most this service holds; retry "
                                 f"once one finishes", 5) from None
     except Exception as exc:  # noqa: BLE001 - the state store unreachable (a Redis restart, a locked file)
@@ -110,11 +121,19 @@ def job_error(exc: APIError) -> JobError:
     return JobError(exc.code or "failed", exc.message, outcome_of(exc))
 
 
+MODEL_FAILURE = "the model failed on this request (the server's log has the details)"
+
+
 def result_error(result: GenerationResult) -> JobError | None:
-    """The failure a finished engine request stands for (the error a synchronous request would have answered)."""
+    """The failure a finished engine request stands for (the error a synchronous request would have answered); a
+    model failure with a short message, its exception's text (paths, addresses) in the log only: a job's error is
+    read by whoever holds its id, and sent to its webhook."""
     try:
         check(result)
     except APIError as exc:
+        if exc.code == "model_failure":
+            log.warning("a job's request %s failed in the model: %s", result.request_id, result.error)
+            return JobError("model_failure", MODEL_FAILURE, outcome_of(exc))
         return job_error(exc)
     return None
 
@@ -124,10 +143,20 @@ def started_from(job: JobRecord) -> float:
     return time.monotonic() - max(0.0, time.time() - job.created_at)
 
 
+def check_streams(state: ServerState) -> None:
+    """A 429 when this process serves as many job event streams as it may (jobs/changes.py: MAX_FOLLOWERS)."""
+    changes = state.jobs.changes
+    if changes.full:
+        raise APIError(429, f"{changes.following} job event streams are open on this server, the most it serves at "
+                            f"once; retry later, or poll the job (GET) instead", type="rate_limit_error",
+                       code="too_many_streams", headers={"Retry-After": "5"})
+
+
 async def job_events(state: ServerState, job: JobRecord, event: str,
                      describe: Callable[[JobRecord], Any]) -> AsyncIterator[bytes]:
     """`{event}.{status}` with the job as GET answers it, now and at each change, until it is finished. A job
-    deleted meanwhile ends the stream with `{event}.failed`, its error `cancelled`."""
+    deleted meanwhile ends the stream with `{event}.failed`, its error `cancelled`. (The routes call
+    check_streams first.)"""
     last = None
     async for record in state.jobs.follow(job):
         if record is None:

@@ -11,6 +11,9 @@ process serves the registrations it reads there (stepserve/store: AdapterRecord)
 - Every state-store call runs off the event loop (asyncio.to_thread); what touches the adapter store runs on the
   engine's adapter thread.
 
+Registrations belong to a service (the app's jobs' service, server/jobs_app.py): a process serves, lists and
+deletes only its own service's, and the holders GET /v1/loras shows are the replicas of its service.
+
 Registrations are ordered by `registered_at` (the store's clock): this process acts on a registration only when it
 is newer than the one it last saw under that name, so a pass that read the store before a POST or DELETE here
 cannot undo it.
@@ -43,9 +46,10 @@ def default_replica_id() -> str:
 
 class AdapterRegistry:
     def __init__(self, engine, store: Store, replica: str | None = None, period_s: float = 1.0,
-                 ttl_s: float = 5.0) -> None:
+                 ttl_s: float = 5.0, service: str = "") -> None:
         self.engine = engine
         self.store = store
+        self.service = service
         self.replica = replica or default_replica_id()
         self.period_s = period_s
         self.ttl_s = ttl_s
@@ -81,10 +85,6 @@ class AdapterRegistry:
                 log.debug("LoRA sync: last publication failed: %s", exc)
         self._task = None
 
-    async def settled(self) -> None:
-        """Once the deletions and replacements the passes started have ended."""
-        await asyncio.gather(*self._work, return_exceptions=True)
-
     async def _run(self) -> None:
         while True:
             try:
@@ -99,7 +99,7 @@ class AdapterRegistry:
     async def sync_once(self) -> None:
         """Serve the registrations newer than those seen here, delete the deleted ones this process serves, then
         publish the adapters held here."""
-        for record in await asyncio.to_thread(self.store.adapters):
+        for record in await asyncio.to_thread(self.store.adapters, self.service):
             seen = self._seen.get(record.name)
             if record.deleted_at is None and (seen is None or record.registered_at > seen[0]):
                 self._seen[record.name] = (record.registered_at, True)
@@ -140,14 +140,14 @@ class AdapterRegistry:
 
     def _publish(self, held: dict[str, dict]) -> None:
         """This replica's publication with its adapters (what else it publishes is kept)."""
-        info = {**self.store.replicas().get(self.replica, {}), "adapters": held}
+        info = {**self.store.replicas().get(self.replica, {}), "adapters": held, "service": self.service}
         self.store.publish(self.replica, info, self.ttl_s)
 
     # --- what the handlers and the adapter store call ------------------------------------------------------------
     def resolve(self, name: str) -> str | None:
         """The adapter store's resolver (blocking: the engine's adapter thread calls it): the path of a live
         registration named `name`, else None."""
-        record = next((r for r in self.store.adapters() if r.name == name and r.deleted_at is None), None)
+        record = next((r for r in self.store.adapters(self.service) if r.name == name and r.deleted_at is None), None)
         if record is None:
             return None
         seen = self._seen.get(name)
@@ -157,13 +157,13 @@ class AdapterRegistry:
 
     async def registration(self, name: str) -> AdapterRecord | None:
         """The live registration named `name`, if any."""
-        records = await asyncio.to_thread(self.store.adapters)
+        records = await asyncio.to_thread(self.store.adapters, self.service)
         return next((r for r in records if r.name == name and r.deleted_at is None), None)
 
     async def register(self, name: str, path: str) -> AdapterRecord:
         """Write the registration of an adapter this process has just loaded (POST /v1/loras)."""
         def write() -> AdapterRecord:
-            record = AdapterRecord(name, path, self.store.now())
+            record = AdapterRecord(name, path, self.store.now(), service=self.service)
             self.store.register_adapter(record)
             return record
 
@@ -173,7 +173,7 @@ class AdapterRegistry:
 
     async def unregister(self, name: str) -> AdapterRecord | None:
         """Mark the registration deleted (DELETE /v1/loras/{name}); None when there was no live one."""
-        record = await asyncio.to_thread(self.store.delete_adapter, name)
+        record = await asyncio.to_thread(self.store.delete_adapter, name, self.service)
         if record is not None:
             self._seen[name] = (record.registered_at, False)
         return record
@@ -186,14 +186,14 @@ class AdapterRegistry:
         """GET /v1/loras: the adapters servable here (the folder's, loaded ones) and every live registration,
         each with the replicas that hold it loaded now and its details where any replica has it loaded."""
         def read():
-            return self.store.adapters(), self.store.replicas(), local.names, local.files()
+            return self.store.adapters(self.service), self.store.replicas(), local.names, local.files()
 
         records, replicas, names, files = await asyncio.to_thread(read)
         live = {r.name: r for r in records if r.deleted_at is None}
         here = {n: _info(a) for n, a in dict(local.adapters).items()}
         holders: dict[str, dict[str, dict]] = {}
         for replica, info in replicas.items():
-            if replica != self.replica:
+            if replica != self.replica and info.get("service") == self.service:
                 for name, details in (info.get("adapters") or {}).items():
                     holders.setdefault(name, {})[replica] = details
         for name, details in here.items():  # this process's own, as it is now

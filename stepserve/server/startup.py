@@ -7,6 +7,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 
+from ..store.base import DEFAULT_MAX_ATTEMPTS
 from ..util.api_key import API_KEY_ENV, resolve_api_key
 
 WEBHOOK_SECRET_ENV = "STEPSERVE_WEBHOOK_SECRET"
@@ -33,6 +34,8 @@ class ServeSettings:
     job_lease_s: float = 30.0  # a running job's lease (a dead process's jobs are taken up once it passes)
     webhook_secret: str | None = None  # signs webhooks (never travels to a replica: see for_replicas)
     webhook_secret_required: bool = False  # a replica: the secret must be found where it starts
+    service: str | None = None  # the service of the jobs and registrations; None: derived from the model served
+    job_max_attempts: int = DEFAULT_MAX_ATTEMPTS  # a job claimed this many times without finishing ends failed
 
 
 def for_replicas(settings: ServeSettings) -> ServeSettings:
@@ -74,36 +77,62 @@ def replica_webhook_secret(settings: ServeSettings) -> str | None:
     return secret
 
 
+def results_folder(settings: ServeSettings):
+    """Where the results go: --results, else results/ beside a SQLite state file, else in the user's state
+    directory (Redis); None for --state memory without --results (a temporary folder)."""
+    from ..store import sqlite_path, state_dir
+
+    if settings.results_dir is not None:
+        return settings.results_dir
+    if settings.state_url == "memory":
+        return None
+    path = sqlite_path(settings.state_url)
+    return path.parent / "results" if path is not None else state_dir() / "results"
+
+
+def job_options(settings: ServeSettings) -> dict:
+    """create_app's arguments for the jobs that the settings give (the same for `serve` and every replica)."""
+    return {"job_lease_s": settings.job_lease_s, "service": settings.service,
+            "job_max_attempts": settings.job_max_attempts}
+
+
 def open_state(settings: ServeSettings):
     """(the state store, the results folder) the settings name; StartupError in one line when either cannot be
-    opened. Memory: a temporary results folder unless --results names one (removed at close() then)."""
-    from ..store import open_store, state_dir
+    opened. Memory: a temporary results folder unless --results names one (removed at close() then). A SQLite
+    file's missing folder is created, with a line that says so."""
+    from ..store import open_store, sqlite_path
     from ..store.results import Results
 
+    path = sqlite_path(settings.state_url)
+    missing = path is not None and not path.parent.exists()
     try:
         store = open_store(settings.state_url)
     except (ValueError, ImportError, OSError) as exc:  # StoreError and a missing extra are ValueErrors
         raise StartupError(f"--state {settings.state_url}: {exc}") from None
+    if missing:
+        say(f"created the folder {path.parent} for the state file")
     keep_s = settings.keep_results_h * 3600.0
+    folder = results_folder(settings)
     try:
-        if settings.results_dir is None and settings.state_url == "memory":
+        if folder is None:
             return store, Results.in_temporary_folder(keep_s)
-        return store, Results(settings.results_dir or state_dir() / "results", keep_s)
+        return store, Results(folder, keep_s)
     except OSError as exc:
         store.close()
-        raise StartupError(f"--results {settings.results_dir or state_dir() / 'results'}: cannot use the folder: "
-                           f"{exc.strerror or exc}") from None
+        raise StartupError(f"--results {folder}: cannot use the folder: {exc.strerror or exc}") from None
 
 
-def state_line(settings: ServeSettings, results_root, replicas: bool = False) -> str:
-    """What the start-up says of the state: which store, which results folder, how long results are kept."""
+def state_line(settings: ServeSettings, results_root, replicas: bool = False, service: str | None = None) -> str:
+    """What the start-up says of the state: which store, which results folder, how long results are kept, and
+    the service the jobs belong to."""
     where = "a temporary folder" if settings.results_dir is None and settings.state_url == "memory" else results_root
     line = f"jobs: state {settings.state_url}, results in {where} (kept {settings.keep_results_h:g} h)"
     if settings.state_url == "memory":
         line += (" - warning: with --state memory each replica keeps its own jobs and adapters (a poll that reaches "
                  "another replica finds nothing); give --state sqlite:///PATH or redis://..." if replicas else
                  "; nothing survives a restart")
-    return line
+    service = service or settings.service
+    return f"{line}; service {service}" if service else line
 
 
 class StartupError(Exception):

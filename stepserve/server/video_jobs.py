@@ -168,7 +168,7 @@ class VideoKind:
             mp4 = await asyncio.to_thread(encode_mp4, results[0].frames, job.meta["video"]["fps"])
         except EncoderMissing as exc:
             raise JobError("video_encoder_missing", str(exc)) from None
-        return {f"{job.id}.mp4": mp4}
+        return {f"{job.id}.{job.attempts}.mp4": mp4}  # per attempt (jobs/attempt.py)
 
     async def describe(self, job: JobRecord) -> dict[str, Any]:
         return video_object(job)

@@ -34,7 +34,7 @@ from . import errors
 from .bodies import check_json, read_body
 from .forms import is_form
 from .images import outcome_of, resolve_all
-from .job_http import check_webhook, create_job, fingerprint, idempotency_key, job_events
+from .job_http import check_streams, check_webhook, create_job, fingerprint, idempotency_key, job_events
 from .mp4 import EncoderMissing, check_encoder
 from .schemas import check_model
 from .state import CLIENT_GONE, ServerState
@@ -108,7 +108,9 @@ def video_routes(state: ServerState) -> APIRouter:
 
     @router.get("/videos/{video_id}/events")
     async def events(video_id: str) -> Response:
-        return EventStreamResponse(_events(state, await _job(state, video_id)), lambda: None)
+        job = await _job(state, video_id)
+        check_streams(state)
+        return EventStreamResponse(_events(state, job), lambda: None)
 
     @router.delete("/videos/{video_id}")
     async def delete(video_id: str) -> dict:

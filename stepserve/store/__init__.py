@@ -25,6 +25,19 @@ def default_url(environ=os.environ) -> str:
     return environ.get(STATE_ENV) or f"sqlite:///{state_dir(environ) / 'state.db'}"
 
 
+def absolute_url(url: str) -> str:
+    """A sqlite:///PATH with PATH made absolute (from this process's working folder, once, at start-up: every
+    process and replica then opens the same file); any other URL as it is."""
+    if url.startswith("sqlite:///") and url[len("sqlite:///"):]:
+        return f"sqlite:///{os.path.abspath(url[len('sqlite:///'):])}"
+    return url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file a sqlite:/// URL names; None for any other URL."""
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None
+
+
 def open_store(url: str) -> Store:
     """The store a URL names. ValueError (saying what is allowed) for any other URL."""
     if url == "memory":

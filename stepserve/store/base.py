@@ -17,7 +17,9 @@ Records are plain data (JSON-able dicts inside) so that every backend stores the
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "failed"
@@ -42,6 +44,7 @@ class JobRecord:
     webhook: dict[str, Any] | None = None  # {"url", "state": pending|delivered|failed, "attempts", "last_error"}
     idempotency_key: str | None = None  # the client's Idempotency-Key (scoped by the server: see create_job)
     meta: dict[str, Any] = field(default_factory=dict)  # the server's own details (model, request id, ...)
+    service: str = ""  # the service it belongs to: only that service's servers list, read, claim or delete it
 
     @property
     def finished(self) -> bool:
@@ -57,12 +60,61 @@ class JobRecord:
 
 
 JOB_FIELDS = frozenset(f.name for f in fields(JobRecord))
-FIXED_FIELDS = ("id", "idempotency_key")  # set at creation, never changed
+FIXED_FIELDS = ("id", "idempotency_key", "service")  # set at creation, never changed
+DEFAULT_MAX_ATTEMPTS = 3  # serve --job-max-attempts: claims of a job that never finished before it fails
+TOO_MANY_ATTEMPTS = "too_many_attempts"  # the error code of a job claimed max_attempts times without finishing
+
+
+def iso_utc(seconds: float) -> str:
+    """A store-clock time as clients read it: ISO 8601 in UTC with a Z (jobs' and webhooks' timestamps)."""
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def attempts_error(attempts: int) -> dict[str, str]:
+    """The error of a job that was claimed `attempts` times and never finished (its process died on it each
+    time: a host out of memory, a native crash): it fails instead of crash-looping every process that starts."""
+    return {"code": TOO_MANY_ATTEMPTS, "message": f"the job was started {attempts} times and its process stopped "
+                                                  f"before it finished each time; it is not run again"}
+
+
+SERVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # no "/" or ":": part of keys (redis.py)
+
+
+def check_service(name: str) -> str:
+    """A service name as given (serve --service); ValueError saying what is allowed otherwise."""
+    if not SERVICE_NAME.fullmatch(name):
+        raise ValueError(f"service {name[:120]!r}: allowed: 1 to 100 letters, digits, '.', '_' or '-', starting with "
+                         f"a letter or digit")
+    return name
+
+
+RELEASED = {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0}  # a job handed back (release_job)
+
+
+def release(job: JobRecord, counted: bool) -> None:
+    """A hand-back, in place (the Python backends; redis_scripts.py's `release` is the same in Lua): the job is
+    nobody's and queued; its claim counts as an attempt only when `counted`."""
+    for name, value in RELEASED.items():
+        setattr(job, name, value)
+    if not counted:
+        job.attempts = max(0, job.attempts - 1)
+
+
+def take(job: JobRecord, owner: str, now: float, lease_s: float, max_attempts: int | None) -> bool:
+    """A claim of a claimable job, in place (the Python backends; redis_scripts.py's `claim` is the same in Lua):
+    it becomes owner's and starts again (True); or, claimed max_attempts times already, it ends failed (False)."""
+    if max_attempts is not None and job.attempts >= max_attempts:
+        job.status, job.error, job.completed_at = FAILED, attempts_error(job.attempts), now
+        job.owner, job.lease_until = None, 0.0
+        return False
+    job.owner, job.lease_until, job.attempts = owner, now + lease_s, job.attempts + 1
+    job.status, job.progress = QUEUED, 0
+    return True
 
 
 def check_changes(changes: dict[str, Any]) -> None:
-    """update_job's changes name fields of a job other than id and idempotency_key; else ValueError (before any
-    is applied)."""
+    """update_job's changes name fields of a job other than id, idempotency_key and service; else ValueError
+    (before any is applied)."""
     bad = sorted(name for name in changes if name not in JOB_FIELDS or name in FIXED_FIELDS)
     if bad:
         allowed = ", ".join(sorted(JOB_FIELDS.difference(FIXED_FIELDS)))
@@ -75,12 +127,21 @@ class StoreError(ValueError):
     ValueError, like a malformed URL, so that whatever turns a bad `--state` into one line catches both."""
 
 
+class TooManyUnfinished(Exception):
+    """create_job refused a new job: its service holds `unfinished` queued or running jobs of its kind already."""
+
+    def __init__(self, unfinished: int) -> None:
+        super().__init__(f"{unfinished} jobs are queued or running")
+        self.unfinished = unfinished
+
+
 @dataclass
 class AdapterRecord:
     name: str
     path: str  # as the client gave it: relative to (or inside) every replica's --lora-dir
     registered_at: float
     deleted_at: float | None = None  # DELETE marks it; replicas refuse it and unload it once idle
+    service: str = ""  # the service it belongs to (one registration per service and name)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,27 +162,40 @@ class Store(Protocol):
     def now(self) -> float: ...
 
     # -- jobs --------------------------------------------------------------------------------------------------
-    def create_job(self, job: JobRecord) -> tuple[JobRecord, bool]:
+    def create_job(self, job: JobRecord, max_unfinished: int | None = None) -> tuple[JobRecord, bool]:
         """Store a new job: (job, True). When job.idempotency_key is set and a job with that key exists already:
-        (that job, False), and nothing is written."""
+        (that job, False), and nothing is written. With `max_unfinished`: TooManyUnfinished, and nothing written,
+        when job.service holds that many unfinished jobs of job.kind (counted in the same atomic step)."""
 
     def get_job(self, job_id: str) -> JobRecord | None: ...
 
-    def list_jobs(self, kind: str | None = None, limit: int = 100) -> list[JobRecord]:
-        """Newest first (by created_at), at most `limit`."""
+    def list_jobs(self, kind: str | None = None, limit: int = 100, service: str | None = None) -> list[JobRecord]:
+        """Newest first (by created_at), at most `limit`; of one service when given."""
+
+    def count_unfinished(self, service: str, kind: str | None = None) -> int:
+        """How many jobs of the service (and kind) are queued or running; read from indexes, not documents."""
+
+    def adopt_jobs(self, model: str, service: str) -> int:
+        """Give the jobs of before services (service "") made for `model` (their meta["model"]) to `service`; how
+        many. A server calls it at start, so that its model's jobs of an upgraded state are its own."""
 
     def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
         """Set fields of a job and return it as now stored. With `owner` given, only while that process owns the
         job (else None: the job was taken over or deleted, and the caller must stop). None when there is no job."""
 
-    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS,
-                  job_id: str | None = None) -> JobRecord | None:
-        """Take one unfinished job that nobody holds (no owner, or a lease that has passed): the given one, or else
-        the oldest. It becomes `owner`'s until now() + lease_s, attempts + 1, status queued and progress 0 (it
-        starts again). None when there is none."""
+    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
+                  service: str | None = None, max_attempts: int | None = None,
+                  ended: list[JobRecord] | None = None) -> JobRecord | None:
+        """Take one unfinished job that nobody holds (no owner, or a lease that has passed), of one service when
+        given: the given one, or else the oldest. It becomes `owner`'s until now() + lease_s, attempts + 1, status
+        queued and progress 0 (it starts again). With `max_attempts`: a job claimed that many times already ends
+        failed instead (attempts_error), in the same atomic step, and the next one is taken; the jobs it ended so
+        are appended to `ended` (their ends are the claimer's to tell). None when there is none."""
 
-    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        """Hand a job back unfinished (a draining process): no owner, queued, claimable at once."""
+    def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
+        """Hand a job back unfinished, as its owner: no owner, queued, claimable at once. Its claim is given back
+        too (attempts - 1: a drain, a full engine did not fail on it), unless `counted` (its process died on it:
+        the orphans a restarted owner finds; an engine that stopped)."""
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         """Forget a job (its idempotency key too) and return it as it was; None when there was none. A process
@@ -132,13 +206,17 @@ class Store(Protocol):
 
     # -- adapters registered at run time -------------------------------------------------------------------
     def register_adapter(self, record: AdapterRecord) -> None:
-        """Add or replace the registration under record.name (a deleted one comes back)."""
+        """Add or replace the registration under (record.service, record.name) (a deleted one comes back)."""
 
-    def adapters(self) -> list[AdapterRecord]:
-        """Every registration, deleted ones included (until swept), by name."""
+    def adapters(self, service: str | None = None) -> list[AdapterRecord]:
+        """Every registration (of one service when given), deleted ones included (until swept), by name."""
 
-    def delete_adapter(self, name: str) -> AdapterRecord | None:
-        """Mark a registration deleted (deleted_at = now()); None when there is none or it was deleted already."""
+    def delete_adapter(self, name: str, service: str = "") -> AdapterRecord | None:
+        """Mark the service's registration deleted (deleted_at = now()); None when there is none or it was deleted
+        already."""
+
+    def sweep_adapters(self, deleted_before: float) -> int:
+        """Forget the registrations deleted before then (every process has acted on them by now); how many."""
 
     # -- replicas ----------------------------------------------------------------------------------------------
     def publish(self, replica: str, info: dict[str, Any], ttl_s: float) -> None:

@@ -3,10 +3,12 @@
 Every key starts with a prefix (`stepserve:` unless told otherwise), so a shared Redis can hold other things:
   job:ID       a hash, one JSON value per JobRecord field (and `_idem`: the key of its idempotency entry)
   jobs, jobs:KIND   every job / every job of a kind, scored by created_at (list_jobs)
-  open         the unfinished jobs, scored by created_at (claim_job scans it, oldest first)
+  open         the unfinished jobs, scored by created_at (claim_job without a service scans it, oldest first)
   done         the finished jobs, scored by completed_at (sweep)
+  svc:SERVICE:jobs, svc:SERVICE:jobs:KIND, svc:SERVICE:open:KIND   the same, of one service (its listing, its claim
+               and its count of unfinished jobs: ZCARD, no document read)
   idem:KEY     an idempotency key's job id
-  adapter:NAME a hash, one JSON value per AdapterRecord field; adapters: their names
+  adapter:SERVICE/NAME a hash, one JSON value per AdapterRecord field; adapters: their SERVICE/NAMEs
   replica:NAME a replica's publication (expires by itself); replicas: the names, scored by when they expire
 
 Every method that reads and then writes is one Lua script, which Redis runs atomically. Not WATCH/MULTI: that is
@@ -24,7 +26,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..util.extras import require_extra
-from .base import KINDS, QUEUED, AdapterRecord, JobRecord, StoreError, check_changes
+from .base import KINDS, RELEASED, AdapterRecord, JobRecord, StoreError, TooManyUnfinished, check_changes
 from .redis_scripts import COMMON, SCRIPTS
 
 PREFIX = "stepserve:"
@@ -82,24 +84,34 @@ class RedisStore:
         seconds, micros = self._redis.time()
         return seconds + micros / 1e6
 
-    def create_job(self, job: JobRecord) -> tuple[JobRecord, bool]:
+    def create_job(self, job: JobRecord, max_unfinished: int | None = None) -> tuple[JobRecord, bool]:
         fields = _fields(job)
         idem = "" if job.idempotency_key is None else f"{self.prefix}idem:{job.idempotency_key}"
-        answer = self._run("create", job.id, idem, *fields)
+        bound = "" if max_unfinished is None else str(int(max_unfinished))
+        answer = self._run("create", job.id, idem, bound, f"{self.prefix}svc:{job.service}:open:{job.kind}", *fields)
         if answer[0] == 0:
             return _decode(JobRecord, answer[1]), False
         if answer[0] == -1:
             raise ValueError(f"job {job.id!r} exists already")
+        if answer[0] == -2:
+            raise TooManyUnfinished(int(answer[1]))
         return _decode(JobRecord, fields), True
+
+    def adopt_jobs(self, model: str, service: str) -> int:
+        return int(self._run("adopt", model, json.dumps(service), *KINDS))
+
+    def count_unfinished(self, service: str, kind: str | None = None) -> int:
+        return int(self._run("count", service, *((kind,) if kind is not None else KINDS)))
 
     def get_job(self, job_id: str) -> JobRecord | None:
         found = self._redis.hgetall(f"{self.prefix}job:{job_id}")
         return _decode(JobRecord, [item for pair in found.items() for item in pair])
 
-    def list_jobs(self, kind: str | None = None, limit: int = 100) -> list[JobRecord]:
+    def list_jobs(self, kind: str | None = None, limit: int = 100, service: str | None = None) -> list[JobRecord]:
         if limit <= 0:
             return []
-        return [_decode(JobRecord, flat) for flat in self._run("list", kind or "", limit) if flat]
+        scope = () if service is None else (service,)
+        return [_decode(JobRecord, flat) for flat in self._run("list", kind or "", limit, *scope) if flat]
 
     def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
         check_changes(changes)
@@ -110,12 +122,20 @@ class RedisStore:
         pairs = [item for name, value in changes.items() for item in (name, json.dumps(value))]
         return _decode(JobRecord, self._run("update", job_id, fence, *pairs))
 
-    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS,
-                  job_id: str | None = None) -> JobRecord | None:
-        return _decode(JobRecord, self._run("claim", json.dumps(owner), repr(float(lease_s)), job_id or "", *kinds))
+    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
+                  service: str | None = None, max_attempts: int | None = None,
+                  ended: list[JobRecord] | None = None) -> JobRecord | None:
+        scope = "" if service is None else json.dumps(service)
+        most = "" if max_attempts is None else str(int(max_attempts))
+        claimed, *failed = self._run("claim", json.dumps(owner), repr(float(lease_s)), job_id or "", scope, most,
+                                     *kinds)
+        if ended is not None:
+            ended.extend(_decode(JobRecord, flat) for flat in failed)
+        return None if claimed == 0 else _decode(JobRecord, claimed)
 
-    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        return self._update(job_id, owner, {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0})
+    def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
+        pairs = [item for name, value in RELEASED.items() for item in (name, json.dumps(value))]
+        return _decode(JobRecord, self._run("release", job_id, json.dumps(owner), "1" if counted else "0", *pairs))
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         return _decode(JobRecord, self._run("delete", job_id))
@@ -124,13 +144,18 @@ class RedisStore:
         return [_decode(JobRecord, flat) for flat in self._run("sweep", repr(float(finished_before)))]
 
     def register_adapter(self, record: AdapterRecord) -> None:
-        self._run("register", record.name, *_fields(record))
+        self._run("register", _adapter_key(record.service, record.name), *_fields(record))
 
-    def adapters(self) -> list[AdapterRecord]:
-        return [_decode(AdapterRecord, flat) for flat in self._run("adapters") if flat]
+    def adapters(self, service: str | None = None) -> list[AdapterRecord]:
+        found = [_decode(AdapterRecord, flat)
+                 for flat in self._run("adapters", "" if service is None else json.dumps(service)) if flat]
+        return sorted(found, key=lambda r: (r.name, r.service))
 
-    def delete_adapter(self, name: str) -> AdapterRecord | None:
-        return _decode(AdapterRecord, self._run("delete_adapter", name))
+    def delete_adapter(self, name: str, service: str = "") -> AdapterRecord | None:
+        return _decode(AdapterRecord, self._run("delete_adapter", _adapter_key(service, name)))
+
+    def sweep_adapters(self, deleted_before: float) -> int:
+        return int(self._run("sweep_adapters", repr(float(deleted_before))))
 
     def publish(self, replica: str, info: dict[str, Any], ttl_s: float) -> None:
         self._run("publish", replica, json.dumps(info), repr(float(ttl_s)))
@@ -142,6 +167,11 @@ class RedisStore:
 
     def close(self) -> None:
         self._redis.close()
+
+
+def _adapter_key(service: str, name: str) -> str:
+    """SERVICE/NAME (a service name has no "/"); a registration of the service "" keeps the key of before: NAME."""
+    return f"{service}/{name}" if service else name
 
 
 def _scrub(message: str, secret: str | None) -> str:

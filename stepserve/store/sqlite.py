@@ -23,39 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .base import FINISHED, KINDS, QUEUED, AdapterRecord, JobRecord, StoreError, check_changes
+from .base import (KINDS, AdapterRecord, JobRecord, StoreError, TooManyUnfinished, check_changes,
+                   release, take)
 
-SCHEMA = 1  # PRAGMA user_version of the files this release writes
-
-TABLES = (
-    """CREATE TABLE jobs (
-        id TEXT PRIMARY KEY,
-        kind TEXT NOT NULL,
-        status TEXT NOT NULL,
-        owner TEXT,
-        lease_until REAL NOT NULL,
-        created_at REAL NOT NULL,
-        completed_at REAL,
-        idempotency_key TEXT UNIQUE,
-        doc TEXT NOT NULL)""",
-    "CREATE INDEX jobs_by_created ON jobs (created_at)",
-    "CREATE INDEX jobs_by_kind ON jobs (kind, created_at)",
-    "CREATE INDEX jobs_by_owner ON jobs (owner, lease_until)",
-    "CREATE INDEX jobs_by_completed ON jobs (completed_at)",
-    # what claim_job reads: the unfinished jobs of a kind (finished ones, kept until swept, are not in it)
-    "CREATE INDEX jobs_open ON jobs (kind, created_at) WHERE status NOT IN ('completed', 'failed')",
-    "CREATE TABLE adapters (name TEXT PRIMARY KEY, deleted_at REAL, doc TEXT NOT NULL)",
-    "CREATE TABLE replicas (replica TEXT PRIMARY KEY, expires_at REAL NOT NULL, info TEXT NOT NULL)",
-)
-UNFINISHED = "status NOT IN ('completed', 'failed')"
-assert FINISHED == ("completed", "failed")  # the SQL above spells them out
-
-
-def claim_query(kinds: int, by_id: bool) -> str:
-    """The oldest claimable job (of `kinds` kinds; the one id given first when by_id); then the clock's now."""
-    which = "id = ? AND " if by_id else ""
-    return (f"SELECT doc FROM jobs WHERE {which}{UNFINISHED} AND kind IN ({', '.join('?' * kinds)}) "
-            "AND (owner IS NULL OR lease_until < ?) ORDER BY created_at, rowid LIMIT 1")
+from .sqlite_schema import SCHEMA, TABLES, TO_2, UNFINISHED, claim_query  # noqa: F401 (the tests read them)
 
 
 def _dumps(data: dict[str, Any]) -> str:
@@ -118,17 +89,17 @@ class SqliteStore:
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Create the tables in a new file; refuse a file of a newer schema. (Schema 1 is the first: a later
-        release adds its steps from user_version up here.)"""
+        """Create the tables in a new file, bring a file of schema 1 to 2 (TO_2); refuse a file of a newer schema."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA:
                 raise StoreError(f"state {self.url}: {self.path} has state schema {version}, newer than this "
                                  f"release reads ({SCHEMA}): upgrade stepserve, or give --state another file")
-            if version == 0:
-                for statement in TABLES:
-                    conn.execute(statement)
+            steps = (*TABLES, *TO_2) if version == 0 else TO_2 if version == 1 else ()
+            for statement in steps:
+                conn.execute(statement)
+            if steps:
                 conn.execute(f"PRAGMA user_version = {SCHEMA}")
             conn.execute("COMMIT")
         except BaseException:
@@ -160,8 +131,8 @@ class SqliteStore:
         columns = (job.kind, job.status, job.owner, job.lease_until, job.created_at, job.completed_at)
         if insert:
             conn.execute("INSERT INTO jobs (kind, status, owner, lease_until, created_at, completed_at, doc, id, "
-                         "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (*columns, doc, job.id, job.idempotency_key))
+                         "idempotency_key, service) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (*columns, doc, job.id, job.idempotency_key, job.service))
         else:
             conn.execute("UPDATE jobs SET kind = ?, status = ?, owner = ?, lease_until = ?, created_at = ?, "
                          "completed_at = ?, doc = ? WHERE id = ?", (*columns, doc, job.id))
@@ -176,7 +147,7 @@ class SqliteStore:
     def now(self) -> float:
         return self._clock()
 
-    def create_job(self, job: JobRecord) -> tuple[JobRecord, bool]:
+    def create_job(self, job: JobRecord, max_unfinished: int | None = None) -> tuple[JobRecord, bool]:
         with self._write() as conn:
             if job.idempotency_key is not None:
                 row = conn.execute("SELECT doc FROM jobs WHERE idempotency_key = ?", (job.idempotency_key,)).fetchone()
@@ -184,16 +155,36 @@ class SqliteStore:
                     return _job(row[0]), False
             if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job.id,)).fetchone() is not None:
                 raise ValueError(f"job {job.id!r} exists already")
+            if max_unfinished is not None:
+                unfinished = self._count(conn, job.service, job.kind)
+                if unfinished >= max_unfinished:
+                    raise TooManyUnfinished(unfinished)
             return _job(self._save(conn, job, insert=True)), True
+
+    @staticmethod
+    def _count(conn: sqlite3.Connection, service: str, kind: str | None) -> int:
+        where, args = ("AND kind = ?", (kind,)) if kind is not None else ("", ())
+        return conn.execute(f"SELECT COUNT(*) FROM jobs WHERE service = ? {where} AND {UNFINISHED}",
+                            (service, *args)).fetchone()[0]
+
+    def adopt_jobs(self, model: str, service: str) -> int:
+        with self._write() as conn:
+            return conn.execute("UPDATE jobs SET service = ?, doc = json_set(doc, '$.service', ?) WHERE service = '' "
+                                "AND json_extract(doc, '$.meta.model') = ?", (service, service, model)).rowcount
+
+    def count_unfinished(self, service: str, kind: str | None = None) -> int:
+        with self._lock:
+            return self._count(self._connection(), service, kind)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         rows = self._read("SELECT doc FROM jobs WHERE id = ?", (job_id,))
         return _job(rows[0][0]) if rows else None
 
-    def list_jobs(self, kind: str | None = None, limit: int = 100) -> list[JobRecord]:
-        where, args = ("WHERE kind = ?", (kind,)) if kind is not None else ("", ())
+    def list_jobs(self, kind: str | None = None, limit: int = 100, service: str | None = None) -> list[JobRecord]:
+        tests = [(test, value) for test, value in (("service = ?", service), ("kind = ?", kind)) if value is not None]
+        where = "WHERE " + " AND ".join(test for test, _ in tests) if tests else ""
         rows = self._read(f"SELECT doc FROM jobs {where} ORDER BY created_at DESC, rowid DESC LIMIT ?",
-                          (*args, max(limit, 0)))
+                          (*(value for _, value in tests), max(limit, 0)))
         return [_job(doc) for doc, in rows]
 
     def update_job(self, job_id: str, owner: str | None = None, **changes: Any) -> JobRecord | None:
@@ -209,21 +200,30 @@ class SqliteStore:
                 setattr(job, name, value)
             return _job(self._save(conn, job))
 
-    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS,
-                  job_id: str | None = None) -> JobRecord | None:
+    def claim_job(self, owner: str, lease_s: float, kinds: tuple[str, ...] = KINDS, job_id: str | None = None,
+                  service: str | None = None, max_attempts: int | None = None,
+                  ended: list[JobRecord] | None = None) -> JobRecord | None:
         with self._write() as conn:
             now = self._clock()
-            args = (*(() if job_id is None else (job_id,)), *kinds, now)
-            row = conn.execute(claim_query(len(kinds), job_id is not None), args).fetchone()
-            if row is None:
-                return None
-            job = _job(row[0])
-            job.owner, job.lease_until, job.attempts = owner, now + lease_s, job.attempts + 1
-            job.status, job.progress = QUEUED, 0
-            return _job(self._save(conn, job))
+            args = (*(() if job_id is None else (job_id,)), *(() if service is None else (service,)), *kinds, now)
+            query = claim_query(len(kinds), job_id is not None, service is not None)
+            while (row := conn.execute(query, args).fetchone()) is not None:
+                job = _job(row[0])
+                claimed = take(job, owner, now, lease_s, max_attempts)
+                self._save(conn, job)
+                if claimed:
+                    return job
+                if ended is not None:
+                    ended.append(job)
+            return None
 
-    def release_job(self, job_id: str, owner: str) -> JobRecord | None:
-        return self._update(job_id, owner, {"owner": None, "lease_until": 0.0, "status": QUEUED, "progress": 0})
+    def release_job(self, job_id: str, owner: str, counted: bool = False) -> JobRecord | None:
+        with self._write() as conn:
+            job = self._get(conn, job_id)
+            if job is None or job.owner != owner:
+                return None
+            release(job, counted)
+            return _job(self._save(conn, job))
 
     def delete_job(self, job_id: str) -> JobRecord | None:
         with self._write() as conn:
@@ -241,22 +241,29 @@ class SqliteStore:
 
     def register_adapter(self, record: AdapterRecord) -> None:
         with self._write() as conn:
-            conn.execute("INSERT OR REPLACE INTO adapters (name, deleted_at, doc) VALUES (?, ?, ?)",
-                         (record.name, record.deleted_at, _dumps(record.to_dict())))
+            conn.execute("INSERT OR REPLACE INTO adapters (service, name, deleted_at, doc) VALUES (?, ?, ?, ?)",
+                         (record.service, record.name, record.deleted_at, _dumps(record.to_dict())))
 
-    def adapters(self) -> list[AdapterRecord]:
-        return [_adapter(doc) for doc, in self._read("SELECT doc FROM adapters ORDER BY name")]
+    def adapters(self, service: str | None = None) -> list[AdapterRecord]:
+        where, args = ("WHERE service = ?", (service,)) if service is not None else ("", ())
+        return [_adapter(doc) for doc, in self._read(f"SELECT doc FROM adapters {where} ORDER BY name, service",
+                                                     args)]
 
-    def delete_adapter(self, name: str) -> AdapterRecord | None:
+    def delete_adapter(self, name: str, service: str = "") -> AdapterRecord | None:
         with self._write() as conn:
-            row = conn.execute("SELECT doc FROM adapters WHERE name = ? AND deleted_at IS NULL", (name,)).fetchone()
+            row = conn.execute("SELECT doc FROM adapters WHERE service = ? AND name = ? AND deleted_at IS NULL",
+                               (service, name)).fetchone()
             if row is None:
                 return None
             record = _adapter(row[0])
             record.deleted_at = self._clock()
-            conn.execute("UPDATE adapters SET deleted_at = ?, doc = ? WHERE name = ?",
-                         (record.deleted_at, _dumps(record.to_dict()), name))
+            conn.execute("UPDATE adapters SET deleted_at = ?, doc = ? WHERE service = ? AND name = ?",
+                         (record.deleted_at, _dumps(record.to_dict()), service, name))
             return record
+
+    def sweep_adapters(self, deleted_before: float) -> int:
+        with self._write() as conn:
+            return conn.execute("DELETE FROM adapters WHERE deleted_at < ?", (deleted_before,)).rowcount
 
     def publish(self, replica: str, info: dict[str, Any], ttl_s: float) -> None:
         with self._write() as conn:

@@ -113,6 +113,9 @@ def test_an_async_request_with_controls_gives_the_synchronous_image(served):
     sync = client.post("/v1/images/generations", json=sent)
     created = client.post("/v1/images/generations", json=sent, headers={"Prefer": "respond-async"})
     assert created.status_code == 202, created.text
+    stored = client.app.state.server.jobs.store.get_job(created.json()["id"])
+    # the picture is an input file, as an edit's are: not base64 in the job's document
+    assert stored.request["body"]["controls"][0]["image"] == "" and list(stored.request["inputs"]) == ["controls-0"]
     done = wait_job(client, f"/v1/images/jobs/{created.json()['id']}")
     assert done["status"] == "completed", done
     assert done["result"]["data"][0]["b64_json"] == sync.json()["data"][0]["b64_json"]

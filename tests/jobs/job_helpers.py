@@ -16,11 +16,22 @@ from stepserve.server.app import create_app
 
 
 def app_client(executor, store=None, results=None, owner=None, poll_s=0.05, lease_s=30.0, limits=None,
-               shutdown_grace_s=5.0, webhook_secret=None, **options) -> TestClient:
+               shutdown_grace_s=5.0, webhook_secret=None, service=None, max_attempts=3,
+               **options) -> TestClient:
     options = {"strategy": "continuous", "max_batch_size": 4, **options}
     return TestClient(create_app(AsyncEngine(executor, **options), limits=limits, store=store, results=results,
                                  owner=owner, job_poll_s=poll_s, job_lease_s=lease_s,
-                                 shutdown_grace_s=shutdown_grace_s, webhook_secret=webhook_secret))
+                                 shutdown_grace_s=shutdown_grace_s, webhook_secret=webhook_secret, service=service,
+                                 job_max_attempts=max_attempts))
+
+
+def die(runner) -> None:
+    """Stop a job runner at once without a word to the store, as a process that is killed does: its jobs keep
+    their owner until their leases pass, then another process takes them."""
+    runner.claiming, runner._closing = False, True
+    for task in [runner._loop_task, *(r.task for r in runner.running.values())]:
+        if task is not None:
+            task.cancel()
 
 
 def wait_job(c: TestClient, path: str, timeout_s: float = 240, headers=None) -> dict:

@@ -69,7 +69,7 @@ def test_an_async_edit_gives_the_synchronous_edit(embedded):
         assert results.read(f"{job_id}.image") == png(1)  # kept to run it again anywhere
         done = wait_job(c, f"{JOBS}/{job_id}")
         assert c.delete(f"{JOBS}/{job_id}").json() == {"id": job_id, "object": "image.job.deleted", "deleted": True}
-        assert results.read(f"{job_id}.image") is None and results.read(f"{job_id}.json") is None
+        assert results.read(f"{job_id}.image") is None and results.read(f"{job_id}.1.json") is None
         assert c.get(f"{JOBS}/{job_id}").status_code == 404
     assert done["status"] == "completed", done
     assert done["result"]["data"][0]["b64_json"] == sync.json()["data"][0]["b64_json"]
@@ -161,23 +161,57 @@ def test_a_store_that_cannot_be_written_is_a_503_and_the_server_serves_on(embedd
     assert served.status_code == 200
 
 
-def test_a_server_of_another_model_on_the_same_state_leaves_the_job_alone(embedded, tiny_sd_path, caplog):
-    """Two services of different models sharing one state: a job made for the one is never run by the other (it
-    made images of the wrong model before: a runner took whatever job of its kind it claimed)."""
+def test_a_server_of_another_model_on_the_same_state_never_sees_nor_claims_the_job(embedded, tiny_sd_path):
+    """Two servers of different models sharing one state are two services (by default): a job made for the one
+    is never claimed by the other (not even to hand it back: the claim filters in the store), nor read, listed or
+    deleted through it (404)."""
     from server.server_helpers import wait_until
 
     store = MemoryStore()
     with app_client(embedded, store=store, owner="a") as a, \
             app_client(load_executor(str(tiny_sd_path)), store=store, owner="b") as b:
-        a.app.state.server.jobs.runner.claiming = False  # b sees the job first
-        submitted = []
-        b.app.state.server.engine.on_step.append(lambda report: submitted.extend(report.progressed))
+        a_jobs, b_jobs = a.app.state.server.jobs, b.app.state.server.jobs
+        assert a_jobs.service != b_jobs.service and a_jobs.service.startswith("embedded-")
+        a_jobs.runner.claiming = False  # b sees the job first
         job = a.post(GENERATIONS, json={"prompt": "one", "num_inference_steps": 2}, headers=ASYNC).json()
-        assert wait_until(lambda: store.get_job(job["id"]).attempts >= 1 and store.get_job(job["id"]).owner is None,
-                          240), store.get_job(job["id"])
-        a.app.state.server.jobs.runner.claiming = True
-        a.app.state.server.jobs.runner.wake()
+        rounds = b_jobs.runner.rounds
+        b_jobs.runner.wake()
+        assert wait_until(lambda: b_jobs.runner.rounds >= rounds + 2, 240)  # b has looked for jobs since
+        assert store.get_job(job["id"]).attempts == 0  # never claimed
+        assert b.get(f"{JOBS}/{job['id']}").status_code == 404 and b.get(JOBS).json()["data"] == []
+        assert b.delete(f"{JOBS}/{job['id']}").status_code == 404 and store.get_job(job["id"]) is not None
+        a_jobs.runner.claiming = True
+        a_jobs.runner.wake()
         done = wait_job(a, f"{JOBS}/{job['id']}")
     assert done["status"] == "completed" and done["result"]["stepserve"]["model"] == "embedded", done
-    assert submitted == []
-    assert any("was made for model embedded" in r.getMessage() for r in caplog.records), caplog.text
+    assert store.get_job(job["id"]).attempts == 1
+
+
+def test_a_creation_cancelled_while_its_job_is_stored_keeps_the_jobs_inputs(embedded, monkeypatch):
+    """The handler is cancelled (its client gone, Ray Serve) while the store's thread makes the job: the job exists,
+    so its pictures must stay (they were deleted, and the job then failed input_missing)."""
+    import asyncio
+
+    from stepserve.server import image_jobs
+
+    made = []
+
+    async def stored_then_cancelled(state, job, *args):
+        made.append(await create_job(state, job, *args))
+        raise asyncio.CancelledError  # the cancellation arrives as the insert completes
+
+    create_job = image_jobs.create_job
+    monkeypatch.setattr(image_jobs, "create_job", stored_then_cancelled)
+    files = {"image": ("in.png", png(1), "image/png")}
+    with app_client(embedded) as c:
+        c.app.state.server.jobs.runner.claiming = False
+        with pytest.raises(BaseException):  # noqa: B017 - the cancellation reaches the test client
+            c.post(EDITS, files=files, data={"prompt": "seven", "seed": "5", "num_inference_steps": "2"},
+                   headers=ASYNC)
+        (job, created), = made
+        assert created and c.app.state.server.jobs.results.read(f"{job.id}.image") == png(1)
+        monkeypatch.undo()
+        c.app.state.server.jobs.runner.claiming = True
+        c.app.state.server.jobs.runner.wake()
+        done = wait_job(c, f"{JOBS}/{job.id}")
+    assert done["status"] == "completed", done

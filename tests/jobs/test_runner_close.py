@@ -23,7 +23,7 @@ def test_a_wake_as_the_runner_closes_does_not_keep_its_loop_going():
         results = Results.in_temporary_folder()
         try:
             for _ in range(5):
-                runner = JobRunner(engine, MemoryStore(), results, "a", {}, max_running=1, poll_s=3600)
+                runner = JobRunner(engine, MemoryStore(), results, "a", {}, service="s", max_running=1, poll_s=3600)
                 runner.start()
                 while not any(f.f_code.co_name == "wait_for" for f in runner._loop_task.get_stack(limit=50)) and \
                         "wait_for" not in repr(runner._loop_task):

@@ -5,6 +5,7 @@ A, B refuses it; GET /v1/loras on either shows the same registrations and which 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import functools
@@ -75,6 +76,11 @@ def replicas(tiny_sd_path, folder, period_s: float | None = None, store=None, wr
         yield a, b
 
 
+async def settled(registry) -> None:
+    """Once the deletions and replacements the registry's passes started have ended."""
+    await asyncio.gather(*registry._work, return_exceptions=True)
+
+
 def registry(client):
     return client.app.state.lora_registry
 
@@ -132,7 +138,7 @@ def test_registered_through_one_replica_serves_through_the_other(tiny_sd_path, f
         assert image(a, 9, 1.0).status_code == 400  # refused at once where it was deleted
         assert "brush" in adapters(b).names  # B has not run its sync since
         b.portal.call(registry(b).sync_once)
-        b.portal.call(registry(b).settled)
+        b.portal.call(settled, registry(b))
         refused = image(b, 9, 1.0)
         assert refused.status_code == 400 and "adapter 'brush' is not loaded" in refused.text
         assert "brush" not in adapters(b).adapters  # unloaded (no request carried it)
@@ -156,7 +162,7 @@ def test_the_sync_serves_and_deletes_on_every_replica_without_a_request(tiny_sd_
         assert a.delete("/v1/loras/brush").status_code == 200
         passes = sync.passes
         assert wait_until(lambda: sync.passes >= passes + 2, HANG_S)
-        b.portal.call(sync.settled)
+        b.portal.call(settled, sync)
         assert "brush" not in adapters(b).names and "brush" not in adapters(b).adapters
         assert image(b, 3, 1.0).status_code == 400
 
@@ -208,5 +214,5 @@ def test_a_deleted_registration_is_refused_at_once_and_unloaded_once_its_request
             assert "brush" in adapters(b).adapters and not held.done()  # still carried: not unloaded
             gate.free()
             assert np.abs(decoded(held.result(HANG_S)) - reference(tiny_sd_path, folder, 2, 1.0)).max() <= 1
-        b.portal.call(registry(b).settled)
+        b.portal.call(settled, registry(b))
         assert "brush" not in adapters(b).adapters and "brush" not in adapters(b).names

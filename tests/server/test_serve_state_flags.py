@@ -74,3 +74,36 @@ def test_results_that_cannot_be_a_folder_is_one_line(tmp_path, monkeypatch, caps
     status, err, _ = serve(["--state", f"sqlite:///{tmp_path}/s.db", "--results", str(blocker / "sub")],
                            monkeypatch, capsys)
     assert status == 2 and f"--results {blocker / 'sub'}: cannot use the folder" in err, err
+
+
+def test_a_relative_state_file_is_made_absolute_with_its_results_beside_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    status, err, apps = serve(["--state", "sqlite:///new/state.db"], monkeypatch, capsys)
+    assert status == 0, err
+    db = tmp_path / "new" / "state.db"
+    assert f"stepserve serve: created the folder {db.parent} for the state file" in err
+    assert f"jobs: state sqlite:///{db}, results in {db.parent / 'results'} (kept 24 h)" in err
+    jobs = apps[0].state.server.jobs
+    assert jobs.store.url == f"sqlite:///{db}" and jobs.results.root == db.parent / "results"
+    status, err, _ = serve(["--state", "sqlite:///new/state.db"], monkeypatch, capsys)
+    assert status == 0 and "created the folder" not in err  # said once, when it was made
+
+
+def test_service_and_job_max_attempts_reach_the_app(tmp_path, monkeypatch, capsys):
+    status, err, apps = serve(["--state", f"sqlite:///{tmp_path}/s.db", "--service", "shop-images",
+                               "--job-max-attempts", "5"], monkeypatch, capsys)
+    assert status == 0, err
+    jobs = apps[0].state.server.jobs
+    assert (jobs.service, jobs.runner.max_attempts) == ("shop-images", 5) and "; service shop-images" in err
+    status, err, apps = serve(["--state", f"sqlite:///{tmp_path}/s.db"], monkeypatch, capsys)
+    derived = apps[0].state.server.jobs.service
+    assert derived.startswith("embedded-") and f"; service {derived}" in err  # the model's own by default
+
+
+def test_a_service_or_attempts_that_cannot_be_used_is_one_line(monkeypatch, capsys):
+    status, err, apps = serve(["--service", "a/b"], monkeypatch, capsys)
+    assert status == 2 and apps == [] and "--service 'a/b': allowed: 1 to 100 letters, digits" in err, err
+    with pytest.raises(SystemExit) as exited:  # argparse's own refusal
+        serve(["--job-max-attempts", "0"], monkeypatch, capsys)
+    assert exited.value.code == 2
+    assert "argument --job-max-attempts: expected an integer >= 1, got '0'" in capsys.readouterr().err

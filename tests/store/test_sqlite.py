@@ -42,8 +42,11 @@ def test_a_claim_reads_only_the_unfinished_jobs(tmp_path):
     store = SqliteStore(tmp_path / "state.db")
     with sqlite3.connect(tmp_path / "state.db") as conn:
         for kinds in (1, 2):
-            plan = conn.execute(f"EXPLAIN QUERY PLAN {claim_query(kinds, False)}", ("video",) * kinds + (0.0,))
+            plan = conn.execute(f"EXPLAIN QUERY PLAN {claim_query(kinds, False, False)}", ("video",) * kinds + (0.0,))
             assert "USING INDEX jobs_open" in " ".join(row[-1] for row in plan.fetchall())
+            plan = conn.execute(f"EXPLAIN QUERY PLAN {claim_query(kinds, False, True)}",
+                                ("svc",) + ("video",) * kinds + (0.0,))  # a service's claim: its own open jobs
+            assert "USING INDEX jobs_open_by_service" in " ".join(row[-1] for row in plan.fetchall())
     store.close()
 
 

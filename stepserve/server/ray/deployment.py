@@ -35,8 +35,8 @@ from ...engine.loading import available_cores
 from ..app import create_app
 from ...util.api_key import API_KEY_ENV
 from ...util.words import plural
-from ..startup import (WEBHOOK_SECRET_ENV, ServeSettings, StartupError, for_replicas, open_state, ready_line,
-                       replica_api_key, replica_webhook_secret, start_engine)
+from ..startup import (WEBHOOK_SECRET_ENV, ServeSettings, StartupError, for_replicas, job_options, open_state,
+                       ready_line, replica_api_key, replica_webhook_secret, start_engine)
 from .console import EventsHubActor, deploy_console, start_forwarding, stop_console
 from .fleet import autoscaling_stats, routing_stats
 from .load import background_jobs
@@ -100,7 +100,7 @@ class StepserveReplica:
                          metrics_view=self.all_metrics, cors_origins=settings.cors_origins,
                          access_log=False,  # Ray Serve logs every request itself
                          store=store, results=results, owner=self.replica, webhook_secret=webhook_secret,
-                         job_lease_s=settings.job_lease_s)
+                         **job_options(settings))
         self.http_app, self.metrics = app, app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         self.forwarder = start_forwarding(self.events_hub, app, self.replica)
