@@ -13,7 +13,7 @@ import base64
 import copy
 from typing import Any
 
-from .forms import base64_picture
+from .pictures import from_base64
 
 
 def _items(body: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
@@ -33,7 +33,7 @@ def take_pictures(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
     body = copy.deepcopy(body)
     pictures = {}
     for role, item, field in _items(body):
-        pictures[role] = base64_picture(item["image"], field)
+        pictures[role] = from_base64(item["image"], field)
         item["image"] = ""
     return body, pictures
 
