@@ -1,7 +1,11 @@
 """A finished job's webhook: the one notification of a job that named a `webhook` URL, when it completes or fails
 (never when it was deleted). The payload is {"type": "video.completed" | "video.failed" | "image.completed" |
-"image.failed", "timestamp": ISO 8601 (UTC), "data": the job as GET answers it}; webhooks.py's WebhookSender signs
-it (Standard Webhooks), retries it and records the delivery's state on the job.
+"image.failed", "timestamp": ISO 8601 (UTC), "data": the job as GET answers it, without its results}; webhooks.py's
+WebhookSender stores it in the outbox, signs it (Standard Webhooks), retries it and records the delivery's state on
+the job.
+
+Results are never inlined: an image job's `result` (base64 images, megabytes) is left out, and the receiver GETs
+the job (or a video's content) by its id. So the body kept in the outbox, and sent on every attempt, stays small.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from typing import Any
 from ..store.base import JobRecord
 
 log = logging.getLogger("stepserve.jobs")
+INLINE = ("result",)  # what GET shows of a job that a webhook leaves out (the results themselves)
 
 
 def payload(event: str, job: JobRecord, data: dict[str, Any]) -> dict[str, Any]:
     stamp = datetime.fromtimestamp(job.completed_at or 0.0, timezone.utc).isoformat().replace("+00:00", "Z")
-    return {"type": f"{event}.{job.status}", "timestamp": stamp, "data": data}
+    return {"type": f"{event}.{job.status}", "timestamp": stamp,
+            "data": {k: v for k, v in data.items() if k not in INLINE}}
 
 
 async def notify(sender: Any, kind: Any, job: JobRecord, owner: str) -> None:

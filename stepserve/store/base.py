@@ -91,6 +91,28 @@ class AdapterRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+@dataclass
+class DeliveryRecord:
+    """A job's webhook delivery in the outbox: the exact body every attempt sends (stored once, when the job ends),
+    and who is sending it. Only deliveries under way are kept: the outcome is the job's `webhook` state."""
+
+    job_id: str  # one delivery per job; its webhook-id is "msg_<job_id>"
+    url: str
+    body: str  # the JSON sent, as text
+    created_at: float
+    owner: str | None = None  # the sending process; its lease passed, any process may claim it
+    lease_until: float = 0.0
+    attempts: int = 0  # POSTs made so far (the next waits the retry delay after the last)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DeliveryRecord":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
 class Store(Protocol):
     """One small interface; every method is atomic on its own. `now()` is the store's clock (seconds since the
     epoch): leases and sweeps are read against it, so replicas on several machines agree as far as their clocks
@@ -149,3 +171,23 @@ class Store(Protocol):
         """The replicas whose publication has not expired, each with its latest info."""
 
     def close(self) -> None: ...
+
+    # -- the webhook outbox (jobs/webhooks.py) -----------------------------------------------------------------
+    def create_delivery(self, delivery: DeliveryRecord) -> bool:
+        """Store a job's one delivery as given (its owner and lease too): True; False, writing nothing, when the job
+        has one already (a second notification of the same end, by this or another process)."""
+
+    def get_delivery(self, job_id: str) -> DeliveryRecord | None: ...
+
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+        """Take a delivery whose lease has passed (its sender died): the given one, or else the one whose lease
+        ended first. It becomes `owner`'s until now() + lease_s. None when there is none."""
+
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float,
+                       attempts: int | None = None) -> DeliveryRecord | None:
+        """While `owner` holds it: its lease to now() + lease_s (and its attempts, when given). Else None: it was
+        taken over or ended, and the caller must stop."""
+
+    def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
+        """Forget a delivery (delivered, failed, or its job gone): with `owner`, only while that process holds it.
+        Whether one was forgotten."""

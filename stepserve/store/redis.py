@@ -24,8 +24,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..util.extras import require_extra
-from .base import KINDS, QUEUED, AdapterRecord, JobRecord, StoreError, check_changes
-from .redis_scripts import COMMON, SCRIPTS
+from .base import KINDS, QUEUED, AdapterRecord, DeliveryRecord, JobRecord, StoreError, check_changes
+from .redis_scripts import COMMON, OUTBOX_SCRIPTS, SCRIPTS
 
 PREFIX = "stepserve:"
 
@@ -142,6 +142,43 @@ class RedisStore:
 
     def close(self) -> None:
         self._redis.close()
+
+    # -- the webhook outbox (base.py; its keys and scripts: redis_scripts.OUTBOX_SCRIPTS) ----------------------
+    def _outbox(self, script: str, *args: Any):
+        scripts = self.__dict__.setdefault("_outbox_scripts", {})  # registered on first use
+        if script not in scripts:
+            scripts[script] = self._redis.register_script(COMMON + OUTBOX_SCRIPTS[script])
+        return scripts[script](args=(self.prefix, *args))
+
+    def create_delivery(self, delivery: DeliveryRecord) -> bool:
+        doc = json.dumps({**delivery.to_dict(), "owner": None, "lease_until": 0.0, "attempts": 0})
+        return bool(self._outbox("create_delivery", delivery.job_id, doc, json.dumps(delivery.owner),
+                                 repr(float(delivery.lease_until)), str(int(delivery.attempts))))
+
+    def get_delivery(self, job_id: str) -> DeliveryRecord | None:
+        return _delivery(self._redis.hgetall(f"{self.prefix}delivery:{job_id}"))
+
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+        return _delivery(self._outbox("claim_delivery", json.dumps(owner), repr(float(lease_s)), job_id or ""))
+
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float,
+                       attempts: int | None = None) -> DeliveryRecord | None:
+        return _delivery(self._outbox("renew_delivery", job_id, json.dumps(owner), repr(float(lease_s)),
+                                      "" if attempts is None else str(int(attempts))))
+
+    def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
+        return bool(self._outbox("end_delivery", job_id, "" if owner is None else json.dumps(owner)))
+
+
+def _delivery(found) -> DeliveryRecord | None:
+    """A delivery from its hash (a dict, or HGETALL's flat list from a script)."""
+    if not found:
+        return None
+    if isinstance(found, list):
+        pairs = iter(found)
+        found = dict(zip(pairs, pairs))
+    return DeliveryRecord.from_dict({**json.loads(found["doc"]), "owner": json.loads(found["owner"]),
+                                     "lease_until": float(found["lease_until"]), "attempts": int(found["attempts"])})
 
 
 def _scrub(message: str, secret: str | None) -> str:

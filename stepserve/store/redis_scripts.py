@@ -163,3 +163,52 @@ end
 return out
 """,
 }
+
+# The webhook outbox (redis.py): delivery:JOB_ID a hash (doc: the record's JSON as Python wrote it, with its owner,
+# lease_until and attempts as fields of their own, which the scripts set), deliveries: the job ids scored by
+# lease_until (a claim takes the one whose lease ended first).
+OUTBOX_SCRIPTS = {
+    # ARGV: prefix, job id, doc, owner's JSON, lease_until, attempts
+    "create_delivery": """
+local key = P .. 'delivery:' .. ARGV[2]
+if redis.call('EXISTS', key) == 1 then return 0 end
+redis.call('HSET', key, 'doc', ARGV[3], 'owner', ARGV[4], 'lease_until', ARGV[5], 'attempts', ARGV[6])
+redis.call('ZADD', P .. 'deliveries', ARGV[5], ARGV[2])
+return 1
+""",
+    # ARGV: prefix, the owner's JSON, lease_s, a job id or ''
+    "claim_delivery": """
+local t = now()
+local id = ARGV[4]
+if id == '' then
+  id = redis.call('ZRANGEBYSCORE', P .. 'deliveries', '-inf', '(' .. num(t), 'LIMIT', 0, 1)[1]
+  if not id then return false end
+end
+local key = P .. 'delivery:' .. id
+local lease = redis.call('HGET', key, 'lease_until')
+if not lease or tonumber(lease) >= t then return false end
+local until_ = num(t + tonumber(ARGV[3]))
+redis.call('HSET', key, 'owner', ARGV[2], 'lease_until', until_)
+redis.call('ZADD', P .. 'deliveries', until_, id)
+return redis.call('HGETALL', key)
+""",
+    # ARGV: prefix, job id, the owner's JSON, lease_s, attempts or ''
+    "renew_delivery": """
+local key = P .. 'delivery:' .. ARGV[2]
+if redis.call('HGET', key, 'owner') ~= ARGV[3] then return false end
+local until_ = num(now() + tonumber(ARGV[4]))
+redis.call('HSET', key, 'lease_until', until_)
+if ARGV[5] ~= '' then redis.call('HSET', key, 'attempts', ARGV[5]) end
+redis.call('ZADD', P .. 'deliveries', until_, ARGV[2])
+return redis.call('HGETALL', key)
+""",
+    # ARGV: prefix, job id, the owner's JSON or '' (no fence)
+    "end_delivery": """
+local key = P .. 'delivery:' .. ARGV[2]
+local owner = redis.call('HGET', key, 'owner')
+if not owner or (ARGV[3] ~= '' and owner ~= ARGV[3]) then return 0 end
+redis.call('DEL', key)
+redis.call('ZREM', P .. 'deliveries', ARGV[2])
+return 1
+""",
+}

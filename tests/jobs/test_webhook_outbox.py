@@ -1,0 +1,145 @@
+"""Webhook deliveries as outbox records, and where they may go at send time: an internal receiver is never posted
+to without --webhook-allow; a name that resolved public when the job was made and resolves to loopback when it is
+sent (DNS rebinding) is never connected to, and the connection goes to the address just checked; two processes
+never deliver one event; a sender holds its lease while a slow receiver answers; a delivery whose sender died
+before its first attempt sends the body stored when the job ended; nothing of the payload lands in the job."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+
+from stepserve.jobs.targets import WebhookTargetError, WebhookTargets
+from stepserve.jobs.webhooks import REFUSED, WebhookSender, verify
+from stepserve.store.memory import MemoryStore
+
+from jobs.test_webhook_sender import HANG_S, QUICK, SECRET, Receiver, finished_job, payload, sender
+from server.server_helpers import wait_until
+from store.store_backends import Clock
+
+PUBLIC = "93.184.215.14"  # never connected to: every resolver below is the test's
+
+
+def test_an_internal_receiver_is_refused_at_send_time_without_an_allowance():
+    store = MemoryStore()
+    with Receiver() as receiver:
+        job = finished_job(store, "job", receiver.url)
+        asyncio.run(WebhookSender(store, SECRET, delays_s=QUICK).deliver(job, payload(job), "runner"))
+    assert receiver.got == []
+    hook = store.get_job("job").webhook
+    assert (hook["state"], hook["last_error"], hook["last_status"]) == ("failed", REFUSED, None)
+    assert store.get_delivery("job") is None
+
+
+def test_a_name_rebound_to_loopback_after_creation_is_never_connected_to():
+    answers = [[PUBLIC], ["127.0.0.1"]]  # at creation, then at every attempt
+    asked = []
+
+    def resolve(host, port):
+        asked.append(host)
+        return answers[min(len(asked), 2) - 1]
+
+    targets = WebhookTargets.allowing((), resolve=resolve)
+    store = MemoryStore()
+    with Receiver() as receiver:
+        url = receiver.url.replace("127.0.0.1", "hooks.example")
+        hooks = WebhookSender(store, SECRET, delays_s=QUICK, targets=targets)
+        hooks.check_target(url)  # the job is made: public then
+        job = finished_job(store, "job", url)
+        asyncio.run(hooks.deliver(job, payload(job), "runner"))
+    assert receiver.got == [] and len(asked) == 1 + len(QUICK) + 1  # resolved again before every attempt
+    assert store.get_job("job").webhook["last_error"] == REFUSED
+    try:
+        targets.addresses(url)
+    except WebhookTargetError as exc:
+        assert "hooks.example (127.0.0.1) is not a public address" in str(exc) and "--webhook-allow" in str(exc)
+    else:
+        raise AssertionError("a name resolving to loopback passed the check")
+
+
+def test_the_connection_goes_to_the_checked_address_with_the_urls_host_name():
+    targets = WebhookTargets.allowing(["127.0.0.0/8"], resolve=lambda host, port: ["127.0.0.1"])
+    store = MemoryStore()
+    with Receiver() as receiver:
+        url = receiver.url.replace("127.0.0.1", "hooks.example")  # no such name in any real resolver
+        job = finished_job(store, "job", url)
+        asyncio.run(WebhookSender(store, SECRET, delays_s=QUICK, targets=targets).deliver(job, payload(job), "r"))
+    [(_, headers, body)] = receiver.got
+    assert headers["host"] == url.split("/")[2] and json.loads(body) == payload(job)
+    verify(SECRET, headers, body)
+
+
+def test_two_processes_never_deliver_one_event():
+    store = MemoryStore()
+
+    async def run(url):
+        job = finished_job(store, "job", url)
+        first, second = sender(store, delays_s=QUICK), sender(store, delays_s=QUICK)
+        await asyncio.gather(first.deliver(job, payload(job), "proc-1"), second.deliver(job, payload(job), "proc-2"),
+                             first.resume("proc-1"), second.resume("proc-2"))
+
+    with Receiver() as receiver:
+        asyncio.run(run(receiver.url))
+    assert len(receiver.got) == 1 and store.get_job("job").webhook["state"] == "delivered"
+
+
+def test_a_slow_receiver_does_not_lose_the_lease_to_another_process():
+    clock, answered, arrived = Clock(), threading.Event(), threading.Event()
+    store = MemoryStore(clock)
+
+    class Slow(Receiver):  # holds its first answer until the test lets it go
+        def __init__(self):
+            super().__init__()
+            handler = self.server.RequestHandlerClass
+            do_post = handler.do_POST
+
+            def slow(this):
+                arrived.set()
+                answered.wait(HANG_S)
+                do_post(this)
+
+            handler.do_POST = slow
+
+    async def run(url):
+        job = finished_job(store, "job", url)
+        first = sender(store, delays_s=QUICK, lease_s=0.3)
+        sending = asyncio.ensure_future(first.deliver(job, payload(job), "proc-1"))
+        await asyncio.to_thread(arrived.wait, HANG_S)
+        for _ in range(3):  # the store's clock passes the lease three times over while the POST is answered
+            until = store.get_delivery("job").lease_until
+            clock.t = until - 0.05
+            await asyncio.to_thread(wait_until, lambda: store.get_delivery("job").lease_until > until, HANG_S)
+            await sender(store, delays_s=QUICK, lease_s=0.3).resume("proc-2")  # renewed: nothing to take
+        answered.set()
+        await sending
+
+    with Slow() as receiver:
+        asyncio.run(run(receiver.url))
+    assert len(receiver.got) == 1 and store.get_job("job").webhook["state"] == "delivered"
+
+
+def test_a_sender_that_died_before_its_first_attempt_leaves_the_body_it_was_given():
+    clock = Clock()
+    store = MemoryStore(clock)
+
+    async def never(*args):
+        await asyncio.Event().wait()
+
+    async def run(url):
+        job = finished_job(store, "job", url)
+        dying = asyncio.ensure_future(sender(store, post=never, lease_s=30).deliver(job, payload(job), "proc-1"))
+        await asyncio.to_thread(wait_until, lambda: store.get_delivery("job") is not None, HANG_S)
+        dying.cancel()
+        await asyncio.gather(dying, return_exceptions=True)
+        clock.t += 31
+        await sender(store, delays_s=QUICK).resume("proc-2")
+        return job
+
+    with Receiver() as receiver, contextlib.closing(store):
+        job = asyncio.run(run(receiver.url))
+    [(_, headers, body)] = receiver.got
+    assert json.loads(body) == payload(job) and headers["webhook-id"] == "msg_job"
+    after = store.get_job("job")
+    assert after.meta == {} and after.webhook["state"] == "delivered"  # the body is the outbox's, not the job's
