@@ -5,7 +5,7 @@ could make the server call its cloud's metadata service (169.254.169.254), an ad
 the private network, and read what answered there from the delivery's state (SSRF). So a webhook whose host is, or
 resolves to, an address that is not public is refused:
 - loopback, link-local, private (RFC 1918, IPv6 unique-local), shared (100.64.0.0/10), multicast, reserved,
-  unspecified, documentation and benchmarking ranges: every address Python's `ipaddress` does not call global,
+  unspecified, documentation and benchmarking ranges, IPv6 site-local: every address Python's `ipaddress` does not call global,
   multicast and reserved ones too;
 - an IPv6 address that carries an IPv4 one (IPv4-mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96, 6to4 2002::/16,
   Teredo) is judged by that IPv4 address as well.
@@ -58,7 +58,8 @@ def embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
 
 def is_public(address: Address) -> bool:
     """Global, unicast and not reserved (and so is any IPv4 address it carries)."""
-    if not address.is_global or address.is_multicast or address.is_reserved or address.is_unspecified:
+    if not address.is_global or address.is_multicast or address.is_reserved or address.is_unspecified \
+            or getattr(address, "is_site_local", False):  # IPv6 fec0::/10, deprecated but still routed inside
         return False
     inner = embedded_ipv4(address)
     return inner is None or is_public(inner)

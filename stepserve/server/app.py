@@ -52,7 +52,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
                metrics_view: MetricsView | None = None, cors_origins: tuple[str, ...] | list[str] = (),
                access_log: bool = True, store: Store | None = None, results: Results | None = None,
                owner: str | None = None, webhook_secret: str | None = None, job_lease_s: float = 30.0,
-               job_poll_s: float = 1.0) -> FastAPI:
+               job_poll_s: float = 1.0, webhook_allow: tuple[str, ...] = (),
+               allowed_hosts: tuple[str, ...] | None = None) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
@@ -69,7 +70,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     state.events = events  # start_drain ends its streams
     store = store if store is not None else MemoryStore()
     registry = AdapterRegistry(engine, store, replica)
-    jobs = attach_jobs(state, store, results, owner, webhook_secret, job_lease_s, job_poll_s)
+    jobs = attach_jobs(state, store, results, owner, webhook_secret, job_lease_s, job_poll_s, webhook_allow)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -10,6 +10,7 @@ as server-sent events.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -23,6 +24,7 @@ from fastapi import Request
 
 from ..jobs.kinds import JobError
 from ..jobs.service import JobsFull
+from ..jobs.targets import WebhookTargetError
 from ..jobs.webhooks import WebhookSecretError, require_secret
 from ..request.types import GenerationResult
 from ..store.base import JobRecord
@@ -86,7 +88,13 @@ def fingerprint(request: Any) -> str:
 
 async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfinished: int,
                      noun: str) -> tuple[JobRecord, bool]:
-    """Store the job (see the module docstring): (job, True), or (the job made under its key, False)."""
+    """Store the job (see the module docstring): (job, True), or (the job made under its key, False). A webhook
+    whose host is not somewhere webhooks go (jobs/targets.py; resolved off the loop) is a 400 first."""
+    if job.webhook and state.webhook_targets is not None:
+        try:
+            await asyncio.to_thread(state.webhook_targets.addresses, job.webhook["url"])
+        except WebhookTargetError as exc:
+            raise invalid(str(exc), "webhook", "webhook_not_allowed") from None
     job.meta["fingerprint"] = print_
     try:
         record, created = await state.jobs.create(job, max_unfinished)

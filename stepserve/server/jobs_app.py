@@ -1,6 +1,7 @@
 """The jobs of one app (stepserve/jobs/ over the server's kinds): the store and results folder it was given (by
 default a temporary folder of its own, removed with the app: a test, or `--state memory`), the kinds this model makes (async images; videos on a video model), how many jobs this process runs at
-once (ServerLimits.max_running_jobs, by default the engine's max_batch_size) and its owner id in the store."""
+once (ServerLimits.max_running_jobs, by default the engine's max_batch_size) and its owner id in the store; where
+webhooks may go (public addresses, and the internal receivers `webhook_allow` names: serve --webhook-allow)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import secrets
 import socket
 
 from ..jobs.service import Jobs
+from ..jobs.targets import WebhookTargets
 from ..jobs.webhooks import WebhookSender
 from ..store.base import Store
 from ..store.results import Results
@@ -18,7 +20,9 @@ from .video_jobs import VideoKind
 
 
 def attach_jobs(state: ServerState, store: Store, results: Results | None = None, owner: str | None = None,
-                webhook_secret: str | None = None, lease_s: float = 30.0, poll_s: float = 1.0) -> Jobs:
+                webhook_secret: str | None = None, lease_s: float = 30.0, poll_s: float = 1.0,
+                webhook_allow: tuple[str, ...] | list[str] = ()) -> Jobs:
+    state.webhook_targets = targets = WebhookTargets.allowing(webhook_allow)  # ValueError for a malformed entry
     closers = []
     if results is None:
         results = Results.in_temporary_folder()
@@ -29,6 +33,6 @@ def attach_jobs(state: ServerState, store: Store, results: Results | None = None
         kinds["video"] = VideoKind(state)
     state.jobs = Jobs(engine, store, results, owner or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}",
                       kinds, max_running=state.limits.max_running_jobs or engine.options.max_batch_size,
-                      lease_s=lease_s, poll_s=poll_s, sender=WebhookSender(store, webhook_secret, lease_s=lease_s),
+                      lease_s=lease_s, poll_s=poll_s, sender=WebhookSender(store, webhook_secret, lease_s=lease_s, targets=targets),
                       webhook_secret=webhook_secret, on_close=lambda: [close() for close in closers])
     return state.jobs

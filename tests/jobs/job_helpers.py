@@ -16,11 +16,12 @@ from stepserve.server.app import create_app
 
 
 def app_client(executor, store=None, results=None, owner=None, poll_s=0.05, lease_s=30.0, limits=None,
-               shutdown_grace_s=5.0, webhook_secret=None, **options) -> TestClient:
+               shutdown_grace_s=5.0, webhook_secret=None, webhook_allow=(), **options) -> TestClient:
     options = {"strategy": "continuous", "max_batch_size": 4, **options}
     return TestClient(create_app(AsyncEngine(executor, **options), limits=limits, store=store, results=results,
                                  owner=owner, job_poll_s=poll_s, job_lease_s=lease_s,
-                                 shutdown_grace_s=shutdown_grace_s, webhook_secret=webhook_secret))
+                                 shutdown_grace_s=shutdown_grace_s, webhook_secret=webhook_secret,
+                                 webhook_allow=webhook_allow))
 
 
 def wait_job(c: TestClient, path: str, timeout_s: float = 240, headers=None) -> dict:
