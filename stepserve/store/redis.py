@@ -21,23 +21,14 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..util.extras import require_extra
+from ..util.urls import without_password
 from .base import KINDS, QUEUED, AdapterRecord, DeliveryRecord, JobRecord, StoreError, check_changes
 from .redis_scripts import COMMON, OUTBOX_SCRIPTS, SCRIPTS
 
 PREFIX = "stepserve:"
-
-
-def without_password(url: str) -> str:
-    """The URL with any password left out (in the user part or a `password=` query parameter)."""
-    parts = urlsplit(url)
-    userinfo, at, hostport = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    netloc = f"{user}@{hostport}" if at and user else hostport
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _fields(record: JobRecord | AdapterRecord) -> list[str]:
