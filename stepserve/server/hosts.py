@@ -94,5 +94,6 @@ class HostCheck:
             return await self.app(scope, receive, send)
         error = APIError(403, f"Host {(host or '')[:100]!r} is not served here: without an API key this server "
                               f"answers only the Host names {self.hosts.shown()}; add a name with --allowed-host "
-                              f"NAME, or require an API key", code="host_not_allowed", param="Host")
+                              f"NAME, or require an API key", type="permission_error", code="host_not_allowed",
+                         param="Host")
         await error.response()(scope, receive, send)
