@@ -7,10 +7,12 @@ resolve through the test's own resolver."""
 from __future__ import annotations
 
 import ipaddress
+import json
 
 import pytest
 from job_helpers import app_client, wait_job
-from server.server_helpers import assert_error_shape
+from jobs.test_webhook_sender import Receiver
+from server.server_helpers import assert_error_shape, wait_until
 
 import stepserve.jobs.targets as targets
 import stepserve.jobs.webhooks as webhooks
@@ -97,3 +99,20 @@ def test_what_is_public():
               "2001:0:4136:e378:8000:63bf:3fff:fdd2"]  # the last: Teredo, its client 192.0.2.45
     assert [is_public(ipaddress.ip_address(a)) for a in public] == [True] * 3
     assert [is_public(ipaddress.ip_address(a)) for a in inside] == [False] * len(inside)
+
+
+def test_an_allowed_internal_receiver_gets_the_job_without_its_images(embedded):
+    store = MemoryStore()
+    with Receiver() as receiver, app_client(embedded, store=store, webhook_secret=SECRET,
+                                            webhook_allow=["127.0.0.0/8"]) as c:
+        job = c.post(GENERATIONS, json={"prompt": "a", "num_inference_steps": 2, "webhook": receiver.url},
+                     headers=ASYNC).json()
+        assert wait_until(lambda: store.get_job(job["id"]).webhook["state"] != "pending", 240)
+        shown = c.get(f"/v1/images/jobs/{job['id']}").json()
+    [(_, headers, body)] = receiver.got
+    sent = json.loads(body)
+    assert sent["type"] == "image.completed" and sent["data"]["id"] == job["id"] and "result" not in sent["data"]
+    assert shown["result"]["data"][0]["b64_json"] and len(body) < 2000  # the images stay with the job
+    assert (shown["webhook"]["state"], shown["webhook"]["last_status"]) == ("delivered", 200)
+    record = store.get_job(job["id"])
+    assert "webhook_body" not in record.meta and store.get_delivery(job["id"]) is None
