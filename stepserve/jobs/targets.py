@@ -5,8 +5,8 @@ could make the server call its cloud's metadata service (169.254.169.254), an ad
 the private network, and read what answered there from the delivery's state (SSRF). So a webhook whose host is, or
 resolves to, an address that is not public is refused:
 - loopback, link-local, private (RFC 1918, IPv6 unique-local), shared (100.64.0.0/10), multicast, reserved,
-  unspecified, documentation and benchmarking ranges, IPv6 site-local: every address Python's `ipaddress` does not call global,
-  multicast and reserved ones too;
+  unspecified, documentation and benchmarking ranges, IPv6 site-local: every address Python's `ipaddress` does not
+  call global, multicast and reserved ones too;
 - an IPv6 address that carries an IPv4 one (IPv4-mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96, 6to4 2002::/16,
   Teredo) is judged by that IPv4 address as well.
 A name is refused when any of its addresses is refused (the connection would pick one of them).
@@ -31,7 +31,8 @@ from urllib.parse import urlsplit
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
-ALLOW_FORMS = "an IP network in CIDR form (10.0.0.0/8, fd00::/8), one address (10.1.2.3) or a host name (hooks.internal)"
+ALLOW_FORMS = ("an IP network in CIDR form (10.0.0.0/8, fd00::/8), one address (10.1.2.3) or a host name "
+               "(hooks.internal)")
 
 
 class WebhookTargetError(ValueError):

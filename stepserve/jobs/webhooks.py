@@ -130,11 +130,6 @@ class WebhookSender:
         self._post = post
         self._tasks: set[asyncio.Task] = set()
 
-    def check_target(self, url: str) -> None:
-        """At a job's creation: WebhookTargetError when `url`'s host is not somewhere webhooks go (blocking: the
-        resolver)."""
-        self.targets.addresses(url)
-
     async def deliver(self, job: JobRecord, payload: dict, owner: str) -> None:
         """Put the job's delivery in the outbox (held by `owner`) and POST json(payload) to job.webhook["url"]
         until a 2xx, or until the retries end (see the module). Nothing when the job has a delivery already."""
@@ -145,17 +140,24 @@ class WebhookSender:
 
     async def resume(self, owner: str) -> None:
         """Deliveries left by a process that died (their lease has passed): claim each, holding its lease while
-        trying, and deliver it with the body it was stored with."""
+        trying, and deliver it with the body it was stored with. A store that fails ends the round (logged): what
+        is left waits in the outbox for the next."""
         tasks = []
-        while len(tasks) < RESUME_BATCH:
-            record = await asyncio.to_thread(self.store.claim_delivery, owner, self.lease_s)
-            if record is None:
-                break
-            log.info("job %s: taking up its webhook delivery left by %s", record.job_id, record.owner)
-            tasks.append(asyncio.ensure_future(self._attempts(record, owner)))
+        try:
+            while len(tasks) < RESUME_BATCH:
+                record = await asyncio.to_thread(self.store.claim_delivery, owner, self.lease_s)
+                if record is None:
+                    break
+                log.info("job %s: taking up its webhook delivery left by %s", record.job_id, record.owner)
+                tasks.append(asyncio.ensure_future(self._attempts(record, owner)))
+        except Exception:  # noqa: BLE001 - the state store unreachable: the next round tries again
+            log.warning("webhooks: the outbox could not be read", exc_info=True)
         self._tasks.update(tasks)
         try:
-            await asyncio.gather(*tasks)
+            for task, outcome in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True)):
+                if isinstance(outcome, Exception):
+                    log.warning("webhooks: a delivery stopped (it stays in the outbox for a later round)",
+                                exc_info=outcome)
         finally:
             self._tasks.difference_update(tasks)
 
@@ -245,8 +247,8 @@ async def post_pinned(url: str, addresses: list[str], body: bytes, headers: dict
 
     class Pinned(AbstractResolver):
         async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
-            return [{"hostname": host, "host": a, "port": port, "family": socket.AF_INET6 if ":" in a else socket.AF_INET,
-                     "proto": 0, "flags": socket.AI_NUMERICHOST} for a in addresses]
+            return [{"hostname": host, "host": a, "port": port, "proto": 0, "flags": socket.AI_NUMERICHOST,
+                     "family": socket.AF_INET6 if ":" in a else socket.AF_INET} for a in addresses]
 
         async def close(self) -> None:
             pass

@@ -33,6 +33,7 @@ def attach_jobs(state: ServerState, store: Store, results: Results | None = None
         kinds["video"] = VideoKind(state)
     state.jobs = Jobs(engine, store, results, owner or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}",
                       kinds, max_running=state.limits.max_running_jobs or engine.options.max_batch_size,
-                      lease_s=lease_s, poll_s=poll_s, sender=WebhookSender(store, webhook_secret, lease_s=lease_s, targets=targets),
+                      lease_s=lease_s, poll_s=poll_s,
+                      sender=WebhookSender(store, webhook_secret, lease_s=lease_s, targets=targets),
                       webhook_secret=webhook_secret, on_close=lambda: [close() for close in closers])
     return state.jobs

@@ -120,7 +120,8 @@ def open_state(settings: ServeSettings):
 def state_line(settings: ServeSettings, results_root, replicas: bool = False) -> str:
     """What the start-up says of the state: which store, which results folder, how long results are kept."""
     where = "a temporary folder" if settings.results_dir is None and settings.state_url == "memory" else results_root
-    line = f"jobs: state {without_password(settings.state_url)}, results in {where} (kept {settings.keep_results_h:g} h)"
+    shown = without_password(settings.state_url)
+    line = f"jobs: state {shown}, results in {where} (kept {settings.keep_results_h:g} h)"
     if settings.state_url == "memory":
         line += (" - warning: with --state memory each replica keeps its own jobs and adapters (a poll that reaches "
                  "another replica finds nothing); give --state sqlite:///PATH or redis://..." if replicas else

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .base import FINISHED, KINDS, QUEUED, AdapterRecord, DeliveryRecord, JobRecord, StoreError, check_changes
+from .base import FINISHED, KINDS, QUEUED, AdapterRecord, JobRecord, StoreError, check_changes
+from .sqlite_outbox import SqliteOutbox
 
 SCHEMA = 1  # PRAGMA user_version of the files this release writes
 
@@ -70,7 +71,7 @@ def _adapter(doc: str) -> AdapterRecord:
     return AdapterRecord.from_dict(json.loads(doc))
 
 
-class SqliteStore:
+class SqliteStore(SqliteOutbox):
     def __init__(self, path: str | os.PathLike, clock: Callable[[], float] = time.time,
                  busy_timeout_s: float = 30.0) -> None:
         if not str(path):
@@ -275,72 +276,3 @@ class SqliteStore:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
-
-    # -- the webhook outbox (base.py) --------------------------------------------------------------------------
-    # Its own table, made on first use in any file (one of an earlier release gains it then; the schema version
-    # is unchanged: the table is only added). A row: the delivery's document, with its owner and lease as columns.
-    OUTBOX = ("CREATE TABLE IF NOT EXISTS deliveries (job_id TEXT PRIMARY KEY, owner TEXT, lease_until REAL NOT NULL, "
-              "doc TEXT NOT NULL)",
-              "CREATE INDEX IF NOT EXISTS deliveries_by_lease ON deliveries (lease_until)")
-
-    @contextmanager
-    def _outbox(self) -> Iterator[sqlite3.Connection]:
-        with self._write() as conn:
-            if getattr(self, "_outbox_made", None) != id(conn):
-                for statement in self.OUTBOX:
-                    conn.execute(statement)
-                self._outbox_made = id(conn)
-            yield conn
-
-    @staticmethod
-    def _put_delivery(conn: sqlite3.Connection, delivery: DeliveryRecord) -> DeliveryRecord:
-        conn.execute("INSERT OR REPLACE INTO deliveries (job_id, owner, lease_until, doc) VALUES (?, ?, ?, ?)",
-                     (delivery.job_id, delivery.owner, delivery.lease_until, _dumps(delivery.to_dict())))
-        return delivery
-
-    @staticmethod
-    def _get_delivery(conn: sqlite3.Connection, job_id: str) -> DeliveryRecord | None:
-        row = conn.execute("SELECT doc FROM deliveries WHERE job_id = ?", (job_id,)).fetchone()
-        return None if row is None else DeliveryRecord.from_dict(json.loads(row[0]))
-
-    def create_delivery(self, delivery: DeliveryRecord) -> bool:
-        with self._outbox() as conn:
-            if self._get_delivery(conn, delivery.job_id) is not None:
-                return False
-            self._put_delivery(conn, delivery)
-            return True
-
-    def get_delivery(self, job_id: str) -> DeliveryRecord | None:
-        with self._outbox() as conn:
-            return self._get_delivery(conn, job_id)
-
-    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
-        with self._outbox() as conn:
-            now = self._clock()
-            which = "job_id = ? AND " if job_id is not None else ""
-            row = conn.execute(f"SELECT doc FROM deliveries WHERE {which}lease_until < ? ORDER BY lease_until LIMIT 1",
-                               (*(() if job_id is None else (job_id,)), now)).fetchone()
-            if row is None:
-                return None
-            delivery = DeliveryRecord.from_dict(json.loads(row[0]))
-            delivery.owner, delivery.lease_until = owner, now + lease_s
-            return self._put_delivery(conn, delivery)
-
-    def renew_delivery(self, job_id: str, owner: str, lease_s: float,
-                       attempts: int | None = None) -> DeliveryRecord | None:
-        with self._outbox() as conn:
-            delivery = self._get_delivery(conn, job_id)
-            if delivery is None or delivery.owner != owner:
-                return None
-            delivery.lease_until = self._clock() + lease_s
-            if attempts is not None:
-                delivery.attempts = attempts
-            return self._put_delivery(conn, delivery)
-
-    def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
-        with self._outbox() as conn:
-            delivery = self._get_delivery(conn, job_id)
-            if delivery is None or (owner is not None and delivery.owner != owner):
-                return False
-            conn.execute("DELETE FROM deliveries WHERE job_id = ?", (job_id,))
-            return True

@@ -46,7 +46,7 @@ def test_a_name_rebound_to_loopback_after_creation_is_never_connected_to():
     with Receiver() as receiver:
         url = receiver.url.replace("127.0.0.1", "hooks.example")
         hooks = WebhookSender(store, SECRET, delays_s=QUICK, targets=targets)
-        hooks.check_target(url)  # the job is made: public then
+        targets.addresses(url)  # the job is made: public then
         job = finished_job(store, "job", url)
         asyncio.run(hooks.deliver(job, payload(job), "runner"))
     assert receiver.got == [] and len(asked) == 1 + len(QUICK) + 1  # resolved again before every attempt
