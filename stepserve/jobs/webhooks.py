@@ -19,12 +19,15 @@ state, as GET shows it: {"url", "state": "pending" | "delivered" | "failed", "at
 status of the last answer, or null), "last_error" (a short fixed phrase: "HTTP 503", "no answer", "refused"),
 "delivered_at"}. What a failed connection said (which could tell a client about the inside) goes to the log only.
 
-The outbox: when a job ends, its delivery is stored (store.create_delivery) with the exact body every attempt
-sends, held by the sending process under a lease that it renews while it posts and while it waits to retry. A
-process that dies leaves it there; `resume` (every lease, by every process) claims deliveries whose lease has
-passed, one atomic claim each, and sends the same body under the same webhook-id. So two processes never deliver
-one event at once (a sender that loses its lease stops before its next write), and a delivery is never lost to a
-scan's window. A delivery leaves the outbox when it is delivered, failed, or its job is deleted.
+The outbox: a job made with a webhook parks its delivery in the store (`park`: no body yet, claimable only once
+the job has ended). When the job ends, the process that ended it stores the exact body every attempt sends
+(store.create_delivery fills the parked record) and holds it under a lease that it renews while it posts and while
+it waits to retry. A process that dies leaves it there; `resume` (every lease, by every process) claims deliveries
+whose lease has passed and whose job has ended, one atomic claim each, and sends the same body under the same
+webhook-id; a parked one whose job ended without a body (its process died in between) gets the payload the job's
+end would have sent (`payload_of`). So two processes never deliver one event at once (a sender that loses its lease
+stops before its next write), and a delivery is never lost to a scan's window. A delivery leaves the outbox when
+it is delivered, failed, or its job is deleted.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..store.base import DeliveryRecord, JobRecord, Store
+from .notify import payloads
 from .targets import WebhookTargetError, WebhookTargets
 
 log = logging.getLogger("stepserve.jobs")
@@ -119,14 +123,18 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: fl
 
 class WebhookSender:
     def __init__(self, store: Store, secret: str | None, delays_s=(1, 2, 4, 8, 16, 32, 64), timeout_s: float = 10.0,
-                 post: Post | None = None, lease_s: float = 30.0, targets: WebhookTargets | None = None) -> None:
+                 post: Post | None = None, lease_s: float = 30.0, targets: WebhookTargets | None = None,
+                 payload_of: Callable[[JobRecord], Awaitable[dict]] | None = None) -> None:
         """`post`: send one attempt (default: post_pinned); `lease_s`: how long a dead sender's deliveries wait
-        before `resume` takes them; `targets`: where webhooks may go (default: public addresses only)."""
+        before `resume` takes them; `targets`: where webhooks may go (default: public addresses only);
+        `payload_of`: the payload of a parked delivery whose job ended without one (notify.payloads; default: the
+        job's id, status and error)."""
         if secret is not None:
             secret_key(secret)  # a malformed secret fails at start, not at the first delivery
         self.store, self.secret, self.delays_s, self.timeout_s = store, secret, tuple(delays_s), timeout_s
         self.lease_s = lease_s
         self.targets = targets or WebhookTargets()
+        self.payload_of = payload_of or payloads({})
         self._post = post
         self._tasks: set[asyncio.Task] = set()
 
@@ -169,6 +177,13 @@ class WebhookSender:
     # --- one delivery ----------------------------------------------------------------------------------------
     async def _attempts(self, record: DeliveryRecord, owner: str) -> None:
         job_id, attempts, body = record.job_id, record.attempts, record.body.encode()
+        if not body:  # parked: the process that ended the job died before storing the body
+            job = await asyncio.to_thread(self.store.get_job, job_id)
+            if job is not None and _pending(job):
+                body = _encode(await self.payload_of(job))
+                if await asyncio.to_thread(self.store.renew_delivery, job_id, owner, self.lease_s, None,
+                                           body.decode()) is None:
+                    return
         while True:
             job = await asyncio.to_thread(self.store.get_job, job_id)
             if job is None or not _pending(job):  # deleted, or its end recorded already: nothing more to send
@@ -258,6 +273,16 @@ async def post_pinned(url: str, addresses: list[str], body: bytes, headers: dict
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         async with session.post(url, data=body, headers=headers, allow_redirects=False) as answer:
             return answer.status
+
+
+def park(store: Store, job: JobRecord) -> None:
+    """At a job's creation (blocking): its delivery, parked until the job ends (see the module). A store that
+    fails here is logged and the job goes on: its end stores the delivery all the same."""
+    if job.webhook and job.webhook.get("url"):
+        try:
+            store.create_delivery(DeliveryRecord(job.id, job.webhook["url"], "", store.now()))
+        except Exception:  # noqa: BLE001
+            log.warning("job %s: its webhook delivery could not be parked in the outbox", job.id, exc_info=True)
 
 
 def _pending(job: JobRecord) -> bool:

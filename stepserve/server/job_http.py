@@ -25,6 +25,7 @@ from fastapi import Request
 from ..jobs.kinds import JobError
 from ..jobs.service import JobsFull
 from ..jobs.targets import WebhookTargetError
+from ..jobs.webhooks import park
 from ..jobs.webhooks import WebhookSecretError, require_secret
 from ..request.types import GenerationResult
 from ..store.base import JobRecord
@@ -110,6 +111,8 @@ async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfini
         raise APIError(409, f"{IDEMPOTENCY_HEADER}: this key was used for {record.id}, made from another request; "
                             f"send a new key for a new request", param=IDEMPOTENCY_HEADER,
                        code="idempotency_key_reused")
+    if created and record.webhook:  # its delivery, parked in the outbox until the job ends (jobs/webhooks.py)
+        await asyncio.to_thread(park, state.jobs.store, record)
     return record, created
 
 

@@ -10,6 +10,7 @@ import secrets
 import socket
 
 from ..jobs.service import Jobs
+from ..jobs.notify import payloads
 from ..jobs.targets import WebhookTargets
 from ..jobs.webhooks import WebhookSender
 from ..store.base import Store
@@ -34,6 +35,7 @@ def attach_jobs(state: ServerState, store: Store, results: Results | None = None
     state.jobs = Jobs(engine, store, results, owner or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}",
                       kinds, max_running=state.limits.max_running_jobs or engine.options.max_batch_size,
                       lease_s=lease_s, poll_s=poll_s,
-                      sender=WebhookSender(store, webhook_secret, lease_s=lease_s, targets=targets),
+                      sender=WebhookSender(store, webhook_secret, lease_s=lease_s, targets=targets,
+                                           payload_of=payloads(kinds)),
                       webhook_secret=webhook_secret, on_close=lambda: [close() for close in closers])
     return state.jobs

@@ -94,11 +94,13 @@ class AdapterRecord:
 @dataclass
 class DeliveryRecord:
     """A job's webhook delivery in the outbox: the exact body every attempt sends (stored once, when the job ends),
-    and who is sending it. Only deliveries under way are kept: the outcome is the job's `webhook` state."""
+    and who is sending it. Only deliveries to come or under way are kept: the outcome is the job's `webhook` state.
+    A parked delivery (body "", nobody holding it) is made with the job, so that a process that dies between the
+    job's end and storing the body still leaves something for another to take up."""
 
     job_id: str  # one delivery per job; its webhook-id is "msg_<job_id>"
     url: str
-    body: str  # the JSON sent, as text
+    body: str  # the JSON sent, as text; "" while parked
     created_at: float
     owner: str | None = None  # the sending process; its lease passed, any process may claim it
     lease_until: float = 0.0
@@ -174,19 +176,22 @@ class Store(Protocol):
 
     # -- the webhook outbox (jobs/webhooks.py) -----------------------------------------------------------------
     def create_delivery(self, delivery: DeliveryRecord) -> bool:
-        """Store a job's one delivery as given (its owner and lease too): True; False, writing nothing, when the job
-        has one already (a second notification of the same end, by this or another process)."""
+        """Store a job's one delivery as given (its owner and lease too): True. When the job has one already: a
+        parked one that nobody holds (body "", no owner or a lease that has passed) takes this one's body, owner and
+        lease (True); any other stays as it is (False: a second notification of the same end, or another process
+        took it up first)."""
 
     def get_delivery(self, job_id: str) -> DeliveryRecord | None: ...
 
     def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
-        """Take a delivery whose lease has passed (its sender died): the given one, or else the one whose lease
-        ended first. It becomes `owner`'s until now() + lease_s. None when there is none."""
+        """Take a delivery whose lease has passed (its sender died) and whose job has ended or is gone (a parked
+        one waits for its job): the given one, or else the one whose lease ended first. It becomes `owner`'s until
+        now() + lease_s. None when there is none."""
 
-    def renew_delivery(self, job_id: str, owner: str, lease_s: float,
-                       attempts: int | None = None) -> DeliveryRecord | None:
-        """While `owner` holds it: its lease to now() + lease_s (and its attempts, when given). Else None: it was
-        taken over or ended, and the caller must stop."""
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
+                       body: str | None = None) -> DeliveryRecord | None:
+        """While `owner` holds it: its lease to now() + lease_s (and its attempts and body, when given). Else None:
+        it was taken over or ended, and the caller must stop."""
 
     def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
         """Forget a delivery (delivered, failed, or its job gone): with `owner`, only while that process holds it.

@@ -126,7 +126,8 @@ class MemoryStore:
 
     def create_delivery(self, delivery: DeliveryRecord) -> bool:
         with self._lock:
-            if delivery.job_id in self._outbox():
+            there = self._outbox().get(delivery.job_id)
+            if there is not None and (there.body or (there.owner is not None and there.lease_until >= self._clock())):
                 return False
             self._outbox()[delivery.job_id] = copy.deepcopy(delivery)
             return True
@@ -142,13 +143,14 @@ class MemoryStore:
             candidates = [box[job_id]] if job_id in box else [] if job_id else \
                 sorted(box.values(), key=lambda d: d.lease_until)
             for delivery in candidates:
-                if delivery.lease_until < now:
+                job = self._jobs.get(delivery.job_id)
+                if delivery.lease_until < now and (job is None or job.status in FINISHED):
                     delivery.owner, delivery.lease_until = owner, now + lease_s
                     return copy.deepcopy(delivery)
             return None
 
-    def renew_delivery(self, job_id: str, owner: str, lease_s: float,
-                       attempts: int | None = None) -> DeliveryRecord | None:
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
+                       body: str | None = None) -> DeliveryRecord | None:
         with self._lock:
             delivery = self._outbox().get(job_id)
             if delivery is None or delivery.owner != owner:
@@ -156,6 +158,8 @@ class MemoryStore:
             delivery.lease_until = self._clock() + lease_s
             if attempts is not None:
                 delivery.attempts = attempts
+            if body is not None:
+                delivery.body = body
             return copy.deepcopy(delivery)
 
     def end_delivery(self, job_id: str, owner: str | None = None) -> bool:

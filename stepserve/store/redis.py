@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from ..util.extras import require_extra
 from ..util.urls import without_password
 from .base import KINDS, QUEUED, AdapterRecord, DeliveryRecord, JobRecord, StoreError, check_changes
-from .redis_scripts import COMMON, OUTBOX_SCRIPTS, SCRIPTS
+from .redis_scripts import COMMON, OUTBOX_COMMON, OUTBOX_SCRIPTS, SCRIPTS
 
 PREFIX = "stepserve:"
 
@@ -138,12 +138,12 @@ class RedisStore:
     def _outbox(self, script: str, *args: Any):
         scripts = self.__dict__.setdefault("_outbox_scripts", {})  # registered on first use
         if script not in scripts:
-            scripts[script] = self._redis.register_script(COMMON + OUTBOX_SCRIPTS[script])
+            scripts[script] = self._redis.register_script(COMMON + OUTBOX_COMMON + OUTBOX_SCRIPTS[script])
         return scripts[script](args=(self.prefix, *args))
 
     def create_delivery(self, delivery: DeliveryRecord) -> bool:
-        doc = json.dumps({**delivery.to_dict(), "owner": None, "lease_until": 0.0, "attempts": 0})
-        return bool(self._outbox("create_delivery", delivery.job_id, doc, json.dumps(delivery.owner),
+        doc = json.dumps({k: v for k, v in delivery.to_dict().items() if k not in _OWN_FIELDS})
+        return bool(self._outbox("create_delivery", delivery.job_id, doc, delivery.body, json.dumps(delivery.owner),
                                  repr(float(delivery.lease_until)), str(int(delivery.attempts))))
 
     def get_delivery(self, job_id: str) -> DeliveryRecord | None:
@@ -152,13 +152,17 @@ class RedisStore:
     def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
         return _delivery(self._outbox("claim_delivery", json.dumps(owner), repr(float(lease_s)), job_id or ""))
 
-    def renew_delivery(self, job_id: str, owner: str, lease_s: float,
-                       attempts: int | None = None) -> DeliveryRecord | None:
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
+                       body: str | None = None) -> DeliveryRecord | None:
         return _delivery(self._outbox("renew_delivery", job_id, json.dumps(owner), repr(float(lease_s)),
-                                      "" if attempts is None else str(int(attempts))))
+                                      "" if attempts is None else str(int(attempts)), body or "",
+                                      "0" if body is None else "1"))
 
     def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
         return bool(self._outbox("end_delivery", job_id, "" if owner is None else json.dumps(owner)))
+
+
+_OWN_FIELDS = ("body", "owner", "lease_until", "attempts")  # a delivery's hash fields besides its doc
 
 
 def _delivery(found) -> DeliveryRecord | None:
@@ -168,7 +172,7 @@ def _delivery(found) -> DeliveryRecord | None:
     if isinstance(found, list):
         pairs = iter(found)
         found = dict(zip(pairs, pairs))
-    return DeliveryRecord.from_dict({**json.loads(found["doc"]), "owner": json.loads(found["owner"]),
+    return DeliveryRecord.from_dict({**json.loads(found["doc"]), "body": found["body"], "owner": json.loads(found["owner"]),
                                      "lease_until": float(found["lease_until"]), "attempts": int(found["attempts"])})
 
 

@@ -2,7 +2,9 @@
 to without --webhook-allow; a name that resolved public when the job was made and resolves to loopback when it is
 sent (DNS rebinding) is never connected to, and the connection goes to the address just checked; two processes
 never deliver one event; a sender holds its lease while a slow receiver answers; a delivery whose sender died
-before its first attempt sends the body stored when the job ended; nothing of the payload lands in the job."""
+before its first attempt sends the body stored when the job ended, and one that died between the job's end and
+storing the body leaves its delivery parked, taken up with the payload of the job's end; nothing of the payload
+lands in the job."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import json
 import threading
 
 from stepserve.jobs.targets import WebhookTargetError, WebhookTargets
-from stepserve.jobs.webhooks import REFUSED, WebhookSender, verify
+from stepserve.jobs.webhooks import REFUSED, WebhookSender, park, verify
+from stepserve.store.base import COMPLETED, JobRecord
 from stepserve.store.memory import MemoryStore
 
 from jobs.test_webhook_sender import HANG_S, QUICK, SECRET, Receiver, finished_job, payload, sender
@@ -143,3 +146,27 @@ def test_a_sender_that_died_before_its_first_attempt_leaves_the_body_it_was_give
     assert json.loads(body) == payload(job) and headers["webhook-id"] == "msg_job"
     after = store.get_job("job")
     assert after.meta == {} and after.webhook["state"] == "delivered"  # the body is the outbox's, not the job's
+
+
+def test_a_process_that_died_between_the_jobs_end_and_its_delivery_leaves_it_parked():
+    store = MemoryStore()
+
+    async def describe(job):
+        return {"type": f"video.{job.status}", "timestamp": "t", "data": {"id": job.id, "described": True}}
+
+    async def run(url):
+        job, _ = store.create_job(JobRecord("job", "video", {}, store.now(), owner="runner", lease_until=1e12,
+                                            webhook={"url": url, "state": "pending", "attempts": 0}))
+        park(store, job)  # when it was made
+        hooks = sender(store, delays_s=QUICK, payload_of=describe)
+        await hooks.resume("proc-2")
+        assert receiver.got == []  # the job still runs: its parked delivery waits
+        store.update_job("job", status=COMPLETED, completed_at=store.now())  # it ends; the process dies there
+        await hooks.resume("proc-2")
+
+    with Receiver() as receiver:
+        asyncio.run(run(receiver.url))
+    [(_, headers, body)] = receiver.got
+    verify(SECRET, headers, body)
+    assert json.loads(body)["data"] == {"id": "job", "described": True} and headers["webhook-id"] == "msg_job"
+    assert store.get_job("job").webhook["state"] == "delivered" and store.get_delivery("job") is None

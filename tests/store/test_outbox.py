@@ -83,3 +83,25 @@ def test_two_claimers_racing_get_a_delivery_once(backend):
     for t in threads:
         t.join(60)
     assert sorted(got) == [f"job{i}" for i in range(6)]  # each once
+
+
+def test_a_parked_delivery_waits_for_its_job_and_takes_the_body_when_it_ends(backend):
+    from stepserve.store.base import JobRecord
+
+    store = backend.store
+    store.create_job(JobRecord("job", "image", {}, store.now()))
+    store.create_job(JobRecord("other", "image", {}, store.now()))
+    parked = DeliveryRecord("job", "https://hooks.example/x", "", store.now())  # made with the job
+    assert store.create_delivery(parked) is True
+    store.create_delivery(DeliveryRecord("other", "https://hooks.example/y", "", store.now()))
+    assert store.claim_delivery("proc-2", 30) is None and store.claim_delivery("proc-2", 30, "job") is None
+    store.update_job("job", status="completed", completed_at=store.now())
+    ended = delivery(store, owner="proc-1", lease_s=30)
+    assert store.create_delivery(ended) is True  # the runner that ended it fills it in
+    assert store.get_delivery("job").body == ended.body and store.create_delivery(ended) is False
+    assert store.claim_delivery("proc-2", 30) is None  # held by its sender; "other" still runs
+    store.delete_job("other")  # gone: its parked delivery is taken (and ended by whoever takes it)
+    taken = store.claim_delivery("proc-2", 30)
+    assert (taken.job_id, taken.body) == ("other", "")
+    assert store.create_delivery(DeliveryRecord("other", "u", "{}", store.now(), "proc-3", store.now() + 30)) is False
+    assert store.renew_delivery("other", "proc-2", 30, body='{"x":1}').body == '{"x":1}'
