@@ -25,8 +25,7 @@ from fastapi import Request
 from ..jobs.kinds import JobError
 from ..jobs.service import JobsFull
 from ..jobs.targets import WebhookTargetError
-from ..jobs.webhooks import park
-from ..jobs.webhooks import WebhookSecretError, require_secret
+from ..jobs.webhooks import WebhookSecretError, park, require_secret
 from ..request.types import GenerationResult
 from ..store.base import JobRecord
 from . import errors
