@@ -13,10 +13,13 @@ import contextlib
 import json
 import threading
 
+import pytest
+
 from stepserve.jobs.targets import WebhookTargetError, WebhookTargets
 from stepserve.jobs.webhooks import REFUSED, WebhookSender, park, verify
 from stepserve.store.base import COMPLETED, JobRecord
 from stepserve.store.memory import MemoryStore
+from stepserve.store.sqlite import SqliteStore
 
 from jobs.test_webhook_sender import HANG_S, QUICK, SECRET, Receiver, finished_job, payload, sender
 from server.server_helpers import wait_until
@@ -74,12 +77,16 @@ def test_the_connection_goes_to_the_checked_address_with_the_urls_host_name():
     verify(SECRET, headers, body)
 
 
-def test_two_processes_never_deliver_one_event():
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_two_processes_never_deliver_one_event(backend, tmp_path):
     store = MemoryStore()
+    other = store  # the second process's view of the state: the same store, or its own connection to the file
+    if backend == "sqlite":
+        store, other = SqliteStore(tmp_path / "state.db"), SqliteStore(tmp_path / "state.db")
 
     async def run(url):
         job = finished_job(store, "job", url)
-        first, second = sender(store, delays_s=QUICK), sender(store, delays_s=QUICK)
+        first, second = sender(store, delays_s=QUICK), sender(other, delays_s=QUICK)
         await asyncio.gather(first.deliver(job, payload(job), "proc-1"), second.deliver(job, payload(job), "proc-2"),
                              first.resume("proc-1"), second.resume("proc-2"))
 
