@@ -36,7 +36,17 @@ ALLOW_FORMS = ("an IP network in CIDR form (10.0.0.0/8, fd00::/8), one address (
 
 
 class WebhookTargetError(ValueError):
-    """A webhook URL the server will not call; the message says why and how an operator allows it (one line)."""
+    """A webhook URL the server will not call. The message (a client's 400) says what is refused and how an operator
+    allows it, in one line; it never says what a name resolved to (that would map the inside for the client), nor
+    whether it resolved at all: `detail` does, for the server's log."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message
+
+
+REFUSAL = ("webhooks are sent only to public addresses (loopback, link-local, private, shared, multicast and reserved "
+           "ones are refused); an operator allows an internal receiver with serve --webhook-allow CIDR|HOST")
 
 
 def resolve_host(host: str, port: int) -> list[str]:
@@ -103,32 +113,28 @@ class WebhookTargets:
         parts = urlsplit(url)
         host, port = (parts.hostname or "").rstrip("."), parts.port or (443 if parts.scheme == "https" else 80)
         if not host:
-            raise WebhookTargetError("webhook: the URL names no host")
+            raise WebhookTargetError("webhook: the URL names no host; give an http:// or https:// URL with one")
         try:
             literal = ipaddress.ip_address(host.split("%", 1)[0])
         except ValueError:
             literal = None
         if literal is not None:
-            self._check(literal, host)
+            if not self._allows(literal):
+                raise WebhookTargetError(f"webhook: {host} is not a public address; {REFUSAL}")
             return [str(literal)]
+        refused = f"webhook: the host {host[:100]!r} does not resolve to public addresses only; {REFUSAL}"
         try:
             found = (self.resolve or resolve_host)(host, port)
-        except (OSError, UnicodeError):
-            found = []
+        except (OSError, UnicodeError) as exc:
+            raise WebhookTargetError(refused, f"{host} does not resolve: {exc}") from None
         if not found:
-            raise WebhookTargetError(f"webhook: the host {host!r} does not resolve to an address; give a URL whose "
-                                     f"host this server can reach")
+            raise WebhookTargetError(refused, f"{host} resolves to no address")
         if host.lower() in self.hosts:
             return found
-        for text in found:
-            self._check(ipaddress.ip_address(text.split("%", 1)[0]), host)
+        inside = [a for a in found if not self._allows(ipaddress.ip_address(a.split("%", 1)[0]))]
+        if inside:
+            raise WebhookTargetError(refused, f"{host} resolves to {', '.join(inside)}, not public")
         return found
 
-    def _check(self, address: Address, host: str) -> None:
-        if is_public(address) or any(address in n for n in self.networks if n.version == address.version):
-            return
-        said = host if host == str(address) else f"{host} ({address})"
-        raise WebhookTargetError(f"webhook: {said} is not a public address, and webhooks are sent only to public "
-                                 f"ones (loopback, link-local, private, shared, multicast and reserved addresses are "
-                                 f"refused); an operator allows an internal receiver with serve --webhook-allow "
-                                 f"CIDR|HOST")
+    def _allows(self, address: Address) -> bool:
+        return is_public(address) or any(address in n for n in self.networks if n.version == address.version)

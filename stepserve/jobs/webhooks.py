@@ -230,7 +230,7 @@ class WebhookSender:
         try:
             addresses = await asyncio.to_thread(self.targets.addresses, url)
         except WebhookTargetError as exc:
-            log.warning("webhook %s not sent: %s", msg_id, exc)
+            log.warning("webhook %s not sent: %s", msg_id, exc.detail)
             return None, REFUSED
         stamp = int(time.time())
         headers = {"content-type": "application/json", "user-agent": "stepserve-webhooks", "webhook-id": msg_id,

@@ -60,7 +60,8 @@ def test_a_name_rebound_to_loopback_after_creation_is_never_connected_to():
     try:
         targets.addresses(url)
     except WebhookTargetError as exc:
-        assert "hooks.example (127.0.0.1) is not a public address" in str(exc) and "--webhook-allow" in str(exc)
+        assert "'hooks.example' does not resolve to public addresses only" in str(exc) and "--webhook-allow" in str(exc)
+        assert "127.0.0.1" not in str(exc) and "resolves to 127.0.0.1" in exc.detail  # the inside: the log's only
     else:
         raise AssertionError("a name resolving to loopback passed the check")
 
