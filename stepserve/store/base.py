@@ -39,7 +39,8 @@ class JobRecord:
     lease_until: float = 0.0  # the owner's claim ends then unless renewed (store clock)
     attempts: int = 0  # how many times it was claimed
     results: list[str] = field(default_factory=list)  # file names in the results folder, once completed
-    webhook: dict[str, Any] | None = None  # {"url", "state": pending|delivered|failed, "attempts", "last_error"}
+    webhook: dict[str, Any] | None = None  # {"url", "state": pending|delivered|failed, "attempts", "last_status",
+    # "last_error", "delivered_at"}: the delivery's outcome (its body and sender: the outbox, DeliveryRecord)
     idempotency_key: str | None = None  # the client's Idempotency-Key (scoped by the server: see create_job)
     meta: dict[str, Any] = field(default_factory=dict)  # the server's own details (model, request id, ...)
 
