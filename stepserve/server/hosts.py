@@ -9,6 +9,7 @@ server answers only the Host names of the address it listens on, and those the o
 - on one address: that address (and localhost names when it is loopback);
 - on every address (0.0.0.0, ::): any IP address written as such (a page cannot rebind an address, only a name)
   and localhost;
+- off loopback, also the machine's own host name (socket.gethostname(): a page's site cannot be named so);
 - a name to listen on: that name.
 The port is not compared; names match without case and without a trailing dot. `--allowed-host '*'` turns the
 check off (a proxy in front that checks Host itself). Anything else is a 403 in the OpenAI error shape. /health is
@@ -18,6 +19,7 @@ always answered (load balancers probe it by address). With an API key any Host i
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 
 from .errors import APIError
@@ -56,15 +58,20 @@ class ServedHosts:
     everything: bool = False  # --allowed-host '*'
 
     @classmethod
-    def of(cls, listen_host: str, allowed: tuple[str, ...] | list[str] = ()) -> "ServedHosts":
+    def of(cls, listen_host: str, allowed: tuple[str, ...] | list[str] = (),
+           machine: str | None = None) -> "ServedHosts":
+        """`machine`: this machine's host name (default socket.gethostname())."""
         names = {normal(a) for a in allowed if a.strip() != "*"}
         listen = listen_host.strip().lower()
         any_address = listen in ANY_ADDRESS
         address = _address(listen)
-        if any_address or listen == "localhost" or (address is not None and address.is_loopback):
+        loopback = listen == "localhost" or (address is not None and address.is_loopback)
+        if any_address or loopback:
             names.update(LOOPBACK_NAMES)
         if not any_address:
             names.add(normal(listen))
+        if not loopback:
+            names.add(normal(machine if machine is not None else socket.gethostname()))
         return cls(frozenset(names), any_address, any(a.strip() == "*" for a in allowed))
 
     def serves(self, host: str | None) -> bool:

@@ -45,11 +45,13 @@ def test_allowed_host_and_an_api_key(embedded):
 
 
 def test_the_names_of_each_listen_address():
-    everywhere = ServedHosts.of("0.0.0.0")
+    everywhere = ServedHosts.of("0.0.0.0", machine="gpu-box-7")
     assert everywhere.serves("10.1.2.3:8000") and everywhere.serves("[fd00::1]") and everywhere.serves("localhost")
+    assert everywhere.serves("GPU-box-7:8000")  # the machine's own name
     assert not everywhere.serves("evil.example") and not everywhere.serves(None)
-    one = ServedHosts.of("10.1.2.3", ["api.internal"])
+    one = ServedHosts.of("10.1.2.3", ["api.internal"], machine="gpu-box-7")
     assert one.serves("10.1.2.3:80") and one.serves("api.internal") and not one.serves("localhost")
+    assert not ServedHosts.of("127.0.0.1", machine="gpu-box-7").serves("gpu-box-7")  # on loopback: not reachable so
     assert not one.serves("10.1.2.4")
     assert ServedHosts.of("::1").serves("[::1]:8000") and ServedHosts.of("::1").serves("localhost")
     assert ServedHosts.of("10.1.2.3", ["*"]).serves("anything.example")
