@@ -24,6 +24,7 @@ from ..server.startup import (ServeSettings, StartupError, job_options, open_sta
                               state_line)
 from .replica_flags import add_replica_flags, replica_mode
 from .state_flags import add_state_flags, state_settings
+from .network_flags import add_network_flags, network_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
                     add_model_flags, check_cache_and_lora_flags, check_checkpoint_flags, engine_config, float_from,
                     int_from)
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no log line per image or video request (method, path, status, outcome, latency, steps, "
                         "batch sizes)")
     add_state_flags(p)
+    add_network_flags(p)
     return p
 
 
@@ -156,7 +158,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
                          args.shutdown_grace_s, args.host, args.port,
                          api_key_file=os.path.abspath(args.api_key_file) if args.api_key_file else None,
                          cors_origins=tuple(args.cors_origin or ()), access_log=not args.no_access_log,
-                         **state_settings(args))
+                         **state_settings(args), **network_settings(args))
 
 
 def _model_alias(value: str) -> str:
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                      shutdown_grace_s=settings.shutdown_grace_s, cors_origins=settings.cors_origins,
                      access_log=settings.access_log, store=store, results=results,
                      owner=f"{socket.gethostname()}:{args.port}",  # the same after a restart: its jobs come back
-                     webhook_secret=settings.webhook_secret, **job_options(settings))
+                     webhook_secret=settings.webhook_secret, webhook_allow=settings.webhook_allow,
+                     listen_host=settings.host, allowed_hosts=settings.allowed_hosts, **job_options(settings))
     log_to_stderr(args.log_level)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))

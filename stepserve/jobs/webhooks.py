@@ -10,15 +10,24 @@ its UTF-8 bytes (a receiver using a Standard Webhooks library then gives it "whs
 A server with no secret sends nothing unsigned: a job that names a webhook there is refused at creation
 (`require_secret`), and a delivery without a secret is recorded failed without a POST.
 
-Delivery: a 2xx is success. Anything else (redirects are not followed), a timeout or a connection error is
-retried after the next of `delays_s`; when they are used up the delivery is failed (the job stays completed).
-Before every attempt the job is read again: a delivery that is no longer pending (delivered, failed) or that
-another process has taken over is never posted again. The job's webhook state, as GET shows it: {"url",
-"state": "pending" | "delivered" | "failed", "attempts", "last_error", "delivered_at"}.
+Delivery: a 2xx is success. Anything else (redirects are not followed), a timeout, a connection error or a host
+that now resolves where webhooks may not go (targets.py) is retried after the next of `delays_s`; when they are
+used up the delivery is failed (the job stays completed). Every attempt resolves the host again, checks every
+address and connects only to those (aiohttp with a resolver that returns them: the URL's Host and TLS name are
+kept), so a name rebound to an internal address after the job was made is never connected to. The job's webhook
+state, as GET shows it: {"url", "state": "pending" | "delivered" | "failed", "attempts", "last_status" (the HTTP
+status of the last answer, or null), "last_error" (a short fixed phrase: "HTTP 503", "no answer", "refused"),
+"delivered_at"}. What a failed connection said (which could tell a client about the inside) goes to the log only.
 
-A process that dies mid-delivery leaves it pending. The sender holds the finished job's lease while it tries
-(renewed as a job's is); `resume` takes up pending deliveries whose lease has passed, and sends the same body
-(kept in the job's meta at the first attempt) under the same webhook-id.
+The outbox: a job made with a webhook parks its delivery in the store (`park`: no body yet, claimable only once
+the job has ended). When the job ends, the process that ended it stores the exact body every attempt sends
+(store.create_delivery fills the parked record) and holds it under a lease that it renews while it posts and while
+it waits to retry. A process that dies leaves it there; `resume` (every lease, by every process) claims deliveries
+whose lease has passed and whose job has ended, one atomic claim each, and sends the same body under the same
+webhook-id; a parked one whose job ended without a body (its process died in between) gets the payload the job's
+end would have sent (`payload_of`). So two processes never deliver one event at once (a sender that loses its lease
+stops before its next write), and a delivery is never lost to a scan's window. A delivery leaves the outbox when
+it is delivered, failed, or its job is deleted.
 """
 
 from __future__ import annotations
@@ -30,20 +39,23 @@ import hashlib
 import hmac
 import json
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime, timezone
 from typing import Any
 
-from ..store.base import JobRecord, Store
+from ..store.base import DeliveryRecord, JobRecord, Store
+from .notify import payloads
+from .targets import WebhookTargetError, WebhookTargets
 
 log = logging.getLogger("stepserve.jobs")
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 SECRET_PREFIX = "whsec_"
-BODY, SENDER = "webhook_body", "webhook_sender"  # the job's meta: the payload as first sent, who is sending it
-RESUME_SCAN = 1000  # the newest jobs looked at for deliveries left pending
+RESUME_BATCH = 100  # deliveries one process takes up per round (the rest wait for the next round)
+NO_ANSWER, REFUSED = "no answer", "refused: the host resolves to an address webhooks are not sent to"
 
-Post = Callable[[str, bytes, dict[str, str]], Awaitable[int]]  # (url, body, headers) -> HTTP status
+# (url, the checked addresses to connect to, body, headers, timeout_s) -> the answer's HTTP status
+Post = Callable[[str, list[str], bytes, dict[str, str], float], Awaitable[int]]
 
 
 class WebhookSecretError(ValueError):
@@ -111,34 +123,49 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: fl
 
 class WebhookSender:
     def __init__(self, store: Store, secret: str | None, delays_s=(1, 2, 4, 8, 16, 32, 64), timeout_s: float = 10.0,
-                 post: Post | None = None, lease_s: float = 30.0,
-                 payload_of: Callable[[JobRecord], dict] | None = None) -> None:
-        """`post`: send one attempt (default: an httpx client that follows no redirect); `lease_s`: how long a
-        dead sender's deliveries wait before `resume` takes them; `payload_of`: the payload of a pending delivery
-        whose first attempt never ran (default: the job's id, kind, status and error)."""
+                 post: Post | None = None, lease_s: float = 30.0, targets: WebhookTargets | None = None,
+                 payload_of: Callable[[JobRecord], Awaitable[dict]] | None = None) -> None:
+        """`post`: send one attempt (default: post_pinned); `lease_s`: how long a dead sender's deliveries wait
+        before `resume` takes them; `targets`: where webhooks may go (default: public addresses only);
+        `payload_of`: the payload of a parked delivery whose job ended without one (notify.payloads; default: the
+        job's id, status and error)."""
         if secret is not None:
             secret_key(secret)  # a malformed secret fails at start, not at the first delivery
         self.store, self.secret, self.delays_s, self.timeout_s = store, secret, tuple(delays_s), timeout_s
         self.lease_s = lease_s
-        self.payload_of = payload_of or _minimal_payload
+        self.targets = targets or WebhookTargets()
+        self.payload_of = payload_of or payloads({})
         self._post = post
-        self._client = None
         self._tasks: set[asyncio.Task] = set()
 
     async def deliver(self, job: JobRecord, payload: dict, owner: str) -> None:
-        """POST json(payload) to job.webhook["url"] until a 2xx, or until the retries end (see the module)."""
-        if await self._claim(job.id, owner, _encode(payload)) is not None:
-            await self._attempts(job.id, owner)
+        """Put the job's delivery in the outbox (held by `owner`) and POST json(payload) to job.webhook["url"]
+        until a 2xx, or until the retries end (see the module). Nothing when the job has a delivery already."""
+        now = await asyncio.to_thread(self.store.now)
+        record = DeliveryRecord(job.id, job.webhook["url"], _encode(payload).decode(), now, owner, now + self.lease_s)
+        if await asyncio.to_thread(self.store.create_delivery, record):
+            await self._attempts(record, owner)
 
     async def resume(self, owner: str) -> None:
-        """Deliveries left pending by a process that died (a finished job whose webhook is pending and whose lease
-        has passed): claim each, holding its lease while trying, and deliver it."""
-        jobs, now = await asyncio.to_thread(lambda: (self.store.list_jobs(None, RESUME_SCAN), self.store.now()))
-        left = [j for j in jobs if j.finished and _pending(j) and j.lease_until < now]
-        tasks = [asyncio.ensure_future(self._resume_one(j, owner)) for j in left]
+        """Deliveries left by a process that died (their lease has passed): claim each, holding its lease while
+        trying, and deliver it with the body it was stored with. A store that fails ends the round (logged): what
+        is left waits in the outbox for the next."""
+        tasks = []
+        try:
+            while len(tasks) < RESUME_BATCH:
+                record = await asyncio.to_thread(self.store.claim_delivery, owner, self.lease_s)
+                if record is None:
+                    break
+                log.info("job %s: taking up its webhook delivery left by %s", record.job_id, record.owner)
+                tasks.append(asyncio.ensure_future(self._attempts(record, owner)))
+        except Exception:  # noqa: BLE001 - the state store unreachable: the next round tries again
+            log.warning("webhooks: the outbox could not be read", exc_info=True)
         self._tasks.update(tasks)
         try:
-            await asyncio.gather(*tasks)
+            for task, outcome in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True)):
+                if isinstance(outcome, Exception):
+                    log.warning("webhooks: a delivery stopped (it stays in the outbox for a later round)",
+                                exc_info=outcome)
         finally:
             self._tasks.difference_update(tasks)
 
@@ -146,107 +173,116 @@ class WebhookSender:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
 
     # --- one delivery ----------------------------------------------------------------------------------------
-    async def _resume_one(self, job: JobRecord, owner: str) -> None:
-        body = job.meta.get(BODY)
-        body = body.encode() if isinstance(body, str) else _encode(self.payload_of(job))
-        if await self._claim(job.id, owner, body, taking_over=True) is not None:
-            log.info("job %s: taking up its webhook delivery left pending by %s", job.id, job.meta.get(SENDER))
-            await self._attempts(job.id, owner)
-
-    async def _claim(self, job_id: str, owner: str, body: bytes, taking_over: bool = False) -> JobRecord | None:
-        """Make `owner` the job's sender (its body kept for a resume), unless the delivery is over or another
-        live sender holds it; read back, since the store has no compare-and-set for a finished job."""
-        def claim() -> JobRecord | None:
-            job = self.store.get_job(job_id)
-            if job is None or not _pending(job):
-                return None
-            held = job.lease_until >= self.store.now()  # by a live sender, or by the runner that just ended it
-            if held and (taking_over or job.meta.get(SENDER) not in (None, owner)):
-                return None
-            meta = {**job.meta, SENDER: owner, BODY: job.meta.get(BODY) or body.decode()}
-            self.store.update_job(job_id, meta=meta, lease_until=self.store.now() + self.lease_s)
-            again = self.store.get_job(job_id)
-            return again if again is not None and again.meta.get(SENDER) == owner else None
-
-        return await asyncio.to_thread(claim)
-
-    async def _attempts(self, job_id: str, owner: str) -> None:
-        for i in range(len(self.delays_s) + 1):
-            job = await asyncio.to_thread(self._mine, job_id, owner)
-            if job is None:
-                return  # delivered, failed, deleted, or taken over by another process
-            hook, body, msg_id = job.webhook, job.meta[BODY].encode(), f"msg_{job_id}"
-            if not self.secret:
-                await self._record(job_id, owner, hook, FAILED, "no webhook secret: nothing is sent unsigned",
-                                   posted=False)
+    async def _attempts(self, record: DeliveryRecord, owner: str) -> None:
+        job_id, attempts, body = record.job_id, record.attempts, record.body.encode()
+        if not body:  # parked: the process that ended the job died before storing the body
+            job = await asyncio.to_thread(self.store.get_job, job_id)
+            if job is not None and _pending(job):
+                body = _encode(await self.payload_of(job))
+                if await asyncio.to_thread(self.store.renew_delivery, job_id, owner, self.lease_s, None,
+                                           body.decode()) is None:
+                    return
+        while True:
+            job = await asyncio.to_thread(self.store.get_job, job_id)
+            if job is None or not _pending(job):  # deleted, or its end recorded already: nothing more to send
+                await asyncio.to_thread(self.store.end_delivery, job_id, owner)
                 return
-            error = await self._send(hook["url"], msg_id, body)
-            last = i == len(self.delays_s)
-            state = DELIVERED if error is None else FAILED if last else PENDING
-            await self._record(job_id, owner, hook, state, error)
+            if not self.secret:
+                await self._record(job, FAILED, attempts, None, "no webhook secret: nothing is sent unsigned")
+                await asyncio.to_thread(self.store.end_delivery, job_id, owner)
+                return
+            sent = await self._holding(job_id, owner, self._send(record.url, f"msg_{job_id}", body))
+            if sent is None:
+                return  # taken over meanwhile: the new owner sends, and records
+            status, error = sent
+            attempts += 1
+            state = DELIVERED if error is None else FAILED if attempts > len(self.delays_s) else PENDING
+            if await asyncio.to_thread(self.store.renew_delivery, job_id, owner, self.lease_s, attempts) is None:
+                return
+            await self._record(job, state, attempts, status, error)
             if state != PENDING:
                 if state == FAILED:
-                    log.warning("job %s: webhook not delivered after %d attempts: %s", job_id, i + 1, error)
+                    log.warning("job %s: webhook not delivered after %d attempts (last: %s)", job_id, attempts, error)
+                await asyncio.to_thread(self.store.end_delivery, job_id, owner)
                 return
-            await self._hold(job_id, owner, self.delays_s[i])
+            if await self._holding(job_id, owner, asyncio.sleep(self.delays_s[attempts - 1], True)) is None:
+                return
 
-    def _mine(self, job_id: str, owner: str) -> JobRecord | None:
-        job = self.store.get_job(job_id)
-        return job if job is not None and _pending(job) and job.meta.get(SENDER) == owner else None
+    async def _holding(self, job_id: str, owner: str, work: Awaitable):
+        """`work`'s result, the delivery's lease renewed every lease_s / 3 meanwhile; None (work cancelled) once
+        the delivery is no longer this owner's."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not (await asyncio.wait({task}, timeout=self.lease_s / 3))[0]:
+                if await asyncio.to_thread(self.store.renew_delivery, job_id, owner, self.lease_s) is None:
+                    log.warning("job %s: its webhook delivery was taken over by another process; stopped here", job_id)
+                    return None
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
-    async def _send(self, url: str, msg_id: str, body: bytes) -> str | None:
-        """One attempt; None on a 2xx, else what went wrong."""
+    async def _send(self, url: str, msg_id: str, body: bytes) -> tuple[int | None, str | None]:
+        """One attempt: (the HTTP status or None, None on a 2xx else what the client is told)."""
+        try:
+            addresses = await asyncio.to_thread(self.targets.addresses, url)
+        except WebhookTargetError as exc:
+            log.warning("webhook %s not sent: %s", msg_id, exc.detail)
+            return None, REFUSED
         stamp = int(time.time())
         headers = {"content-type": "application/json", "user-agent": "stepserve-webhooks", "webhook-id": msg_id,
                    "webhook-timestamp": str(stamp), "webhook-signature": sign(self.secret, msg_id, stamp, body)}
         try:
-            status = await (self._post or self._http_post)(url, body, headers)
-        except Exception as exc:  # noqa: BLE001 - every failure to get an answer is retried
-            import httpx
-
-            if isinstance(exc, httpx.TimeoutException):
-                return f"no answer within {self.timeout_s:g} s"
-            return f"{'connection failed' if isinstance(exc, httpx.TransportError) else type(exc).__name__}: {exc}"[:300]
+            status = await (self._post or post_pinned)(url, addresses, body, headers, self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - every failure to get an answer is retried; its text is logged only
+            log.info("webhook %s: no answer from %s: %s", msg_id, ", ".join(addresses), str(exc) or type(exc).__name__)
+            return None, NO_ANSWER
         if 200 <= status < 300:
-            return None
-        return f"HTTP {status}" + (" (redirects are not followed)" if 300 <= status < 400 else "")
+            return status, None
+        return status, f"HTTP {status}" + (" (redirects are not followed)" if 300 <= status < 400 else "")
 
-    async def _http_post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
-        import httpx
-
-        if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False, timeout=self.timeout_s)
-        async with self._client.stream("POST", url, content=body, headers=headers) as answer:
-            return answer.status_code  # the receiver's body is never read
-
-    async def _record(self, job_id: str, owner: str, hook: dict, state: str, error: str | None,
-                      posted: bool = True) -> None:
+    async def _record(self, job: JobRecord, state: str, attempts: int, status: int | None, error: str | None) -> None:
         def write() -> None:
-            if self._mine(job_id, owner) is None:
-                return
             now = self.store.now()
-            self.store.update_job(job_id, lease_until=now + self.lease_s, webhook={
-                **hook, "state": state, "attempts": int(hook.get("attempts") or 0) + posted, "last_error": error,
+            self.store.update_job(job.id, webhook={
+                **job.webhook, "state": state, "attempts": attempts, "last_status": status, "last_error": error,
                 "delivered_at": now if state == DELIVERED else None})
 
         await asyncio.to_thread(write)
 
-    async def _hold(self, job_id: str, owner: str, seconds: float) -> None:
-        """Wait `seconds` before the next attempt, renewing the job's lease meanwhile."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            await asyncio.sleep(min(left, self.lease_s / 3))
-            if time.monotonic() < end:
-                await asyncio.to_thread(self._renew, job_id, owner)
 
-    def _renew(self, job_id: str, owner: str) -> None:
-        if self._mine(job_id, owner) is not None:
-            self.store.update_job(job_id, lease_until=self.store.now() + self.lease_s)
+async def post_pinned(url: str, addresses: list[str], body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+    """POST to `url` connecting only to `addresses` (checked by the caller): the Host header and the TLS server name
+    stay the URL's. No redirect is followed, no proxy from the environment is used, the answer's body is not read."""
+    import aiohttp
+    from aiohttp.abc import AbstractResolver
+
+    class Pinned(AbstractResolver):
+        async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+            return [{"hostname": host, "host": a, "port": port, "proto": 0, "flags": socket.AI_NUMERICHOST,
+                     "family": socket.AF_INET6 if ":" in a else socket.AF_INET} for a in addresses]
+
+        async def close(self) -> None:
+            pass
+
+    connector = aiohttp.TCPConnector(resolver=Pinned(), use_dns_cache=False, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, trust_env=False,
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async with session.post(url, data=body, headers=headers, allow_redirects=False) as answer:
+            return answer.status
+
+
+def park(store: Store, job: JobRecord) -> None:
+    """At a job's creation (blocking): its delivery, parked until the job ends (see the module). A store that
+    fails here is logged and the job goes on: its end stores the delivery all the same."""
+    if job.webhook and job.webhook.get("url"):
+        try:
+            store.create_delivery(DeliveryRecord(job.id, job.webhook["url"], "", store.now()))
+        except Exception:  # noqa: BLE001
+            log.warning("job %s: its webhook delivery could not be parked in the outbox", job.id, exc_info=True)
 
 
 def _pending(job: JobRecord) -> bool:
@@ -255,9 +291,3 @@ def _pending(job: JobRecord) -> bool:
 
 def _encode(payload: dict) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _minimal_payload(job: JobRecord) -> dict[str, Any]:
-    stamp = datetime.fromtimestamp(job.completed_at or 0.0, timezone.utc).isoformat().replace("+00:00", "Z")
-    return {"type": f"{job.kind}.{job.status}", "timestamp": stamp,
-            "data": {"id": job.id, "status": job.status, "error": job.error}}

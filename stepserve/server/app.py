@@ -22,6 +22,7 @@ from ..store.base import DEFAULT_MAX_ATTEMPTS, Store
 from ..store.memory import MemoryStore
 from ..store.results import Results
 from .auth import require_key
+from .hosts import HostCheck, ServedHosts
 from .replica_header import REPLICA_HEADER, ReplicaHeader  # noqa: F401 (REPLICA_HEADER: part of the app's API)
 from .bodies import JSON, check_json
 from .errors import APIError, UnexpectedErrors, install_error_handlers
@@ -53,7 +54,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
                access_log: bool = True, store: Store | None = None, results: Results | None = None,
                owner: str | None = None, webhook_secret: str | None = None, job_lease_s: float = 30.0,
                job_poll_s: float = 1.0, service: str | None = None,
-               job_max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> FastAPI:
+               job_max_attempts: int = DEFAULT_MAX_ATTEMPTS, webhook_allow: tuple[str, ...] = (),
+               listen_host: str | None = None, allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
     """The one app both servers run: `stepserve serve` hosts it alone, and each Ray Serve replica hosts its own
     (stepserve/server/ray/deployment.py). A replica passes its id (every response then carries X-Stepserve-Replica) and
     a metrics_view that renders all replicas' metrics instead of this app's alone. cors_origins: the web origins
@@ -63,7 +65,10 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     app: `stepserve serve` passes the ones its flags name); `owner` is this process's id in the store (a stable one
     lets a restarted server take back its jobs at once; default: a new one). The same store holds the LoRA
     adapters registered at run time, shared by the replicas. Jobs and registrations belong to `service` (default:
-    derived from what the engine serves, server/jobs_app.py); a job claimed job_max_attempts times ends failed."""
+    derived from what the engine serves, server/jobs_app.py); a job claimed job_max_attempts times ends failed.
+    webhook_allow: internal receivers webhooks may reach (jobs/targets.py). listen_host: the address the server
+    listens on; without an API key, only its Host names and `allowed_hosts` are answered (server/hosts.py); None (an
+    app whose host checks nothing of its own): no Host check."""
     state = ServerState(engine, limits or ServerLimits(), ServerMetrics(engine), api_key or None,
                         cors_origins=tuple(cors_origins), access_log=access_log)
     engine.on_step.append(state.metrics.on_step)
@@ -71,7 +76,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
     state.events = events  # start_drain ends its streams
     store = store if store is not None else MemoryStore()
     jobs = attach_jobs(state, store, results, owner, webhook_secret, job_lease_s, job_poll_s, service,
-                       job_max_attempts)
+                       job_max_attempts, webhook_allow)
     registry = AdapterRegistry(engine, store, replica, service=jobs.service)
 
     @asynccontextmanager
@@ -112,6 +117,8 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
                            expose_headers=[REPLICA_HEADER, "Location", "Preference-Applied"])
     if replica is not None:
         app.add_middleware(ReplicaHeader, replica=replica)
+    if listen_host is not None and not state.api_key:  # outermost: a rebound page is refused before anything
+        app.add_middleware(HostCheck, hosts=ServedHosts.of(listen_host, allowed_hosts))
     return app
 
 

@@ -11,6 +11,7 @@ events.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -24,7 +25,8 @@ from fastapi import Request
 
 from ..jobs.kinds import JobError
 from ..jobs.service import TooManyUnfinished
-from ..jobs.webhooks import WebhookSecretError, require_secret
+from ..jobs.targets import WebhookTargetError
+from ..jobs.webhooks import WebhookSecretError, park, require_secret
 from ..request.types import GenerationResult
 from ..store.base import JobRecord
 from . import errors
@@ -96,8 +98,14 @@ def check_serving(state: ServerState) -> None:
 
 async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfinished: int,
                      noun: str) -> tuple[JobRecord, bool]:
-    """Store the job (see the module docstring): (job, True), or (the job made under its key, False)."""
+    """Store the job (see the module docstring): (job, True), or (the job made under its key, False). A webhook
+    whose host is not somewhere webhooks go (jobs/targets.py; resolved off the loop) is a 400 first."""
     check_serving(state)
+    if job.webhook and state.webhook_targets is not None:
+        try:
+            await asyncio.to_thread(state.webhook_targets.addresses, job.webhook["url"])
+        except WebhookTargetError as exc:
+            raise invalid(str(exc), "webhook", "webhook_not_allowed") from None
     job.meta["fingerprint"] = print_
     try:
         record, created = await state.jobs.create(job, max_unfinished)
@@ -113,6 +121,8 @@ async def create_job(state: ServerState, job: JobRecord, print_: str, max_unfini
         raise APIError(409, f"{IDEMPOTENCY_HEADER}: this key was used for {record.id}, made from another request; "
                             f"send a new key for a new request", param=IDEMPOTENCY_HEADER,
                        code="idempotency_key_reused")
+    if created and record.webhook:  # its delivery, parked in the outbox until the job ends (jobs/webhooks.py)
+        await asyncio.to_thread(park, state.jobs.store, record)
     return record, created
 
 

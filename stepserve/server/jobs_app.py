@@ -1,8 +1,9 @@
 """The jobs of one app (stepserve/jobs/ over the server's kinds): the store and results folder it was given (by
 default a temporary folder of its own, removed with the app: a test, or `--state memory`), the kinds this model
 makes (async images; videos on a video model), how many jobs this process runs at once
-(ServerLimits.max_running_jobs, by default the engine's max_batch_size), its owner id in the store, and the service
-its jobs (and adapter registrations) belong to.
+(ServerLimits.max_running_jobs, by default the engine's max_batch_size), its owner id in the store, the service
+its jobs (and adapter registrations) belong to, and where webhooks may go (public addresses, and the internal
+receivers `webhook_allow` names: serve --webhook-allow).
 
 The default service is derived from what the server serves: the model's name and family and a short hash of
 everything in its ModelInfo that changes which requests it can run (sizes, samplers, video, ControlNets,
@@ -20,7 +21,9 @@ import re
 import secrets
 import socket
 
+from ..jobs.notify import payloads
 from ..jobs.service import DEFAULT_MAX_ATTEMPTS, Jobs
+from ..jobs.targets import WebhookTargets
 from ..jobs.webhooks import WebhookSender
 from ..store.base import Store
 from ..store.results import Results
@@ -45,7 +48,9 @@ def default_service(info) -> str:
 
 def attach_jobs(state: ServerState, store: Store, results: Results | None = None, owner: str | None = None,
                 webhook_secret: str | None = None, lease_s: float = 30.0, poll_s: float = 1.0,
-                service: str | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Jobs:
+                service: str | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                webhook_allow: tuple[str, ...] | list[str] = ()) -> Jobs:
+    state.webhook_targets = targets = WebhookTargets.allowing(webhook_allow)  # ValueError for a malformed entry
     closers = []
     if results is None:
         results = Results.in_temporary_folder()
@@ -58,6 +63,7 @@ def attach_jobs(state: ServerState, store: Store, results: Results | None = None
                       kinds, service=service or default_service(engine.model_info),
                       max_running=state.limits.max_running_jobs or engine.options.max_batch_size,
                       lease_s=lease_s, poll_s=poll_s, max_attempts=max_attempts,
-                      sender=WebhookSender(store, webhook_secret, lease_s=lease_s), webhook_secret=webhook_secret,
-                      on_close=lambda: [close() for close in closers])
+                      sender=WebhookSender(store, webhook_secret, lease_s=lease_s, targets=targets,
+                                           payload_of=payloads(kinds)),
+                      webhook_secret=webhook_secret, on_close=lambda: [close() for close in closers])
     return state.jobs

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..store.base import DEFAULT_MAX_ATTEMPTS
 from ..util.api_key import API_KEY_ENV, resolve_api_key
+from ..util.urls import has_password, without_password
 
 WEBHOOK_SECRET_ENV = "STEPSERVE_WEBHOOK_SECRET"
 
@@ -20,7 +21,7 @@ from .schemas import ServerLimits
 class ServeSettings:
     engine: EngineConfig  # what to load and how it batches (max_batch_size before the memory cap)
     limits: ServerLimits  # per-request limits of the HTTP API
-    api_key: str | None = None  # required as a bearer token on every route but /health
+    api_key: str | None = field(default=None, repr=False)  # required as a bearer token on every route but /health
     shutdown_grace_s: float = 30.0  # on SIGTERM, how long requests in flight may take to finish
     host: str = "127.0.0.1"
     port: int = 8000
@@ -28,20 +29,26 @@ class ServeSettings:
     cors_origins: tuple[str, ...] = ()  # web origins allowed to call the API from a browser
     api_key_required: bool = False  # a replica: a key must be found where it starts (never travels in here)
     access_log: bool = True  # one line per image or video request (a replica leaves it to Ray Serve, which logs each)
-    state_url: str = "memory"  # the state store (jobs, adapter registrations): each process opens it itself
+    state_url: str = field(default="memory", repr=False)  # the state store: each process opens it itself (shown
+    # anywhere only through without_password: it may carry the store's password)
     results_dir: str | None = None  # the jobs' results; None: results/ in the state directory (memory: a temporary one)
     keep_results_h: float = 24.0  # finished jobs and their files are swept this long after they finish
     job_lease_s: float = 30.0  # a running job's lease (a dead process's jobs are taken up once it passes)
-    webhook_secret: str | None = None  # signs webhooks (never travels to a replica: see for_replicas)
+    webhook_secret: str | None = field(default=None, repr=False)  # signs webhooks (never travels to a replica)
     webhook_secret_required: bool = False  # a replica: the secret must be found where it starts
     service: str | None = None  # the service of the jobs and registrations; None: derived from the model served
     job_max_attempts: int = DEFAULT_MAX_ATTEMPTS  # a job claimed this many times without finishing ends failed
+    webhook_allow: tuple[str, ...] = ()  # internal receivers webhooks may reach (--webhook-allow; jobs/targets.py)
+    allowed_hosts: tuple[str, ...] = ()  # Host names served without an API key besides the address's own (hosts.py)
+    state_password_required: bool = False  # a replica: the state URL's password is in its own STEPSERVE_STATE
 
 
 def for_replicas(settings: ServeSettings) -> ServeSettings:
-    """The settings that travel to Ray Serve replicas: without the key and the webhook secret themselves
-    (deployment arguments are pickled and stored by Ray). Each replica finds them where it starts:
-    replica_api_key(), replica_webhook_secret()."""
+    """The settings that travel to Ray Serve replicas: without the key, the webhook secret and the state URL's
+    password (deployment arguments are pickled and stored by Ray). Each replica finds them where it starts:
+    replica_api_key(), replica_webhook_secret(), replica_state_url()."""
+    if has_password(settings.state_url):
+        settings = replace(settings, state_url=without_password(settings.state_url), state_password_required=True)
     if settings.api_key is not None:
         settings = replace(settings, api_key=None, api_key_required=True)
     if settings.webhook_secret is not None:
@@ -96,19 +103,33 @@ def job_options(settings: ServeSettings) -> dict:
             "job_max_attempts": settings.job_max_attempts}
 
 
+def replica_state_url(settings: ServeSettings) -> str:
+    """The state URL to open: the settings' own, or in a replica of a server whose URL has a password, its own
+    STEPSERVE_STATE (a local cluster inherits `serve`'s), which must name the same store. StartupError otherwise."""
+    from ..store import STATE_ENV
+
+    if not settings.state_password_required:
+        return settings.state_url
+    url = os.environ.get(STATE_ENV) or ""
+    if without_password(url) != settings.state_url:
+        raise StartupError(f"the server's state {settings.state_url} has a password but this replica finds none: set "
+                           f"{STATE_ENV} to the whole URL where the Ray cluster starts")
+    return url
+
+
 def open_state(settings: ServeSettings):
     """(the state store, the results folder) the settings name; StartupError in one line when either cannot be
-    opened. Memory: a temporary results folder unless --results names one (removed at close() then). A SQLite
-    file's missing folder is created, with a line that says so."""
+    opened (the URL shown without its password). Memory: a temporary results folder unless --results names one
+    (removed at close() then). A SQLite file's missing folder is created, with a line that says so."""
     from ..store import open_store, sqlite_path
     from ..store.results import Results
 
     path = sqlite_path(settings.state_url)
     missing = path is not None and not path.parent.exists()
     try:
-        store = open_store(settings.state_url)
+        store = open_store(replica_state_url(settings))
     except (ValueError, ImportError, OSError) as exc:  # StoreError and a missing extra are ValueErrors
-        raise StartupError(f"--state {settings.state_url}: {exc}") from None
+        raise StartupError(f"--state {without_password(settings.state_url)}: {exc}") from None
     if missing:
         say(f"created the folder {path.parent} for the state file")
     keep_s = settings.keep_results_h * 3600.0
@@ -126,7 +147,8 @@ def state_line(settings: ServeSettings, results_root, replicas: bool = False, se
     """What the start-up says of the state: which store, which results folder, how long results are kept, and
     the service the jobs belong to."""
     where = "a temporary folder" if settings.results_dir is None and settings.state_url == "memory" else results_root
-    line = f"jobs: state {settings.state_url}, results in {where} (kept {settings.keep_results_h:g} h)"
+    shown = without_password(settings.state_url)
+    line = f"jobs: state {shown}, results in {where} (kept {settings.keep_results_h:g} h)"
     if settings.state_url == "memory":
         line += (" - warning: with --state memory each replica keeps its own jobs and adapters (a poll that reaches "
                  "another replica finds nothing); give --state sqlite:///PATH or redis://..." if replicas else

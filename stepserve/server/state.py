@@ -36,6 +36,7 @@ class ServerState:
     access_log: bool = True  # one INFO line per image or video request on the "stepserve.access" logger
     events: Any = None  # the engine's steps for the console (server/events.py), ended when draining starts
     jobs: Any = None  # the jobs of this app (server/jobs_app.py: stepserve/jobs/ over the store), stopped when draining
+    webhook_targets: Any = None  # where webhooks may go (jobs/targets.py: WebhookTargets), set with the jobs
 
     def request_done(self, outcome: str, status: int, started: float, results: Sequence[Any] = (),
                      path: str = GENERATIONS) -> None:

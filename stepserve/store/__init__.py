@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..util.urls import without_password
 from .base import (COMPLETED, FAILED, FINISHED, IN_PROGRESS, KINDS, QUEUED, AdapterRecord, JobRecord,  # noqa: F401
                    Store, StoreError)
 
@@ -52,4 +53,4 @@ def open_store(url: str) -> Store:
         from .redis import RedisStore
 
         return RedisStore(url)
-    raise ValueError(f"state {url!r}: allowed: {SCHEMES}")
+    raise ValueError(f"state {without_password(url)!r}: allowed: {SCHEMES}")

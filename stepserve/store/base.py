@@ -41,7 +41,8 @@ class JobRecord:
     lease_until: float = 0.0  # the owner's claim ends then unless renewed (store clock)
     attempts: int = 0  # how many times it was claimed
     results: list[str] = field(default_factory=list)  # file names in the results folder, once completed
-    webhook: dict[str, Any] | None = None  # {"url", "state": pending|delivered|failed, "attempts", "last_error"}
+    webhook: dict[str, Any] | None = None  # {"url", "state": pending|delivered|failed, "attempts", "last_status",
+    # "last_error", "delivered_at"}: the delivery's outcome (its body and sender: the outbox, DeliveryRecord)
     idempotency_key: str | None = None  # the client's Idempotency-Key (scoped by the server: see create_job)
     meta: dict[str, Any] = field(default_factory=dict)  # the server's own details (model, request id, ...)
     service: str = ""  # the service it belongs to: only that service's servers list, read, claim or delete it
@@ -152,6 +153,30 @@ class AdapterRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+@dataclass
+class DeliveryRecord:
+    """A job's webhook delivery in the outbox: the exact body every attempt sends (stored once, when the job ends),
+    and who is sending it. Only deliveries to come or under way are kept: the outcome is the job's `webhook` state.
+    A parked delivery (body "", nobody holding it) is made with the job, so that a process that dies between the
+    job's end and storing the body still leaves something for another to take up."""
+
+    job_id: str  # one delivery per job; its webhook-id is "msg_<job_id>"
+    url: str
+    body: str  # the JSON sent, as text; "" while parked
+    created_at: float
+    owner: str | None = None  # the sending process; its lease passed, any process may claim it
+    lease_until: float = 0.0
+    attempts: int = 0  # POSTs made so far (the next waits the retry delay after the last)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DeliveryRecord":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
 class Store(Protocol):
     """One small interface; every method is atomic on its own. `now()` is the store's clock (seconds since the
     epoch): leases and sweeps are read against it, so replicas on several machines agree as far as their clocks
@@ -227,3 +252,26 @@ class Store(Protocol):
         """The replicas whose publication has not expired, each with its latest info."""
 
     def close(self) -> None: ...
+
+    # -- the webhook outbox (jobs/webhooks.py) -----------------------------------------------------------------
+    def create_delivery(self, delivery: DeliveryRecord) -> bool:
+        """Store a job's one delivery as given (its owner and lease too): True. When the job has one already: a
+        parked one that nobody holds (body "", no owner or a lease that has passed) takes this one's body, owner and
+        lease (True); any other stays as it is (False: a second notification of the same end, or another process
+        took it up first)."""
+
+    def get_delivery(self, job_id: str) -> DeliveryRecord | None: ...
+
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+        """Take a delivery whose lease has passed (its sender died) and whose job has ended or is gone (a parked
+        one waits for its job): the given one, or else the one whose lease ended first. It becomes `owner`'s until
+        now() + lease_s. None when there is none."""
+
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
+                       body: str | None = None) -> DeliveryRecord | None:
+        """While `owner` holds it: its lease to now() + lease_s (and its attempts and body, when given). Else None:
+        it was taken over or ended, and the caller must stop."""
+
+    def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
+        """Forget a delivery (delivered, failed, or its job gone): with `owner`, only while that process holds it.
+        Whether one was forgotten."""

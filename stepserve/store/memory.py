@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .base import (FINISHED, KINDS, AdapterRecord, JobRecord, TooManyUnfinished, check_changes,
-                   release, take)
+from .base import (FINISHED, KINDS, AdapterRecord, DeliveryRecord, JobRecord, TooManyUnfinished,
+                   check_changes, release, take)
 
 
 class MemoryStore:
@@ -155,3 +155,54 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
+
+    # -- the webhook outbox (base.py) --------------------------------------------------------------------------
+    def _outbox(self) -> dict[str, DeliveryRecord]:
+        """The deliveries by job id (made on first use, so that the outbox stays one block of its own)."""
+        return self.__dict__.setdefault("_deliveries", {})
+
+    def create_delivery(self, delivery: DeliveryRecord) -> bool:
+        with self._lock:
+            there = self._outbox().get(delivery.job_id)
+            if there is not None and (there.body or (there.owner is not None and there.lease_until >= self._clock())):
+                return False
+            self._outbox()[delivery.job_id] = copy.deepcopy(delivery)
+            return True
+
+    def get_delivery(self, job_id: str) -> DeliveryRecord | None:
+        with self._lock:
+            return copy.deepcopy(self._outbox().get(job_id))
+
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+        with self._lock:
+            now = self._clock()
+            box = self._outbox()
+            candidates = [box[job_id]] if job_id in box else [] if job_id else \
+                sorted(box.values(), key=lambda d: d.lease_until)
+            for delivery in candidates:
+                job = self._jobs.get(delivery.job_id)
+                if delivery.lease_until < now and (job is None or job.status in FINISHED):
+                    delivery.owner, delivery.lease_until = owner, now + lease_s
+                    return copy.deepcopy(delivery)
+            return None
+
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
+                       body: str | None = None) -> DeliveryRecord | None:
+        with self._lock:
+            delivery = self._outbox().get(job_id)
+            if delivery is None or delivery.owner != owner:
+                return None
+            delivery.lease_until = self._clock() + lease_s
+            if attempts is not None:
+                delivery.attempts = attempts
+            if body is not None:
+                delivery.body = body
+            return copy.deepcopy(delivery)
+
+    def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
+        with self._lock:
+            delivery = self._outbox().get(job_id)
+            if delivery is None or (owner is not None and delivery.owner != owner):
+                return False
+            del self._outbox()[job_id]
+            return True

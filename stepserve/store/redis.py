@@ -23,23 +23,15 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..util.extras import require_extra
-from .base import KINDS, RELEASED, AdapterRecord, JobRecord, StoreError, TooManyUnfinished, check_changes
-from .redis_scripts import COMMON, SCRIPTS
+from ..util.urls import without_password
+from .base import (KINDS, RELEASED, AdapterRecord, DeliveryRecord, JobRecord, StoreError, TooManyUnfinished,
+                   check_changes)
+from .redis_scripts import COMMON, OUTBOX_COMMON, OUTBOX_SCRIPTS, SCRIPTS
 
 PREFIX = "stepserve:"
-
-
-def without_password(url: str) -> str:
-    """The URL with any password left out (in the user part or a `password=` query parameter)."""
-    parts = urlsplit(url)
-    userinfo, at, hostport = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    netloc = f"{user}@{hostport}" if at and user else hostport
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _fields(record: JobRecord | AdapterRecord) -> list[str]:
@@ -167,6 +159,47 @@ class RedisStore:
 
     def close(self) -> None:
         self._redis.close()
+
+    # -- the webhook outbox (base.py; its keys and scripts: redis_scripts.OUTBOX_SCRIPTS) ----------------------
+    def _outbox(self, script: str, *args: Any):
+        scripts = self.__dict__.setdefault("_outbox_scripts", {})  # registered on first use
+        if script not in scripts:
+            scripts[script] = self._redis.register_script(COMMON + OUTBOX_COMMON + OUTBOX_SCRIPTS[script])
+        return scripts[script](args=(self.prefix, *args))
+
+    def create_delivery(self, delivery: DeliveryRecord) -> bool:
+        doc = json.dumps({k: v for k, v in delivery.to_dict().items() if k not in _OWN_FIELDS})
+        return bool(self._outbox("create_delivery", delivery.job_id, doc, delivery.body, json.dumps(delivery.owner),
+                                 repr(float(delivery.lease_until)), str(int(delivery.attempts))))
+
+    def get_delivery(self, job_id: str) -> DeliveryRecord | None:
+        return _delivery(self._redis.hgetall(f"{self.prefix}delivery:{job_id}"))
+
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+        return _delivery(self._outbox("claim_delivery", json.dumps(owner), repr(float(lease_s)), job_id or ""))
+
+    def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
+                       body: str | None = None) -> DeliveryRecord | None:
+        return _delivery(self._outbox("renew_delivery", job_id, json.dumps(owner), repr(float(lease_s)),
+                                      "" if attempts is None else str(int(attempts)), body or "",
+                                      "0" if body is None else "1"))
+
+    def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
+        return bool(self._outbox("end_delivery", job_id, "" if owner is None else json.dumps(owner)))
+
+
+_OWN_FIELDS = ("body", "owner", "lease_until", "attempts")  # a delivery's hash fields besides its doc
+
+
+def _delivery(found) -> DeliveryRecord | None:
+    """A delivery from its hash (a dict, or HGETALL's flat list from a script)."""
+    if not found:
+        return None
+    if isinstance(found, list):
+        pairs = iter(found)
+        found = dict(zip(pairs, pairs))
+    return DeliveryRecord.from_dict({**json.loads(found["doc"]), "body": found["body"], "owner": json.loads(found["owner"]),
+                                     "lease_until": float(found["lease_until"]), "attempts": int(found["attempts"])})
 
 
 def _adapter_key(service: str, name: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from .base import (KINDS, AdapterRecord, JobRecord, StoreError, TooManyUnfinished, check_changes,
                    release, take)
+from .sqlite_outbox import SqliteOutbox
 
 from .sqlite_schema import SCHEMA, TABLES, TO_2, UNFINISHED, claim_query  # noqa: F401 (the tests read them)
 
@@ -41,7 +42,7 @@ def _adapter(doc: str) -> AdapterRecord:
     return AdapterRecord.from_dict(json.loads(doc))
 
 
-class SqliteStore:
+class SqliteStore(SqliteOutbox):
     def __init__(self, path: str | os.PathLike, clock: Callable[[], float] = time.time,
                  busy_timeout_s: float = 30.0) -> None:
         if not str(path):

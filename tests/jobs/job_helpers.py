@@ -16,13 +16,13 @@ from stepserve.server.app import create_app
 
 
 def app_client(executor, store=None, results=None, owner=None, poll_s=0.05, lease_s=30.0, limits=None,
-               shutdown_grace_s=5.0, webhook_secret=None, service=None, max_attempts=3,
+               shutdown_grace_s=5.0, webhook_secret=None, service=None, max_attempts=3, webhook_allow=(),
                **options) -> TestClient:
     options = {"strategy": "continuous", "max_batch_size": 4, **options}
     return TestClient(create_app(AsyncEngine(executor, **options), limits=limits, store=store, results=results,
                                  owner=owner, job_poll_s=poll_s, job_lease_s=lease_s,
                                  shutdown_grace_s=shutdown_grace_s, webhook_secret=webhook_secret, service=service,
-                                 job_max_attempts=max_attempts))
+                                 job_max_attempts=max_attempts, webhook_allow=webhook_allow))
 
 
 def die(runner) -> None:

@@ -40,8 +40,9 @@ def local_server():
     env = {k: v for k, v in ray_env(mark).items()
            if k not in ("RAY_AUTH_MODE", "STEPSERVE_WEBHOOK_SECRET")}  # stepserve's own default applies
     # the webhook secret as a flag: it never travels to the replica, which finds it in the environment it inherits
+    # and the webhook receiver below is on loopback, which webhooks reach only when it is named
     server = ServeProcess(mark, "--replicas", "1", "--shutdown-grace-s", "2", "--webhook-secret", "local-secret",
-                          env=env)
+                          "--webhook-allow", "127.0.0.1", env=env)
     try:
         yield server, mark
     finally:

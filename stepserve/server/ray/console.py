@@ -21,6 +21,7 @@ import ray
 from ray import serve
 
 from ..console import events_app
+from ..hosts import HostCheck, ServedHosts
 from ..startup import ServeSettings, for_replicas, replica_api_key
 from ..viewers import MAX_VIEWERS
 from .events_hub import EventsHub
@@ -56,7 +57,10 @@ class ConsoleEvents:
         api_key = replica_api_key(self.settings)
         self.events = FleetEvents(self.hub, self.name)
         self.reader = asyncio.get_running_loop().create_task(self.events.run())  # here, outside any request
-        return _whole_path(events_app(self.events, api_key, self.settings.cors_origins, name=self.name))
+        app = events_app(self.events, api_key, self.settings.cors_origins, name=self.name)
+        if not api_key:  # the same Host check as the engine replicas' (hosts.py)
+            app = HostCheck(app, ServedHosts.of(self.settings.host, self.settings.allowed_hosts))
+        return _whole_path(app)
 
     async def __del__(self) -> None:
         if self.events is not None:

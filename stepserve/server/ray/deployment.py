@@ -33,7 +33,9 @@ from ray import serve
 
 from ...engine.loading import available_cores
 from ..app import create_app
+from ...store import STATE_ENV
 from ...util.api_key import API_KEY_ENV
+from ...util.urls import has_password
 from ...util.words import plural
 from ..startup import (WEBHOOK_SECRET_ENV, ServeSettings, StartupError, for_replicas, job_options, open_state,
                        ready_line, replica_api_key, replica_webhook_secret, start_engine)
@@ -100,7 +102,8 @@ class StepserveReplica:
                          metrics_view=self.all_metrics, cors_origins=settings.cors_origins,
                          access_log=False,  # Ray Serve logs every request itself
                          store=store, results=results, owner=self.replica, webhook_secret=webhook_secret,
-                         **job_options(settings))
+                         webhook_allow=settings.webhook_allow, listen_host=settings.host,
+                         allowed_hosts=settings.allowed_hosts, **job_options(settings))
         self.http_app, self.metrics = app, app.state.server.metrics
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         self.forwarder = start_forwarding(self.events_hub, app, self.replica)
@@ -167,6 +170,8 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         os.environ[API_KEY_ENV] = settings.api_key  # the local cluster's processes inherit it; no argument carries it
     if local and settings.webhook_secret is not None:
         os.environ[WEBHOOK_SECRET_ENV] = settings.webhook_secret  # the same for the webhook secret
+    if local and has_password(settings.state_url):
+        os.environ[STATE_ENV] = settings.state_url  # and for the state URL's password (replica_state_url)
     _connect(plan, local)
     stop = _stop_on_signal()  # after ray.init, whose own SIGTERM handler would abort the process
     started_serve = False
