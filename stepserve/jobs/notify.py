@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime, timezone
 from typing import Any
 
-from ..store.base import JobRecord
+from ..store.base import JobRecord, iso_utc
 
 log = logging.getLogger("stepserve.jobs")
 INLINE = ("result",)  # what GET shows of a job that a webhook leaves out (the results themselves)
 
 
 def payload(event: str, job: JobRecord, data: dict[str, Any]) -> dict[str, Any]:
-    stamp = datetime.fromtimestamp(job.completed_at or 0.0, timezone.utc).isoformat().replace("+00:00", "Z")
-    return {"type": f"{event}.{job.status}", "timestamp": stamp,
+    return {"type": f"{event}.{job.status}", "timestamp": iso_utc(job.completed_at or 0.0),
             "data": {k: v for k, v in data.items() if k not in INLINE}}
 
 

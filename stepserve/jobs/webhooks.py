@@ -124,15 +124,17 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: fl
 class WebhookSender:
     def __init__(self, store: Store, secret: str | None, delays_s=(1, 2, 4, 8, 16, 32, 64), timeout_s: float = 10.0,
                  post: Post | None = None, lease_s: float = 30.0, targets: WebhookTargets | None = None,
-                 payload_of: Callable[[JobRecord], Awaitable[dict]] | None = None) -> None:
+                 payload_of: Callable[[JobRecord], Awaitable[dict]] | None = None,
+                 service: str | None = None) -> None:
         """`post`: send one attempt (default: post_pinned); `lease_s`: how long a dead sender's deliveries wait
         before `resume` takes them; `targets`: where webhooks may go (default: public addresses only);
         `payload_of`: the payload of a parked delivery whose job ended without one (notify.payloads; default: the
-        job's id, status and error)."""
+        job's id, status and error); `service`: `resume` takes up only that service's deliveries (another
+        service's server signs with another secret; None: any, for a store of one service)."""
         if secret is not None:
             secret_key(secret)  # a malformed secret fails at start, not at the first delivery
         self.store, self.secret, self.delays_s, self.timeout_s = store, secret, tuple(delays_s), timeout_s
-        self.lease_s = lease_s
+        self.lease_s, self.service = lease_s, service
         self.targets = targets or WebhookTargets()
         self.payload_of = payload_of or payloads({})
         self._post = post
@@ -142,7 +144,8 @@ class WebhookSender:
         """Put the job's delivery in the outbox (held by `owner`) and POST json(payload) to job.webhook["url"]
         until a 2xx, or until the retries end (see the module). Nothing when the job has a delivery already."""
         now = await asyncio.to_thread(self.store.now)
-        record = DeliveryRecord(job.id, job.webhook["url"], _encode(payload).decode(), now, owner, now + self.lease_s)
+        record = DeliveryRecord(job.id, job.webhook["url"], _encode(payload).decode(), now, owner, now + self.lease_s,
+                                service=job.service)
         if await asyncio.to_thread(self.store.create_delivery, record):
             await self._attempts(record, owner)
 
@@ -153,7 +156,7 @@ class WebhookSender:
         tasks = []
         try:
             while len(tasks) < RESUME_BATCH:
-                record = await asyncio.to_thread(self.store.claim_delivery, owner, self.lease_s)
+                record = await asyncio.to_thread(self.store.claim_delivery, owner, self.lease_s, None, self.service)
                 if record is None:
                     break
                 log.info("job %s: taking up its webhook delivery left by %s", record.job_id, record.owner)
@@ -280,7 +283,7 @@ def park(store: Store, job: JobRecord) -> None:
     fails here is logged and the job goes on: its end stores the delivery all the same."""
     if job.webhook and job.webhook.get("url"):
         try:
-            store.create_delivery(DeliveryRecord(job.id, job.webhook["url"], "", store.now()))
+            store.create_delivery(DeliveryRecord(job.id, job.webhook["url"], "", store.now(), service=job.service))
         except Exception:  # noqa: BLE001
             log.warning("job %s: its webhook delivery could not be parked in the outbox", job.id, exc_info=True)
 

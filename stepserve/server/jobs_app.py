@@ -59,11 +59,12 @@ def attach_jobs(state: ServerState, store: Store, results: Results | None = None
     kinds = {"image": ImageKind(state)}
     if engine.model_info.video:
         kinds["video"] = VideoKind(state)
+    service = service or default_service(engine.model_info)
     state.jobs = Jobs(engine, store, results, owner or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}",
-                      kinds, service=service or default_service(engine.model_info),
+                      kinds, service=service,
                       max_running=state.limits.max_running_jobs or engine.options.max_batch_size,
                       lease_s=lease_s, poll_s=poll_s, max_attempts=max_attempts,
                       sender=WebhookSender(store, webhook_secret, lease_s=lease_s, targets=targets,
-                                           payload_of=payloads(kinds)),
+                                           payload_of=payloads(kinds), service=service),
                       webhook_secret=webhook_secret, on_close=lambda: [close() for close in closers])
     return state.jobs

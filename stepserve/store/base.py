@@ -167,6 +167,7 @@ class DeliveryRecord:
     owner: str | None = None  # the sending process; its lease passed, any process may claim it
     lease_until: float = 0.0
     attempts: int = 0  # POSTs made so far (the next waits the retry delay after the last)
+    service: str = ""  # its job's service: only that service's processes take it up (they hold its webhook secret)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -262,9 +263,11 @@ class Store(Protocol):
 
     def get_delivery(self, job_id: str) -> DeliveryRecord | None: ...
 
-    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None,
+                       service: str | None = None) -> DeliveryRecord | None:
         """Take a delivery whose lease has passed (its sender died) and whose job has ended or is gone (a parked
-        one waits for its job): the given one, or else the one whose lease ended first. It becomes `owner`'s until
+        one waits for its job): the given one, or else the one whose lease ended first; with `service`, only one of
+        that service (another service's server signs with another secret). It becomes `owner`'s until
         now() + lease_s. None when there is none."""
 
     def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,

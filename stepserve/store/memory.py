@@ -173,7 +173,8 @@ class MemoryStore:
         with self._lock:
             return copy.deepcopy(self._outbox().get(job_id))
 
-    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None,
+                       service: str | None = None) -> DeliveryRecord | None:
         with self._lock:
             now = self._clock()
             box = self._outbox()
@@ -181,6 +182,8 @@ class MemoryStore:
                 sorted(box.values(), key=lambda d: d.lease_until)
             for delivery in candidates:
                 job = self._jobs.get(delivery.job_id)
+                if service is not None and delivery.service != service:
+                    continue
                 if delivery.lease_until < now and (job is None or job.status in FINISHED):
                     delivery.owner, delivery.lease_until = owner, now + lease_s
                     return copy.deepcopy(delivery)

@@ -175,8 +175,10 @@ class RedisStore:
     def get_delivery(self, job_id: str) -> DeliveryRecord | None:
         return _delivery(self._redis.hgetall(f"{self.prefix}delivery:{job_id}"))
 
-    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
-        return _delivery(self._outbox("claim_delivery", json.dumps(owner), repr(float(lease_s)), job_id or ""))
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None,
+                       service: str | None = None) -> DeliveryRecord | None:
+        return _delivery(self._outbox("claim_delivery", json.dumps(owner), repr(float(lease_s)), job_id or "",
+                                      "0" if service is None else "1", service or ""))
 
     def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
                        body: str | None = None) -> DeliveryRecord | None:

@@ -297,13 +297,14 @@ redis.call('HSET', key, 'doc', ARGV[3], 'body', ARGV[4], 'owner', ARGV[5], 'leas
 redis.call('ZADD', P .. 'deliveries', ARGV[6], ARGV[2])
 return 1
 """,
-    # ARGV: prefix, the owner's JSON, lease_s, a job id or ''
+    # ARGV: prefix, the owner's JSON, lease_s, a job id or '', '1' and a service or '0' and '' (any service)
     "claim_delivery": """
 local t = now()
 local function take(id)
   local key = P .. 'delivery:' .. id
   local lease = redis.call('HGET', key, 'lease_until')
   if not lease or tonumber(lease) >= t or not ended(id) then return nil end
+  if ARGV[5] == '1' and (cjson.decode(redis.call('HGET', key, 'doc')).service or '') ~= ARGV[6] then return nil end
   local until_ = num(t + tonumber(ARGV[3]))
   redis.call('HSET', key, 'owner', ARGV[2], 'lease_until', until_)
   redis.call('ZADD', P .. 'deliveries', until_, id)

@@ -55,13 +55,16 @@ class SqliteOutbox:
         with self._outbox() as conn:
             return self._get_delivery(conn, job_id)
 
-    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None) -> DeliveryRecord | None:
+    def claim_delivery(self, owner: str, lease_s: float, job_id: str | None = None,
+                       service: str | None = None) -> DeliveryRecord | None:
         with self._outbox() as conn:
             now = self._clock()
-            which = "d.job_id = ? AND " if job_id is not None else ""
+            which = ("d.job_id = ? AND " if job_id is not None else "") + (
+                "coalesce(json_extract(d.doc, '$.service'), '') = ? AND " if service is not None else "")
+            given = tuple(v for v in (job_id, service) if v is not None)
             row = conn.execute(f"SELECT d.doc FROM deliveries d LEFT JOIN jobs j ON j.id = d.job_id WHERE {which}"
                                f"d.lease_until < ? AND (j.id IS NULL OR {ENDED}) "
-                               "ORDER BY d.lease_until LIMIT 1", (*(() if job_id is None else (job_id,)), now)).fetchone()
+                               "ORDER BY d.lease_until LIMIT 1", (*given, now)).fetchone()
             if row is None:
                 return None
             delivery = DeliveryRecord.from_dict(json.loads(row[0]))

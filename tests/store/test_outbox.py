@@ -105,3 +105,17 @@ def test_a_parked_delivery_waits_for_its_job_and_takes_the_body_when_it_ends(bac
     assert (taken.job_id, taken.body) == ("other", "")
     assert store.create_delivery(DeliveryRecord("other", "u", "{}", store.now(), "proc-3", store.now() + 30)) is False
     assert store.renew_delivery("other", "proc-2", 30, body='{"x":1}').body == '{"x":1}'
+
+
+def test_a_claim_for_a_service_takes_only_that_services_deliveries(backend):
+    """A server takes up only its own service's deliveries: another service's would be signed with its secret."""
+    store = backend.store
+    for job_id, service in (("theirs", "svc-b"), ("ours", "svc-a")):
+        d = delivery(store, job_id, owner=None, lease_s=-1)
+        d.service = service
+        store.create_delivery(d)
+    assert store.claim_delivery("a-1", 30, "theirs", "svc-a") is None
+    taken = store.claim_delivery("a-1", 30, None, "svc-a")
+    assert (taken.job_id, taken.service) == ("ours", "svc-a")
+    assert store.claim_delivery("a-1", 30, None, "svc-a") is None  # theirs is left for a server of svc-b
+    assert store.claim_delivery("b-1", 30, None, "svc-b").job_id == "theirs"
