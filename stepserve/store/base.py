@@ -178,6 +178,19 @@ class DeliveryRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def renewed(delivery: DeliveryRecord | None, owner: str, until: float, attempts: int | None,
+            body: str | None) -> DeliveryRecord | None:
+    """renew_delivery's change (in place) while `owner` holds the delivery; None (nothing changed) otherwise."""
+    if delivery is None or delivery.owner != owner:
+        return None
+    delivery.lease_until = until
+    if attempts is not None:
+        delivery.attempts = attempts
+    if body is not None:
+        delivery.body = body
+    return delivery
+
+
 class Store(Protocol):
     """One small interface; every method is atomic on its own. `now()` is the store's clock (seconds since the
     epoch): leases and sweeps are read against it, so replicas on several machines agree as far as their clocks

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import (FINISHED, KINDS, AdapterRecord, DeliveryRecord, JobRecord, TooManyUnfinished,
-                   check_changes, release, take)
+                   check_changes, release, renewed, take)
 
 
 class MemoryStore:
@@ -192,15 +192,8 @@ class MemoryStore:
     def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
                        body: str | None = None) -> DeliveryRecord | None:
         with self._lock:
-            delivery = self._outbox().get(job_id)
-            if delivery is None or delivery.owner != owner:
-                return None
-            delivery.lease_until = self._clock() + lease_s
-            if attempts is not None:
-                delivery.attempts = attempts
-            if body is not None:
-                delivery.body = body
-            return copy.deepcopy(delivery)
+            delivery = renewed(self._outbox().get(job_id), owner, self._clock() + lease_s, attempts, body)
+            return None if delivery is None else copy.deepcopy(delivery)
 
     def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
         with self._lock:

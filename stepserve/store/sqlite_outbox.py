@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .base import DeliveryRecord
+from .base import DeliveryRecord, renewed
 
 ENDED = "j.status IN ('completed', 'failed')"  # a job of the jobs table (sqlite.py) that has ended
 OUTBOX = ("CREATE TABLE IF NOT EXISTS deliveries (job_id TEXT PRIMARY KEY, owner TEXT, lease_until REAL NOT NULL, "
@@ -74,15 +74,8 @@ class SqliteOutbox:
     def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,
                        body: str | None = None) -> DeliveryRecord | None:
         with self._outbox() as conn:
-            delivery = self._get_delivery(conn, job_id)
-            if delivery is None or delivery.owner != owner:
-                return None
-            delivery.lease_until = self._clock() + lease_s
-            if attempts is not None:
-                delivery.attempts = attempts
-            if body is not None:
-                delivery.body = body
-            return self._put_delivery(conn, delivery)
+            delivery = renewed(self._get_delivery(conn, job_id), owner, self._clock() + lease_s, attempts, body)
+            return None if delivery is None else self._put_delivery(conn, delivery)
 
     def end_delivery(self, job_id: str, owner: str | None = None) -> bool:
         with self._outbox() as conn:
