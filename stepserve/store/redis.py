@@ -29,7 +29,8 @@ from ..util.extras import require_extra
 from ..util.urls import without_password
 from .base import (KINDS, RELEASED, AdapterRecord, DeliveryRecord, JobRecord, StoreError, TooManyUnfinished,
                    check_changes)
-from .redis_scripts import COMMON, OUTBOX_COMMON, OUTBOX_SCRIPTS, SCRIPTS
+from .redis_outbox import OUTBOX_COMMON, OUTBOX_SCRIPTS
+from .redis_scripts import COMMON, SCRIPTS
 
 PREFIX = "stepserve:"
 
@@ -160,7 +161,7 @@ class RedisStore:
     def close(self) -> None:
         self._redis.close()
 
-    # -- the webhook outbox (base.py; its keys and scripts: redis_scripts.OUTBOX_SCRIPTS) ----------------------
+    # -- the webhook outbox (base.py; its keys and scripts: redis_outbox.py) ----------------------
     def _outbox(self, script: str, *args: Any):
         scripts = self.__dict__.setdefault("_outbox_scripts", {})  # registered on first use
         if script not in scripts:
