@@ -35,12 +35,13 @@ def test_readme_lists_every_extra_of_pyproject_once_with_what_make_test_installs
 
 
 def test_the_quickstart_is_on_the_first_screen():
-    """A new reader sees how to start a server, ask it for an image and open the console before any feature
-    paragraph: the Quickstart is the first section, within the first 40 lines."""
+    """A new reader sees the two commands (make demo, make test), how to start a server, ask it for an image and
+    open the console before any feature paragraph: the Quickstart is the first section, within the first 40
+    lines."""
     readme = (ROOT / "README.md").read_text()
     first_screen = "\n".join(readme.splitlines()[:40])
     assert readme.split("\n## ", 1)[1].startswith("Quickstart\n")  # the first section
     quickstart = first_screen.split("## Quickstart", 1)[1]
-    for needed in ("make setup", "stepserve serve", "curl -s localhost:8000/v1/images/generations",
+    for needed in ("make demo", "make test", "stepserve serve", "curl -s localhost:8000/v1/images/generations",
                    "http://127.0.0.1:8000/"):
         assert needed in quickstart, needed
