@@ -68,9 +68,12 @@ class Jobs:
     async def create(self, job: JobRecord, max_unfinished: int) -> tuple[JobRecord, bool]:
         """Store a new job of this service (created_at: the store's clock) and wake the runner: (job, True); or the
         job made earlier under the same idempotency key: (it, False). TooManyUnfinished when `max_unfinished` jobs
-        of its kind and service are queued or running (the store counts them in the insert itself)."""
+        of its kind and service are queued or running (the store counts them in the insert itself). The key is
+        the service's own: another service's job under the same key is neither returned nor in the way."""
         store = self.store
         job.service = self.service
+        if job.idempotency_key is not None:
+            job.idempotency_key = f"{self.service}/{job.idempotency_key}"
 
         def create() -> tuple[JobRecord, bool]:
             job.created_at = store.now()

@@ -7,7 +7,8 @@ receivers `webhook_allow` names: serve --webhook-allow).
 
 The default service is derived from what the server serves: the model's name and family and a short hash of
 everything in its ModelInfo that changes which requests it can run (sizes, samplers, video, ControlNets,
-IP-Adapters, image to image, ...; not the LoRA adapters loaded now, which change while it serves). So two servers
+IP-Adapters, image to image, ...; not the LoRA adapters loaded now nor the names in its add-on folders, which
+change while it serves and between its replicas' starts). So two servers
 of different models, or of one model with different add-ons, never run each other's jobs, while replicas of one
 deployment (the same model and flags) share theirs; `serve --service NAME` names one deliberately."""
 
@@ -32,7 +33,10 @@ from .state import ServerState
 from .video_jobs import VideoKind
 
 
-RUNTIME_FIELDS = ("lora_names",)  # ModelInfo fields that change while a server runs: not part of its service
+# ModelInfo fields that change while a server runs or between its replicas' starts (the adapters loaded now, the
+# add-on folders' listings: a ControlNet copied in before one replica starts): not part of its service, so that
+# replicas keep sharing their jobs and a restart finds its queued ones (whether the model runs add-ons at all is)
+RUNTIME_FIELDS = ("lora_names", "control_names", "control_guess_only", "ip_adapter_names")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

@@ -47,6 +47,7 @@ def test_two_services_on_one_state_keep_to_their_own_jobs_and_run_while_the_othe
     with app_client(embedded, store=open_state(), results=results, owner="x", service="x") as x:
         x.app.state.server.jobs.runner.claiming = False  # x goes down before it runs its job
         x_job = x.post(GENERATIONS, json=body, headers=ASYNC).json()
+        x_key_job = x.post(GENERATIONS, json=body, headers={**ASYNC, "Idempotency-Key": "k1"}).json()
     peek = open_state()
     with app_client(embedded, store=open_state(), results=results, owner="y", service="y") as y:  # x is down
         y_job = y.post(GENERATIONS, json={**body, "prompt": "y"}, headers=ASYNC).json()
@@ -54,13 +55,20 @@ def test_two_services_on_one_state_keep_to_their_own_jobs_and_run_while_the_othe
         assert y.get(f"{JOBS}/{x_job['id']}").status_code == 404
         assert [j["id"] for j in y.get(JOBS).json()["data"]] == [y_job["id"]]
         assert y.delete(f"{JOBS}/{x_job['id']}").status_code == 404
+        assert y.delete(f"{JOBS}/{x_key_job['id']}").status_code == 404
+        # the same body under x's Idempotency-Key: a job of y's own, not x's (nor a 409 naming it)
+        keyed = {**ASYNC, "Idempotency-Key": "k1"}
+        assert x_key_job["id"] != (mine := y.post(GENERATIONS, json=body, headers=keyed)).json()["id"], mine.text
+        assert mine.status_code == 202
+        assert y.post(GENERATIONS, json=body, headers=keyed).json()["id"] == mine.json()["id"]  # y's key works
+        wait_job(y, f"{JOBS}/{mine.json()['id']}")
     assert y_done["status"] == "completed", y_done
     held = peek.get_job(x_job["id"])
     assert (held.status, held.attempts, held.service) == ("queued", 0, "x")  # y never claimed it
     with app_client(embedded, store=open_state(), results=results, owner="x", service="x") as x:  # y is down
         x_done = wait_job(x, f"{JOBS}/{x_job['id']}")
         assert x.get(f"{JOBS}/{y_job['id']}").status_code == 404
-        assert [j["id"] for j in x.get(JOBS).json()["data"]] == [x_job["id"]]
+        assert {j["id"] for j in x.get(JOBS).json()["data"]} == {x_job["id"], x_key_job["id"]}
     assert x_done["status"] == "completed", x_done
     assert peek.get_job(y_job["id"]).status == "completed"  # still there: nothing of x touched it
     peek.close()
@@ -90,6 +98,10 @@ def test_the_default_service_is_the_models_and_what_it_serves(embedded, tiny_sd_
     assert default_service(info) != default_service(load_executor(str(tiny_sd_path)).model_info)
     assert default_service(info) != default_service(replace(info, max_size=info.max_size * 2))
     assert default_service(info) == default_service(replace(info, lora_names=frozenset({"style"})))
+    # a ControlNet or IP-Adapter copied into its folder between two replicas' starts: still one service
+    more = replace(info, control_names=frozenset({"edges"}), control_guess_only=frozenset({"edges"}),
+                   ip_adapter_names=frozenset({"face"}))
+    assert default_service(info) == default_service(more)
     assert default_service(info).startswith(f"{info.name}-{info.family}-")
 
 
