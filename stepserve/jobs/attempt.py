@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..addons.errors import AddonBudgetError
 from ..engine.admission_errors import DeadlineInfeasibleError, DeadlineRefusedError, QueueFullError
 from ..engine.async_engine import AsyncEngine
 from ..engine.handles import EngineDeadError, RequestHandle, ShuttingDownError
@@ -198,6 +199,9 @@ class Attempts:
             return
         if aborted:  # not by us: the engine shut down under it
             await self._cut_short(run)
+            return
+        if any(isinstance(getattr(r, "cause", None), AddonBudgetError) for r in results):
+            await self._hand_back(run)  # the add-on memory is held by requests in flight now: another time
             return
         error = next((e for e in map(kind.error_of, results) if e is not None), None)
         if error is not None:

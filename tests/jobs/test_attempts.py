@@ -205,3 +205,30 @@ def test_a_draining_server_refuses_new_jobs_with_a_503(embedded, tmp_path):
         listed = c.get(JOBS).json()["data"]
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down", refused.text
     assert listed == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_held_add_on_memory_hands_the_job_back_to_run_again(embedded):
+    """An add-on memory held by requests in flight is a 'retry later' (429 to a synchronous request): the job is
+    handed back and runs again, not failed for good."""
+    from stepserve.controls.errors import ControlNetBudgetError
+
+    class HeldOnce:
+        def __init__(self, executor) -> None:
+            self._executor, self.prepared = executor, 0
+
+        def __getattr__(self, name):
+            return getattr(self._executor, name)
+
+        def prepare(self, requests):
+            self.prepared += 1
+            if self.prepared == 1:
+                raise ControlNetBudgetError("the ControlNet memory is held by requests in flight; retry later")
+            return self._executor.prepare(requests)
+
+    executor = HeldOnce(embedded)
+    with app_client(executor) as c:
+        c.app.state.server.jobs.runner.backoff_s = 0.05
+        job = c.post(GENERATIONS, json=BODY, headers=ASYNC).json()
+        done = wait_job(c, f"{JOBS}/{job['id']}")
+    assert done["status"] == "completed", done
+    assert executor.prepared >= 2
