@@ -36,7 +36,7 @@ def test_help_says_the_defaults_are_for_16_bit_weights_and_doubled_for_float32()
     flags.add_lora_flag(p)
     flags.add_controlnet_flag(p)
     text = " ".join(p.format_help().split())
-    for mb in (1024, 3072, 4096):
+    for mb in (1024, 3072, 6144):
         assert f"default: {mb} MB for 16-bit weights (--dtype float16/bfloat16), {2 * mb} MB for float32" in text
 
 
@@ -55,3 +55,14 @@ def test_the_memory_cap_line_names_each_add_on_memory(tiny_executor, monkeypatch
     build_engine(EngineConfig(lora_dir=str(tmp_path), lora_memory_mb=1024.0, warm_up=False,
                               options=EngineOptions(max_batch_size=2)), executor=tiny_executor, say=lambda _: None)
     assert seen == {"LoRA adapters": 2**30}  # the LoRA memory alone: the kinds not served keep nothing aside
+
+
+def test_the_largest_published_ip_adapter_fits_the_default_in_16_bits():
+    """SDXL's ip-adapter_sdxl with its ViT-bigG image encoder: about 1.85 billion parameters (encoder) and 0.35
+    (adapter), 4.4 GB in 16 bits; the default IP-Adapter memory holds it in bfloat16 and float16."""
+    from stepserve.addons.budgets import default_mb
+
+    bytes_16bit = (1.85e9 + 0.35e9) * 2
+    for dtype in ("bfloat16", "float16", "float32"):
+        width = 4 if dtype == "float32" else 2
+        assert default_mb("ip_adapter", dtype) * 2**20 >= bytes_16bit / 2 * width, dtype

@@ -197,3 +197,27 @@ def test_executor_failure_is_logged_once_per_stage_and_kind(caplog):
         result = simulate(core, [Arrival(0.01 * i, params(i, steps=2)) for i in range(6)])
     assert all(r.finish_reason is FinishReason.ERROR for r in result.requests)
     assert sum("executor decode failed" in rec.getMessage() for rec in caplog.records) == 1
+
+
+def test_a_draining_engine_refuses_before_loading_any_add_on():
+    """A request sent while the engine drains is refused at once: its ControlNets and IP-Adapters (gigabytes) are
+    not loaded for a request that would then be refused."""
+    from stepserve.engine.handles import ShuttingDownError
+
+    async def main():
+        engine = AsyncEngine(FakeExecutor(), strategy="continuous", max_batch_size=2)
+        loaded = []
+
+        async def preload(p):
+            loaded.append(p)
+
+        engine.preload_addons = preload
+        await engine.start()
+        engine.accepting = False  # as shutdown() begins
+        with pytest.raises(ShuttingDownError):
+            await asyncio.wait_for(engine.submit_many_off_loop([params(1)]), WAIT_S)
+        engine.accepting = True
+        await engine.shutdown(1.0)
+        return loaded
+
+    assert run(main()) == []

@@ -173,6 +173,7 @@ class AsyncEngine(EngineThread):
         adapter thread. When the caller is cancelled meanwhile, what the admission accepted is aborted."""
         assert self._loop is not None, "call start() first"
         off = self._off_loop
+        self._check_open()  # a draining or dead engine loads nothing for a request it then refuses
         await self.resolve_adapters(params)
         await self.preload_addons(params)
         group = self._new_group(params, preview_steps, request_ids)

@@ -69,10 +69,12 @@ async def create_image_job(state: ServerState, request: Request, path: str, req:
     route = "edits" if sent is not None else "generations"
     body = dict(sent.fields) if sent is not None else req.model_dump(exclude_none=True)
     pictures = {} if sent is None else sent.pictures()  # image, mask and control images
-    print_ = fingerprint({"route": route, "body": body,
-                          "files": {k: hashlib.sha256(v).hexdigest() for k, v in pictures.items()}})
+    # (megabytes of pictures: hashed, and a generation's decoded, off the event loop)
+    print_ = await asyncio.to_thread(fingerprint, {"route": route, "body": body,
+                                                   "files": {k: hashlib.sha256(v).hexdigest()
+                                                             for k, v in pictures.items()}})
     if sent is None:  # a generation's base64 pictures: input files too, not megabytes in the job's document
-        body, pictures = take_pictures(body)
+        body, pictures = await asyncio.to_thread(take_pictures, body)
     job_id = new_id("imgjob")
     results = state.jobs.results
     inputs = {role: f"{job_id}.{role}" for role in pictures}
