@@ -28,11 +28,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..executor.base import Executor
-from ..lora.errors import LoraBudgetError, LoraError
+from ..lora.errors import LoraBudgetError, LoraError, LoraTooLargeError
 from ..lora.gate import AdapterGate, Deletion
 from ..request.types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
 from ..request.validation import ValidationError
-from .admission_errors import QueueFullError
 from .clock import WallClock
 from .config import EngineOptions, options_from
 from .engine_thread import EngineThread, _Abort, _Add
@@ -51,12 +50,13 @@ DEFAULT_ANSWER_MARGIN_S = 0.005
 
 @contextlib.contextmanager
 def _adapter_errors() -> Iterator[None]:
-    """The adapter gate's errors as admission errors: memory held by adapters in use is a full queue (retry
-    later), an adapter that cannot be served is the request's own bad input."""
+    """The adapter gate's errors: a memory held by adapters in use (retry later) and an adapter larger than the
+    whole memory stay the add-on errors they are (addons/errors.py: the same answers as ControlNets' and
+    IP-Adapters'); any other adapter that cannot be served is the request's own bad input."""
     try:
         yield
-    except LoraBudgetError as exc:
-        raise QueueFullError(str(exc), retry_after_s=1.0) from None
+    except (LoraBudgetError, LoraTooLargeError):
+        raise
     except LoraError as exc:
         raise ValidationError("loras", str(exc)) from None
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..addons.errors import AddonBudgetError
+from ..addons.errors import AddonBudgetError, AddonError, AddonTooLargeError
 from ..engine.admission_errors import DeadlineInfeasibleError, DeadlineRefusedError, QueueFullError
 from ..engine.async_engine import AsyncEngine
 from ..engine.handles import EngineDeadError, RequestHandle, ShuttingDownError
@@ -162,9 +162,12 @@ class Attempts:
             run.handles = await self.engine.submit_many_off_loop(params, stream=True)
         except DeadlineInfeasibleError as exc:
             raise JobError("deadline_infeasible", f"timeout_s: {exc}", "invalid") from None
-        except (QueueFullError, DeadlineRefusedError):  # the engine is full now: another time, or another process
+        except (QueueFullError, DeadlineRefusedError, AddonBudgetError):  # full now: another time, or process
             await self._hand_back(run)
             return False
+        except AddonError as exc:  # an adapter that can never be served here
+            raise JobError("addon_too_large" if isinstance(exc, AddonTooLargeError) else "invalid_value", str(exc),
+                           "invalid") from None
         except ValidationError as exc:  # an adapter deleted since the job was made, say
             raise JobError("invalid_value", str(exc), "invalid") from None
         except (ShuttingDownError, EngineDeadError) as exc:  # an engine that died on it counts as an attempt

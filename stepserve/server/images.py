@@ -69,6 +69,8 @@ async def submit_all(state: ServerState, params: Sequence[SamplingParams], parti
         return await engine.submit_many_off_loop(resolved, previews, stream=stream)
     except ValidationError as exc:  # a LoRA adapter deleted since it was checked above
         raise errors.invalid(str(exc), exc.field) from None
+    except AddonError as exc:  # adapters that cannot load now (429) or ever (400), as a ControlNet's answer
+        raise errors.addon_failure(exc) from None
     except DeadlineInfeasibleError as exc:  # even alone it would be late: a retry can never succeed
         raise errors.invalid(f"timeout_s: {exc}; raise timeout_s (or ask for fewer steps)", "timeout_s",
                              "deadline_infeasible") from None

@@ -30,7 +30,7 @@ from ..lora.errors import (LoraBudgetError, LoraError, LoraInUseError, LoraNotFo
                            LoraUnsupportedError)
 from ..lora.gate import Deletion
 from .bodies import check_json, read_body
-from .errors import APIError, invalid
+from .errors import APIError, addon_failure, invalid
 
 MAX_BODY_BYTES = 4096  # {"name", "path"}: a name of at most 64 characters and a path
 SHAPE = ('expected a JSON object {"name": ..., "path": ...} (name: the adapter\'s name; path: a file in the adapter '
@@ -39,15 +39,12 @@ SHAPE = ('expected a JSON object {"name": ..., "path": ...} (name: the adapter\'
 
 def lora_error(exc: LoraError, not_found: int = 400) -> APIError:
     """The HTTP answer for an adapter error, by its type; `not_found`: 404 where the name is in the URL."""
-    if isinstance(exc, LoraBudgetError):
-        return APIError(429, str(exc), type="rate_limit_error", code="lora_memory_full", param=exc.param,
-                        headers={"Retry-After": "1"})
+    if isinstance(exc, (LoraBudgetError, LoraTooLargeError)):  # the answers of every add-on kind's (errors.py)
+        return addon_failure(exc)
     if isinstance(exc, LoraInUseError):
         return APIError(409, str(exc), code="lora_in_use", param=exc.param)
     if isinstance(exc, LoraNotFoundError):
         return APIError(not_found, str(exc), code="lora_not_found", param=exc.param)
-    if isinstance(exc, LoraTooLargeError):  # it can never fit, whatever is unloaded: not one to retry
-        return invalid(str(exc), exc.param, "lora_too_large")
     if isinstance(exc, LoraUnsupportedError):
         return invalid(str(exc), exc.param, "lora_unsupported")
     return invalid(str(exc), exc.param)

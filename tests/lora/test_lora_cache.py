@@ -76,6 +76,26 @@ def test_an_adapter_over_the_whole_budget_is_a_400_never_a_429_to_retry(folder):
         answer = client.post("/v1/images/generations", json={"prompt": "seven", "loras": [{"name": "ink"}]})
     assert answer.status_code in (400, 413) and "larger than the whole adapter memory" in answer.text
     assert "retry-after" not in answer.headers
+    assert answer.json()["error"]["code"] == "addon_too_large"  # as a ControlNet's or an IP-Adapter's
+
+
+def test_a_held_adapter_memory_is_the_add_ons_429(folder, monkeypatch):
+    """The adapter gate's 'retry later' answers as every add-on kind's does (addon_memory_full, Retry-After), not
+    as a full queue."""
+    from stepserve.lora.errors import LoraBudgetError
+
+    built = build_engine(EngineConfig(model="embedded", memory_cap=False, warm_up=False, lora_dir=str(folder),
+                                      options=EngineOptions(strategy="continuous")), say=lambda _: None)
+    engine = AsyncEngine(built.executor, options=built.options)
+
+    def held(group, wait):
+        raise LoraBudgetError("adapter 'ink' does not fit the adapter memory beside those in use; retry later")
+
+    monkeypatch.setattr(engine.adapter_gate, "admitting", held)
+    with TestClient(create_app(engine)) as client:
+        answer = client.post("/v1/images/generations", json={"prompt": "seven", "loras": [{"name": "ink"}]})
+    assert answer.status_code == 429 and answer.json()["error"]["code"] == "addon_memory_full", answer.text
+    assert answer.headers["retry-after"]
 
 
 def test_the_file_is_read_before_the_executors_lock_is_taken(folder, monkeypatch):

@@ -131,8 +131,8 @@ def test_load_bodies_are_json_bounded_and_checked(folder, content, headers, stat
 
 @pytest.mark.parametrize("raised,status,code", [
     (LoraTooLargeError("adapter 'big' (3.0 MiB) is larger than the whole adapter memory (1 MiB)", "path"), 400,
-     "lora_too_large"),
-    (LoraBudgetError("the adapter memory is held by adapters in use; retry later"), 429, "lora_memory_full"),
+     "addon_too_large"),
+    (LoraBudgetError("the adapter memory is held by adapters in use; retry later"), 429, "addon_memory_full"),
     (LoraInUseError("adapter 'big' is loaded already; delete it first"), 409, "lora_in_use"),
     (LoraError("the file is not a LoRA file diffusers reads", "path"), 400, "invalid_value"),
 ], ids=["too-large", "budget", "in-use", "plain"])
