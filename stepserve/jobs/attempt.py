@@ -217,9 +217,21 @@ class Attempts:
             for name, data in files.items():
                 names.append(await asyncio.to_thread(self.results.write, name, data))
             published = await self._end(run, kind, COMPLETED, results, names=names)
-        finally:
-            if not published:  # lost (deleted, or run by another meanwhile), or not written: only ours go
+        finally:  # lost (deleted, or run by another meanwhile), or not written: only ours go, and only when the
+            # store says they are not what the job points to (an end written whose answer was lost keeps them)
+            if not published and not await self._published_anyway(run.job.id, names):
                 await asyncio.to_thread(self.results.delete, names)
+
+    async def _published_anyway(self, job_id: str, names: list[str]) -> bool:
+        """Whether the stored job points to these files after all (the end was written, its answer lost). When the
+        store cannot tell, True: a file kept is swept by age, a file deleted under a completed job is lost."""
+        if not names:
+            return False
+        try:
+            record = await asyncio.to_thread(self.store.get_job, job_id)
+        except Exception:  # noqa: BLE001
+            return True
+        return record is not None and set(names) <= set(record.results)
 
     async def _end(self, run: Running, kind: JobKind, status: str, results: Sequence[GenerationResult],
                    error: JobError | None = None, names: list[str] | None = None) -> bool:

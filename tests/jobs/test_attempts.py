@@ -232,3 +232,28 @@ def test_a_held_add_on_memory_hands_the_job_back_to_run_again(embedded):
         done = wait_job(c, f"{JOBS}/{job['id']}")
     assert done["status"] == "completed", done
     assert executor.prepared >= 2
+
+
+def test_an_end_written_whose_answer_was_lost_keeps_its_files(embedded, tmp_path):
+    """The final write went through but its answer never came (a connection reset after the commit), and no write
+    goes through after it until the lease passes: the job is completed in the store, so its files stay."""
+    class AnswerLost(CountingStore):
+        cut = False
+
+        def update_job(self, job_id, owner=None, **changes):
+            if self.cut:
+                raise ConnectionError("the state store is unreachable")
+            record = self._store.update_job(job_id, owner, **changes)
+            if changes.get("status") == "completed":
+                self.cut = True
+                raise ConnectionError("connection reset after the write")
+            return record
+
+    store, results = AnswerLost(MemoryStore()), Results(tmp_path, keep_s=3600)
+    with app_client(embedded, store=store, results=results, lease_s=1.0, poll_s=0.05) as c:
+        runner = c.app.state.server.jobs.runner
+        job = c.post(GENERATIONS, json=BODY, headers=ASYNC).json()
+        assert wait_until(lambda: store._store.get_job(job["id"]).status == "completed", 240)
+        assert wait_until(lambda: not runner.running, 240), "the runner never gave the end up"
+        record = store._store.get_job(job["id"])
+    assert record.results and all((tmp_path / name).is_file() for name in record.results)
