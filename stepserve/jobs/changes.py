@@ -6,7 +6,7 @@ publishes None. While a job has followers, one task reads it from the store when
 for POLL_S, and publishes what it read: so N streams of one job cost one store read per POLL_S, not N. follow()
 yields the job's record each time it differs (status, progress, error, results), and ends after a finished one, or
 with None once the job is gone (deleted, or swept). A process serves at most `max_followers` streams at once (each
-holds a connection; the routes answer 429 past it: `full`).
+holds a connection; the routes reserve one before answering, and answer 429 past it: `reserve`).
 """
 
 from __future__ import annotations
@@ -21,19 +21,32 @@ from ..store.base import JobRecord, Store
 log = logging.getLogger("stepserve.jobs")
 POLL_S = 0.5  # how often a followed job is read from the store when no change reached it from this process
 MAX_FOLLOWERS = 64  # event streams of jobs one process serves at once
+RESERVE_S = 10.0  # a stream let in whose body never started (its client left first) stops counting then
 
 
 class Changes:
     def __init__(self, store: Store | None = None, poll_s: float = POLL_S, max_followers: int = MAX_FOLLOWERS) -> None:
         self.store, self.poll_s, self.max_followers = store, poll_s, max_followers
         self.following = 0  # streams open now
+        self._reserved: list[float] = []  # streams let in whose body has not started yet (when: monotonic)
         self._queues: dict[str, set[asyncio.Queue]] = {}
         self._polls: dict[str, asyncio.Task] = {}  # one per followed job (with a store)
         self._heard: dict[str, float] = {}  # followed job -> when its last record was published (monotonic)
 
     @property
     def full(self) -> bool:
-        return self.following >= self.max_followers
+        return self.following + len(self._reserved) >= self.max_followers
+
+    def reserve(self) -> bool:
+        """Let one more stream in, counted at once: a route's check and its stream's start are apart (the body
+        starts after the answer's head), so a burst of requests would all pass a check that counted started
+        streams only. False when full. A reservation whose stream never starts lapses after RESERVE_S."""
+        now = time.monotonic()
+        self._reserved = [t for t in self._reserved if now - t < RESERVE_S]
+        if self.full:
+            return False
+        self._reserved.append(now)
+        return True
 
     def subscribe(self, job_id: str) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue()
@@ -81,6 +94,8 @@ def _seen(job: JobRecord) -> tuple:
 
 async def follow(changes: Changes, job_id: str, first: JobRecord | None = None) -> AsyncIterator[JobRecord | None]:
     """The job now (`first` when the caller has just read it), then each change; see the module docstring."""
+    if changes._reserved:  # the stream its route let in has started
+        changes._reserved.pop(0)
     changes.following += 1
     queue = changes.subscribe(job_id)
     try:

@@ -156,7 +156,7 @@ def started_from(job: JobRecord) -> float:
 def check_streams(state: ServerState) -> None:
     """A 429 when this process serves as many job event streams as it may (jobs/changes.py: MAX_FOLLOWERS)."""
     changes = state.jobs.changes
-    if changes.full:
+    if not changes.reserve():
         raise APIError(429, f"{changes.following} job event streams are open on this server, the most it serves at "
                             f"once; retry later, or poll the job (GET) instead", type="rate_limit_error",
                        code="too_many_streams", headers={"Retry-After": "5"})
