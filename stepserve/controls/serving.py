@@ -28,16 +28,36 @@ def serve_controlnets(executor: Any, controlnet_dir: str, memory_mb: float | Non
             f"{'no bound' if budget is None else f'{memory_mb:g} MiB'}")
 
 
+def _served(executor: Any, params) -> tuple[Any, list[str]]:
+    """(the executor's ControlNet store or None, the served ControlNets these requests name)."""
+    store = getattr(executor, "_controlnets", None)
+    if store is None:
+        return None, []
+    names = [_name(c) for p in params if isinstance(getattr(p, "controls", None), (list, tuple)) for c in p.controls]
+    return store, sorted({n for n in names if isinstance(n, str) and n in store.names})
+
+
+def hold(executor: Any, owner, params) -> None:
+    """`owner` (a request until it ends, or an addons.store.Holder until released) holds the served ControlNets
+    these requests name: none is unloaded for another meanwhile, so what the front end loads before queueing is
+    still loaded at the request's first step (no load on the engine thread)."""
+    store, names = _served(executor, params)
+    if store is not None and names:
+        store.budget.hold(owner, names)
+
+
+def release(executor: Any, owner) -> None:
+    store = getattr(executor, "_controlnets", None)
+    if store is not None:
+        store.budget.release(owner)
+
+
 def to_load(executor: Any, params) -> list[str]:
     """The served ControlNets these requests name that are not loaded now. `params` as resolved (the HTTP, edit
     and job paths: Control objects) or as sent (the Python API: dicts, before any check: what validation refuses
     is left out). Cheap: on the event loop."""
-    store = getattr(executor, "_controlnets", None)
-    if store is None:
-        return []
-    names = [_name(c) for p in params if isinstance(getattr(p, "controls", None), (list, tuple)) for c in p.controls]
-    served = store.names
-    return sorted({n for n in names if isinstance(n, str) and n in served and n not in store.loaded})
+    store, names = _served(executor, params)
+    return [] if store is None else [n for n in names if n not in store.loaded]
 
 
 DEPTH = ("num_layers", "num_single_layers")  # a transformer ControlNet's config: how many block outputs it gives

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..executor.base import Executor
+from ..addons.store import Holder
 from ..lora.errors import LoraBudgetError, LoraError, LoraTooLargeError
 from ..lora.gate import AdapterGate, Deletion
 from ..request.types import FinishReason, Request, RequestStatus, SamplingParams, StepReport, next_request_id
@@ -175,16 +176,39 @@ class AsyncEngine(EngineThread):
         off = self._off_loop
         self._check_open()  # a draining or dead engine loads nothing for a request it then refuses
         await self.resolve_adapters(params)
-        await self.preload_addons(params)
-        group = self._new_group(params, preview_steps, request_ids)
-        outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
-        if getattr(self.core.policy, "admission", None) is None:
-            handles = self._admit(group, outlets, stream, wait=False)
-        else:
-            handles = await off.run(off.decisions, self._admit, group, outlets, stream, False, undo=self._abort_all)
-        if handles is None:  # it waits for the adapter gate
-            handles = await off.run(off.adapters, self._admit, group, outlets, stream, True, undo=self._abort_all)
-        return handles
+        preloading = Holder()  # from before their load until the requests hold them (none unloaded in between)
+        self._hold_addons(preloading, params)
+        try:
+            await self.preload_addons(params)
+            group = self._new_group(params, preview_steps, request_ids)
+            for r in group:  # each request holds its ControlNets and IP-Adapters until it ends
+                self._hold_addons(r, [r.params])
+            outlets = self._outlets(len(params), stream)  # futures are made on the loop's thread
+            if getattr(self.core.policy, "admission", None) is None:
+                handles = self._admit(group, outlets, stream, wait=False)
+            else:
+                handles = await off.run(off.decisions, self._admit, group, outlets, stream, False,
+                                        undo=self._abort_all)
+            if handles is None:  # it waits for the adapter gate
+                handles = await off.run(off.adapters, self._admit, group, outlets, stream, True,
+                                        undo=self._abort_all)
+            return handles
+        finally:
+            self._release_addons(preloading)
+
+    def _hold_addons(self, owner, params: Sequence[SamplingParams]) -> None:
+        from ..controls import serving as controls
+        from ..ipadapter import serving as image_prompts
+
+        controls.hold(self.executor, owner, params)
+        image_prompts.hold(self.executor, owner, params)
+
+    def _release_addons(self, owner) -> None:
+        from ..controls import serving as controls
+        from ..ipadapter import serving as image_prompts
+
+        controls.release(self.executor, owner)
+        image_prompts.release(self.executor, owner)
 
     def _abort_all(self, handles: list[RequestHandle]) -> None:
         for h in handles:

@@ -28,22 +28,45 @@ def to_load(executor: Any, params) -> list[list[str]]:
     """Per request, the served IP-Adapters it names that are not loaded now (requests naming none, or more than a
     request may, are left out). `params` as resolved (the HTTP, edit and job paths: ImagePrompt objects) or as sent
     (the Python API: a dict or a list of them, before any check). Cheap: on the event loop."""
-    from .spec import MAX_PROMPTS
 
     store = getattr(executor, "_ip_adapters", None)
     if store is None:
         return []
     out = []
     for p in params:
-        prompts = getattr(p, "ip_adapter", None)
-        items = [prompts] if isinstance(prompts, dict) else prompts if isinstance(prompts, (list, tuple)) else []
-        if not items or len(items) > MAX_PROMPTS:
-            continue
-        said = (i.get("name") if isinstance(i, dict) else getattr(i, "name", None) for i in items)
-        names = [n for n in dict.fromkeys(said) if isinstance(n, str) and n in store.names]
+        names = _names(p, store)
         if any(n not in store.loaded for n in names):
             out.append(names)
     return out
+
+
+def _names(p, store) -> list[str]:
+    """The served IP-Adapters one request names (resolved, or as sent: up to MAX_PROMPTS, else none)."""
+    from .spec import MAX_PROMPTS
+
+    prompts = getattr(p, "ip_adapter", None)
+    items = [prompts] if isinstance(prompts, dict) else prompts if isinstance(prompts, (list, tuple)) else []
+    if not items or len(items) > MAX_PROMPTS:
+        return []
+    said = (i.get("name") if isinstance(i, dict) else getattr(i, "name", None) for i in items)
+    return [n for n in dict.fromkeys(said) if isinstance(n, str) and n in store.names]
+
+
+def hold(executor: Any, owner, params) -> None:
+    """`owner` (a request until it ends, or an addons.store.Holder until released) holds the served IP-Adapters
+    these requests name, as controls/serving.hold does the ControlNets."""
+    store = getattr(executor, "_ip_adapters", None)
+    if store is None:
+        return
+    names = {n for p in params for n in _names(p, store)}
+    if names:
+        store.budget.hold(owner, sorted(names))
+
+
+def release(executor: Any, owner) -> None:
+    store = getattr(executor, "_ip_adapters", None)
+    if store is not None:
+        store.budget.release(owner)
 
 
 def load(executor: Any, groups: list[list[str]]) -> None:

@@ -162,3 +162,35 @@ def test_a_request_failed_on_an_add_on_answers_with_its_typed_error(cause, statu
     assert (err.value.status, err.value.param, err.value.code) == (status, param, code)
     assert err.value.message == str(cause)  # the add-on's own line, not "the model failed ..."
     assert (err.value.headers.get("Retry-After") == "1") == (status == 429)
+
+
+def test_a_queued_request_holds_the_controlnet_loaded_for_it_before_its_first_step(tiny_sd_path, folder,
+                                                                                    monkeypatch):
+    """What the front end loads before queueing stays loaded until the request's first step: a request waiting in
+    the queue holds its ControlNet, so another's preload cannot unload it (which would load it again inside a step,
+    on the engine thread)."""
+    import asyncio
+
+    built = build_engine(EngineConfig(model=str(tiny_sd_path), memory_cap=False, warm_up=False,
+                                      controlnet_dir=str(folder),
+                                      options=EngineOptions(strategy="static", max_batch_size=2,
+                                                            static_batch_size=2, max_queue_delay_ms=600_000)),
+                         say=lambda _: None)
+    store = built.executor.controlnets()
+    store.budget_bytes = int(1.5 * one_size(folder))  # room for one
+    loads = counting_loads(built.executor.pipeline, monkeypatch)
+
+    async def scenario():
+        engine = AsyncEngine(built.executor, options=built.options)
+        await engine.start()
+        try:
+            waiting = await engine.submit_many_off_loop([request(1, (("pose", 1.0, 0.0, 1.0),))])
+            held = store.budget.in_use()
+            await engine.preload_addons([request(2, (("depth", 1.0, 0.0, 1.0),))])  # refused room: swallowed
+            return waiting, held
+        finally:
+            await engine.shutdown(1.0)
+
+    waiting, held = asyncio.run(scenario())
+    assert waiting and "pose" in held
+    assert loads == {"pose": 1} and "pose" in store.loaded  # depth did not unload it
