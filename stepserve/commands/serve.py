@@ -17,7 +17,7 @@ import uvicorn
 
 from ..util.api_key import API_KEY_ENV, resolve_api_key
 from ..util.extras import MissingExtraError
-from ..engine.loading import available_cores, check_weights, refused_pair, startup_features
+from ..engine.loading import available_cores, check_pairs, check_weights
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS, DEFAULT_STRATEGY, SLO_ORDERS, STRATEGIES
 from ..engine.config import EngineOptions
 from ..server.startup import (ServeSettings, StartupError, job_options, open_state, ready_line, say, start_engine,
@@ -139,9 +139,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
-    refused = refused_pair(startup_features(config))
-    if refused:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders
-        raise StartupError(refused)
+    try:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders
+        check_pairs(config)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     try:  # --quantize's device and library, --offload's device: one line before anything loads (here, unless the
         # replicas run on a cluster elsewhere, whose machines have libraries of their own: each replica checks)
         if getattr(args, "ray_address", None) is None:

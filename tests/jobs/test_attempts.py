@@ -250,7 +250,9 @@ def test_an_end_written_whose_answer_was_lost_keeps_its_files(embedded, tmp_path
             return record
 
     store, results = AnswerLost(MemoryStore()), Results(tmp_path, keep_s=3600)
-    with app_client(embedded, store=store, results=results, lease_s=1.0, poll_s=0.05) as c:
+    # a short lease (the end is given up once it would pass), long enough that a stall on a busy machine does
+    # not let it lapse mid-run
+    with app_client(embedded, store=store, results=results, lease_s=5.0, poll_s=0.05) as c:
         runner = c.app.state.server.jobs.runner
         job = c.post(GENERATIONS, json=BODY, headers=ASYNC).json()
         assert wait_until(lambda: store._store.get_job(job["id"]).status == "completed", 240)
