@@ -11,7 +11,7 @@ its default memory in every dtype. A memory given explicitly is taken as it is.
 from __future__ import annotations
 
 AUTO = "auto"  # a kind's default memory, sized for the dtype in force
-DEFAULT_MB_16BIT = {"lora": 1024.0, "controlnet": 3072.0, "ip_adapter": 6144.0}  # SDXL ip-adapter_sdxl with ViT-bigG: ~4.2 GB
+DEFAULT_MB_16BIT = {"lora": 1024.0, "controlnet": 3072.0, "ip_adapter": 6144.0}  # ip_adapter: SDXL ViT-bigG ~4.2 GB
 NAMES = {"lora": "LoRA adapters", "controlnet": "ControlNets", "ip_adapter": "IP-Adapters"}
 WIDTHS = {"float32": 4, "float16": 2, "bfloat16": 2}
 

@@ -203,10 +203,12 @@ class Attempts:
         if aborted:  # not by us: the engine shut down under it
             await self._cut_short(run)
             return
-        if any(isinstance(getattr(r, "cause", None), AddonBudgetError) for r in results):
-            await self._hand_back(run)  # the add-on memory is held by requests in flight now: another time
+        errors = [e for e in map(kind.error_of, results) if e is not None]
+        error = next((e for r, e in zip(results, map(kind.error_of, results))
+                      if e is not None and not isinstance(getattr(r, "cause", None), AddonBudgetError)), None)
+        if error is None and errors:  # only an add-on memory held by requests in flight now: another time,
+            await self._hand_back(run, counted=True)  # counted, so --job-max-attempts bounds the retries
             return
-        error = next((e for e in map(kind.error_of, results) if e is not None), None)
         if error is not None:
             await self._end(run, kind, FAILED, results, error=error)
             return

@@ -157,8 +157,8 @@ def check_streams(state: ServerState) -> None:
     """A 429 when this process serves as many job event streams as it may (jobs/changes.py: MAX_FOLLOWERS)."""
     changes = state.jobs.changes
     if not changes.reserve():
-        raise APIError(429, f"{changes.following} job event streams are open on this server, the most it serves at "
-                            f"once; retry later, or poll the job (GET) instead", type="rate_limit_error",
+        raise APIError(429, f"{changes.max_followers} job event streams are open on this server, the most it "
+                            f"serves at once; retry later, or poll the job (GET) instead", type="rate_limit_error",
                        code="too_many_streams", headers={"Retry-After": "5"})
 
 

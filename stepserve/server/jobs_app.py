@@ -35,14 +35,17 @@ from .video_jobs import VideoKind
 
 # ModelInfo fields that change while a server runs or between its replicas' starts (the adapters loaded now, the
 # add-on folders' listings: a ControlNet copied in before one replica starts): not part of its service, so that
-# replicas keep sharing their jobs and a restart finds its queued ones (whether the model runs add-ons at all is)
-RUNTIME_FIELDS = ("lora_names", "control_names", "control_guess_only", "ip_adapter_names")
+# replicas keep sharing their jobs and a restart finds its queued ones; whether it serves ControlNets or IP-Adapters
+# at all (a folder given) is, so a server without them never takes a job that names one
+RUNTIME_FIELDS = ("lora_names", "control_guess_only")
+SERVED_ONLY = ("control_names", "ip_adapter_names")  # counted only as whether any is served (a folder given)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def default_service(info) -> str:
     """NAME-FAMILY-HASH8 of a ModelInfo (see the module docstring); a valid service name (store/base.py)."""
-    served = {f.name: getattr(info, f.name) for f in dataclasses.fields(info) if f.name not in RUNTIME_FIELDS}
+    served = {f.name: bool(getattr(info, f.name)) if f.name in SERVED_ONLY else getattr(info, f.name)
+              for f in dataclasses.fields(info) if f.name not in RUNTIME_FIELDS}
     text = json.dumps(served, sort_keys=True, default=lambda v: sorted(v) if isinstance(v, (set, frozenset)) else
                       repr(v))
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]

@@ -280,7 +280,7 @@ class Store(Protocol):
                        service: str | None = None) -> DeliveryRecord | None:
         """Take a delivery whose lease has passed (its sender died) and whose job has ended or is gone (a parked
         one waits for its job): the given one, or else the one whose lease ended first; with `service`, only one of
-        that service (another service's server signs with another secret). It becomes `owner`'s until
+        that service (another service's server signs with another secret) or of none (made before services). It becomes `owner`'s until
         now() + lease_s. None when there is none."""
 
     def renew_delivery(self, job_id: str, owner: str, lease_s: float, attempts: int | None = None,

@@ -182,7 +182,7 @@ class MemoryStore:
                 sorted(box.values(), key=lambda d: d.lease_until)
             for delivery in candidates:
                 job = self._jobs.get(delivery.job_id)
-                if service is not None and delivery.service != service:
+                if service is not None and delivery.service not in (service, ""):  # "": made before services
                     continue
                 if delivery.lease_until < now and (job is None or job.status in FINISHED):
                     delivery.owner, delivery.lease_until = owner, now + lease_s

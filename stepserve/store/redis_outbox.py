@@ -33,7 +33,10 @@ local function take(id)
   local key = P .. 'delivery:' .. id
   local lease = redis.call('HGET', key, 'lease_until')
   if not lease or tonumber(lease) >= t or not ended(id) then return nil end
-  if ARGV[5] == '1' and (cjson.decode(redis.call('HGET', key, 'doc')).service or '') ~= ARGV[6] then return nil end
+  if ARGV[5] == '1' then  -- that service's, or one made before services ('')
+    local s = cjson.decode(redis.call('HGET', key, 'doc')).service or ''
+    if s ~= ARGV[6] and s ~= '' then return nil end
+  end
   local until_ = num(t + tonumber(ARGV[3]))
   redis.call('HSET', key, 'owner', ARGV[2], 'lease_until', until_)
   redis.call('ZADD', P .. 'deliveries', until_, id)

@@ -60,7 +60,7 @@ class SqliteOutbox:
         with self._outbox() as conn:
             now = self._clock()
             which = ("d.job_id = ? AND " if job_id is not None else "") + (
-                "coalesce(json_extract(d.doc, '$.service'), '') = ? AND " if service is not None else "")
+                "coalesce(json_extract(d.doc, '$.service'), '') IN (?, '') AND " if service is not None else "")
             given = tuple(v for v in (job_id, service) if v is not None)
             row = conn.execute(f"SELECT d.doc FROM deliveries d LEFT JOIN jobs j ON j.id = d.job_id WHERE {which}"
                                f"d.lease_until < ? AND (j.id IS NULL OR {ENDED}) "

@@ -259,3 +259,31 @@ def test_an_end_written_whose_answer_was_lost_keeps_its_files(embedded, tmp_path
         assert wait_until(lambda: not runner.running, 240), "the runner never gave the end up"
         record = store._store.get_job(job["id"])
     assert record.results and all((tmp_path / name).is_file() for name in record.results)
+
+
+def test_a_job_meeting_a_held_add_on_memory_again_and_again_ends(embedded):
+    """Hand-backs for a held add-on memory count as attempts: a job whose images keep meeting one (here beside an
+    image that fails for good) ends failed within --job-max-attempts, never handed back forever. (The job stops at
+    its first failed image, so which of the two it meets first decides its code.)"""
+    from stepserve.controls.errors import ControlNetBudgetError
+
+    class Mixed:
+        def __init__(self, executor) -> None:
+            self._executor = executor
+
+        def __getattr__(self, name):
+            return getattr(self._executor, name)
+
+        def prepare(self, requests):
+            if any(r.params.seed == 3 for r in requests):
+                raise ControlNetBudgetError("the ControlNet memory is held by requests in flight; retry later")
+            if any(r.params.seed == 4 for r in requests):
+                raise OSError("cannot read /srv/secret/controlnet")
+            return self._executor.prepare(requests)
+
+    with app_client(Mixed(embedded)) as c:
+        c.app.state.server.jobs.runner.backoff_s = 0.05
+        job = c.post(GENERATIONS, json={**BODY, "n": 2}, headers=ASYNC).json()  # seeds 3 and 4
+        failed = wait_job(c, f"{JOBS}/{job['id']}")
+    assert failed["status"] == "failed", failed
+    assert failed["error"]["code"] in ("model_failure", "too_many_attempts"), failed

@@ -99,9 +99,15 @@ def test_the_default_service_is_the_models_and_what_it_serves(embedded, tiny_sd_
     assert default_service(info) != default_service(replace(info, max_size=info.max_size * 2))
     assert default_service(info) == default_service(replace(info, lora_names=frozenset({"style"})))
     # a ControlNet or IP-Adapter copied into its folder between two replicas' starts: still one service
-    more = replace(info, control_names=frozenset({"edges"}), control_guess_only=frozenset({"edges"}),
-                   ip_adapter_names=frozenset({"face"}))
-    assert default_service(info) == default_service(more)
+    some = replace(info, control_names=frozenset({"pose"}), ip_adapter_names=frozenset({"face"}))
+    more = replace(info, control_names=frozenset({"pose", "edges"}), control_guess_only=frozenset({"edges"}),
+                   ip_adapter_names=frozenset({"face", "style"}))
+    assert default_service(some) == default_service(more)
+    # whether it serves them at all is part of it: a server without ControlNets never takes a job naming one
+    assert default_service(replace(info, controls=True)) != default_service(
+        replace(info, controls=True, control_names=frozenset({"edges"})))
+    assert default_service(replace(info, ip_adapters=True)) != default_service(
+        replace(info, ip_adapters=True, ip_adapter_names=frozenset({"face"})))
     assert default_service(info).startswith(f"{info.name}-{info.family}-")
 
 

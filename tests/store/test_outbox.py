@@ -120,3 +120,10 @@ def test_a_claim_for_a_service_takes_only_that_services_deliveries(backend):
     assert (taken.job_id, taken.service) == ("ours", "svc-a")
     assert store.claim_delivery("a-1", 30, None, "svc-a") is None  # theirs is left for a server of svc-b
     assert store.claim_delivery("b-1", 30, None, "svc-b").job_id == "theirs"
+
+
+def test_a_delivery_made_before_services_is_taken_up_by_any(backend):
+    """Deliveries of a state written before services (service "") are not left forever: any server takes them."""
+    store = backend.store
+    store.create_delivery(delivery(store, "old", owner=None, lease_s=-1))
+    assert store.claim_delivery("a-1", 30, None, "svc-a").job_id == "old"
