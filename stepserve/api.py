@@ -32,7 +32,7 @@ class Engine:
                         cache: Any = None, lora_dir: str | None = None, lora_memory_mb: float | str | None = AUTO,
                         controlnet_dir: str | None = None, controlnet_memory_mb: float | str | None = AUTO,
                         ip_adapter_dir: str | None = None, ip_adapter_memory_mb: float | str | None = AUTO,
-                        weights: Any = None, **options: Any) -> "Engine":
+                        weights: Any = None, degrees: Any = None, **options: Any) -> "Engine":
         """Load a model and build an engine (stepserve.engine.config.build_engine). With memory_cap,
         max_batch_size is lowered to what fits in the device's memory (the reason is logged; torch backend only).
         `compile` (the denoiser compiled per batch bucket) and `deterministic` (byte-identical images under any
@@ -47,7 +47,8 @@ class Engine:
         served from that folder (docs/CONTROLNET.md); `ip_adapter_dir` / `ip_adapter_memory_mb`: IP-Adapters
         served from that folder (docs/CONTROLNET.md); each memory in MiB, "auto" (the default) sized for `dtype`
         (stepserve/addons/budgets.py), None for no bound; `weights` (stepserve.pipelines.weights.Weights): the
-        denoiser from a single or GGUF file, quantized on load, or offloaded (docs/MODELS.md)."""
+        denoiser from a single or GGUF file, quantized on load, or offloaded (docs/MODELS.md); `degrees`
+        (stepserve.parallel.degrees.Degrees): one request split over several devices (docs/SCALING.md)."""
         if fast_path is None and (compile or deterministic):
             from .backends.fast_path import FastPathOptions
 
@@ -56,6 +57,7 @@ class Engine:
             threads = _auto_threads() if device == "cpu" else None
         config = EngineConfig(model=model, device=device, dtype=dtype, backend=backend, threads=threads,
                               memory_cap=memory_cap, fast_path=fast_path, cache=cache, lora_dir=lora_dir,
+                              degrees=degrees,
                               lora_memory_mb=lora_memory_mb, controlnet_dir=controlnet_dir,
                               controlnet_memory_mb=controlnet_memory_mb, ip_adapter_dir=ip_adapter_dir,
                               ip_adapter_memory_mb=ip_adapter_memory_mb, weights=weights,

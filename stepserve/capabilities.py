@@ -40,23 +40,31 @@ class Capabilities:
     caches_with_controls: bool = False  # step caching takes ControlNet residuals (caching/unet.py: a UNet only)
     ip_adapter: bool = False  # IP-Adapter image prompts (stepserve/ipadapter)
     no_controls_with_mask: str = ""  # why a family that inpaints takes no ControlNet there, when there is more to say
+    # one request over several devices (stepserve/parallel): diffusers' context-parallel plan on its transformer
+    # (--ulysses-degree, --ring-degree), its tensor-parallel plan (--tensor-parallel-size), and unconditional rows
+    # of its own to run on other ranks (true classifier-free guidance: --cfg-parallel)
+    sequence_parallel: bool = False
+    tensor_parallel: bool = False
+    true_cfg: bool = False
 
 
 FAMILIES: dict[str, Capabilities] = {c.family: c for c in (
     Capabilities("sd", "SD 1/2", img2img=True, inpaint=True, lora=True, caches=("fbcache", "deepcache"),
                  controlnets=True, controls_with_image=True, controls_with_mask=True, guess_mode=True,
-                 caches_with_controls=True, ip_adapter=True),
+                 caches_with_controls=True, ip_adapter=True, true_cfg=True),
     Capabilities("sdxl", "SDXL", img2img=True, inpaint=True, lora=True, caches=("fbcache", "deepcache"),
                  controlnets=True, controls_with_image=True, controls_with_mask=True, guess_mode=True,
-                 caches_with_controls=True, ip_adapter=True),
-    Capabilities("sd3", "SD3", img2img=True, lora=True, controlnets=True),
+                 caches_with_controls=True, ip_adapter=True, true_cfg=True),
+    Capabilities("sd3", "SD3", img2img=True, lora=True, controlnets=True, true_cfg=True),
     Capabilities("flux", "Flux.1", img2img=True, inpaint=True, lora=True, caches=("fbcache", "magcache"),
                  controlnets=True, controls_with_image=True,
                  no_controls_with_mask="it inpaints with Flux Fill, whose transformer takes the mask as input "
-                                       "channels, and no Flux.1 ControlNet fits it"),
-    Capabilities("qwenimage", "Qwen-Image", lora=True, caches=("fbcache",), controlnets=True),
-    Capabilities("flux2", "Flux.2", lora=True),
-    Capabilities("wan", "Wan", video=True),
+                                       "channels, and no Flux.1 ControlNet fits it",
+                 sequence_parallel=True, tensor_parallel=True),
+    Capabilities("qwenimage", "Qwen-Image", lora=True, caches=("fbcache",), controlnets=True,
+                 sequence_parallel=True, tensor_parallel=True, true_cfg=True),
+    Capabilities("flux2", "Flux.2", lora=True, sequence_parallel=True, tensor_parallel=True),
+    Capabilities("wan", "Wan", video=True, sequence_parallel=True, true_cfg=True),
 )}
 
 

@@ -22,7 +22,7 @@ LAYERS = (
     ("api", "jobs"),  # the offline API and the jobs that run on an engine
     ("engine",),  # the core loop and its async front end
     ("profiling",),  # measuring the executor at start-up
-    ("executor", "scheduling"),  # how a step runs; which rows run it (the policies)
+    ("executor", "scheduling", "parallel"),  # how a step runs (on one device or split over ranks); which rows run it
     ("pipelines", "backends", "fleet"),  # families, how networks run; the fleet's routers and autoscaling
     ("costs", "store"),  # cost curves; the state that outlives a request
     ("request", "sampling"),  # the request's types and validation; the samplers

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..scheduling import DEFAULT_STRATEGY, STRATEGIES
-from .flags import DefaultsHelpFormatter, add_fast_path_flags, add_model_flags
+from .flags import DefaultsHelpFormatter, add_fast_path_flags, add_parallel_flags, add_model_flags
 
 LOADS = ("poisson", "closed", "trace")
 
@@ -49,6 +49,7 @@ def build_parser(prog: str = "stepserve bench", description: str | None = __doc_
                     model_in=what)
     if prog != "stepserve simulate":  # a simulated clock has no kernels to compile
         add_fast_path_flags(p)  # in-process only
+        add_parallel_flags(p)
     p.add_argument("--strategies",
                    help=f"comma-separated: {', '.join(STRATEGIES)}; default: every one")
     p.add_argument("--dynamic-delays-ms", default="10,50,200", help="one dynamic contender per max_queue_delay")

@@ -142,6 +142,30 @@ def add_fast_path_flags(p: argparse.ArgumentParser) -> None:
                         "padded shape (slower at low load; torch backend)")
 
 
+def add_parallel_flags(p: argparse.ArgumentParser) -> None:
+    """--ulysses-degree, --ring-degree, --cfg-parallel, --tensor-parallel-size (stepserve/parallel)."""
+    g = p.add_argument_group("one request over several devices (docs/SCALING.md)")
+    g.add_argument("--ulysses-degree", type=int_from(1), default=1, metavar="N",
+                   help="split each forward's tokens over N ranks with Ulysses attention (diffusers' context-"
+                        "parallel hooks; Flux.1, Flux.2, Qwen-Image, Wan; CPU ranks run over gloo)")
+    g.add_argument("--ring-degree", type=int_from(1), default=1, metavar="N",
+                   help="split the tokens over N ranks with ring attention (needs flash or cuDNN attention: CUDA)")
+    g.add_argument("--cfg-parallel", action="store_true",
+                   help="run the conditional and unconditional rows on two halves of the ranks (models with true "
+                        "classifier-free guidance: SD 1/2, SDXL, SD3, Qwen-Image, Wan)")
+    g.add_argument("--tensor-parallel-size", type=int_from(1), default=1, metavar="N",
+                   help="shard the transformer's weights over N CUDA devices (diffusers' tensor-parallel plans: "
+                        "Flux.1, Flux.2, Qwen-Image)")
+
+
+def degrees_from_args(args: argparse.Namespace):
+    """The parallel.degrees.Degrees the flags ask for (one device when a command has none of them)."""
+    from ..parallel.degrees import Degrees
+
+    return Degrees(ulysses=getattr(args, "ulysses_degree", 1), ring=getattr(args, "ring_degree", 1),
+                   cfg=bool(getattr(args, "cfg_parallel", False)), tensor=getattr(args, "tensor_parallel_size", 1))
+
+
 def cache_value(text: str):
     """--cache: a policy name, 'off', or a JSON object such as '{"policy": "fbcache", "threshold": 0.1}'."""
     if text.lstrip().startswith("{"):
@@ -295,7 +319,8 @@ def engine_config(args: argparse.Namespace, options, memory_cap: bool = True):
                         controlnet_dir=getattr(args, "controlnet_dir", None),
                         controlnet_memory_mb=getattr(args, "controlnet_memory_mb", None) or AUTO,
                         ip_adapter_dir=getattr(args, "ip_adapter_dir", None),
-                        ip_adapter_memory_mb=getattr(args, "ip_adapter_memory_mb", None) or AUTO, options=options)
+                        ip_adapter_memory_mb=getattr(args, "ip_adapter_memory_mb", None) or AUTO,
+                        degrees=degrees_from_args(args), options=options)
 
 
 def say_to_stderr(prog: str):

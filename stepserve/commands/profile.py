@@ -19,7 +19,8 @@ from typing import Any
 from ..engine.loading import available_cores
 from ..request.buckets import bucket_name
 from ..util.words import plural
-from .flags import OneLineParser, add_fast_path_flags, add_model_flags, engine_config, int_from, model_of
+from .flags import (OneLineParser, add_fast_path_flags, add_model_flags, add_parallel_flags, engine_config,
+                    int_from, model_of)
 
 PROG = "stepserve profile"
 
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int_from(0), default=1, help="unrecorded runs per point first (default 1)")
     p.add_argument("--out", required=True, metavar="PATH", help="the latency model file to write (JSON)")
     add_fast_path_flags(p)  # profile the engine as it will serve: compiled buckets, or the deterministic shapes
+    add_parallel_flags(p)
     return p
 
 

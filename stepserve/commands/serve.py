@@ -26,7 +26,7 @@ from .replica_flags import add_replica_flags, replica_mode
 from .state_flags import add_state_flags, state_settings
 from .network_flags import add_network_flags, network_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
-                    add_model_flags, check_cache_and_lora_flags, check_checkpoint_flags, engine_config, float_from,
+                    add_model_flags, add_parallel_flags, check_cache_and_lora_flags, check_checkpoint_flags, engine_config, float_from,
                     int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replica_flags(p)
     add_fast_path_flags(p)
+    add_parallel_flags(p)
     add_cache_flag(p)
     add_lora_flag(p)
     add_controlnet_flag(p)

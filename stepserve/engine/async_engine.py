@@ -88,6 +88,8 @@ class AsyncEngine(EngineThread):
         self._thread: threading.Thread | None = None
         self._stop = False
         self._logged_kinds: set[str] = set()
+        # an executor over several ranks tells at once when one dies (stepserve/parallel): fail what is pending
+        getattr(executor, "on_failure", []).append(self._executor_failed)
 
     @property
     def model_info(self):
@@ -96,6 +98,20 @@ class AsyncEngine(EngineThread):
     @property
     def healthy(self) -> bool:
         return self.failure is None
+
+    def _close_executor(self) -> None:
+        """Stop what the executor runs beside this process (a parallel model's worker ranks)."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
+
+    def _executor_failed(self, why: str) -> None:
+        """From the executor's watcher thread: the model cannot run another step. Unhealthy now, every pending
+        request answered with why, nothing new accepted; the engine thread ends at its next step."""
+        self.failure = why
+        self.accepting = False
+        self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, f"the model's ranks failed: {why}")
+        self._wake.set()
 
     @property
     def queue_depth(self) -> int:
@@ -130,8 +146,10 @@ class AsyncEngine(EngineThread):
         self._wake.set()
         self._off_loop.close()
         if self._thread is None:
+            self._close_executor()
             return True
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self.join_timeout_s)
+        await asyncio.get_running_loop().run_in_executor(None, self._close_executor)
         if self._thread.is_alive():
             log.warning("the engine thread did not stop within %.1f s of shutdown (a step is still running); "
                         "answering its %d pending request(s) as shut down", self.join_timeout_s, self._pending())

@@ -95,6 +95,8 @@ class EngineConfig:
     controlnet_memory_mb: float | str | None = AUTO  # memory for loaded ControlNets (least recently used out first)
     ip_adapter_dir: str | None = None  # IP-Adapters: every sub-folder here is servable by its name (stepserve/ipadapter)
     ip_adapter_memory_mb: float | str | None = AUTO  # memory for loaded IP-Adapters, image encoders included
+    # one request split over several devices (stepserve/parallel: parallel.degrees.Degrees); None: one device
+    degrees: Any = None
     options: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -113,6 +115,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     model). `executor`: one already loaded (a fake, or one shared between engines), used instead of loading.
     Raises FileNotFoundError or ValueError with a message naming the setting and what is allowed."""
     from .loading import check_pairs, load_executor
+    from .serving_addons import serve_addons
 
     check_pairs(config)  # a pair of features no family serves together: one line, before anything loads
     options = config.options
@@ -124,6 +127,10 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     if loaded:
         executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
                                  config.weights)
+        if config.degrees is not None and config.degrees.enabled:  # the other ranks load meanwhile
+            from ..parallel.start import start_ranks
+
+            executor = start_ranks(executor, config, say)
     budgets = {kind: memory_mb(kind, getattr(config, f"{kind}_memory_mb"), config.dtype)
                for kind, folder in (("lora", config.lora_dir), ("controlnet", config.controlnet_dir),
                                     ("ip_adapter", config.ip_adapter_dir)) if folder is not None}
@@ -144,20 +151,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         apply_fast_path(executor, config.fast_path, options.max_batch_size)  # warms up every compiled bucket
     elif loaded and config.warm_up:
         say(f"warm-up: one request through every stage in {warm_up(executor):.2f} s")
-    if config.cache is not None:  # after the fast path, whose fixed-shape buckets run no caching
-        _set_default_cache(executor, config.cache)
-    if config.lora_dir is not None:
-        from ..lora.serving import serve_folder
-
-        say(serve_folder(executor, config.lora_dir, budgets["lora"]))
-    if config.controlnet_dir is not None:
-        from ..controls.serving import serve_controlnets
-
-        say(serve_controlnets(executor, config.controlnet_dir, budgets["controlnet"]))
-    if config.ip_adapter_dir is not None:
-        from ..ipadapter.serving import serve_ip_adapters
-
-        say(serve_ip_adapters(executor, config.ip_adapter_dir, budgets["ip_adapter"]))
+    serve_addons(executor, config, budgets, say)
     if options.latency_model == "measure":
         say("measuring the step latency of this model for the slo strategy ...")
     try:
@@ -165,19 +159,6 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     except OSError as exc:
         raise ValueError(f"latency_model {options.latency_model!r}: {exc}") from None
     return BuiltEngine(executor, replace(options, latency_model=latency))
-
-
-def _set_default_cache(executor: Any, cache: Any) -> None:
-    """Requests that do not say cache as `cache` says; a ValueError names what this model and backend allow."""
-    from ..caching.spec import CacheSpecError, parse_cache
-
-    if not hasattr(executor, "default_cache"):
-        raise ValueError(f"cache {cache!r}: step caching needs the torch backend")
-    try:
-        parse_cache(cache, executor.model_info)
-    except CacheSpecError as exc:
-        raise ValueError(f"cache: {exc}") from None
-    executor.default_cache = cache
 
 
 def warm_up(executor: Any) -> float:

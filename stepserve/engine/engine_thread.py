@@ -108,7 +108,8 @@ class EngineThread:
             self._call(handle._events.put_nowait, result)
 
     def _die(self, exc: BaseException) -> None:
-        self.failure = f"{type(exc).__name__}: {exc}"
+        if self.failure is None:  # the executor may have said first (a parallel model's rank died)
+            self.failure = f"{type(exc).__name__}: {exc}"
         self.accepting = False
         log.critical("the engine thread stopped after an internal error; failing every pending request",
                      exc_info=exc)

@@ -113,10 +113,37 @@ def refused_pair(on: set[str]) -> str | None:
 
 
 def check_pairs(config) -> None:
-    """Before anything loads: a ValueError naming both flags of a pair no family serves together, and why."""
-    refused = refused_pair(startup_features(config))
+    """Before anything loads: a ValueError naming both flags of a pair no family serves together, and why; and
+    one for parallel degrees that cannot run here or beside a start-up feature (stepserve/parallel)."""
+    on = startup_features(config)
+    refused = refused_pair(on)
     if refused:
         raise ValueError(refused)
+    degrees = getattr(config, "degrees", None)
+    if degrees is None or not degrees.enabled:
+        return
+    from ..parallel.degrees import check_degrees
+
+    gpus = 0
+    if str(config.device).startswith("cuda"):
+        import torch
+
+        gpus = torch.cuda.device_count()
+    check_degrees(degrees, config.device, config.backend, available_cores(), gpus)
+    for name, why in PARALLEL_REFUSED.items():
+        if name in on:
+            raise ValueError(f"{degrees.describe()} with {STARTUP_FLAGS[name]} is not served ({why}); allowed: one "
+                             f"of them")
+
+
+# start-up features a parallel model does not run with, and why
+PARALLEL_REFUSED = {
+    "compile": "the compiled batch buckets wrap the denoiser that diffusers' parallel hooks split",
+    "deterministic": "its fixed padded shapes are not applied to a split forward, so byte-identical images "
+                     "across batch mixes are not proven there",
+    "offload_model": "offloading moves the networks that every rank holds whole on its own device",
+    "offload_group": "offloading moves the networks that every rank holds whole on its own device",
+}
 
 
 def load_executor(model: str | os.PathLike = "embedded", device: str = "cpu", dtype: str = "float32",

@@ -47,6 +47,7 @@ class TorchExecutor:
         self._adapters = None  # stepserve.lora.AdapterStore, made on first use
         self._controlnets = None  # stepserve.controls.store.ControlNetStore, made by serve_controlnets
         self._ip_adapters = None  # stepserve.ipadapter.store.IPAdapterStore, made by serve_ip_adapters
+        self.split = None  # stepserve.parallel.split.Split: this rank's share of a forward split over several ranks
 
     @property
     def model_info(self):
@@ -191,21 +192,32 @@ class TorchExecutor:
         at = to_device(torch.tensor(guided, dtype=torch.int64), latents.device)  # no host sync (sampling/common.py)
         rows = torch.cat([model_in, model_in[at]]) if guided else model_in
         t_rows = torch.cat([timesteps, timesteps[at]]) if guided else timesteps
-        conditioning = self.pipeline.collate([r.conditioning.cond for r in requests]
-                                             + [requests[i].conditioning.uncond for i in guided])
+        # the rows this rank runs: all of them, or its half with --cfg-parallel (stepserve/parallel/split.py)
+        n, total = len(requests), len(requests) + len(guided)
+        mine = self.split.rows(n, total) if self.split is not None else range(total)
+        per_row = [r.conditioning.cond for r in requests] + [requests[i].conditioning.uncond for i in guided]
+        conditioning = self.pipeline.collate([per_row[i] for i in mine]) if len(mine) else {}
         caches = row_caches(requests, guided)  # None unless some request caches steps
-        if any(r.controls for r in requests):  # the ControlNets' residuals per row (stepserve/controls)
+        if any(r.controls for r in requests) and len(mine):  # the ControlNets' residuals per row (stepserve/controls)
             control_rows = torch.cat([latents_in, latents_in[at]]) if guided else latents_in
-            conditioning = {**conditioning, **self._control_residuals(requests, guided, control_rows, t_rows,
-                                                                      conditioning, caches)}
+            every = self.pipeline.collate(per_row) if len(mine) < total else conditioning
+            residuals = self._control_residuals(requests, guided, control_rows, t_rows, every, caches)
+            conditioning = {**conditioning, **(residuals if len(mine) == total
+                                               else controls.select_rows(residuals, list(mine)))}
         loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
-        with adapter_rows(row_keys(self._adapters, loras)), \
-                self._image_prompt_rows(requests, guided) as image_prompt:  # each row's LoRAs and image prompt
-            conditioning = {**conditioning, **image_prompt}
-            if caches is None:
-                out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning)
-            else:
-                out = self.pipeline.denoise(rows, t_rows.to(rows.device), conditioning, caches)
+        out = None
+        if len(mine):
+            mine_caches = None if caches is None else [caches[i] for i in mine]
+            with adapter_rows(row_keys(self._adapters, [loras[i] for i in mine])), \
+                    self._image_prompt_rows(requests, guided, mine) as image_prompt:  # each row's LoRAs, image prompt
+                conditioning = {**conditioning, **image_prompt}
+                sl = slice(mine.start, mine.stop)
+                if mine_caches is None:
+                    out = self.pipeline.denoise(rows[sl], t_rows[sl].to(rows.device), conditioning)
+                else:
+                    out = self.pipeline.denoise(rows[sl], t_rows[sl].to(rows.device), conditioning, mine_caches)
+        if self.split is not None:
+            out = self.split.gather(out, n, total, latents)
         if caches is not None:
             for r, row in zip(requests, caches):  # the conditional row speaks for the request
                 r.timing.cached_steps += bool(row is not None and row.skipped)
@@ -249,12 +261,13 @@ class TorchExecutor:
         return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
                                   per_row, shallow)
 
-    def _image_prompt_rows(self, requests: list[Request], guided: list[int]):
-        """The UNet's IP-Adapter for this forward when some row has an image prompt (stepserve/ipadapter)."""
+    def _image_prompt_rows(self, requests: list[Request], guided: list[int], mine: range):
+        """The UNet's IP-Adapter for this forward (the rows `mine` of the step's) when some row has an image prompt
+        (stepserve/ipadapter)."""
         if self._ip_adapters is None:
             return contextlib.nullcontext({})
         rows = [(r.image_prompt, True) for r in requests] + [(requests[i].image_prompt, False) for i in guided]
-        return image_prompts.applied(self._ip_adapters, self.pipeline.unet, rows)
+        return image_prompts.applied(self._ip_adapters, self.pipeline.unet, [rows[i] for i in mine])
 
     def _decode(self, requests: list[Request]) -> None:
         buckets: dict[Bucket, list[Request]] = {}

@@ -273,6 +273,9 @@ class ModelInfo:
     # a multiple of frame_step (a video VAE packs that many frames into one latent frame), and what the videos
     # endpoint uses when a request does not say (frames, frames per second)
     max_frames: int = 1
+    # ranks the image tokens of one forward are split over (stepserve/parallel: --ulysses-degree x --ring-degree);
+    # a request's token count must divide by it
+    sequence_degree: int = 1
     frame_step: int = 1
     default_frames: int = 1
     default_fps: int = 16

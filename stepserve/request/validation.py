@@ -187,6 +187,25 @@ def _frames(value: object, model: ModelInfo) -> int | None:
     return value
 
 
+def split_tokens(model: ModelInfo, width: int, height: int, frames: int | None) -> int:
+    """The image tokens a sequence-parallel forward splits: (width / m) x (height / m) per latent frame, m the size
+    multiple (the VAE's downscale times the transformer's patch)."""
+    latent_frames = 1 if not frames else (frames - 1) // model.frame_step + 1
+    return (width // model.size_multiple) * (height // model.size_multiple) * latent_frames
+
+
+def _check_split_tokens(model: ModelInfo, width: int, height: int, frames: int | None) -> None:
+    """With the tokens split over ranks (--ulysses-degree, --ring-degree), their count must divide evenly."""
+    n = model.sequence_degree
+    if n > 1 and split_tokens(model, width, height, frames) % n:
+        m = model.size_multiple
+        raise SizeError("width", width, height,
+                        f": its {split_tokens(model, width, height, frames)} image tokens do not split over the "
+                        f"{n} ranks of this server's sequence parallelism",
+                        f"sizes whose (width / {m}) x (height / {m}) is a multiple of {n}, e.g. a width that is a "
+                        f"multiple of {m * n}")
+
+
 def internal_params(model: ModelInfo, **fields) -> ResolvedParams:
     """A request the engine makes for itself (warm-up, profiles, the memory probe) resolved against `model`. On an
     inpainting model, whose every request brings an image and a mask, it carries a grey image and a mask that
@@ -276,6 +295,7 @@ def resolve_params(params: SamplingParams, model: ModelInfo) -> ResolvedParams:
         raise SizeError(name, width, height, problem, allowed)
 
     frames = _frames(p.num_frames, model)
+    _check_split_tokens(model, width, height, frames)
 
     if p.timeout_s is not None and (not _is_number(p.timeout_s) or not math.isfinite(p.timeout_s)
                                     or not p.timeout_s > 0):

@@ -1,0 +1,42 @@
+"""The entry point of a worker rank of a parallel model: `python -m stepserve.engine.rank_worker HOST:PORT RANK`,
+started by stepserve/parallel/ranks.py with the connection's key on its stdin. It loads the model as build_engine
+does (the model, then the add-on folders, without their memory bounds: rank 0's stores decide what is loaded) and
+hands over to stepserve/parallel/worker.py."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from multiprocessing.connection import Client
+
+
+def _load(config, rank: int):
+    from .loading import load_executor
+    from .serving_addons import serve_addons
+
+    if str(config.device).startswith("cuda"):
+        config = replace(config, device=f"cuda:{rank}")
+    executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
+                             config.weights)
+    serve_addons(executor, config, budgets={}, say=lambda line: None)
+    return executor
+
+
+def main(argv: list[str]) -> None:
+    from ..parallel.ranks import die_with_parent
+    from ..parallel.worker import run
+
+    die_with_parent()
+    host, port = argv[0].rsplit(":", 1)
+    rank = int(argv[1])
+    conn = Client((host, int(port)), authkey=bytes.fromhex(sys.stdin.readline().strip()))
+    conn.send(rank)
+    degrees, group_port, config, threads = conn.recv()
+    import torch
+
+    torch.set_num_threads(threads)
+    run(conn, rank, degrees, group_port, config.device, lambda: _load(config, rank))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,133 @@
+"""Rank 0's executor for a model split over several ranks: the engine core sees one executor, as with one device.
+
+Each stage sends the other ranks what they need to run it on their mirrors of the same requests (worker.py), then
+runs it here; the forward's collectives meet inside. Everything else (the model's info, the add-on stores, previews,
+the lock) is rank 0's own executor's. Decoding runs here only: the workers just forget the requests.
+
+Failures: a stage that fails here before any rank has started it fails as on one device (the core isolates the
+request). A worker that fails, dies or stops answering makes every later stage raise RanksLost, and the listeners
+in `on_failure` hear why at once (the AsyncEngine then fails what is pending and reports itself unhealthy)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..request.types import Request
+from .ranks import Ranks, RanksLost
+
+_OWN = frozenset({"local", "ranks", "_live", "_lora_version"})
+
+
+def with_sequence_degree(info, n: int):
+    """`info` for a server whose forward splits the image tokens over `n` ranks: requests must divide into them;
+    the default width is the next one whose tokens do, where the model's own does not."""
+    from ..request.validation import split_tokens
+
+    if n <= 1:
+        return info
+    width = info.default_width
+    while split_tokens(info, width, info.default_height, None) % n and width + info.size_multiple <= info.max_size:
+        width += info.size_multiple
+    return replace(info, sequence_degree=n, default_width=width)
+
+
+class ParallelExecutor:
+    def __init__(self, local: Any, ranks: Ranks) -> None:
+        object.__setattr__(self, "local", local)  # this rank's TorchExecutor, split (local.split)
+        object.__setattr__(self, "ranks", ranks)
+        object.__setattr__(self, "_live", {})  # request_id -> Request the workers mirror
+        object.__setattr__(self, "_lora_version", None)
+
+    # everything but the stages is the local executor's (model_info, adapters(), controlnets(), lock, pipeline ...)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.local, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.local, name, value)
+
+    @property
+    def model_info(self):
+        """The local executor's, with the token split requests must divide into (and a default size that does)."""
+        return with_sequence_degree(self.local.model_info, self.ranks.degrees.sequence)
+
+    @model_info.setter
+    def model_info(self, info) -> None:
+        self.local.model_info = info
+
+    @property
+    def failure(self) -> str | None:
+        """Why the ranks cannot run another step (None while they can)."""
+        return self.ranks.failure
+
+    @property
+    def on_failure(self) -> list:
+        return self.ranks.on_failure
+
+    @property
+    def degrees(self):
+        return self.ranks.degrees
+
+    def prepare(self, requests: list[Request]) -> float:
+        with self.local.lock:
+            for r in requests:
+                self._live[r.request_id] = r
+            mirrors = [replace(r, preview_steps=frozenset(), timing=None, latents=None, conditioning=None,
+                               sampler_state=None, preview_latents=None, image=None, frames=None, step_cache=None,
+                               inpaint=None, controls=None, image_prompt=None, cause=None) for r in requests]
+            self.ranks.send(("prepare", mirrors, *self._news()))
+            failed: BaseException | None = None
+            try:
+                seconds = self.local.prepare(requests)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the workers answered
+                failed = exc
+            for reply in self.ranks.replies():
+                if reply[0] == "error" and failed is None:
+                    failed = reply[1]  # a worker could not prepare what this rank could: the same request fails
+            if failed is not None:
+                raise failed
+            return seconds
+
+    def denoise(self, requests: list[Request]) -> float:
+        with self.local.lock:
+            self.local._check_adapters(requests)  # a LoRA gone: fails here, before any rank starts the step
+            self.ranks.send(("denoise", [(r.request_id, r.step) for r in requests], *self._news()))
+            try:
+                return self.local.denoise(requests)
+            except Exception as exc:  # noqa: BLE001 - the other ranks may be inside the forward: none can go on
+                self.ranks._lost(self.ranks.failure or f"rank 0 failed a denoising step the other ranks had "
+                                                       f"started: {type(exc).__name__}: {exc}")
+                raise RanksLost(self.ranks.failure) from exc
+
+    def decode(self, requests: list[Request]) -> float:
+        seconds = self.local.decode(requests)
+        with self.local.lock:
+            for r in requests:
+                self._live.pop(r.request_id, None)
+            ended, addons = self._news(also=[r.request_id for r in requests])
+            if ended or addons is not None:
+                self.ranks.send(("ended", ended, addons))
+        return seconds
+
+    def preview(self, request: Request):
+        return self.local.preview(request)
+
+    def close(self) -> None:
+        self.ranks.close()
+
+    def _news(self, also: list[str] = ()) -> tuple[list[str], dict | None]:
+        """(the requests the workers may forget, the LoRA adapters loaded here when that changed since the last
+        message, else None)."""
+        ended = [rid for rid, r in self._live.items() if r.status.finished]
+        for rid in ended:
+            del self._live[rid]
+        store = self.local._adapters
+        addons = None
+        if store is not None and store.version != self._lora_version:
+            self._lora_version = store.version
+            files = store.files()
+            addons = {n: store.sources.get(n, files.get(n)) for n in store.adapters}
+        return ended + list(also), addons

@@ -1,0 +1,213 @@
+"""The worker processes of a parallel model: started by rank 0, watched, and stopped with it.
+
+One process per extra rank (multiprocessing's spawn: a fresh interpreter, no copy of rank 0's threads). A worker
+reads its stage messages from a pipe (waiting on a pipe has no timeout, so an idle server is fine) and meets the
+other ranks in torch.distributed's collectives inside the forward (gloo on the CPU, NCCL on CUDA). A worker dies
+with rank 0 (Linux's parent-death signal, and the pipe's end-of-file), and rank 0 learns of a worker's death from
+its process sentinel at once (`Ranks.failure`, the `on_failure` callbacks)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import Listener, wait
+
+from .degrees import Degrees
+
+log = logging.getLogger("stepserve.parallel")
+WORKER_MODULE = "stepserve.engine.rank_worker"  # a worker process's entry point (it loads as build_engine does)
+STAGE_TIMEOUT = timedelta(minutes=10)  # the longest a collective waits for a rank (a whole video step fits)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RanksLost(BaseException):
+    """A worker rank died or diverged: the model cannot run another step. A BaseException, so that the engine core
+    does not retry it request by request (stages.py isolates Exceptions) and the engine reports itself failed."""
+
+
+class Ranks:
+    """Rank 0's view of the workers: their pipes, their processes, and why they stopped (None while they run)."""
+
+    def __init__(self, degrees: Degrees, config, threads: int) -> None:
+        self.degrees = degrees
+        self.device_type = "cuda" if str(config.device).startswith("cuda") else "cpu"
+        self.failure: str | None = None
+        self.on_failure: list[Callable[[str], None]] = []
+        self._closing = False
+        self.port = free_port()
+        # each worker is a fresh interpreter (`python -m stepserve.engine.rank_worker`: nothing of this process's
+        # threads or its __main__ is copied) that dials back here for its pipe
+        key = secrets.token_bytes(32)
+        self.pipes, self.processes = [], []
+        with Listener(("127.0.0.1", 0), authkey=key) as listener:
+            host, port = listener.address
+            for rank in range(1, degrees.world):
+                self.processes.append(subprocess.Popen(
+                    [sys.executable, "-m", WORKER_MODULE, f"{host}:{port}", str(rank)],
+                    stdin=subprocess.PIPE, close_fds=True))
+                self.processes[-1].stdin.write(key.hex().encode() + b"\n")  # not on the command line
+                self.processes[-1].stdin.close()
+            by_rank = {}
+            for _ in self.processes:
+                conn = _accept(listener, self.processes)
+                by_rank[conn.recv()] = conn
+        self.pipes = [by_rank[rank] for rank in range(1, degrees.world)]
+        for pipe in self.pipes:
+            pipe.send((degrees, self.port, config, threads))
+        self._watcher = threading.Thread(target=self._watch, name="stepserve-ranks", daemon=True)
+        self._watcher.start()
+
+    def join_group(self) -> None:
+        """Rank 0's side of torch.distributed's initialisation (the workers wait for it); raises RanksLost when a
+        worker died before it."""
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device_type == "cuda" else "gloo"
+        self._check()
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{self.port}", rank=0,
+                                world_size=self.degrees.world, timeout=STAGE_TIMEOUT)
+
+    def send(self, message) -> None:
+        self._check()
+        try:
+            for pipe in self.pipes:
+                pipe.send(message)
+        except (OSError, EOFError, ValueError) as exc:
+            self._lost(f"a worker rank's pipe closed ({exc})")
+            self._check()
+
+    def replies(self) -> list:
+        """One reply from every worker (after a stage that answers); RanksLost when one dies meanwhile."""
+        out = []
+        for rank, (pipe, p) in enumerate(zip(self.pipes, self.processes), start=1):
+            ready = wait([pipe, _sentinel(p)])
+            if pipe in ready:
+                try:
+                    out.append(pipe.recv())
+                    continue
+                except (OSError, EOFError):
+                    pass
+            self._lost(self._death(rank, p))
+            self._check()
+        return out
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            raise RanksLost(self.failure)
+
+    def _watch(self) -> None:
+        pending = {_sentinel(p): (rank, p) for rank, p in enumerate(self.processes, start=1)}
+        while pending:
+            for sentinel in wait(list(pending)):
+                rank, p = pending.pop(sentinel)
+                if not self._closing:
+                    self._lost(self._death(rank, p))
+
+    def _death(self, rank: int, p) -> str:
+        try:
+            code = p.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        note = ""
+        pipe = self.pipes[rank - 1]
+        try:  # a worker that failed on its own says why before it exits
+            if pipe.poll():
+                reply = pipe.recv()
+                if isinstance(reply, tuple) and reply and reply[0] == "fatal":
+                    note = f": {reply[1]}"
+        except (OSError, EOFError):
+            pass
+        return f"worker rank {rank} (pid {p.pid}) {how}{note}; this model's ranks cannot run another step: restart " \
+               f"the server"
+
+    def _lost(self, why: str) -> None:
+        if self.failure is not None or self._closing:
+            return
+        self.failure = why
+        log.critical("%s", why)
+        for callback in list(self.on_failure):
+            try:
+                callback(why)
+            except Exception:  # noqa: BLE001 - a listener's failure must not stop the others
+                log.exception("a rank-failure listener failed")
+        self.close(timeout=2.0)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop every worker: ask, then terminate, then kill; no process is left behind."""
+        self._closing = True
+        for pipe in self.pipes:
+            try:
+                pipe.send(("stop",))
+            except (OSError, EOFError, ValueError):
+                pass
+        for p in self.processes:
+            for stop, wait_s in ((None, timeout / 2), (p.terminate, timeout / 2), (p.kill, 5)):
+                if stop is not None and p.poll() is None:
+                    stop()
+                try:
+                    p.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        for pipe in self.pipes:
+            pipe.close()
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it dies (even by SIGKILL)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before the call above
+        os._exit(1)
+
+
+_SENTINELS: dict[int, int] = {}
+
+
+def _sentinel(p: subprocess.Popen) -> int:
+    """A file descriptor that becomes readable when `p` exits (Linux's pidfd), for multiprocessing's wait()."""
+    if p.pid not in _SENTINELS:
+        _SENTINELS[p.pid] = os.pidfd_open(p.pid)
+    return _SENTINELS[p.pid]
+
+
+def _accept(listener: Listener, processes: list) -> object:
+    """The next worker's connection; RanksLost when a worker exits before it dials back."""
+    done = threading.Event()
+    box: list = []
+
+    def accept() -> None:
+        try:
+            box.append(listener.accept())
+        except OSError as exc:
+            box.append(exc)
+        done.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    while not done.wait(0.2):
+        for rank, p in enumerate(processes, start=1):
+            if p.poll() is not None:
+                listener.close()
+                raise RanksLost(f"worker rank {rank} (pid {p.pid}) exited with code {p.returncode} before it "
+                                f"started")
+    if isinstance(box[0], OSError):
+        raise RanksLost(f"a worker rank could not connect: {box[0]}")
+    return box[0]

@@ -1,0 +1,44 @@
+"""Start a model's other ranks beside rank 0's loaded executor (build_engine calls this on a parallel config)."""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from .degrees import check_family
+from .executor import ParallelExecutor
+from .ranks import Ranks, RanksLost
+
+
+def start_ranks(local: Any, config, say: Callable[[str], None]) -> ParallelExecutor:
+    """The workers load the model (meanwhile this rank's is checked), join torch.distributed with this rank, and
+    split the transformer as this rank does. `config`: the EngineConfig, whose `degrees` are enabled. Raises
+    ValueError (one line) for a model that cannot run at these degrees or a worker that could not start."""
+    degrees = config.degrees
+    pipeline = local.pipeline
+    transformer = getattr(pipeline.networks, "transformer", None)
+    heads = getattr(getattr(transformer, "config", None), "num_attention_heads", None)
+    check_family(degrees, pipeline.capabilities, heads)
+    # what a worker loads: the model and its add-on folders; no batching options, checks or warm-up of its own
+    worker_config = replace(config, degrees=None, options=None, fast_path=None, memory_cap=False, warm_up=False)
+    ranks = Ranks(degrees, worker_config, config.threads or 1)
+    atexit.register(ranks.close)
+    try:
+        for reply in ranks.replies():  # each worker loaded its copy of the model
+            if reply[0] != "ready":
+                raise ValueError(f"{degrees.describe()}: {reply[1] if len(reply) > 1 else reply}")
+        ranks.join_group()
+        from .split import apply_split
+
+        local.split = apply_split(pipeline, degrees)
+    except RanksLost as exc:
+        ranks.close()
+        raise ValueError(f"{degrees.describe()}: {exc}") from None
+    except BaseException:
+        ranks.close()
+        raise
+    say(f"{degrees.describe()}: {degrees.world} ranks (rank 0 here, {degrees.world - 1} worker process(es)) split "
+        f"each forward")
+    return ParallelExecutor(local, ranks)

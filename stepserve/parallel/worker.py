@@ -1,0 +1,132 @@
+"""A worker rank: loads the same model as rank 0, joins the split, and runs every stage rank 0 sends on a mirror of
+the same requests, so that its collectives meet rank 0's inside the forward.
+
+Messages (ranks.py's pipe), in rank 0's order:
+- ("prepare", [Request], ended, addons): mirror and prepare these requests; answers ("ok",) or ("error", exc);
+- ("denoise", [(request_id, step)], ended, addons): one step of these mirrors (the forward's collectives);
+- ("ended", ended, addons): forget these requests (decoded on rank 0, cancelled, or failed);
+- ("stop",): exit.
+`ended` lists requests rank 0 has finished with; `addons` the LoRA adapters rank 0 has loaded, {name: file}, or
+None when unchanged. A worker that fails a denoising step says why (("fatal", message)) and exits: the other ranks
+may be waiting for it inside a collective, and the model cannot go on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+
+from .ranks import STAGE_TIMEOUT
+
+log = logging.getLogger("stepserve.parallel")
+
+
+def run(conn, rank: int, degrees, port: int, device: str, load) -> None:
+    """A worker rank's life after start-up (stepserve/engine/rank_worker.py starts the process): `load()` makes its
+    executor (the model and the add-on folders rank 0 serves), then it joins the ranks, splits, and serves stages
+    until told to stop or rank 0 goes."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        backend = "nccl" if str(device).startswith("cuda") else "gloo"
+        if backend == "nccl":  # rank r on CUDA device r (diffusers' hooks place it there too)
+            torch.cuda.set_device(rank)
+        executor = load()
+        conn.send(("ready",))
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=degrees.world, timeout=STAGE_TIMEOUT)
+        from .split import apply_split
+
+        executor.split = apply_split(executor.pipeline, degrees)
+    except BaseException as exc:  # noqa: BLE001 - told to rank 0, which refuses to start
+        _fatal(conn, f"rank {rank} could not start: {type(exc).__name__}: {exc}")
+        return
+    _serve(conn, rank, executor)
+
+
+def _serve(conn, rank: int, executor) -> None:
+    mirrors: dict = {}
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # rank 0 is gone
+            os._exit(0)
+        kind = message[0]
+        if kind == "stop":
+            os._exit(0)
+        *body, ended, addons = message[1:]
+        for rid in ended:
+            r = mirrors.pop(rid, None)
+            if r is not None:
+                _release(executor, r)
+        if addons is not None:
+            _sync_loras(executor, addons)
+        if kind == "prepare":
+            (requests,) = body
+            for r in requests:
+                old = mirrors.pop(r.request_id, None)
+                if old is not None:
+                    _release(executor, old)
+                mirrors[r.request_id] = r
+            try:
+                executor.prepare(requests)
+                conn.send(("ok",))
+            except Exception as exc:  # noqa: BLE001 - rank 0 raises it there: the batch is split and retried
+                conn.send(("error", exc if _picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}")))
+        elif kind == "denoise":
+            (steps,) = body
+            try:
+                batch = []
+                for rid, step in steps:
+                    r = mirrors[rid]
+                    r.step = step
+                    batch.append(r)
+                executor.denoise(batch)
+            except BaseException:  # noqa: BLE001 - see the module docstring
+                _fatal(conn, f"rank {rank} failed a denoising step: {traceback.format_exc(limit=3)}")
+                return
+
+
+def _release(executor, r) -> None:
+    from ..controls.serving import release as release_controls
+    from ..ipadapter.serving import release as release_image_prompts
+
+    r.release_tensors()
+    release_controls(executor, r)
+    release_image_prompts(executor, r)
+
+
+def _sync_loras(executor, wanted: dict) -> None:
+    """Load and unload LoRA adapters so that this rank holds what rank 0 holds ({name: file})."""
+    store = executor.adapters()
+    for name in [n for n in store.adapters if n not in wanted or store.sources.get(n, store.files().get(n))
+                 != wanted[n]]:
+        store.delete(name)
+    for name, file in wanted.items():
+        if name not in store.adapters:
+            store.load(name, file)
+
+
+def _picklable(exc: BaseException) -> bool:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _fatal(conn, message: str) -> None:
+    log.critical("%s", message)
+    try:
+        conn.send(("fatal", message))
+        conn.close()
+    except (OSError, EOFError):
+        pass
+    sys.stderr.flush()
+    os._exit(1)
+
