@@ -164,6 +164,19 @@ class Ranks:
                     continue
         for pipe in self.pipes:
             pipe.close()
+        _leave_group()
+
+
+def _leave_group() -> None:
+    """Rank 0 leaves torch.distributed's group (its workers are gone), so that another parallel engine can start in
+    this process later (a test suite's, a benchmark's)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a group broken by a dead rank may fail to close; it is left behind
+        log.debug("leaving the process group failed", exc_info=True)
 
 
 def die_with_parent() -> None:
