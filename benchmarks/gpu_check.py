@@ -10,7 +10,10 @@
    (FLOPs counted by torch's FlopCounterMode on one forward) against the device's peak (a timed matmul);
 6. strategies: `stepserve bench`'s comparison on the compiled engine (images/s, p50/p95);
 7. flux (when stepserve/pipelines/flux.py exists, a GPU, and time is left): a Flux.1-dev-sized transformer,
-   eager and compiled forward.
+   eager and compiled forward;
+8. parallel (two CUDA devices; --smoke: two CPU ranks): one request split over two devices (Ulysses, ring, tensor
+   parallel on a tiny Flux.1, CFG parallel on a tiny SD) against one device: images and seconds
+   (gpu_check_parallel.py).
 A phase that would start after --budget-s is skipped and says so. Prints one table; writes --out/gpu_check.json.
 The phases are in gpu_check_phases.py, the models in gpu_models.py.
 
@@ -65,6 +68,11 @@ def print_table(report: dict) -> None:
         for s in report["strategies"]:
             p50, p95 = (f"{v * 1e3:.0f}" if v is not None else "-" for v in (s["p50_s"], s["p95_s"]))
             print(f"{s['strategy']:<14}{s['images_per_s']:>10.2f}{p50:>10}{p95:>10}{s['mean_batch']:>12.1f}")
+    if report.get("parallel"):
+        print(f"\n{'split over 2 devices':<22}{'max diff':>10}{'1 device s':>12}{'split s':>10}{'speedup':>9}")
+        for r in report["parallel"]:
+            print(f"{r['case']:<22}{r['max_uint8_diff']:>10}{r['one_device_s']:>12.3f}{r['split_s']:>10.3f}"
+                  f"{r['speedup']:>8.2f}x")
     if report.get("weights"):
         done = [q for q in report["weights"] if "error" not in q]
         batches = [k.removeprefix("step_s_b") for k in (done[0] if done else {}) if k.startswith("step_s_b")]

@@ -210,6 +210,11 @@ def run_phases(args, device: str, dtype: str) -> dict:
         notes.append(f"flux (bare transformer, 512x512, 512 text tokens): {report['flux']}")
     elif not ROOT_FLUX.is_file() or not on_cuda or smoke:
         notes.append("flux: not run (needs stepserve/pipelines/flux.py and a GPU, and not --smoke)")
+    # 9. one request over two devices (gpu_check_parallel.py)
+    if time_left("parallel", 120):
+        from gpu_check_parallel import parallel_rows
+
+        report["parallel"] = parallel_rows(device, dtype, smoke, check, notes)
     report["wall_s"] = time.monotonic() - t_start
     return report
 

@@ -33,5 +33,8 @@ def test_gpu_check_smoke_runs_every_phase_and_writes_a_loadable_latency_model(tm
 
     model = LatencyModel.load(out / "latency_model.json")
     assert model.step_s(1) > 0  # the file `stepserve simulate --latency-model` reads
-    for line in ("compiled vs eager", "engine/bare", "p95 ms"):
+    # one request over two ranks (gloo here): the same images as one process
+    assert [r["case"] for r in report["parallel"]] == ["ulysses 2", "cfg parallel"]
+    assert all(r["max_uint8_diff"] <= 1 and r["split_s"] > 0 for r in report["parallel"])
+    for line in ("compiled vs eager", "engine/bare", "p95 ms", "split over 2 devices"):
         assert line in proc.stdout
