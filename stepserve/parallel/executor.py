@@ -116,7 +116,12 @@ class ParallelExecutor:
         return self.local.preview(request)
 
     def close(self) -> None:
+        """Stop the workers and leave torch.distributed, so that this process can start another parallel model."""
+        import torch.distributed as dist
+
         self.ranks.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def _news(self, also: list[str] = ()) -> tuple[list[str], dict | None]:
         """(the requests the workers may forget, the LoRA adapters loaded here when that changed since the last
