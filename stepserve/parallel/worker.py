@@ -5,9 +5,12 @@ Messages (ranks.py's pipe), in rank 0's order:
 - ("prepare", [Request], ended, addons): mirror and prepare these requests; answers ("ok",) or ("error", exc);
 - ("denoise", [(request_id, step)], ended, addons): one step of these mirrors (the forward's collectives);
 - ("ended", ended, addons): forget these requests (decoded on rank 0, cancelled, or failed);
+- ("addons", ended, addons): answers ("addons", what this rank holds loaded) (ParallelExecutor.addons_of_workers);
 - ("stop",): exit.
-`ended` lists requests rank 0 has finished with; `addons` the LoRA adapters rank 0 has loaded, {name: file}, or
-None when unchanged. A worker that fails a denoising step says why (("fatal", message)) and exits: the other ranks
+`ended` lists requests rank 0 has finished with (their holds on ControlNets and IP-Adapters are released);
+`addons` what changed in rank 0's loaded add-ons (executor.py `_news`), or None: this rank loads the LoRA adapters
+rank 0 has and unloads the others, and unloads the ControlNets and IP-Adapters rank 0 has unloaded that its own
+requests do not hold (it loads those when a request needs them), so its memory follows rank 0's budgets. A worker that fails a denoising step says why (("fatal", message)) and exits: the other ranks
 may be waiting for it inside a collective, and the model cannot go on without it.
 """
 
@@ -63,8 +66,10 @@ def _serve(conn, rank: int, executor) -> None:
             if r is not None:
                 _release(executor, r)
         if addons is not None:
-            _sync_loras(executor, addons)
-        if kind == "prepare":
+            _follow(executor, addons)
+        if kind == "addons":
+            conn.send(("addons", _holding(executor)))
+        elif kind == "prepare":
             (requests,) = body
             for r in requests:
                 old = mirrors.pop(r.request_id, None)
@@ -97,6 +102,25 @@ def _release(executor, r) -> None:
     r.release_tensors()
     release_controls(executor, r)
     release_image_prompts(executor, r)
+
+
+def _follow(executor, news: dict) -> None:
+    """Hold what rank 0 holds: its LoRA adapters ({name: file}); of the ControlNets and IP-Adapters, no more than
+    its (and what this rank's requests hold)."""
+    if "lora" in news:
+        _sync_loras(executor, news["lora"])
+    for kind in ("controlnet", "ip_adapter"):
+        store = getattr(executor, f"_{kind}s", None)
+        if kind in news and store is not None:
+            store.budget.follow(news[kind])
+
+
+def _holding(executor) -> dict:
+    stores = {kind: getattr(executor, f"_{kind}s", None) for kind in ("controlnet", "ip_adapter")}
+    lora = executor._adapters
+    return {"lora": sorted(lora.adapters) if lora is not None else [],
+            **{kind: sorted(s.budget.sizes) if s is not None else [] for kind, s in stores.items()},
+            "held": sorted(n for s in stores.values() if s is not None for n in s.budget.in_use())}
 
 
 def _sync_loras(executor, wanted: dict) -> None:

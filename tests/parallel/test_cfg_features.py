@@ -91,3 +91,22 @@ def test_each_feature_row_equals_one_process(engines, strategy):
         assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1, (family, p)
         assert a.timing.cached_steps == b.timing.cached_steps, (family, p)  # the same steps reused
     assert all(b.timing.cached_steps for p, b in zip(params, got) if p.cache), "no cached row reused a step"
+
+
+def test_each_half_runs_the_controlnets_on_its_own_rows(engines, monkeypatch):
+    """Rank 0 (the conditional half) runs each ControlNet on its conditional rows only, not on the whole step's."""
+    family, single, split = engines
+    pipeline = split.executor.pipeline
+    seen: list[int] = []
+    forward = pipeline.control_forward
+    monkeypatch.setattr(pipeline, "control_forward",
+                        lambda net, sample, *a: (seen.append(sample.shape[0]), forward(net, sample, *a))[1])
+    h = SIZES[family][0]
+    params = [SamplingParams(prompt=f"a cat {i}", seed=i, num_inference_steps=3, guidance_scale=[4.0, 6.0, 1.0][i],
+                             sampler=SAMPLER[family], height=h, width=h,
+                             controls=[{"name": "pose", "image": start_image(i, size=h)}]) for i in range(3)]
+    want, got = single.generate(params), split.generate(params)
+    assert max(max(r.timing.batch_sizes) for r in got) == 3
+    assert seen and max(seen) == 3  # 3 conditional rows of 5 (2 requests are guided)
+    for p, a, b in zip(params, want, got):
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1, (family, p)
