@@ -123,12 +123,22 @@ class ParallelExecutor:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def addons_of_workers(self) -> list[dict]:
-        """What each worker holds now, per add-on kind: {"lora": [names], "controlnet": [names], "ip_adapter":
-        [names, shared parts included], "held": [ControlNets and IP-Adapters its mirrors still hold]} (a check that
-        its memory follows this rank's)."""
+    def mirror_fast_path(self, options, max_batch_size: int) -> None:
+        """The workers wrap their networks as backends/fast_path.py has wrapped this rank's (--deterministic: each
+        CFG half's forward at the same fixed padded shape, so a row's output does not depend on its company)."""
         with self.local.lock:
-            self.ranks.send(("addons", *self._news()))
+            self.ranks.send(("fast_path", options, max_batch_size, *self._news()))
+            for reply in self.ranks.replies():
+                if reply[0] == "error":
+                    raise ValueError(f"{self.degrees.describe()}: a worker rank could not apply the fast path: "
+                                     f"{reply[1]}")
+
+    def workers_state(self) -> list[dict]:
+        """What each worker holds now (a check that it follows this rank): {"lora": [names], "controlnet": [names],
+        "ip_adapter": [names, shared parts included], "held": [ControlNets and IP-Adapters its mirrors still hold],
+        "fixed_rows": the denoiser's fixed batch (--deterministic) or None}."""
+        with self.local.lock:
+            self.ranks.send(("state", *self._news()))
             return [reply[1] for reply in self.ranks.replies()]
 
     def _news(self, also: list[str] = ()) -> tuple[list[str], dict | None]:

@@ -5,7 +5,9 @@ Messages (ranks.py's pipe), in rank 0's order:
 - ("prepare", [Request], ended, addons): mirror and prepare these requests; answers ("ok",) or ("error", exc);
 - ("denoise", [(request_id, step)], ended, addons): one step of these mirrors (the forward's collectives);
 - ("ended", ended, addons): forget these requests (decoded on rank 0, cancelled, or failed);
-- ("addons", ended, addons): answers ("addons", what this rank holds loaded) (ParallelExecutor.addons_of_workers);
+- ("state", ended, addons): answers ("state", what this rank holds) (ParallelExecutor.workers_state);
+- ("fast_path", FastPathOptions, max_batch_size, ended, addons): wrap the networks as rank 0 did (--deterministic);
+  answers ("ok",) or ("error", why);
 - ("stop",): exit.
 `ended` lists requests rank 0 has finished with (their holds on ControlNets and IP-Adapters are released);
 `addons` what changed in rank 0's loaded add-ons (executor.py `_news`), or None: this rank loads the LoRA adapters
@@ -67,8 +69,19 @@ def _serve(conn, rank: int, executor) -> None:
                 _release(executor, r)
         if addons is not None:
             _follow(executor, addons)
-        if kind == "addons":
-            conn.send(("addons", _holding(executor)))
+        if kind == "state":
+            conn.send(("state", _state(executor)))
+        elif kind == "fast_path":  # rank 0 warms up through the stages: no warm-up of this rank's own
+            from dataclasses import replace
+
+            from ..backends.fast_path import apply_fast_path
+
+            options, max_batch_size = body
+            try:
+                apply_fast_path(executor, replace(options, warm_up=False, progress=False), max_batch_size)
+                conn.send(("ok",))
+            except Exception as exc:  # noqa: BLE001 - rank 0 refuses to start, saying why
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
         elif kind == "prepare":
             (requests,) = body
             for r in requests:
@@ -115,12 +128,13 @@ def _follow(executor, news: dict) -> None:
             store.budget.follow(news[kind])
 
 
-def _holding(executor) -> dict:
+def _state(executor) -> dict:
     stores = {kind: getattr(executor, f"_{kind}s", None) for kind in ("controlnet", "ip_adapter")}
     lora = executor._adapters
     return {"lora": sorted(lora.adapters) if lora is not None else [],
             **{kind: sorted(s.budget.sizes) if s is not None else [] for kind, s in stores.items()},
-            "held": sorted(n for s in stores.values() if s is not None for n in s.budget.in_use())}
+            "held": sorted(n for s in stores.values() if s is not None for n in s.budget.in_use()),
+            "fixed_rows": getattr(executor.pipeline.networks, "fixed_rows", None)}
 
 
 def _sync_loras(executor, wanted: dict) -> None:

@@ -46,12 +46,12 @@ def test_a_lora_loaded_after_start_serves_on_the_next_request(served, tiny_sd_pa
     results = engine.generate([p, plain])
     assert all(r.ok for r in results), [r.error for r in results]
     assert np.abs(pixels(results[0].image) - diffusers_sd(tiny_sd_path, {"late": file}, p, [("late", 1.0)])).max() <= 1
-    assert engine.executor.addons_of_workers()[0]["lora"] == ["late"]
+    assert engine.executor.workers_state()[0]["lora"] == ["late"]
     engine.executor.adapters().delete("late")  # deleted on rank 0: unloaded on the worker
-    assert engine.executor.addons_of_workers()[0]["lora"] == []
+    assert engine.executor.workers_state()[0]["lora"] == []
 
 
-@pytest.mark.parametrize("kind", ["controlnet", "ip_adapter"])
+@pytest.mark.parametrize("kind", ["controlnet", pytest.param("ip_adapter", marks=pytest.mark.slow)])
 def test_an_addon_unloaded_on_rank_0_is_unloaded_on_the_worker(served, kind):
     engine, _ = served
     store = engine.executor.controlnets() if kind == "controlnet" else engine.executor.ip_adapters()
@@ -63,7 +63,7 @@ def test_an_addon_unloaded_on_rank_0_is_unloaded_on_the_worker(served, kind):
         return prompted(i, name, steps=3)
 
     assert engine.generate([request(0, first)])[0].ok
-    assert first in engine.executor.addons_of_workers()[0][kind]
+    assert first in engine.executor.workers_state()[0][kind]
     old = store.budget.budget_bytes
     store.budget.budget_bytes = int(store.budget.loaded_bytes * 1.5)  # room for one at a time on rank 0
     try:
@@ -71,7 +71,7 @@ def test_an_addon_unloaded_on_rank_0_is_unloaded_on_the_worker(served, kind):
         assert result.ok, result.error
         here = sorted(store.budget.sizes)
         assert first not in here and second in here  # unloaded on rank 0 for room
-        worker = engine.executor.addons_of_workers()[0]
+        worker = engine.executor.workers_state()[0]
         assert worker[kind] == here  # and on the worker (an IP-Adapter's shared image encoder stays)
         assert worker["held"] == []  # the finished requests' holds were released there
     finally:
