@@ -12,8 +12,10 @@ Messages (ranks.py's pipe), in rank 0's order:
 `ended` lists requests rank 0 has finished with (their holds on ControlNets and IP-Adapters are released);
 `addons` what changed in rank 0's loaded add-ons (executor.py `_news`), or None: this rank loads the LoRA adapters
 rank 0 has and unloads the others, and unloads the ControlNets and IP-Adapters rank 0 has unloaded that its own
-requests do not hold (it loads those when a request needs them), so its memory follows rank 0's budgets. A worker that fails a denoising step says why (("fatal", message)) and exits: the other ranks
-may be waiting for it inside a collective, and the model cannot go on without it.
+requests do not hold (it loads those when a request needs them), so its memory follows rank 0's budgets: above
+them by at most what one prepare loads, until the next message (rank 0 makes room for those during the same
+prepare, after it has sent it). A worker that fails a denoising step says why (("fatal", message)) and exits: the
+other ranks may be waiting for it inside a collective, and the model cannot go on without it.
 """
 
 from __future__ import annotations
