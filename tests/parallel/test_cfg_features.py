@@ -1,5 +1,5 @@
 """--cfg-parallel keeps every feature a family serves: LoRA rows, step-cached rows (fbcache, deepcache), ControlNet
-rows, IP-Adapter rows, image-to-image and inpainting rows, sent together with plain rows (guided and not), each
+rows (guess mode too), IP-Adapter rows, image-to-image and inpainting rows, sent together with plain rows (guided and not), each
 equal to itself served by one process (uint8 within 1), for tiny SD 1.x, SDXL and SD3 (where capabilities.py says
 the family serves the feature)."""
 
@@ -38,6 +38,8 @@ def feature_requests(family: str) -> list[SamplingParams]:
     # fbcache at a threshold that reuses steps on the tiny random model (decided per row, on each rank's own rows)
     out += [req(6 + i, cache={"policy": policy, "threshold": 2.0} if policy == "fbcache" else policy, steps=6)
             for i, policy in enumerate(c.caches)]
+    if c.guess_mode:  # its unconditional row runs no ControlNet: the unconditional half may have none to run
+        out.append(req(10, controls=[{"name": "depth", "image": start_image(10, size=h), "guess_mode": True}]))
     if c.ip_adapter:
         out.append(req(8, ip_adapter={"name": "face", "image": start_image(8, size=24), "scale": 1.0}))
     if c.inpaint:
