@@ -89,7 +89,8 @@ def where_served(feature: str) -> str:
 COLUMNS = {"img2img": "image to image", "inpaint": "inpainting", "video": "video", "lora": "LoRA",
            "caches": "step caching", "controlnets": "ControlNets", "controls_with_image": "ControlNets + image",
            "controls_with_mask": "ControlNets + inpainting", "guess_mode": "guess mode",
-           "caches_with_controls": "ControlNets + caching", "ip_adapter": "IP-Adapter"}
+           "caches_with_controls": "ControlNets + caching", "ip_adapter": "IP-Adapter",
+           "sequence_parallel": "Ulysses / ring", "true_cfg": "CFG parallel", "tensor_parallel": "tensor parallel"}
 
 
 def markdown_table() -> str:

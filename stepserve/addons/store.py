@@ -154,6 +154,20 @@ class AddonBudget:
         with self.mutex:
             self.sizes.pop(name, None)
 
+    def follow(self, keep: Iterable[str]) -> None:
+        """Unload every loaded add-on (and shared part) that `keep` does not name and no holder holds: a worker rank
+        of a parallel model (parallel/worker.py) keeps what rank 0 keeps, whose budget decides, and what its own
+        requests still use. Not counted as evictions."""
+        with self.mutex:
+            keep = self._with_parts(set(keep) | self.in_use())
+            while True:  # the add-ons first, then the parts no add-on left needs
+                idle = [n for n in self.sizes if n not in keep and not self._needed_by_loaded(n)]
+                if not idle:
+                    return
+                for name in idle:
+                    self.unload(name)
+                    self.sizes.pop(name, None)
+
     def _check(self, name: str, size: int, own: set[str], busy: set[str], stamp: object) -> None:
         k, budget = self.kind, self.budget_bytes
         held_names = self._with_parts(self.in_use() | busy | own | {name}) - {name}

@@ -87,6 +87,9 @@ def apply_fast_path(executor: Any, options: FastPathOptions, max_batch_size: int
     log.info("fast path: %s denoiser at batch sizes %s%s%s", f"compiled ({options.compile_backend}, {mode})"
              if options.compile else "eager", ", ".join(map(str, wrapper.batch_buckets)),
              ", CUDA graphs" if cuda_graphs else "", ", deterministic" if options.deterministic else "")
+    mirror = getattr(executor, "mirror_fast_path", None)  # a parallel model's other ranks wrap theirs alike
+    if mirror is not None:
+        mirror(options, max_batch_size)
     if options.warm_up:
         warm_up(executor, wrapper, options.progress)
     return wrapper

@@ -195,6 +195,17 @@ def _weighted(pipeline, net, flat: list[Tensor], used: list, count: int) -> list
     return [(r * table[b if guess else 0].view(-1, *[1] * (r.dim() - 1))).to(r.dtype) for b, r in enumerate(flat)]
 
 
+def sources(n: int, guided: list[int], mine: range, from_conditional: bool) -> tuple[list[int], list[int]]:
+    """Which of a step's rows run the ControlNets for the rows `mine` (a CFG half, or all of them): (the rows to
+    run them on, then for each row of `mine` the index of its outputs among those), the step's rows being the `n`
+    conditional rows, then the unconditional row of each request in `guided`. A family whose pipeline runs them
+    on the prompt only (`from_conditional`: Qwen-Image) runs them on the conditional row of each of `mine`, which
+    its unconditional row shares."""
+    wanted = [i if i < n or not from_conditional else guided[i - n] for i in mine]
+    run = list(dict.fromkeys(wanted))
+    return run, [run.index(i) for i in wanted]
+
+
 def select_rows(out: dict, rows: list[int]) -> dict:
     """Control keywords for the rows `rows` of those in `out` (an unconditional row taking its conditional row's)."""
     if not out:

@@ -200,10 +200,9 @@ class TorchExecutor:
         caches = row_caches(requests, guided)  # None unless some request caches steps
         if any(r.controls for r in requests) and len(mine):  # the ControlNets' residuals per row (stepserve/controls)
             control_rows = torch.cat([latents_in, latents_in[at]]) if guided else latents_in
-            every = self.pipeline.collate(per_row) if len(mine) < total else conditioning
-            residuals = self._control_residuals(requests, guided, control_rows, t_rows, every, caches)
-            conditioning = {**conditioning, **(residuals if len(mine) == total
-                                               else controls.select_rows(residuals, list(mine)))}
+            residuals = self._control_residuals(requests, guided, mine, control_rows, t_rows, per_row,
+                                                conditioning, caches)
+            conditioning = {**conditioning, **residuals}
         loras = [r.params.loras for r in requests] + [requests[i].params.loras for i in guided]
         out = None
         if len(mine):
@@ -239,27 +238,38 @@ class TorchExecutor:
         for i, r in enumerate(requests):
             r.latents = new[i : i + 1]
 
-    def _control_residuals(self, requests: list[Request], guided: list[int], rows, t_rows, conditioning,
-                           caches) -> dict:
-        """With guidance a request's control applies to both its rows, as diffusers' pipeline applies it (in guess
-        mode to the conditional row only): each row runs the ControlNets, or, where the family's pipeline runs them
-        once on the prompt (Qwen-Image), the unconditional row takes its conditional row's outputs. A control's
-        window is a fraction of the steps the request runs: an image's strength shortens the schedule, and the
-        ControlNet img2img and inpaint pipelines count from its first step. A row known to reuse the UNet's deep
-        part at this step (`caches`: deepcache) runs its ControlNets only as far as its shallow part takes."""
+    def _control_residuals(self, requests: list[Request], guided: list[int], mine: range, rows, t_rows,
+                           per_row: list, conditioning: dict, caches) -> dict:
+        """The control keywords of the rows `mine` (this rank's: all the step's rows, or its CFG half): `rows`,
+        `t_rows`, `per_row` (each row's conditioning) and `caches` hold every row of the step, `conditioning` the
+        rows of `mine` collated. With guidance a request's control applies to both its rows, as diffusers' pipeline
+        applies it (in guess mode to the conditional row only): each row runs the ControlNets, or, where the
+        family's pipeline runs them once on the prompt (Qwen-Image), the unconditional row takes its conditional
+        row's outputs (controls.sources: a CFG half runs them on the rows it needs only). A control's window is a
+        fraction of the steps the request runs: an image's strength shortens the schedule, and the ControlNet
+        img2img and inpaint pipelines count from its first step. A row known to reuse the UNet's deep part at this
+        step (`caches`: deepcache) runs its ControlNets only as far as its shallow part takes."""
         firsts = [first_denoising_step(r.params, self.pipeline.info) for r in requests]
-        per_row = [(r.controls, r.step - f, r.num_inference_steps - f) for r, f in zip(requests, firsts)]
-        if self.pipeline.controls_from_conditional_row:
-            n = len(requests)
-            out = controls.residuals(self._controlnets, self.pipeline, rows[:n], t_rows[:n].to(rows.device),
-                                     {k: v[:n] for k, v in conditioning.items()}, per_row)
-            return controls.select_rows(out, list(range(n)) + guided)
-        per_row += [(controls.unconditional(requests[i].controls), *per_row[i][1:]) for i in guided]
+        specs = [(r.controls, r.step - f, r.num_inference_steps - f) for r, f in zip(requests, firsts)]
+        from_conditional = self.pipeline.controls_from_conditional_row
+        if not from_conditional:
+            specs += [(controls.unconditional(requests[i].controls), *specs[i][1:]) for i in guided]
+        run, pick = controls.sources(len(requests), guided, mine, from_conditional)
+        t_rows = t_rows.to(rows.device)
+        if run != list(range(len(rows))):  # a CFG half, or the conditional rows alone (Qwen-Image)
+            at = to_device(torch.tensor(run, dtype=torch.int64), rows.device)
+            rows, t_rows = rows[at], t_rows[at]
+        if run != list(mine):  # conditional rows this half does not denoise: collated with every row, as one
+            # process does (the text's padding is the step's longest)
+            every = conditioning if len(mine) == len(per_row) else self.pipeline.collate(per_row)
+            index = to_device(torch.tensor(run, dtype=torch.int64), rows.device)
+            conditioning = {k: v.index_select(0, index) for k, v in every.items()}
         shallow = None
         if caches is not None and self.pipeline.capabilities.caches_with_controls:
-            shallow = [reuses_before(row, "deep") for row in caches]  # the UNet's cached deep features (caching/)
-        return controls.residuals(self._controlnets, self.pipeline, rows, t_rows.to(rows.device), conditioning,
-                                  per_row, shallow)
+            shallow = [reuses_before(caches[i], "deep") for i in run]  # the UNet's cached deep features (caching/)
+        out = controls.residuals(self._controlnets, self.pipeline, rows, t_rows, conditioning,
+                                 [specs[i] for i in run], shallow)
+        return out if pick == list(range(len(run))) else controls.select_rows(out, pick)
 
     def _image_prompt_rows(self, requests: list[Request], guided: list[int], mine: range):
         """The UNet's IP-Adapter for this forward (the rows `mine` of the step's) when some row has an image prompt

@@ -16,7 +16,7 @@ from typing import Any
 from ..request.types import Request
 from .ranks import Ranks, RanksLost
 
-_OWN = frozenset({"local", "ranks", "_live", "_lora_version"})
+_OWN = frozenset({"local", "ranks", "_live", "_sent"})
 
 
 def with_sequence_degree(info, n: int):
@@ -37,7 +37,7 @@ class ParallelExecutor:
         object.__setattr__(self, "local", local)  # this rank's TorchExecutor, split (local.split)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "_live", {})  # request_id -> Request the workers mirror
-        object.__setattr__(self, "_lora_version", None)
+        object.__setattr__(self, "_sent", {})  # add-on kind -> what the workers were last told rank 0 holds
 
     # everything but the stages is the local executor's (model_info, adapters(), controlnets(), lock, pipeline ...)
     def __getattr__(self, name: str) -> Any:
@@ -116,18 +116,48 @@ class ParallelExecutor:
         return self.local.preview(request)
 
     def close(self) -> None:
+        """Stop the workers and leave torch.distributed, so that this process can start another parallel model."""
+        import torch.distributed as dist
+
         self.ranks.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def mirror_fast_path(self, options, max_batch_size: int) -> None:
+        """The workers wrap their networks as backends/fast_path.py has wrapped this rank's (--deterministic: each
+        CFG half's forward at the same fixed padded shape, so a row's output does not depend on its company)."""
+        with self.local.lock:
+            self.ranks.send(("fast_path", options, max_batch_size, *self._news()))
+            for reply in self.ranks.replies():
+                if reply[0] == "error":
+                    raise ValueError(f"{self.degrees.describe()}: a worker rank could not apply the fast path: "
+                                     f"{reply[1]}")
+
+    def workers_state(self) -> list[dict]:
+        """What each worker holds now (a check that it follows this rank): {"lora": [names], "controlnet": [names],
+        "ip_adapter": [names, shared parts included], "held": [ControlNets and IP-Adapters its mirrors still hold],
+        "fixed_rows": the denoiser's fixed batch (--deterministic) or None}."""
+        with self.local.lock:
+            self.ranks.send(("state", *self._news()))
+            return [reply[1] for reply in self.ranks.replies()]
 
     def _news(self, also: list[str] = ()) -> tuple[list[str], dict | None]:
-        """(the requests the workers may forget, the LoRA adapters loaded here when that changed since the last
-        message, else None)."""
+        """(the requests the workers may forget, what changed in the add-ons loaded here since the last message,
+        else None): {"lora": {name: file}, "controlnet": names, "ip_adapter": names}, each kind only when it
+        changed. A worker loads the LoRA adapters as told and unloads the others; it loads ControlNets and
+        IP-Adapters when its requests need them and unloads those this rank has unloaded (worker.py), so that its
+        memory follows this rank's budgets."""
         ended = [rid for rid, r in self._live.items() if r.status.finished]
         for rid in ended:
             del self._live[rid]
+        news = {}
         store = self.local._adapters
-        addons = None
-        if store is not None and store.version != self._lora_version:
-            self._lora_version = store.version
+        if store is not None and store.version != self._sent.get("lora"):
+            self._sent["lora"] = store.version
             files = store.files()
-            addons = {n: store.sources.get(n, files.get(n)) for n in store.adapters}
-        return ended + list(also), addons
+            news["lora"] = {n: store.sources.get(n, files.get(n)) for n in store.adapters}
+        for kind, store in (("controlnet", self.local._controlnets), ("ip_adapter", self.local._ip_adapters)):
+            loaded = None if store is None else frozenset(store.budget.sizes)  # one copy (GIL-atomic for str keys)
+            if loaded is not None and loaded != self._sent.get(kind):
+                self._sent[kind] = news[kind] = loaded
+        return ended + list(also), news or None

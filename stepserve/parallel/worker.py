@@ -5,10 +5,17 @@ Messages (ranks.py's pipe), in rank 0's order:
 - ("prepare", [Request], ended, addons): mirror and prepare these requests; answers ("ok",) or ("error", exc);
 - ("denoise", [(request_id, step)], ended, addons): one step of these mirrors (the forward's collectives);
 - ("ended", ended, addons): forget these requests (decoded on rank 0, cancelled, or failed);
+- ("state", ended, addons): answers ("state", what this rank holds) (ParallelExecutor.workers_state);
+- ("fast_path", FastPathOptions, max_batch_size, ended, addons): wrap the networks as rank 0 did (--deterministic);
+  answers ("ok",) or ("error", why);
 - ("stop",): exit.
-`ended` lists requests rank 0 has finished with; `addons` the LoRA adapters rank 0 has loaded, {name: file}, or
-None when unchanged. A worker that fails a denoising step says why (("fatal", message)) and exits: the other ranks
-may be waiting for it inside a collective, and the model cannot go on without it.
+`ended` lists requests rank 0 has finished with (their holds on ControlNets and IP-Adapters are released);
+`addons` what changed in rank 0's loaded add-ons (executor.py `_news`), or None: this rank loads the LoRA adapters
+rank 0 has and unloads the others, and unloads the ControlNets and IP-Adapters rank 0 has unloaded that its own
+requests do not hold (it loads those when a request needs them), so its memory follows rank 0's budgets: above
+them by at most what one prepare loads, until the next message (rank 0 makes room for those during the same
+prepare, after it has sent it). A worker that fails a denoising step says why (("fatal", message)) and exits: the
+other ranks may be waiting for it inside a collective, and the model cannot go on without it.
 """
 
 from __future__ import annotations
@@ -63,8 +70,21 @@ def _serve(conn, rank: int, executor) -> None:
             if r is not None:
                 _release(executor, r)
         if addons is not None:
-            _sync_loras(executor, addons)
-        if kind == "prepare":
+            _follow(executor, addons)
+        if kind == "state":
+            conn.send(("state", _state(executor)))
+        elif kind == "fast_path":  # rank 0 warms up through the stages: no warm-up of this rank's own
+            from dataclasses import replace
+
+            from ..backends.fast_path import apply_fast_path
+
+            options, max_batch_size = body
+            try:
+                apply_fast_path(executor, replace(options, warm_up=False, progress=False), max_batch_size)
+                conn.send(("ok",))
+            except Exception as exc:  # noqa: BLE001 - rank 0 refuses to start, saying why
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        elif kind == "prepare":
             (requests,) = body
             for r in requests:
                 old = mirrors.pop(r.request_id, None)
@@ -97,6 +117,26 @@ def _release(executor, r) -> None:
     r.release_tensors()
     release_controls(executor, r)
     release_image_prompts(executor, r)
+
+
+def _follow(executor, news: dict) -> None:
+    """Hold what rank 0 holds: its LoRA adapters ({name: file}); of the ControlNets and IP-Adapters, no more than
+    its (and what this rank's requests hold)."""
+    if "lora" in news:
+        _sync_loras(executor, news["lora"])
+    for kind in ("controlnet", "ip_adapter"):
+        store = getattr(executor, f"_{kind}s", None)
+        if kind in news and store is not None:
+            store.budget.follow(news[kind])
+
+
+def _state(executor) -> dict:
+    stores = {kind: getattr(executor, f"_{kind}s", None) for kind in ("controlnet", "ip_adapter")}
+    lora = executor._adapters
+    return {"lora": sorted(lora.adapters) if lora is not None else [],
+            **{kind: sorted(s.budget.sizes) if s is not None else [] for kind, s in stores.items()},
+            "held": sorted(n for s in stores.values() if s is not None for n in s.budget.in_use()),
+            "fixed_rows": getattr(executor.pipeline.networks, "fixed_rows", None)}
 
 
 def _sync_loras(executor, wanted: dict) -> None:
