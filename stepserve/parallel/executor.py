@@ -116,12 +116,9 @@ class ParallelExecutor:
         return self.local.preview(request)
 
     def close(self) -> None:
-        """Stop the workers and leave torch.distributed, so that this process can start another parallel model."""
-        import torch.distributed as dist
-
+        """Stop the workers and leave torch.distributed (ranks.close), so that this process can start another
+        parallel model."""
         self.ranks.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     def mirror_fast_path(self, options, max_batch_size: int) -> None:
         """The workers wrap their networks as backends/fast_path.py has wrapped this rank's (--deterministic: each
