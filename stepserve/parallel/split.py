@@ -84,7 +84,9 @@ def _split_transformer(pipeline, degrees: Degrees, rank: int, inner: int):
     from diffusers import ContextParallelConfig, TensorParallelConfig
     from torch.distributed.device_mesh import init_device_mesh
 
-    transformer = pipeline.networks.transformer
+    # the family's transformer, and Wan 2.2's low-noise expert beside it (a step's rows may run on either)
+    transformers = [t for t in (pipeline.networks.transformer, getattr(pipeline.networks, "transformer_2", None))
+                    if t is not None]
     device_type = "cuda" if pipeline.device.type == "cuda" else "cpu"
     if device_type == "cpu":
         allow_cpu_context_parallel()
@@ -92,14 +94,17 @@ def _split_transformer(pipeline, degrees: Degrees, rank: int, inner: int):
     if degrees.sequence > 1:
         mesh = init_device_mesh(device_type, (halves, degrees.ring, degrees.ulysses),
                                 mesh_dim_names=("cfg", "ring", "ulysses"))
-        config = ContextParallelConfig(ulysses_degree=degrees.ulysses, ring_degree=degrees.ring,
-                                       mesh=mesh["ring", "ulysses"])
-        if degrees.ring > 1:  # ring attention merges partial results by their log-sum-exp: flash or cuDNN
-            transformer.set_attention_backend("flash" if _has_flash() else "_native_cudnn")
     else:
         mesh = init_device_mesh(device_type, (halves, degrees.tensor), mesh_dim_names=("cfg", "tp"))
-        config = TensorParallelConfig(tp_degree=degrees.tensor, mesh=mesh["tp"])
-    transformer.enable_parallelism(config=config)
+    for transformer in transformers:  # a config each: diffusers keeps per-model state in it
+        if degrees.sequence > 1:
+            config = ContextParallelConfig(ulysses_degree=degrees.ulysses, ring_degree=degrees.ring,
+                                           mesh=mesh["ring", "ulysses"])
+            if degrees.ring > 1:  # ring attention merges partial results by their log-sum-exp: flash or cuDNN
+                transformer.set_attention_backend("flash" if _has_flash() else "_native_cudnn")
+        else:
+            config = TensorParallelConfig(tp_degree=degrees.tensor, mesh=mesh["tp"])
+        transformer.enable_parallelism(config=config)
     return mesh
 
 
