@@ -18,20 +18,25 @@ OPTIONS = dict(max_batch_size=4, max_queue_delay_ms=1)
 def split_engine(path, **kwargs):
     """An engine whose forwards run over two sequence ranks; its workers stop when the block ends."""
     engine = Engine.from_pretrained(str(path), degrees=Degrees(ulysses=2), threads=1, memory_cap=False,
-                                    strategy="continuous", **OPTIONS, **kwargs)
+                                    strategy="continuous", **{**OPTIONS, **kwargs})
     try:
         yield engine
     finally:
         engine.executor.close()
 
 
-def with_strategy(engine, strategy: str) -> Engine:
+def with_strategy(engine, strategy: str, **options) -> Engine:
     """Another engine (policy, queue) on the same executor: the ranks start once per module."""
-    return Engine(engine.executor, strategy=strategy, **OPTIONS)
+    return Engine(engine.executor, strategy=strategy, **{**OPTIONS, **options})
 
 
 def pixels(image) -> np.ndarray:
     return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+def as_video(result) -> np.ndarray:
+    """A video request's frames, (frames, H, W, 3) int16."""
+    return np.stack([pixels(f) for f in result.frames])
 
 
 def assert_each_equals_one_process(split, one, requests) -> None:
