@@ -84,8 +84,9 @@ def one_process(flux, split, tmp_path_factory):
 
 def feature_rows():
     """A plain row, a LoRA row, two cached rows (fbcache decides on the first block's residual, now split; magcache
-    by its schedule), a ControlNet row and an image to image row, of two sizes. The ControlNet row outlasts the
-    cached ones: its last steps run the transformer's own forward, its first ones the caching forward."""
+    by its schedule), a ControlNet row, an image to image row and one with both, of two sizes. The ControlNet row
+    outlasts the cached ones: its last steps run the transformer's own forward, its first ones the caching
+    forward."""
     base = dict(guidance_scale=3.5, sampler="flow_euler", width=32)
     return [
         SamplingParams(prompt="plain", seed=1, num_inference_steps=6, height=32, **base),
@@ -99,6 +100,9 @@ def feature_rows():
                        controls=[{"name": "pose", "image": start_image(5, 32), "scale": 1.0}], **base),
         SamplingParams(prompt="an edit", seed=6, num_inference_steps=6, height=32, image=start_image(6, 32),
                        strength=0.7, **base),
+        SamplingParams(prompt="an edit with a pose", seed=7, num_inference_steps=6, height=48,
+                       image=start_image(7, 32, vertical=True), strength=0.8,
+                       controls=[{"name": "depth", "image": start_image(8, 32), "scale": 0.9}], **base),
     ]
 
 
