@@ -5,7 +5,8 @@ rows, 1: the unconditional rows; always 0 without --cfg-parallel) and i the rank
 the transformer (sequence or tensor parallel) and run the same rows.
 
 - Sequence and tensor parallel are diffusers' own hooks (`ModelMixin.enable_parallelism`), applied to the family's
-  transformer over the inner ranks; the transformer's output comes back whole on every one of them.
+  transformer (and Wan 2.2's second expert) over the inner ranks; the transformer's output comes back whole on
+  every one of them. What our code hands a split transformer beside its plan is cut in stepserve/util/shards.py.
 - CFG parallel is ours (diffusers has none): `Split.rows` says which of a step's rows this rank runs (a request's
   conditional row always on CFG half 0, its unconditional row on half 1, so what a row caches between steps stays on
   the rank that made it), and `Split.gather` puts the two halves' outputs back in row order on every rank.
