@@ -9,7 +9,9 @@ the decisions of diffusers' cache hooks taken per row instead of per call:
 - magcache (hooks/mag_cache.py): a skipped step runs no block at all: the input to the first block plus the
   residual of every block cached at the last full step (last block's output - first block's input).
 norm_out and proj_out always run, with the step's own time embedding. With every row computing it is the same
-sequence of operations as the model's forward (a test checks equality)."""
+sequence of operations as the model's forward (a test checks equality). Split over sequence ranks, each rank runs
+its shard of the tokens and the fbcache decision is taken on the whole residual (reduced over the ranks), so every
+rank skips the same rows."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..lora.rows import rows_subset
+from ..util.shards import shard, sum_over_ranks
 from .rows import RowCache, gather, index_of, must_compute
 
 
@@ -43,7 +46,13 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
                  controlnet_single_block_samples=None) -> Tensor:
     """The transformer's prediction for every row; `rows[i]` says how row i caches (None: it does not);
     `controlnet_*`: the rows' ControlNet outputs, as the transformer takes them."""
-    double, single = controlnet_block_samples or (), controlnet_single_block_samples or ()
+    # Split over sequence ranks (--ulysses-degree), the transformer's own forward has its inputs cut by the plan's
+    # root hook (FluxTransformer2DModel._cp_plan[""]), which this forward bypasses: cut them here as it does, and
+    # the ControlNet outputs with the image tokens; proj_out's hook gathers the prediction back whole.
+    hidden_states, encoder_hidden_states = shard(hidden_states, 1, tr), shard(encoder_hidden_states, 1, tr)
+    img_ids, txt_ids = shard(img_ids, 0, tr), shard(txt_ids, 0, tr)
+    double = tuple(shard(x, 1, tr) for x in controlnet_block_samples or ())
+    single = tuple(shard(x, 1, tr) for x in controlnet_single_block_samples or ())
     hs0 = tr.x_embedder(hidden_states)
     timestep = timestep.to(hs0.dtype) * 1000
     if guidance is not None:
@@ -73,7 +82,7 @@ def flux_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hidden_
     # fbcache rows whose first-block residual barely moved skip the other blocks
     head = [rows[i] if rows[i] is not None and rows[i].spec.policy == "fbcache" else None for i in head_rows]
     signal = hs1 - hs_in if any(r is not None for r in head) else None
-    go_on = must_compute(head, signal, "tail") if head_rows else []
+    go_on = must_compute(head, signal, "tail", lambda x: sum_over_ranks(x, tr)) if head_rows else []
     tail_rows = [k for k, c in enumerate(go_on) if c]  # positions within head_rows
     hs_t = ehs_t = None
     if tail_rows:

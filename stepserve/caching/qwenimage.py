@@ -7,7 +7,9 @@ compared with the one of the row's last full step, mean |r - r_prev| / mean |r_p
 the other blocks, whose output is then the first block's output plus the residual of the other blocks cached at
 that step (last block's output - first block's output). norm_out and proj_out always run, with the step's own time
 embedding. With every row computing it is the same sequence of operations as the model's forward (a test checks
-equality).
+equality). Split over sequence ranks, diffusers' hooks on the blocks cut the tokens (this forward calls the blocks,
+whose hooks run); the decision is taken on the whole residual, reduced over the ranks, so every rank skips the same
+rows.
 
 MagCache is not served on this family: its magnitude ratios are calibrated per model, and diffusers ships
 Flux's only."""
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..lora.rows import rows_subset
+from ..util.shards import shard, sum_over_ranks
 from .flux import _control
 from .rows import RowCache, gather, index_of, must_compute
 
@@ -39,21 +42,26 @@ def qwenimage_forward(tr, hidden_states: Tensor, timestep: Tensor, *, encoder_hi
     temb = tr.time_text_embed(timestep, hs0, None)
     rotary = tr.pos_embed(img_shapes, max_txt_seq_len=text_seq_len, device=hs0.device)
     n, count = hs0.shape[0], len(tr.transformer_blocks)
+    controls = [shard(x, 1, tr) for x in controlnet_block_samples or ()]  # added to the blocks' shards
 
     def run(blocks, at: Tensor | None, hs: Tensor, ehs: Tensor, row_ids: list[int],
             first: int = 0) -> tuple[Tensor, Tensor]:
-        samples = [gather(x, at) for x in controlnet_block_samples or ()]
+        samples = [gather(x, at) for x in controls]
         with rows_subset(row_ids):  # LoRA adapters (stepserve/lora) follow their rows
             for k, block in enumerate(blocks, start=first):
+                # every input named, modulate_index too, as the model's forward names them: the sequence-parallel
+                # hooks on the blocks look the inputs of their plan up by name
                 ehs, hs = block(hidden_states=hs, encoder_hidden_states=ehs,
                                 encoder_hidden_states_mask=gather(mask, at), temb=gather(temb, at),
-                                image_rotary_emb=rotary)
+                                image_rotary_emb=rotary, modulate_index=None)
                 hs = _control(hs, samples, count, k)
         return hs, ehs
 
     hs1, ehs1 = run(tr.transformer_blocks[:1], None, hs0, ehs0, list(range(n)))
-    signal = hs1 - hs0
-    go_on = must_compute(rows, signal, "tail")
+    # split over sequence ranks (--ulysses-degree), the first block's hook cut its inputs to this rank's tokens
+    # (QwenImageTransformer2DModel._cp_plan): its residual is taken on the same shard, and decided on over the ranks
+    signal = hs1 - shard(hs0, 1, tr)
+    go_on = must_compute(rows, signal, "tail", lambda x: sum_over_ranks(x, tr))
     tail = [i for i in range(n) if go_on[i]]
     hs_t = None
     if tail:

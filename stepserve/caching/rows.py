@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,11 +78,15 @@ def reuses_before(row: RowCache | None, have: str) -> bool:
     return False
 
 
-def must_compute(rows: list[RowCache | None], signal: Tensor | None, have: str) -> list[bool]:
+def must_compute(rows: list[RowCache | None], signal: Tensor | None, have: str,
+                 over_ranks: Callable[[Tensor], Tensor] | None = None) -> list[bool]:
     """Per row: whether it runs the expensive part at this step. `signal`: the rows' first-block residual (fbcache
-    compares it with the one of the row's last full step); `have`: the cached tensor a skip needs."""
+    compares it with the one of the row's last full step); `have`: the cached tensor a skip needs. `over_ranks`:
+    with the tokens split over sequence ranks, `signal` is this rank's shard: the function sums a tensor over the
+    ranks, so that every rank takes the same decision, the one the whole residual gives (equal shards: the sum
+    of the shards' means over the sum of theirs is the ratio of the whole row's means)."""
     out: list[bool | None] = []
-    diffs: list[Tensor] = []
+    parts: list[Tensor] = []
     for i, row in enumerate(rows):
         if row is None or have not in row.tensors:
             out.append(True)
@@ -89,10 +94,13 @@ def must_compute(rows: list[RowCache | None], signal: Tensor | None, have: str) 
             out.append(not reuses_before(row, have))
         else:  # fbcache: as diffusers' FBCHeadBlockHook, a ratio of means over the row, in the model's dtype
             prev = row.tensors["ref"]
-            diffs.append((signal[i:i + 1] - prev).abs().mean() / prev.abs().mean())
+            parts.append(torch.stack([(signal[i:i + 1] - prev).abs().mean(), prev.abs().mean()]))
             out.append(None)
-    if diffs:
-        values = iter(torch.stack(diffs).tolist())  # one host sync for the whole batch
+    if parts:
+        means = torch.stack(parts)
+        if over_ranks is not None:
+            means = over_ranks(means)
+        values = iter((means[:, 0] / means[:, 1]).tolist())  # one host sync for the whole batch
         out = [next(values) > rows[i].spec.threshold if c is None else c for i, c in enumerate(out)]
     return [bool(c) for c in out]
 

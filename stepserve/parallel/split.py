@@ -5,7 +5,8 @@ rows, 1: the unconditional rows; always 0 without --cfg-parallel) and i the rank
 the transformer (sequence or tensor parallel) and run the same rows.
 
 - Sequence and tensor parallel are diffusers' own hooks (`ModelMixin.enable_parallelism`), applied to the family's
-  transformer over the inner ranks; the transformer's output comes back whole on every one of them.
+  transformer (and Wan 2.2's second expert) over the inner ranks; the transformer's output comes back whole on
+  every one of them. What our code hands a split transformer beside its plan is cut in stepserve/util/shards.py.
 - CFG parallel is ours (diffusers has none): `Split.rows` says which of a step's rows this rank runs (a request's
   conditional row always on CFG half 0, its unconditional row on half 1, so what a row caches between steps stays on
   the rank that made it), and `Split.gather` puts the two halves' outputs back in row order on every rank.
@@ -84,7 +85,9 @@ def _split_transformer(pipeline, degrees: Degrees, rank: int, inner: int):
     from diffusers import ContextParallelConfig, TensorParallelConfig
     from torch.distributed.device_mesh import init_device_mesh
 
-    transformer = pipeline.networks.transformer
+    # the family's transformer, and Wan 2.2's low-noise expert beside it (a step's rows may run on either)
+    transformers = [t for t in (pipeline.networks.transformer, getattr(pipeline.networks, "transformer_2", None))
+                    if t is not None]
     device_type = "cuda" if pipeline.device.type == "cuda" else "cpu"
     if device_type == "cpu":
         allow_cpu_context_parallel()
@@ -92,14 +95,17 @@ def _split_transformer(pipeline, degrees: Degrees, rank: int, inner: int):
     if degrees.sequence > 1:
         mesh = init_device_mesh(device_type, (halves, degrees.ring, degrees.ulysses),
                                 mesh_dim_names=("cfg", "ring", "ulysses"))
-        config = ContextParallelConfig(ulysses_degree=degrees.ulysses, ring_degree=degrees.ring,
-                                       mesh=mesh["ring", "ulysses"])
-        if degrees.ring > 1:  # ring attention merges partial results by their log-sum-exp: flash or cuDNN
-            transformer.set_attention_backend("flash" if _has_flash() else "_native_cudnn")
     else:
         mesh = init_device_mesh(device_type, (halves, degrees.tensor), mesh_dim_names=("cfg", "tp"))
-        config = TensorParallelConfig(tp_degree=degrees.tensor, mesh=mesh["tp"])
-    transformer.enable_parallelism(config=config)
+    for transformer in transformers:  # a config each: diffusers keeps per-model state in it
+        if degrees.sequence > 1:
+            config = ContextParallelConfig(ulysses_degree=degrees.ulysses, ring_degree=degrees.ring,
+                                           mesh=mesh["ring", "ulysses"])
+            if degrees.ring > 1:  # ring attention merges partial results by their log-sum-exp: flash or cuDNN
+                transformer.set_attention_backend("flash" if _has_flash() else "_native_cudnn")
+        else:
+            config = TensorParallelConfig(tp_degree=degrees.tensor, mesh=mesh["tp"])
+        transformer.enable_parallelism(config=config)
     return mesh
 
 

@@ -21,6 +21,8 @@ def start_ranks(local: Any, config, say: Callable[[str], None]) -> ParallelExecu
     transformer = getattr(pipeline.networks, "transformer", None)
     heads = getattr(getattr(transformer, "config", None), "num_attention_heads", None)
     check_family(degrees, pipeline.capabilities, heads)
+    if degrees.sequence > 1:
+        pipeline.check_sequence_degree(degrees.sequence)  # a text the family's plan splits too (Flux.1, Flux.2)
     # what a worker loads: the model and its add-on folders; no batching options, checks or warm-up of its own
     worker_config = replace(config, degrees=None, options=None, fast_path=None, memory_cap=False, warm_up=False)
     ranks = Ranks(degrees, worker_config, config.threads or 1)

@@ -148,6 +148,12 @@ class FamilyAdapter:
         """IP-Adapters (stepserve/ipadapter) go into the denoiser's attention: as runs_controls, for them."""
         return self.capabilities.ip_adapter and self._own_networks()
 
+    def check_sequence_degree(self, n: int) -> None:
+        """Before a server splits this family's tokens over `n` sequence ranks (stepserve/parallel): a ValueError,
+        one line, for what its forward cannot split evenly. Image tokens are checked per request
+        (request/validation.py); a family whose transformer's plan also splits a text of fixed length says so
+        here."""
+
     # --- per request -------------------------------------------------------------------------------------------
     def encode(self, params: list[SamplingParams]) -> list[Conditioning]:
         raise NotImplementedError

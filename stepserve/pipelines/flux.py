@@ -28,6 +28,7 @@ from PIL import Image
 
 from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
+from ..util.shards import shard_residuals
 from .control_inputs import FluxControls
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
@@ -65,7 +66,9 @@ class FluxTorchNetworks:
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
                 pooled_projections: torch.Tensor, img_ids: torch.Tensor, txt_ids: torch.Tensor,
                 guidance: torch.Tensor | None = None, **controls) -> torch.Tensor:
-        """`controls`: ControlNet outputs (controlnet_block_samples, controlnet_single_block_samples)."""
+        """`controls`: ControlNet outputs (controlnet_block_samples, controlnet_single_block_samples), whole: cut
+        here to the tokens this rank's blocks run when the transformer is split (--ulysses-degree)."""
+        controls = shard_residuals(controls, self.transformer)
         return self.transformer(hidden_states=sample, timestep=timestep, guidance=guidance,
                                 pooled_projections=pooled_projections, encoder_hidden_states=encoder_hidden_states,
                                 txt_ids=txt_ids, img_ids=img_ids, return_dict=False, **controls)[0]
@@ -93,6 +96,15 @@ class FluxTorchNetworks:
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return self.vae.decode(latents, return_dict=False)[0]
+
+
+def check_text_split(name: str, tokens: int, n: int) -> None:
+    """A family whose sequence-parallel plan splits its text of `tokens` (fixed: max_sequence_length) over `n`
+    ranks, as the image tokens: they must divide (diffusers' sharder cuts equal pieces)."""
+    if tokens % n:
+        raise ValueError(f"a sequence degree of {n} (--ulysses-degree x --ring-degree) splits {name}'s "
+                         f"{tokens} text tokens (max_sequence_length) too, and they do not divide; allowed: a "
+                         f"degree that divides {tokens}, or a max_sequence_length that {n} divides (stepserve.json)")
 
 
 def latent_grid(height: int, width: int, vae_scale_factor: int) -> tuple[int, int]:
@@ -151,6 +163,10 @@ class FluxAdapter(FluxControls, FamilyAdapter):
                                 inpaint="channels" if fill else "", default_inpaint_strength=1.0)
         self.guidance_embeds = guidance_embeds
         self.max_sequence_length = max_sequence_length
+
+    def check_sequence_degree(self, n: int) -> None:
+        """diffusers' Flux.1 plan splits the T5 tokens with the image tokens: all max_sequence_length of them."""
+        check_text_split(self.info.name, self.max_sequence_length, n)
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, device: str = "cpu",

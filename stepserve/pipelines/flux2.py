@@ -33,7 +33,7 @@ from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
 from .family import Conditioning, FamilyAdapter
 from .vae import to_pil, vae_scale_factor_of
-from .flux import latent_grid
+from .flux import check_text_split, latent_grid
 from .folder import PipelineFolder, serving_info
 from .offload import Offload
 from .weights import Weights
@@ -73,13 +73,15 @@ class Flux2TorchNetworks:
         self._ids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (grid, text length, device) -> ids
 
     def _position_ids(self, grid: tuple[int, int], text_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(image ids (0, row, column, 0), text ids (0, 0, 0, index)), built once per shape and device, not per
-        step."""
+        """(image ids (0, row, column, 0), text ids (0, 0, 0, index)), each (1, tokens, 4), built once per shape
+        and device, not per step. The leading 1 is what diffusers' sequence-parallel plan for this transformer
+        splits (ids of 3 dimensions, on dim 1); its forward takes [0] of them either way."""
         key = (grid, text_len, str(device))
         if key not in self._ids:
             one = torch.arange(1)
-            self._ids[key] = (torch.cartesian_prod(one, torch.arange(grid[0]), torch.arange(grid[1]), one).to(device),
-                              torch.cartesian_prod(one, one, one, torch.arange(text_len)).to(device))
+            self._ids[key] = (torch.cartesian_prod(one, torch.arange(grid[0]), torch.arange(grid[1]), one)[None]
+                              .to(device),
+                              torch.cartesian_prod(one, one, one, torch.arange(text_len))[None].to(device))
         return self._ids[key]
 
     @torch.no_grad()
@@ -131,6 +133,10 @@ class Flux2Adapter(FamilyAdapter):
         self.bn_std = bn_std
         self.text_layers = tuple(text_layers or self.default_text_layers)
         self.max_sequence_length = max_sequence_length
+
+    def check_sequence_degree(self, n: int) -> None:
+        """diffusers' Flux.2 plan splits the text tokens with the image tokens: all max_sequence_length of them."""
+        check_text_split(self.info.name, self.max_sequence_length, n)
 
     # --- per variant -------------------------------------------------------------------------------------------
     @classmethod

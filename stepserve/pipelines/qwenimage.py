@@ -29,6 +29,7 @@ from PIL import Image
 
 from .. import sampling
 from ..request.types import ModelInfo, SamplingParams
+from ..util.shards import sequence_degree, shard_residuals
 from .control_mmdit import QwenImageControls
 from .family import Conditioning, FamilyAdapter, stack_rows
 from .vae import to_pil
@@ -67,7 +68,9 @@ class QwenImageTorchNetworks:
     def denoise(self, sample: torch.Tensor, timestep: torch.Tensor, *, encoder_hidden_states: torch.Tensor,
                 img_shape: tuple[int, int, int], encoder_hidden_states_mask: torch.Tensor | None = None,
                 **controls) -> torch.Tensor:
-        """`controls`: ControlNet outputs (controlnet_block_samples), when some row has a control."""
+        """`controls`: ControlNet outputs (controlnet_block_samples), when some row has a control; whole, cut here
+        to the tokens this rank's blocks run when the transformer is split (--ulysses-degree)."""
+        controls = shard_residuals(controls, self.transformer)
         return self.transformer(hidden_states=sample, timestep=timestep, encoder_hidden_states=encoder_hidden_states,
                                 encoder_hidden_states_mask=encoder_hidden_states_mask,
                                 img_shapes=[[img_shape]] * sample.shape[0], return_dict=False, **controls)[0]
@@ -171,9 +174,13 @@ class QwenImageAdapter(QwenImageControls, FamilyAdapter):
 
     def collate(self, rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Pad the rows' text to the longest (or to fixed_text_length) with a mask; no mask when every row has
-        the same length and no fixed length is set."""
+        the same length and no fixed length is set. With the transformer split over sequence ranks
+        (--ulysses-degree: diffusers' plan splits the text tokens too, in equal pieces) the padding goes on to a
+        multiple of their number: masked tokens that change no image token's attention."""
         lengths = [row["encoder_hidden_states"].shape[1] for row in rows]
         longest = max(lengths) if self.fixed_text_length is None else self.fixed_text_length
+        n = sequence_degree(self.networks.transformer)
+        longest = -(-longest // n) * n
         if self.fixed_text_length is None and min(lengths) == longest:
             return stack_rows(rows)
         padded, mask = [], torch.zeros(len(rows), longest, dtype=torch.int64, device=self.device)
