@@ -12,10 +12,11 @@ bisects. Writes plan.json and p95_vs_replicas.png to --out.
 With --devices D, the question is how to spend D devices: R replicas of degree N (each request split over N
 devices, R x N <= D), one latency model per degree (each file says its degree: `stepserve profile
 --ulysses-degree N`, or the per-degree GPU curves). It prints every split that uses all D devices at each rate
-(p95 and goodput), and per rate the split that holds the SLO with the fewest devices (stepserve.sim.split_plan):
+(p95 and goodput), and per rate the split that holds the SLO with the fewest devices (stepserve.sim.split_plan;
+degree N searches up to D / N replicas, in place of --max-replicas):
 
     stepserve plan --devices 8 --latency-model stepserve/models/latency/gpu-1024-compute-bound*.json \
-        --rate 0.4,0.8,1.4 --slo-p95-ms 6000 --steps 28
+        --rate 0.4,0.8,1.4 --slo-p95-ms 3000 --steps 28
 """
 
 from __future__ import annotations
