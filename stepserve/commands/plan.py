@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         from .plan_devices import plan_devices
 
         return plan_devices(spec, described, args)
+    from ..costs.degree import degree_label, devices_of
     from ..util.progress import is_terminal, progress
     from ..sim.plan import (
         probe_lines,
@@ -170,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     total = len(trace_arrivals(spec))
     print(f"plan: {spec.rate_rps:g} req/s, p95 <= {spec.slo_s * 1000:g} ms, router {spec.router}, {described}, "
           f"{spec.duration_s:g} s per simulation ({plural(total, 'request')}), seed {spec.seed}", file=sys.stderr)
+    per_replica = devices_of(spec.latency)
+    if per_replica > 1:
+        print(f"stepserve plan: note: the latency model was measured at {degree_label(spec.latency)}: each replica "
+              f"holds {per_replica} devices", file=sys.stderr)
     if "slo" in spec.strategies and spec.timeout_s is None:
         print("stepserve plan: note: no request carries a deadline (--timeout-slo), so slo refuses nothing and "
               "gives up on nothing: it is cost-aware continuous batching, first come first served", file=sys.stderr)

@@ -104,3 +104,11 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, argv, says):
     err = capsys.readouterr().err.strip()
     assert err.startswith("stepserve plan:") and "\n" not in err and says in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_replica_plan_on_a_split_model_says_each_replica_holds_its_devices(tmp_path, capsys):
+    TWO.save(tmp_path / "two.json")
+    assert main(["--latency-model", str(tmp_path / "two.json"), "--rate", "0.2", "--slo-p95-ms", "900", "--steps",
+                 "10", "--duration", "20", "--strategy", "continuous", "--out", str(tmp_path / "p"),
+                 "--no-progress"]) == 0
+    assert "measured at ulysses 2: each replica holds 2 devices" in capsys.readouterr().err
