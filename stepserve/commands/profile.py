@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a size or guidance scale the model does not accept (ValidationError names it)
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    finally:  # a split engine's worker ranks stop now, not when the process exits
+        close = getattr(executor, "close", None)
+        if close is not None:
+            close()
     latency.metadata.update(run_metadata(args))
     latency.metadata["load_s"] = round(load_s, 3)
     try:

@@ -3,6 +3,8 @@ it ran at, and a one-device model becomes a degree-N one by scaling its steps (s
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from stepserve.commands import profile as cli
@@ -54,3 +56,22 @@ def test_at_degree_scales_the_steps_only_and_says_so():
     assert m.metadata["figures"] == ["a figure"] and m.metadata["assumptions"] == ["an assumption"]
     with pytest.raises(ValueError, match="one-device model"):
         at_degree(m, 0.5, parallel_entry(ulysses=4))
+
+
+@pytest.mark.slow
+def test_profile_at_ulysses_2_measures_the_split_engine_and_says_so(tmp_path, capsys):
+    """The tiny Flux.1 profiled with --ulysses-degree 2 (two gloo ranks of one thread): the file holds 2 devices."""
+    from stepserve.tiny.flux import build_tiny_flux
+
+    model = build_tiny_flux(tmp_path / "flux")
+    out = tmp_path / "latency-u2.json"
+    argv = ["--model", str(model), "--threads", "1", "--ulysses-degree", "2", "--max-batch-size", "2",
+            "--rounds", "1", "--repeats", "1", "--out", str(out)]
+    assert cli.main(argv) == 0
+    m = LatencyModel.load(out)
+    assert devices_of(m) == 2 and m.metadata["parallel"]["ulysses"] == 2 and m.step_s(1) > 0
+    assert "--ulysses-degree 2 (2 devices)" in capsys.readouterr().err
+    import subprocess
+
+    mine = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "rank_worker"], capture_output=True, text=True)
+    assert mine.stdout == ""  # its worker ranks stopped when it was done, not at the end of this process
