@@ -15,12 +15,16 @@
 5. Tables: live and simulated p50 / p95 per contender and load, and their ratios (the target is within 15%).
 
     .venv/bin/python benchmarks/sim_fidelity.py --out bench-out/fidelity --fracs 0.6,0.8 --duration 30
+
+A parallel degree (--engine-flags "--ulysses-degree 2") is given to the profile and to the live bench alike: the
+profile then says its degree, and the simulator's engine steps with the degree-2 curve.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from common import add_run_args, stepserve, summaries
@@ -35,6 +39,8 @@ def main() -> None:
     p.add_argument("--fracs", default="0.6,0.8")
     p.add_argument("--profile-rounds", type=int, default=10, help="`stepserve profile --rounds` (default 10)")
     p.add_argument("--profile-statistic", choices=("mean", "median"), default="mean")
+    p.add_argument("--engine-flags", default="", help="more flags for the profile and the live bench alike, e.g. "
+                                                       "\"--ulysses-degree 2\"")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="simulate on the profile alone (no correction from the run's own step times)")
     args = p.parse_args()
@@ -47,10 +53,11 @@ def main() -> None:
         if args.latency_model is None:
             stepserve("profile", "--model", args.model, "--threads", str(args.threads), "--max-batch-size",
                       str(2 * args.max_batch_size), "--rounds", str(args.profile_rounds), "--statistic",
-                      args.profile_statistic, "--out", str(latency))
+                      args.profile_statistic, "--out", str(latency), *shlex.split(args.engine_flags))
         live = args.out / f"live-{frac}"
         stepserve("bench", "--model", args.model, "--threads", str(args.threads), "--rate-frac", frac,
-                  "--duration", str(args.duration), "--warmup", str(args.warmup), "--out", str(live), *common)
+                  "--duration", str(args.duration), "--warmup", str(args.warmup), "--out", str(live), *common,
+                  *shlex.split(args.engine_flags))
         live_results = json.loads((live / "results.json").read_text())
         slo_ms = live_results["slo_s"] * 1000
         capacities.append(_capacity_row(float(frac), live_results, latency, args))

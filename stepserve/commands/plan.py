@@ -8,6 +8,15 @@ simulating replicas behind a router on a measured latency model (no hardware nee
 Each strategy's answer is the fewest replicas whose simulated p95 (refused and unfinished requests counting as
 infinitely late) is within the SLO on a seeded Poisson trace at --rate; the search climbs 1, 2, 4, ... then
 bisects. Writes plan.json and p95_vs_replicas.png to --out.
+
+With --devices D, the question is how to spend D devices: R replicas of degree N (each request split over N
+devices, R x N <= D), one latency model per degree (each file says its degree: `stepserve profile
+--ulysses-degree N`, or the per-degree GPU curves). It prints every split that uses all D devices at each rate
+(p95 and goodput), and per rate the split that holds the SLO with the fewest devices (stepserve.sim.split_plan;
+degree N searches up to D / N replicas, in place of --max-replicas):
+
+    stepserve plan --devices 8 --latency-model stepserve/models/latency/gpu-1024-compute-bound*.json \
+        --rate 0.4,0.8,1.4 --slo-p95-ms 3000 --steps 28
 """
 
 from __future__ import annotations
@@ -39,12 +48,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> _Parser:
     p = _Parser(prog="stepserve plan", description=__doc__, formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--latency-model", required=True, help="latency model file (from `stepserve profile`)")
-    p.add_argument("--rate", required=True, help="offered load, requests per second (Poisson arrivals)")
+    p.add_argument("--latency-model", required=True, nargs="+", action="extend", metavar="FILE",
+                   help="latency model file (from `stepserve profile`); with --devices, one per degree")
+    p.add_argument("--rate", required=True, help="offered load, requests per second (Poisson arrivals); with "
+                                                 "--devices, several comma-separated")
+    p.add_argument("--devices", help="plan the split of this many devices: R replicas of degree N, R x N <= D")
     p.add_argument("--slo-p95-ms", required=True, help="the p95 latency to hold, milliseconds from arrival")
-    p.add_argument("--strategy", "--strategies", dest="strategy", default=",".join(DEFAULT_STRATEGIES),
-                   help=f"strategies to plan, comma-separated (default: {','.join(DEFAULT_STRATEGIES)}); allowed: "
-                        f"{', '.join(STRATEGIES)}")
+    p.add_argument("--strategy", "--strategies", dest="strategy", default=None,
+                   help=f"strategies to plan, comma-separated (default: {','.join(DEFAULT_STRATEGIES)}; with "
+                        f"--devices one, default {DEFAULT_STRATEGIES[0]}); allowed: {', '.join(STRATEGIES)}")
     mix = p.add_mutually_exclusive_group()
     mix.add_argument("--steps", default="8,20,40", help="step counts drawn uniformly (when no --mix)")
     mix.add_argument("--mix", type=Path, help="request mix file (YAML or JSON), as `stepserve bench --mix`")
@@ -78,14 +90,25 @@ def parse(argv: list[str]):
     from ..bench.workload import Mix
     from ..costs import LatencyModel
     from ..sim.plan import PlanSpec
+    from ..sim.split_plan import by_degree
 
     a = build_parser().parse_args(argv)
-    rate = _number(a.rate, "--rate")
+    a.devices = None if a.devices is None else _number(a.devices, "--devices", int)
+    rates = [_number(r, "--rate") for r in a.rate.split(",")]
+    if len(rates) > 1 and a.devices is None:
+        raise UsageError(f"--rate: one rate (several, comma-separated, only with --devices); got {a.rate}")
+    a.rates, rate = rates, rates[0]
     slo_ms = _number(a.slo_p95_ms, "--slo-p95-ms")
-    strategies = [s.strip() for s in a.strategy.split(",") if s.strip()]
+    default = DEFAULT_STRATEGIES[:1] if a.devices else DEFAULT_STRATEGIES
+    strategies = [s.strip() for s in (a.strategy or ",".join(default)).split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad or not strategies:
         raise UsageError(f"--strategy: {', '.join(bad) or 'empty'} not supported; allowed: {', '.join(STRATEGIES)}")
+    if a.devices and len(strategies) > 1:
+        raise UsageError(f"--strategy: --devices plans one strategy; got {', '.join(strategies)}")
+    if not a.devices and len(a.latency_model) > 1:
+        raise UsageError(f"--latency-model: one file (several, one per degree, only with --devices); got "
+                         f"{len(a.latency_model)}")
     if a.router not in ROUTERS:
         raise UsageError(f"--router: {a.router!r} is not supported; allowed: {', '.join(ROUTERS)}")
     if a.mix is not None:
@@ -99,9 +122,14 @@ def parse(argv: list[str]):
             raise UsageError("--steps: give step counts, e.g. 8,20,40")
         mix, described = Mix.from_steps(steps), f"steps {','.join(map(str, steps))} (uniform)"
     try:
-        latency = LatencyModel.load(a.latency_model)
+        models = [LatencyModel.load(path) for path in a.latency_model]
+        a.models = by_degree(models)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--latency-model: {exc}") from None
+    if a.devices and not any(n <= a.devices for n in a.models):
+        raise UsageError(f"--devices {a.devices}: every latency model holds more devices per replica "
+                         f"({', '.join(map(str, a.models))})")
+    latency = models[0]
     try:
         spec = PlanSpec(latency, rate, slo_ms / 1000.0, mix, strategies, a.router,
                         _number(a.max_replicas, "--max-replicas", int), _number(a.duration, "--duration"),
@@ -124,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"stepserve plan: {exc}", file=sys.stderr)
         return 2
+    if args.devices:
+        from .plan_devices import plan_devices
+
+        return plan_devices(spec, described, args)
+    from ..costs.degree import degree_label, devices_of
     from ..util.progress import is_terminal, progress
     from ..sim.plan import (
         probe_lines,
@@ -138,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     total = len(trace_arrivals(spec))
     print(f"plan: {spec.rate_rps:g} req/s, p95 <= {spec.slo_s * 1000:g} ms, router {spec.router}, {described}, "
           f"{spec.duration_s:g} s per simulation ({plural(total, 'request')}), seed {spec.seed}", file=sys.stderr)
+    per_replica = devices_of(spec.latency)
+    if per_replica > 1:
+        print(f"stepserve plan: note: the latency model was measured at {degree_label(spec.latency)}: each replica "
+              f"holds {per_replica} devices", file=sys.stderr)
     if "slo" in spec.strategies and spec.timeout_s is None:
         print("stepserve plan: note: no request carries a deadline (--timeout-slo), so slo refuses nothing and "
               "gives up on nothing: it is cost-aware continuous batching, first come first served", file=sys.stderr)
@@ -162,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     data = to_json(spec, plans, described)
-    data["settings"]["latency_model_file"] = str(args.latency_model)
+    data["settings"]["latency_model_file"] = str(args.latency_model[0])
     (args.out / PLAN_JSON).write_text(json.dumps(data, indent=2) + "\n")
     plot_p95_vs_replicas(spec, plans, args.out / PLOT)
     print(table(spec, plans))

@@ -3,8 +3,10 @@
 The file is what `stepserve serve --latency-model PATH` plans with (strategy slo) and what the simulator's
 fake executor charges (stepserve.costs). The step and encode costs are measured with and
 without guidance rows (stepserve.profiling.measure); the model's main curves are those of a request at the
-model's default guidance. The metadata records the device, dtype, backend, threads, library versions, the machine
-and the spread (fastest and slowest repeat) of every point.
+model's default guidance. The metadata records the device, dtype, backend, threads, library versions, the machine,
+the spread (fastest and slowest repeat) of every point, and the parallel degree it ran at (`parallel`,
+stepserve.costs.degree: with --ulysses-degree 2 the steps are those of one request split over two ranks, and a
+simulated replica charging the file holds two devices).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 from ..engine.loading import available_cores
 from ..request.buckets import bucket_name
 from ..util.words import plural
-from .flags import (OneLineParser, add_fast_path_flags, add_model_flags, add_parallel_flags, engine_config,
-                    int_from, model_of)
+from .flags import (OneLineParser, add_fast_path_flags, add_model_flags, add_parallel_flags, degrees_from_args,
+                    engine_config, int_from, model_of)
 
 PROG = "stepserve profile"
 
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: --{exc}", file=sys.stderr)
         return 2
     print(f"{PROG}: loading {args.model} on {args.device} ({args.dtype}, backend {args.backend}, "
-          f"{plural(args.threads, 'thread')}) ...", file=sys.stderr, flush=True)
+          f"{plural(args.threads, 'thread')}{parallel_note(args)}) ...", file=sys.stderr, flush=True)
     try:  # the engine as it will serve (fast path included), without the memory cap: every batch size is measured
         config = engine_config(args, EngineOptions(max_batch_size=args.max_batch_size), memory_cap=False)
         loading = time.perf_counter()
@@ -109,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a size or guidance scale the model does not accept (ValidationError names it)
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    finally:  # a split engine's worker ranks stop now, not when the process exits
+        close = getattr(executor, "close", None)
+        if close is not None:
+            close()
     latency.metadata.update(run_metadata(args))
     latency.metadata["load_s"] = round(load_s, 3)
     try:
@@ -120,8 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     n = args.max_batch_size
     print(f"{PROG}: wrote {out} ({latency.metadata.get('model')}, size {bucket_name(ref)}: step "
           f"{latency.step_s(1) * 1000:.2f} ms at batch 1, {latency.step_s(n) * 1000:.2f} ms at batch {n}; "
-          f"measured in {latency.metadata.get('wall_s')} s)", file=sys.stderr)
+          f"measured in {latency.metadata.get('wall_s')} s{parallel_note(args)})", file=sys.stderr)
     return 0
+
+
+def parallel_note(args: argparse.Namespace) -> str:
+    """', --ulysses-degree 2 (2 devices)' when the engine splits each request; '' on one device."""
+    d = degrees_from_args(args)
+    return f", {d.describe()} ({d.world} devices)" if d.enabled else ""
 
 
 def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,16 +145,19 @@ def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
         version = getattr(module, "__version__", None)
         if version is not None:
             versions[name] = str(version)
+    from ..costs.degree import parallel_entry
     from ..version import __version__
 
     versions["stepserve"] = __version__
     versions["python"] = platform.python_version()
+    d = degrees_from_args(args)
     return {
         "backend": args.backend,
         "fast_path": {"compile": args.compile, "deterministic": args.deterministic},
         "device_requested": args.device,
         "dtype": args.dtype,
         "threads": args.threads,
+        "parallel": parallel_entry(d.ulysses, d.ring, d.cfg, d.tensor),
         "versions": versions,
         "machine": {"platform": platform.platform(), "processor": cpu_name(), "cores": available_cores()},
     }

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         p.epilog = EPILOG + "\n" + FLEET_EPILOG
         p.print_help()
         return 0
+    from ..costs.degree import devices_of
     from ..sim.bench import load_setup, run_simulation
 
     try:
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         setup = load_setup(cfg.latency_model, noise)
         if fleet.active:
             setup.fleet = fleet
-            setup.source += f"; {fleet.describe()}"
+            setup.source += f"; {fleet.describe(devices_of(setup.latency))}"
         if noise > 0:
             from ..sim.bench import make_executor
 

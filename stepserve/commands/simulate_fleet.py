@@ -13,7 +13,8 @@ from ..sim.fleet_run import FleetSettings
 EPILOG = """fleet flags (simulate only; docs/SCALING.md):
   --replicas N          every contender is N replicas behind a router (default 1: one engine); --rate-frac is
                         then of N replicas' capacity (with --autoscale: of those it starts with), and
-                        closed-loop --users are per replica
+                        closed-loop --users are per replica; a replica holds the devices of its latency
+                        model's parallel degree (`stepserve profile --ulysses-degree 2`: two)
   --router R            how requests are spread (default least_work); allowed: {routers}
   --autoscale MIN:MAX   start and drain replicas during the run (--replicas: how many at the start)
   --autoscale-policy P  slo (default: the predicted backlog against the run's SLO) or ray (Ray Serve's default,

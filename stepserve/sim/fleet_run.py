@@ -1,13 +1,18 @@
 """One contender of `stepserve simulate --replicas N` as a fleet: N engines of the contender behind a router on one
 simulated clock (sim.fleet.Fleet), optionally autoscaled (sim.autoscale) and with replicas lost on purpose; and
 what the fleet did, for results.json (`FleetReport`): replica-seconds, replicas over time, lost replicas,
-adapter loads, and each replica's work in hand over time (the replica load plot)."""
+adapter loads, and each replica's work in hand over time (the replica load plot).
+
+A replica holds the devices its latency model was measured at (stepserve.costs.degree: a model of `--ulysses-degree
+2` is a replica of two devices stepping with the degree-2 curve), so device-seconds are replica-seconds times
+that."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..costs.degree import devices_of
 from ..engine.core import EngineCore
 from ..fleet.autoscale import DEFAULT_UTILISATION, SLOScaling
 from ..fleet.routers import PLANNING_ROUTER, make_router
@@ -35,8 +40,10 @@ class FleetSettings:
     def active(self) -> bool:
         return self.replicas > 1 or self.autoscale is not None or bool(self.failures)
 
-    def describe(self) -> str:
-        text = f"{self.replicas} replicas behind {self.router}"
+    def describe(self, devices: int = 1) -> str:
+        """`devices`: what one replica holds (its latency model's degree)."""
+        held = f" of {devices} devices each" if devices > 1 else ""
+        text = f"{self.replicas} replicas{held} behind {self.router}"
         if self.autoscale:
             text += f", autoscaling {self.autoscale[0]}-{self.autoscale[1]} ({self.policy} policy)"
         return text
@@ -57,6 +64,8 @@ class FleetReport:
     publish_every_s: float = 0.0
     load_t_s: list[float] = field(default_factory=list)  # sample times
     load_work_s: list[list[float | None]] = field(default_factory=list)  # per replica: work in hand (None: not up)
+    devices_per_replica: int = 1  # the latency model's parallel degree
+    device_s: float = 0.0  # replica_s x devices_per_replica
 
 
 def build_fleet(settings: FleetSettings, latency, make_core: Callable[[int], EngineCore], slo_s: float | None,
@@ -81,7 +90,8 @@ def build_fleet(settings: FleetSettings, latency, make_core: Callable[[int], Eng
         fleet.once(t, lambda now, r=r: fleet.fail(r, now) if r < len(fleet.loop.reps) else None)
     autoscale = None if settings.autoscale is None else (
         f"{settings.autoscale[0]}:{settings.autoscale[1]} {settings.policy}, start-up {startup:g} s")
-    report = FleetReport(settings.replicas, settings.router, autoscale, publish_every_s=settings.publish_every_s)
+    report = FleetReport(settings.replicas, settings.router, autoscale, publish_every_s=settings.publish_every_s,
+                         devices_per_replica=devices_of(latency))
     every = max(horizon_s / LOAD_SAMPLES, 1e-3)
 
     def sample(t: float) -> None:
@@ -104,6 +114,7 @@ def finish_report(report: FleetReport, fleet: Fleet, end_time: float, failed_on_
     else:
         report.replica_s = round(len(fleet.loop.reps) * end_time, 3)
         report.replicas_over_time = [(0.0, len(fleet.loop.reps))]
+    report.device_s = round(report.replica_s * report.devices_per_replica, 3)
     report.lost_replicas = sorted(fleet.loop.lost)
     report.failed_on_lost = failed_on_lost
     report.adapter_loads = fleet.adapter_loads

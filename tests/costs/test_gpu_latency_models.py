@@ -13,6 +13,7 @@ from stepserve.costs import LatencyModel
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("gpu-512-sublinear.json", "gpu-1024-compute-bound.json", "gpu-sd15-512.json")
+ULYSSES = {n: f"gpu-1024-compute-bound-ulysses{n}.json" for n in (2, 4, 8)}
 
 
 def shipped(name: str) -> LatencyModel:
@@ -41,7 +42,7 @@ def test_each_model_loads_with_its_sources_and_covers_batch_1_to_16(name):
     assert m.decode_s(1) > 0 and m.encode_s(1) > 0
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", FILES + tuple(ULYSSES.values()))
 def test_the_generator_writes_exactly_the_shipped_files(name):
     assert generator().MODELS[name]().to_dict() == shipped(name).to_dict()
 
@@ -73,3 +74,29 @@ def test_sd15_lies_in_between():
     for n in range(2, 17):
         assert lo[n] < mid[n] < hi[n]
         assert mid[n] == pytest.approx((lo[n] * hi[n]) ** 0.5, abs=2e-3)  # the geometric mean, as stated
+
+
+def whole_image_s(m: LatencyModel) -> float:
+    return 28 * m.step_s(1) + m.encode_s(1) + m.decode_s(1)
+
+
+@pytest.mark.parametrize("degree, published_s", [(2, 2.68), (4, 1.63)])
+def test_ulysses_variants_give_xdits_published_times(degree, published_s):
+    """xDiT, FLUX.1-dev 1024x1024, 28 steps, compiled, H100s: Ulysses-2 2.68 s, Ulysses-4 1.63 s."""
+    from stepserve.costs.degree import degree_label, devices_of
+
+    m, one = shipped(ULYSSES[degree]), shipped("gpu-1024-compute-bound.json")
+    assert devices_of(m) == degree and degree_label(m) == f"ulysses {degree}"
+    assert whole_image_s(m) == pytest.approx(published_s, abs=2e-3)
+    assert m.encode_s(1) == one.encode_s(1) and m.decode_s(8) == one.decode_s(8)  # the transformer only is split
+    assert gains(m)[8] == pytest.approx(gains(one)[8], abs=1e-3)  # the batch shape is kept, as stated
+    assert any("xDiT" in f for f in m.metadata["figures"])
+
+
+def test_the_eight_device_variant_is_extrapolated_and_says_so():
+    m, four = shipped(ULYSSES[8]), shipped(ULYSSES[4])
+    assert m.step_s(1) == pytest.approx(four.step_s(1) * 30.8 / 39.6, abs=1e-6)  # vLLM-Omni's 4 -> 8 at 2048x2048
+    assert any("extrapolated" in a for a in m.metadata["assumptions"])
+    # splitting further helps each request less and less: step time x devices grows with the degree
+    cost = [shipped(f).step_s(1) * n for n, f in [(1, "gpu-1024-compute-bound.json"), *ULYSSES.items()]]
+    assert all(a < b for a, b in zip(cost, cost[1:]))

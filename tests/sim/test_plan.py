@@ -80,8 +80,11 @@ def test_missing_latency_model_file_exits_2(tmp_path, capsys):
     assert "--latency-model" in capsys.readouterr().err
 
 
-def test_plan_sizes_the_default_strategy_first_by_default():
-    from stepserve.commands.plan import build_parser
+def test_plan_sizes_the_default_strategy_first_by_default(tmp_path):
+    from stepserve.commands.plan import parse
     from stepserve.scheduling import DEFAULT_STRATEGY
 
-    assert build_parser().get_default("strategy").split(",") == [DEFAULT_STRATEGY, "continuous", "dynamic"]
+    MODEL.save(tmp_path / "latency.json")
+    base = ["--latency-model", str(tmp_path / "latency.json"), "--rate", "1", "--slo-p95-ms", "900"]
+    assert parse(base)[0].strategies == [DEFAULT_STRATEGY, "continuous", "dynamic"]
+    assert parse(base + ["--devices", "2"])[0].strategies == [DEFAULT_STRATEGY]  # --devices plans one

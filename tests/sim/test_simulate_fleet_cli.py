@@ -71,3 +71,17 @@ def test_bad_fleet_flags_exit_2_with_one_line(tmp_path, latency_file, capsys, ba
     assert main(["--latency-model", str(latency_file), *WORKLOAD, *bad, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("stepserve simulate:") and "\n" not in err and says in err
+
+
+def test_a_replica_holds_the_devices_of_its_latency_models_degree(tmp_path, latency_file):
+    """A model profiled at --ulysses-degree 2: each replica is two devices, stepping with that model's curve."""
+    from stepserve.costs.degree import at_degree, parallel_entry
+
+    split = tmp_path / "ulysses2.json"
+    at_degree(LatencyModel.load(latency_file), 0.6, parallel_entry(ulysses=2)).save(split)
+    out = tmp_path / "split"
+    assert main(["--latency-model", str(split), *WORKLOAD, "--replicas", "2", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    fleet = data["runs"][0]["fleet"]
+    assert fleet["devices_per_replica"] == 2 and fleet["device_s"] == pytest.approx(2 * fleet["replica_s"], abs=1e-3)
+    assert "2 replicas of 2 devices each" in json.dumps(data)
