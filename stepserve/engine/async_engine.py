@@ -110,12 +110,16 @@ class AsyncEngine(EngineThread):
         request answered with why, nothing new accepted; the engine thread ends at its next step."""
         self.failure = why
         self.accepting = False
+        self.running_count = 0  # what ran is answered below; a draining server waits for nothing
         self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, f"the model's ranks failed: {why}")
         self._wake.set()
 
     @property
     def queue_depth(self) -> int:
-        """Requests accepted and not yet admitted into a batch (inbox included)."""
+        """Requests accepted and not yet admitted into a batch (inbox included); none once the engine failed (they
+        were answered, and the core that still lists them runs no other step)."""
+        if self.failure is not None:
+            return 0
         with self._lock:
             return self._queued_locked()
 

@@ -1,4 +1,4 @@
-"""The entry point of a worker rank of a parallel model: `python -m stepserve.engine.rank_worker HOST:PORT RANK`,
+"""The entry point of a worker rank of a parallel model: `python -m stepserve.engine.rank_worker HOST:PORT RANK PARENT_PID`,
 started by stepserve/parallel/ranks.py with the connection's key on its stdin. It loads the model as build_engine
 does (the model, then the add-on folders, without their memory bounds: rank 0's stores decide what is loaded) and
 hands over to stepserve/parallel/worker.py."""
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> None:
     from ..parallel.ranks import die_with_parent
     from ..parallel.worker import run
 
-    die_with_parent()
+    die_with_parent(int(argv[2]))
     host, port = argv[0].rsplit(":", 1)
     rank = int(argv[1])
     conn = Client((host, int(port)), authkey=bytes.fromhex(sys.stdin.readline().strip()))

@@ -3,7 +3,7 @@
 One process per extra rank (multiprocessing's spawn: a fresh interpreter, no copy of rank 0's threads). A worker
 reads its stage messages from a pipe (waiting on a pipe has no timeout, so an idle server is fine) and meets the
 other ranks in torch.distributed's collectives inside the forward (gloo on the CPU, NCCL on CUDA). A worker dies
-with rank 0 (Linux's parent-death signal, and the pipe's end-of-file), and rank 0 learns of a worker's death from
+with rank 0 (a thread that waits on rank 0's pidfd, and the pipe's end-of-file), and rank 0 learns of a worker's death from
 its process sentinel at once (`Ranks.failure`, the `on_failure` callbacks)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import select
 import socket
 import subprocess
 import sys
@@ -55,7 +56,7 @@ class Ranks:
             host, port = listener.address
             for rank in range(1, degrees.world):
                 self.processes.append(subprocess.Popen(
-                    [sys.executable, "-m", WORKER_MODULE, f"{host}:{port}", str(rank)],
+                    [sys.executable, "-m", WORKER_MODULE, f"{host}:{port}", str(rank), str(os.getpid())],
                     stdin=subprocess.PIPE, close_fds=True))
                 self.processes[-1].stdin.write(key.hex().encode() + b"\n")  # not on the command line
                 self.processes[-1].stdin.close()
@@ -103,6 +104,18 @@ class Ranks:
             self._check()
         return out
 
+    def step_failed(self, exc: BaseException) -> RanksLost:
+        """Rank 0's forward raised while the other ranks may be inside it: none can go on. A collective whose peer
+        died errors at once (gloo reads the closed socket), sometimes before the watcher has seen the death: a death
+        within a second is named as the cause, else rank 0's own error."""
+        if self.failure is None:
+            dead = wait([_sentinel(p) for p in self.processes], timeout=1.0)
+            for rank, p in enumerate(self.processes, start=1):
+                if _sentinel(p) in dead:
+                    self._lost(self._death(rank, p))
+            self._lost(f"rank 0 failed a denoising step the other ranks had started: {type(exc).__name__}: {exc}")
+        return RanksLost(self.failure)
+
     def _check(self) -> None:
         if self.failure is not None:
             raise RanksLost(self.failure)
@@ -138,12 +151,26 @@ class Ranks:
             return
         self.failure = why
         log.critical("%s", why)
+        self._abort_collectives()
         for callback in list(self.on_failure):
             try:
                 callback(why)
             except Exception:  # noqa: BLE001 - a listener's failure must not stop the others
                 log.exception("a rank-failure listener failed")
         self.close(timeout=2.0)
+
+    def _abort_collectives(self) -> None:
+        """NCCL waits for a dead peer until the group's timeout: abort its communicators, so that rank 0's step
+        raises now. gloo needs nothing (its collective errors as soon as the peer's socket closes) and has no abort."""
+        if self.device_type != "cuda":
+            return
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.distributed_c10d._abort_process_group()
+        except Exception:  # noqa: BLE001 - best effort: the step then ends at the group's timeout
+            log.exception("could not abort the ranks' collectives")
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every worker: ask, then terminate, then kill; no process is left behind."""
@@ -166,17 +193,22 @@ class Ranks:
             pipe.close()
 
 
-def die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the process that started it dies (even by SIGKILL)."""
+def die_with_parent(parent: int) -> None:
+    """This process exits as soon as `parent` (the rank 0 that started it) dies, even by SIGKILL: a thread waits on
+    its pidfd. Not Linux's parent-death signal: that one follows the thread that started the process, so the ranks
+    of an engine built on a thread that then ends (a library user's, an actor's) would die with that thread."""
     try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the parent died before the call above
+        fd = os.pidfd_open(parent)
+    except OSError:  # gone already
         os._exit(1)
+    if os.getppid() != parent:  # it died (and its pid was reused) before the pidfd was opened
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="stepserve-parent", daemon=True).start()
 
 
 _SENTINELS: dict[int, int] = {}
