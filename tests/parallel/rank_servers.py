@@ -1,0 +1,87 @@
+"""`stepserve serve` at a parallel degree, as a child process: its worker ranks, its readiness and its log lines,
+for the tests of a split model's failures and HTTP surface."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 300  # bounds a hang only: every wait below is on an event
+
+
+def tiny_flux(tmp_path_factory) -> Path:
+    from stepserve.tiny.flux import build_tiny_flux
+
+    return build_tiny_flux(tmp_path_factory.mktemp("flux_ranks") / "pipe")
+
+
+class RankServer:
+    """`python -m stepserve.cli serve --model MODEL --threads 1 ...` on a free port; `ready` is set once the app
+    has started (or the process ended), `lines` holds its stderr."""
+
+    def __init__(self, model, *extra: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stepserve.cli", "serve", "--model", str(model), "--port", str(self.port),
+             "--threads", "1", "--no-memory-cap", "--strategy", "continuous", "--log-level", "info", *extra],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if "Application startup complete" in line:
+                self.ready.set()
+        self.ready.set()  # the process ended
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "RankServer":
+        assert self.ready.wait(HANG_S) and self.proc.poll() is None, "".join(self.lines[-30:])
+        return self
+
+    def workers(self) -> list[int]:
+        """The worker ranks' pids (the server's child processes)."""
+        return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(HANG_S)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def gone(pid: int) -> bool:
+    """The process ended (a zombie waiting for its reaper counts as ended)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pids: list[int]) -> bool:
+    """Whether every one of `pids` ended, waiting for it within the hang bound (not psutil.wait_procs: it waits
+    out its timeout on a zombie another process has not reaped yet)."""
+    deadline = time.monotonic() + HANG_S
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return all(gone(pid) for pid in pids)
