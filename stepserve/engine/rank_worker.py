@@ -5,6 +5,7 @@ hands over to stepserve/parallel/worker.py."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import replace
 from multiprocessing.connection import Client
@@ -27,6 +28,8 @@ def main(argv: list[str]) -> None:
     from ..parallel.worker import run
 
     die_with_parent(int(argv[2]))
+    # what a worker would log, rank 0 says (a worker's failure comes back to it): its stderr is the server's
+    logging.getLogger("stepserve").addHandler(logging.NullHandler())
     host, port = argv[0].rsplit(":", 1)
     rank = int(argv[1])
     conn = Client((host, int(port)), authkey=bytes.fromhex(sys.stdin.readline().strip()))

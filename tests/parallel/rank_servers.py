@@ -18,6 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 300  # bounds a hang only: every wait below is on an event
 
 
+def free_port() -> str:
+    """A free loopback port, as a flag value."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def tiny_flux(tmp_path_factory) -> Path:
     from stepserve.tiny.flux import build_tiny_flux
 
@@ -29,9 +36,7 @@ class RankServer:
     has started (or the process ended), `lines` holds its stderr."""
 
     def __init__(self, model, *extra: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = int(free_port())
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stepserve.cli", "serve", "--model", str(model), "--port", str(self.port),
