@@ -67,3 +67,32 @@ def test_the_degree_reaches_each_replicas_engine():
     args = build_parser().parse_args(flags)
     plan = plan_replicas(args, local_cores=64, degrees=degrees_from_args(args))
     assert replica_settings(serve_settings(args), plan).engine.degrees == Degrees(ulysses=2)
+
+
+@pytest.mark.slow  # a local Ray cluster, a replica of two ranks
+def test_one_replica_at_degree_2_serves_and_stops_without_leftovers(tmp_path_factory):
+    import sys
+    import uuid
+    from pathlib import Path
+
+    import httpx
+    from rank_servers import tiny_flux
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+    from ray_cluster import ServeProcess, assert_all_gone, marked_pids
+
+    mark = uuid.uuid4().hex
+    server = ServeProcess(mark, "--replicas", "1", "--ulysses-degree", "2", model=str(tiny_flux(tmp_path_factory)))
+    try:
+        server.wait_ready()
+        r = httpx.post(server.url + "/v1/images/generations", json={"prompt": "a cat", "size": "32x32",
+                                                                    "num_inference_steps": 2}, timeout=120)
+        assert r.status_code == 200 and r.headers["X-Stepserve-Replica"], r.text
+        ranks = [pid for pid in marked_pids(mark)
+                 if b"stepserve.engine.rank_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(ranks) == 1, server.tail()  # the replica's second rank
+        assert server.stop() == 0, server.tail()
+        assert_all_gone(mark)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
