@@ -33,6 +33,9 @@ class EngineThread:
             self._loop_body()
         except BaseException as exc:  # noqa: BLE001 - the core's state can no longer be trusted
             self._die(exc)
+            return
+        if self.failure is not None:  # the executor failed between steps (a rank died): its pending were answered
+            log.critical("the engine thread stopped: %s", self.failure)
 
     def _loop_body(self) -> None:
         core = self.core

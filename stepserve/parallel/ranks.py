@@ -48,13 +48,24 @@ class Ranks:
         self.on_failure: list[Callable[[str], None]] = []
         self._closing = False
         self.port = free_port()
+        self.pipes, self.processes = [], []
+        try:
+            self._start(config, threads)
+        except BaseException as exc:  # none is left behind: the ones started are stopped
+            self.close(timeout=2.0)
+            if isinstance(exc, OSError):
+                raise RanksLost(f"a worker rank could not start: {exc}") from None
+            raise
+        self._watcher = threading.Thread(target=self._watch, name="stepserve-ranks", daemon=True)
+        self._watcher.start()
+
+    def _start(self, config, threads: int) -> None:
         # each worker is a fresh interpreter (`python -m stepserve.engine.rank_worker`: nothing of this process's
         # threads or its __main__ is copied) that dials back here for its pipe
         key = secrets.token_bytes(32)
-        self.pipes, self.processes = [], []
         with Listener(("127.0.0.1", 0), authkey=key) as listener:
             host, port = listener.address
-            for rank in range(1, degrees.world):
+            for rank in range(1, self.degrees.world):
                 self.processes.append(subprocess.Popen(
                     [sys.executable, "-m", WORKER_MODULE, f"{host}:{port}", str(rank), str(os.getpid())],
                     stdin=subprocess.PIPE, close_fds=True))
@@ -64,11 +75,9 @@ class Ranks:
             for _ in self.processes:
                 conn = _accept(listener, self.processes)
                 by_rank[conn.recv()] = conn
-        self.pipes = [by_rank[rank] for rank in range(1, degrees.world)]
+        self.pipes = [by_rank[rank] for rank in range(1, self.degrees.world)]
         for pipe in self.pipes:
-            pipe.send((degrees, self.port, config, threads))
-        self._watcher = threading.Thread(target=self._watch, name="stepserve-ranks", daemon=True)
-        self._watcher.start()
+            pipe.send((self.degrees, self.port, config, threads))
 
     def join_group(self) -> None:
         """Rank 0's side of torch.distributed's initialisation (the workers wait for it); raises RanksLost when a

@@ -44,14 +44,25 @@ class RankServer:
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.ready = threading.Event()
+        self._said = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
         for line in self.proc.stderr:
-            self.lines.append(line)
+            with self._said:
+                self.lines.append(line)
+                self._said.notify_all()
             if "Application startup complete" in line:
                 self.ready.set()
         self.ready.set()  # the process ended
+        with self._said:
+            self._said.notify_all()
+
+    def wait_for(self, text: str) -> bool:
+        """Whether the server's log says `text` (waiting for it while the server runs, within the hang bound)."""
+        with self._said:
+            return self._said.wait_for(lambda: any(text in line for line in self.lines) or self.proc.poll()
+                                       is not None, HANG_S) and any(text in line for line in self.lines)
 
     @property
     def url(self) -> str:

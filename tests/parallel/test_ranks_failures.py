@@ -76,6 +76,7 @@ def test_a_worker_killed_mid_step_turns_health_503_fails_what_is_in_flight_and_l
         assert plain[0].status_code == 500 and error["code"] == "model_failure", plain[0].text
         assert f"worker rank 1 (pid {worker}) was killed by signal 9" in error["message"], error
         assert stream.events[-1][0] == "error" and "worker rank 1" in json.dumps(stream.events[-1][1])
+        assert server.wait_for("the engine thread stopped: worker rank 1"), "".join(server.lines[-20:])  # not stuck
         refused = httpx.post(server.url + GENERATIONS, json={"prompt": "after"}, timeout=HANG_S)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_failed"
         print(f"worker killed mid-step: /health 503 after {unhealthy_s:.3f} s, both requests answered after "
