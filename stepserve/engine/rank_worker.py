@@ -6,6 +6,7 @@ hands over to stepserve/parallel/worker.py."""
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from dataclasses import replace
 from multiprocessing.connection import Client
@@ -28,6 +29,10 @@ def main(argv: list[str]) -> None:
     from ..parallel.worker import run
 
     die_with_parent(int(argv[2]))
+    # rank 0 ends a worker (its stop message, its pipe's end, its death): a signal sent to the whole process group
+    # or cgroup (Ctrl-C in a terminal, a service manager's stop) must not end a rank while rank 0 drains its work
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # what a worker would log, rank 0 says (a worker's failure comes back to it): its stderr is the server's
     logging.getLogger("stepserve").addHandler(logging.NullHandler())
     host, port = argv[0].rsplit(":", 1)

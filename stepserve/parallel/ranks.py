@@ -102,7 +102,10 @@ class Ranks:
         """One reply from every worker (after a stage that answers); RanksLost when one dies meanwhile."""
         out = []
         for rank, (pipe, p) in enumerate(zip(self.pipes, self.processes), start=1):
-            ready = wait([pipe, _sentinel(p)])
+            try:
+                ready = wait([pipe, _sentinel(p)])
+            except (OSError, ValueError):  # the watcher closed the pipes meanwhile: a rank died
+                raise RanksLost(self.failure or "the ranks were stopped") from None
             if pipe in ready:
                 try:
                     out.append(pipe.recv())
@@ -182,7 +185,8 @@ class Ranks:
             log.exception("could not abort the ranks' collectives")
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop every worker: ask, then terminate, then kill; no process is left behind."""
+        """Stop every worker: ask, then kill (a worker ignores SIGTERM: rank 0 alone ends it); no process is left
+        behind."""
         self._closing = True
         for pipe in self.pipes:
             try:
@@ -190,7 +194,7 @@ class Ranks:
             except (OSError, EOFError, ValueError):
                 pass
         for p in self.processes:
-            for stop, wait_s in ((None, timeout / 2), (p.terminate, timeout / 2), (p.kill, 5)):
+            for stop, wait_s in ((None, timeout), (p.kill, 5)):
                 if stop is not None and p.poll() is None:
                     stop()
                 try:

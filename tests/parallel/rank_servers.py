@@ -35,13 +35,14 @@ class RankServer:
     """`python -m stepserve.cli serve --model MODEL --threads 1 ...` on a free port; `ready` is set once the app
     has started (or the process ended), `lines` holds its stderr."""
 
-    def __init__(self, model, *extra: str) -> None:
+    def __init__(self, model, *extra: str, new_session: bool = False) -> None:
         self.port = int(free_port())
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stepserve.cli", "serve", "--model", str(model), "--port", str(self.port),
              "--threads", "1", "--no-memory-cap", "--strategy", "continuous", "--log-level", "info", *extra],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=new_session)  # a process group of its own, for a signal to all of it
         self.lines: list[str] = []
         self.ready = threading.Event()
         self._said = threading.Condition()

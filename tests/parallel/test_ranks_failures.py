@@ -27,14 +27,15 @@ class Stream:
     """A streamed request of LONG in a thread: `stepping` is set at its first partial image (the model is then
     denoising, every rank inside its steps); `events` holds the event names it got."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, steps: int = LONG["num_inference_steps"]) -> None:
+        self.steps = steps
         self.stepping = threading.Event()
         self.events: list[tuple[str, dict]] = []
         self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
         self.thread.start()
 
     def _run(self, url: str) -> None:
-        body = {**LONG, "stream": True, "partial_images": 3}
+        body = {**LONG, "num_inference_steps": self.steps, "stream": True, "partial_images": 3}
         try:
             with httpx.stream("POST", url + GENERATIONS, json=body, timeout=HANG_S) as r:
                 name = None
@@ -98,5 +99,23 @@ def test_rank_0_killed_mid_step_leaves_no_worker(flux):
         assert stream.stepping.wait(HANG_S)
         server.proc.kill()
         assert wait_gone(workers), workers
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_sigterm_to_the_whole_process_group_drains_through_rank_0(flux):
+    """A service manager's stop (or Ctrl-C in a terminal) signals every process of the group: the workers leave
+    their ending to rank 0, which finishes the request in flight, then stops them."""
+    server = RankServer(flux, "--ulysses-degree", "2", new_session=True).start()
+    try:
+        workers = server.workers()
+        stream = Stream(server.url, steps=40)
+        assert stream.stepping.wait(HANG_S)
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        stream.thread.join(HANG_S)
+        assert stream.events[-1][0] == "image_generation.completed", stream.events[-1]
+        assert server.stop(signal.SIGTERM) == 0, "".join(server.lines[-20:])
+        assert wait_gone(workers), workers
+        assert "worker rank" not in "".join(server.lines), "".join(server.lines[-20:])  # no rank died on its own
     finally:
         server.stop(signal.SIGKILL)
