@@ -1,7 +1,7 @@
-"""The entry point of a worker rank of a parallel model: `python -m stepserve.engine.rank_worker HOST:PORT RANK PARENT_PID`,
-started by stepserve/parallel/ranks.py with the connection's key on its stdin. It loads the model as build_engine
-does (the model, then the add-on folders, without their memory bounds: rank 0's stores decide what is loaded) and
-hands over to stepserve/parallel/worker.py."""
+"""The entry point of a worker rank of a parallel model: `python -m stepserve.engine.rank_worker HOST:PORT RANK
+PARENT_PID`, started by stepserve/parallel/ranks.py with the connection's key on its stdin. It loads the model as
+build_engine does (the model, then the add-on folders, without their memory bounds: rank 0's stores decide what is
+loaded) and hands over to stepserve/parallel/worker.py."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 One process per extra rank (multiprocessing's spawn: a fresh interpreter, no copy of rank 0's threads). A worker
 reads its stage messages from a pipe (waiting on a pipe has no timeout, so an idle server is fine) and meets the
 other ranks in torch.distributed's collectives inside the forward (gloo on the CPU, NCCL on CUDA). A worker dies
-with rank 0 (a thread that waits on rank 0's pidfd, and the pipe's end-of-file), and rank 0 learns of a worker's death from
-its process sentinel at once (`Ranks.failure`, the `on_failure` callbacks)."""
+with rank 0 (a thread that waits on rank 0's pidfd, and the pipe's end-of-file) and ignores SIGTERM and SIGINT (rank
+0 alone ends it, after draining), and rank 0 learns of a worker's death from its process sentinel at once
+(`Ranks.failure`, the `on_failure` callbacks)."""
 
 from __future__ import annotations
 
