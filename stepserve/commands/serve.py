@@ -140,8 +140,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
-    try:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders
-        check_pairs(config)
+    try:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders; the degrees
+        # (a replica on a cluster elsewhere sees the GPUs it reserves: --replica-gpus follows the degree)
+        remote = getattr(args, "ray_address", None) is not None
+        check_pairs(config, gpus=config.degrees.world if remote and config.degrees is not None else None)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     try:  # --quantize's device and library, --offload's device: one line before anything loads (here, unless the

@@ -96,3 +96,13 @@ def test_one_replica_at_degree_2_serves_and_stops_without_leftovers(tmp_path_fac
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+def test_replicas_on_a_cluster_elsewhere_are_not_checked_against_this_machines_gpus():
+    """The replicas' GPUs are the cluster's: a driver without any still starts replicas at a degree on CUDA (this
+    machine has no CUDA device), and the checks that need no device still refuse here."""
+    flags = ["--replicas", "2", "--device", "cuda", "--ray-address", "127.0.0.1:1", "--no-memory-cap"]
+    settings = serve_settings(build_parser().parse_args([*flags, "--ulysses-degree", "2"]))
+    assert settings.engine.degrees == Degrees(ulysses=2)
+    with pytest.raises(StartupError, match="--ulysses-degree 2 with --compile is not served"):
+        serve_settings(build_parser().parse_args([*flags, "--ulysses-degree", "2", "--compile"]))
