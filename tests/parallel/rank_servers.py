@@ -25,10 +25,17 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
+_BUILT: dict[str, Path] = {}
+
+
 def tiny_flux(tmp_path_factory) -> Path:
+    """A tiny random Flux.1 folder (2 attention heads), built once per test session."""
     from stepserve.tiny.flux import build_tiny_flux
 
-    return build_tiny_flux(tmp_path_factory.mktemp("flux_ranks") / "pipe")
+    key = str(tmp_path_factory.getbasetemp())
+    if key not in _BUILT:
+        _BUILT[key] = build_tiny_flux(tmp_path_factory.mktemp("flux_ranks") / "pipe")
+    return _BUILT[key]
 
 
 class RankServer:
