@@ -117,7 +117,6 @@ class EngineThread:
         if not said:
             self.failure = f"{type(exc).__name__}: {exc}"
         self.accepting = False
-        self.running_count = 0  # nothing runs any more: a draining server does not wait for it
         if said:
             log.critical("the engine thread stopped: %s", self.failure)
         else:

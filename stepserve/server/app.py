@@ -134,10 +134,8 @@ def start_drain(app: FastAPI) -> None:
 
 def is_idle(app: FastAPI) -> bool:
     state: ServerState = app.state.server
-    engine = state.engine
-    # a failed engine runs nothing more (its pending requests were answered): only the answers in flight count
-    busy = engine.healthy and (engine.queue_depth or engine.running_count)
-    return state.inflight == 0 and not busy and not state.jobs.busy
+    return (state.inflight == 0 and state.engine.queue_depth == 0 and state.engine.running_count == 0
+            and not state.jobs.busy)
 
 
 def _auth(state: ServerState):
