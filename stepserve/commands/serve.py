@@ -26,8 +26,8 @@ from .replica_flags import add_replica_flags, replica_mode
 from .state_flags import add_state_flags, state_settings
 from .network_flags import add_network_flags, network_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
-                    add_model_flags, add_parallel_flags, check_cache_and_lora_flags, check_checkpoint_flags, engine_config, float_from,
-                    int_from)
+                    add_model_flags, add_parallel_flags, check_cache_and_lora_flags, check_checkpoint_flags,
+                    degrees_from_args, engine_config, float_from, int_from)
 
 _positive_float = float_from(0.0, inclusive=False, what="a positive number of seconds")
 _non_negative_float = float_from(0.0, inclusive=True, what="a number >= 0")
@@ -140,8 +140,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         raise StartupError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {args.model!r}: {exc}") from None
-    try:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders
-        check_pairs(config)
+    try:  # the pairs of weights flags (--quantize, --offload, a GGUF file) with the add-on folders; the degrees
+        # (a replica on a cluster elsewhere sees the GPUs it reserves: --replica-gpus follows the degree)
+        remote = getattr(args, "ray_address", None) is not None
+        check_pairs(config, gpus=config.degrees.world if remote and config.degrees is not None else None)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     try:  # --quantize's device and library, --offload's device: one line before anything loads (here, unless the
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if replica_mode(args):
             from ..server.ray.options import plan_replicas
 
-            plan = plan_replicas(args, available_cores())
+            plan = plan_replicas(args, available_cores(), degrees_from_args(args))
             try:
                 from ..server.ray.deployment import serve_replicas
             except ImportError as exc:

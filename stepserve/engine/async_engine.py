@@ -75,7 +75,7 @@ class AsyncEngine(EngineThread):
         self.on_step: list[Callable[[StepReport], None]] = []  # called in the engine thread after every step
         self.join_timeout_s = join_timeout_s
         self.failure: str | None = None  # why the engine thread died; None while healthy
-        self.running_count = 0  # requests admitted and not finished (updated after every step)
+        self._running = 0  # requests admitted and not finished (updated after every step)
         self._lock = threading.Lock()  # guards _inbox, _handles and the admission decision
         self._inbox: list[_Add | _Abort] = []
         # LoRA loading and deletion; the adapters of requests in the inbox are in use as those of queued ones
@@ -114,8 +114,21 @@ class AsyncEngine(EngineThread):
         self._wake.set()
 
     @property
+    def running_count(self) -> int:
+        """Requests admitted and not finished; none once the engine failed (they were answered, and nothing runs:
+        a draining server waits for nothing)."""
+        return 0 if self.failure is not None else self._running
+
+    @running_count.setter
+    def running_count(self, n: int) -> None:
+        self._running = n
+
+    @property
     def queue_depth(self) -> int:
-        """Requests accepted and not yet admitted into a batch (inbox included)."""
+        """Requests accepted and not yet admitted into a batch (inbox included); none once the engine failed (they
+        were answered, and the core that still lists them runs no other step)."""
+        if self.failure is not None:
+            return 0
         with self._lock:
             return self._queued_locked()
 

@@ -33,15 +33,20 @@ class EngineThread:
             self._loop_body()
         except BaseException as exc:  # noqa: BLE001 - the core's state can no longer be trusted
             self._die(exc)
+            return
+        if self.failure is not None:  # the executor failed between steps (a rank died): its pending were answered
+            log.critical("the engine thread stopped: %s", self.failure)
 
     def _loop_body(self) -> None:
         core = self.core
-        while not self._stop:
+        while not self._stop and self.failure is None:  # a failed executor (a rank died) runs no other step
             self._drain_inbox()
             if not core.has_work():
                 self._sleep(0.5)
                 continue
             report = core.step(self.clock.now())
+            if self.failure is not None:  # the executor failed during the step: its pending were answered
+                return
             self.running_count = len(core.running) + len(core.to_decode)
             self._publish(report)
             self._notify(report)
@@ -108,11 +113,15 @@ class EngineThread:
             self._call(handle._events.put_nowait, result)
 
     def _die(self, exc: BaseException) -> None:
-        if self.failure is None:  # the executor may have said first (a parallel model's rank died)
+        said = self.failure is not None  # the executor said first (a parallel model's rank died): logged there
+        if not said:
             self.failure = f"{type(exc).__name__}: {exc}"
         self.accepting = False
-        log.critical("the engine thread stopped after an internal error; failing every pending request",
-                     exc_info=exc)
+        if said:
+            log.critical("the engine thread stopped: %s", self.failure)
+        else:
+            log.critical("the engine thread stopped after an internal error; failing every pending request",
+                         exc_info=exc)
         self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, f"internal engine error: {self.failure}")
 
     def _end_pending(self, status: RequestStatus, reason: FinishReason, message: str) -> None:

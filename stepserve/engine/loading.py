@@ -112,9 +112,10 @@ def refused_pair(on: set[str]) -> str | None:
     return None
 
 
-def check_pairs(config) -> None:
+def check_pairs(config, gpus: int | None = None) -> None:
     """Before anything loads: a ValueError naming both flags of a pair no family serves together, and why; and
-    one for parallel degrees that cannot run here or beside a start-up feature (stepserve/parallel)."""
+    one for parallel degrees that cannot run here or beside a start-up feature (stepserve/parallel). `gpus`: the
+    CUDA devices the engine will see (None: this machine's; Ray replicas on another machine reserve their own)."""
     on = startup_features(config)
     refused = refused_pair(on)
     if refused:
@@ -124,11 +125,12 @@ def check_pairs(config) -> None:
         return
     from ..parallel.degrees import check_degrees
 
-    gpus = 0
-    if str(config.device).startswith("cuda"):
-        import torch
+    if gpus is None:
+        gpus = 0
+        if str(config.device).startswith("cuda"):
+            import torch
 
-        gpus = torch.cuda.device_count()
+            gpus = torch.cuda.device_count()
     check_degrees(degrees, config.device, config.backend, available_cores(), gpus)
     for name, why in PARALLEL_REFUSED.items():
         if name in on and not (name == "deterministic" and degrees.sequence * degrees.tensor == 1):

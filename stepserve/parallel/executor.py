@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..request.types import Request
-from .ranks import Ranks, RanksLost
+from .ranks import Ranks
 
 _OWN = frozenset({"local", "ranks", "_live", "_sent"})
 
@@ -98,9 +98,7 @@ class ParallelExecutor:
             try:
                 return self.local.denoise(requests)
             except Exception as exc:  # noqa: BLE001 - the other ranks may be inside the forward: none can go on
-                self.ranks._lost(self.ranks.failure or f"rank 0 failed a denoising step the other ranks had "
-                                                       f"started: {type(exc).__name__}: {exc}")
-                raise RanksLost(self.ranks.failure) from exc
+                raise self.ranks.step_failed(exc) from exc
 
     def decode(self, requests: list[Request]) -> float:
         seconds = self.local.decode(requests)

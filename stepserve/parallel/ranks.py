@@ -3,14 +3,16 @@
 One process per extra rank (multiprocessing's spawn: a fresh interpreter, no copy of rank 0's threads). A worker
 reads its stage messages from a pipe (waiting on a pipe has no timeout, so an idle server is fine) and meets the
 other ranks in torch.distributed's collectives inside the forward (gloo on the CPU, NCCL on CUDA). A worker dies
-with rank 0 (Linux's parent-death signal, and the pipe's end-of-file), and rank 0 learns of a worker's death from
-its process sentinel at once (`Ranks.failure`, the `on_failure` callbacks)."""
+with rank 0 (a thread that waits on rank 0's pidfd, and the pipe's end-of-file) and ignores SIGTERM and SIGINT (rank
+0 alone ends it, after draining), and rank 0 learns of a worker's death from its process sentinel at once
+(`Ranks.failure`, the `on_failure` callbacks)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import secrets
+import select
 import socket
 import subprocess
 import sys
@@ -47,15 +49,26 @@ class Ranks:
         self.on_failure: list[Callable[[str], None]] = []
         self._closing = False
         self.port = free_port()
+        self.pipes, self.processes = [], []
+        try:
+            self._start(config, threads)
+        except BaseException as exc:  # none is left behind: the ones started are stopped
+            self.close(timeout=2.0)
+            if isinstance(exc, OSError):
+                raise RanksLost(f"a worker rank could not start: {exc}") from None
+            raise
+        self._watcher = threading.Thread(target=self._watch, name="stepserve-ranks", daemon=True)
+        self._watcher.start()
+
+    def _start(self, config, threads: int) -> None:
         # each worker is a fresh interpreter (`python -m stepserve.engine.rank_worker`: nothing of this process's
         # threads or its __main__ is copied) that dials back here for its pipe
         key = secrets.token_bytes(32)
-        self.pipes, self.processes = [], []
         with Listener(("127.0.0.1", 0), authkey=key) as listener:
             host, port = listener.address
-            for rank in range(1, degrees.world):
+            for rank in range(1, self.degrees.world):
                 self.processes.append(subprocess.Popen(
-                    [sys.executable, "-m", WORKER_MODULE, f"{host}:{port}", str(rank)],
+                    [sys.executable, "-m", WORKER_MODULE, f"{host}:{port}", str(rank), str(os.getpid())],
                     stdin=subprocess.PIPE, close_fds=True))
                 self.processes[-1].stdin.write(key.hex().encode() + b"\n")  # not on the command line
                 self.processes[-1].stdin.close()
@@ -63,11 +76,9 @@ class Ranks:
             for _ in self.processes:
                 conn = _accept(listener, self.processes)
                 by_rank[conn.recv()] = conn
-        self.pipes = [by_rank[rank] for rank in range(1, degrees.world)]
+        self.pipes = [by_rank[rank] for rank in range(1, self.degrees.world)]
         for pipe in self.pipes:
-            pipe.send((degrees, self.port, config, threads))
-        self._watcher = threading.Thread(target=self._watch, name="stepserve-ranks", daemon=True)
-        self._watcher.start()
+            pipe.send((self.degrees, self.port, config, threads))
 
     def join_group(self) -> None:
         """Rank 0's side of torch.distributed's initialisation (the workers wait for it); raises RanksLost when a
@@ -92,7 +103,10 @@ class Ranks:
         """One reply from every worker (after a stage that answers); RanksLost when one dies meanwhile."""
         out = []
         for rank, (pipe, p) in enumerate(zip(self.pipes, self.processes), start=1):
-            ready = wait([pipe, _sentinel(p)])
+            try:
+                ready = wait([pipe, _sentinel(p)])
+            except (OSError, ValueError):  # the watcher closed the pipes meanwhile: a rank died
+                raise RanksLost(self.failure or "the ranks were stopped") from None
             if pipe in ready:
                 try:
                     out.append(pipe.recv())
@@ -102,6 +116,18 @@ class Ranks:
             self._lost(self._death(rank, p))
             self._check()
         return out
+
+    def step_failed(self, exc: BaseException) -> RanksLost:
+        """Rank 0's forward raised while the other ranks may be inside it: none can go on. A collective whose peer
+        died errors at once (gloo reads the closed socket), sometimes before the watcher has seen the death: a death
+        within a second is named as the cause, else rank 0's own error."""
+        if self.failure is None:
+            dead = wait([_sentinel(p) for p in self.processes], timeout=1.0)
+            for rank, p in enumerate(self.processes, start=1):
+                if _sentinel(p) in dead:
+                    self._lost(self._death(rank, p))
+            self._lost(f"rank 0 failed a denoising step the other ranks had started: {type(exc).__name__}: {exc}")
+        return RanksLost(self.failure)
 
     def _check(self) -> None:
         if self.failure is not None:
@@ -138,6 +164,7 @@ class Ranks:
             return
         self.failure = why
         log.critical("%s", why)
+        self._abort_collectives()
         for callback in list(self.on_failure):
             try:
                 callback(why)
@@ -145,8 +172,22 @@ class Ranks:
                 log.exception("a rank-failure listener failed")
         self.close(timeout=2.0)
 
+    def _abort_collectives(self) -> None:
+        """NCCL waits for a dead peer until the group's timeout: abort its communicators, so that rank 0's step
+        raises now. gloo needs nothing (its collective errors as soon as the peer's socket closes) and has no abort."""
+        if self.device_type != "cuda":
+            return
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.distributed_c10d._abort_process_group()
+        except Exception:  # noqa: BLE001 - best effort: the step then ends at the group's timeout
+            log.exception("could not abort the ranks' collectives")
+
     def close(self, timeout: float = 10.0) -> None:
-        """Stop every worker: ask, then terminate, then kill; no process is left behind."""
+        """Stop every worker: ask, then kill (a worker ignores SIGTERM: rank 0 alone ends it); no process is left
+        behind."""
         self._closing = True
         for pipe in self.pipes:
             try:
@@ -154,7 +195,7 @@ class Ranks:
             except (OSError, EOFError, ValueError):
                 pass
         for p in self.processes:
-            for stop, wait_s in ((None, timeout / 2), (p.terminate, timeout / 2), (p.kill, 5)):
+            for stop, wait_s in ((None, timeout), (p.kill, 5)):
                 if stop is not None and p.poll() is None:
                     stop()
                 try:
@@ -179,17 +220,22 @@ def _leave_group() -> None:
         log.debug("leaving the process group failed", exc_info=True)
 
 
-def die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the process that started it dies (even by SIGKILL)."""
+def die_with_parent(parent: int) -> None:
+    """This process exits as soon as `parent` (the rank 0 that started it) dies, even by SIGKILL: a thread waits on
+    its pidfd. Not Linux's parent-death signal: that one follows the thread that started the process, so the ranks
+    of an engine built on a thread that then ends (a library user's, an actor's) would die with that thread."""
     try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the parent died before the call above
+        fd = os.pidfd_open(parent)
+    except OSError:  # gone already
         os._exit(1)
+    if os.getppid() != parent:  # it died (and its pid was reused) before the pidfd was opened
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="stepserve-parent", daemon=True).start()
 
 
 _SENTINELS: dict[int, int] = {}

@@ -25,7 +25,10 @@ def start_ranks(local: Any, config, say: Callable[[str], None]) -> ParallelExecu
         pipeline.check_sequence_degree(degrees.sequence)  # a text the family's plan splits too (Flux.1, Flux.2)
     # what a worker loads: the model and its add-on folders; no batching options, checks or warm-up of its own
     worker_config = replace(config, degrees=None, options=None, fast_path=None, memory_cap=False, warm_up=False)
-    ranks = Ranks(degrees, worker_config, config.threads or 1)
+    try:
+        ranks = Ranks(degrees, worker_config, config.threads or 1)
+    except RanksLost as exc:  # a worker ended before it dialed back (Ranks stopped the others)
+        raise ValueError(f"{degrees.describe()}: {exc}") from None
     atexit.register(ranks.close)
     try:
         for reply in ranks.replies():  # each worker loaded its copy of the model

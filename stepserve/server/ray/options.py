@@ -45,8 +45,9 @@ class ReplicaPlan:
         return self.autoscale[1] if self.autoscale else self.replicas
 
 
-def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
-    """Check the replica flags against each other (and, for a local cluster, against this machine's cores)."""
+def plan_replicas(args: argparse.Namespace, local_cores: int, degrees=None) -> ReplicaPlan:
+    """Check the replica flags against each other (and, for a local cluster, against this machine's cores).
+    `degrees`: the parallel.degrees.Degrees each replica's engine runs at (None: one device)."""
     from ..startup import StartupError
 
     autoscale = args.autoscale
@@ -56,8 +57,8 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
                            f"with a count between MIN and MAX")
     if args.target_ongoing_requests is not None and not autoscale:
         raise StartupError("--target-ongoing-requests steers the autoscaler; add --autoscale MIN:MAX")
-    cpus = 1.0 if args.replica_cpus is None else args.replica_cpus
-    gpus = 0.0 if args.replica_gpus is None else args.replica_gpus
+    world = degrees.world if degrees is not None else 1
+    cpus, gpus = replica_devices(args, degrees)
     if gpus > 0 and args.device != "cuda":
         raise StartupError(f"--replica-gpus {gpus:g} reserves GPUs that --device {args.device} would leave idle; "
                            f"add --device cuda")
@@ -66,7 +67,7 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
                            "none")
     plan = ReplicaPlan(
         replicas=replicas, autoscale=autoscale, cpus=cpus, gpus=gpus,
-        threads=max(1, min(args.threads, math.floor(cpus))),
+        threads=max(1, min(args.threads, math.floor(cpus / world))),  # each rank's
         max_ongoing_requests=args.max_ongoing_requests or 2 * args.max_batch_size,
         max_queued_requests=-1 if args.max_queued_requests is None else args.max_queued_requests,
         target_ongoing_requests=args.target_ongoing_requests or float(args.max_batch_size),
@@ -91,14 +92,40 @@ def plan_replicas(args: argparse.Namespace, local_cores: int) -> ReplicaPlan:
         plan.notes.append(f"each replica's memory cap counts on {plan.memory_share:.0%} of the free "
                           f"{'GPU' if args.device.startswith('cuda') else 'host'} memory: replicas share it")
     if plan.threads < args.threads:
+        ranks = f" over its {world} ranks" if world > 1 else ""
         plan.notes.append(f"--threads {args.threads} lowered to {plan.threads}: a replica runs on at most its "
-                          f"--replica-cpus {cpus:g}")
+                          f"--replica-cpus {cpus:g}{ranks}")
+    if world > 1:
+        kind = "GPU" if gpus else "CPU"
+        plan.notes.append(f"each replica runs {degrees.describe()}: {world} ranks, one {kind} each; "
+                          f"{plan.most_replicas} x {world} = {plan.most_replicas * world} {kind}s in all")
     if args.ray_address is None and plan.most_replicas * cpus > local_cores:
+        lower = "the replica count or the degrees" if world > 1 else \
+            "--replica-cpus (fractions allowed) or the replica count"
         raise StartupError(f"{plural(plan.most_replicas, 'replica')} at {plural(cpus, 'CPU')} each: "
                            f"{plan.most_replicas * cpus:g} CPUs in all, but this machine has {local_cores}; lower "
-                           f"--replica-cpus (fractions allowed) or the replica count, or join a larger cluster with "
-                           f"--ray-address")
+                           f"{lower}, or join a larger cluster with --ray-address")
     return plan
+
+
+def replica_devices(args: argparse.Namespace, degrees) -> tuple[float, float]:
+    """(CPUs, GPUs) Ray reserves for each replica. A replica at a parallel degree owns its ranks' devices: one GPU
+    per rank with --device cuda (the ranks see exactly those), one CPU per rank's process; --replica-gpus then
+    must be the ranks' count, and --replica-cpus at least it."""
+    from ..startup import StartupError
+
+    world = degrees.world if degrees is not None else 1
+    cpus = float(world) if args.replica_cpus is None else args.replica_cpus
+    gpus = (float(world) if args.device == "cuda" else 0.0) if args.replica_gpus is None else args.replica_gpus
+    if world == 1:
+        return cpus, (0.0 if args.replica_gpus is None else args.replica_gpus)
+    if args.replica_gpus is not None and args.device == "cuda" and gpus != world:
+        raise StartupError(f"--replica-gpus {gpus:g}: a replica at {degrees.describe()} runs {world} ranks, one GPU "
+                           f"each; give {world} (or leave it out: it follows the degree)")
+    if cpus < world:
+        raise StartupError(f"--replica-cpus {cpus:g}: a replica at {degrees.describe()} runs {world} rank "
+                           f"processes, one CPU each; give at least {world} (or leave it out: it follows the degree)")
+    return cpus, gpus
 
 
 def memory_share(plan: ReplicaPlan, device: str) -> float:
