@@ -39,6 +39,7 @@ def _images(engine) -> tuple[list[np.ndarray], float]:
 def parallel_rows(device: str, dtype: str, smoke: bool, check, notes: list[str]) -> list[dict]:
     from stepserve import Engine
     from stepserve.parallel.degrees import Degrees
+    from stepserve.parallel.ranks import RanksLost
     from stepserve.tiny.flux import BENCH_OPTIONS, build_tiny_flux
     from stepserve.tiny.sd import build_tiny_sd
 
@@ -70,7 +71,7 @@ def parallel_rows(device: str, dtype: str, smoke: bool, check, notes: list[str])
                 images, seconds = _images(split)
             finally:
                 split.executor.close()
-        except Exception as exc:  # noqa: BLE001 - a row that cannot run is a note, the others still run
+        except (Exception, RanksLost) as exc:  # noqa: BLE001 - a row that cannot run is a note, the others run
             notes.append(f"parallel {name}: not run: {type(exc).__name__}: {str(exc)[:200]}")
             continue
         ref, ref_s = single[folder]

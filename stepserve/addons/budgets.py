@@ -22,8 +22,14 @@ def default_mb(kind: str, dtype: str) -> float:
 
 
 def memory_mb(kind: str, value: float | str | None, dtype: str) -> float | None:
-    """A kind's memory as configured: AUTO is its default for `dtype`; a number (MiB) or None (no bound) as it is."""
-    return default_mb(kind, dtype) if value == AUTO else value
+    """A kind's memory as configured: AUTO is its default for `dtype`; a number (MiB) or None (no bound) as it is.
+    Anything else is a ValueError naming the setting and what it takes."""
+    if value == AUTO:
+        return default_mb(kind, dtype)
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ValueError(f"{kind}_memory_mb: {value!r} is not a memory; allowed: a number of MiB >= 0, "
+                     f"{AUTO!r} (the default for the dtype) or None (no bound)")
 
 
 def default_help(kind: str) -> str:

@@ -115,22 +115,55 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     model). `executor`: one already loaded (a fake, or one shared between engines), used instead of loading.
     Raises FileNotFoundError or ValueError with a message naming the setting and what is allowed."""
     from .loading import check_pairs, load_executor
-    from .serving_addons import serve_addons
 
     check_pairs(config)  # a pair of features no family serves together: one line, before anything loads
-    options = config.options
     if config.threads is not None:
         import torch
 
         torch.set_num_threads(config.threads)
     loaded = executor is None
-    if loaded:
-        executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
-                                 config.weights)
-        if config.degrees is not None and config.degrees.enabled:  # the other ranks load meanwhile
-            from ..parallel.start import start_ranks
+    if not loaded or config.degrees is None or not config.degrees.enabled:
+        if loaded:
+            executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
+                                     config.weights)
+        return _prepare(config, executor, loaded, say)
+    from ..parallel.ranks import RanksLost
+    from ..parallel.start import start_ranks
 
-            executor = start_ranks(executor, config, say)
+    config = _threads_per_rank(config, say)
+    executor = load_executor(config.model, config.device, config.dtype, config.backend, config.threads,
+                             config.weights)
+    executor = start_ranks(executor, config, say)  # the other ranks load meanwhile
+    try:
+        return _prepare(config, executor, loaded, say)
+    except BaseException as exc:  # no worker or process group is left behind by a start that fails
+        executor.close()
+        if isinstance(exc, RanksLost):
+            raise ValueError(f"{config.degrees.describe()}: {exc}") from None
+        raise
+
+
+def _threads_per_rank(config: EngineConfig, say: Callable[[str], None]) -> EngineConfig:
+    """On the CPU every rank runs `threads` threads: as many ranks times threads as cores, at most."""
+    from .loading import available_cores
+
+    world, cores = config.degrees.world, available_cores()
+    if str(config.device).startswith("cuda") or not config.threads or config.threads * world <= cores:
+        return config
+    threads = max(1, cores // world)
+    say(f"{config.degrees.describe()}: {threads} thread(s) per rank ({world} ranks on {cores} cores), not "
+        f"{config.threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+    return replace(config, threads=threads)
+
+
+def _prepare(config: EngineConfig, executor: Any, loaded: bool, say: Callable[[str], None]) -> BuiltEngine:
+    """The memory cap, the fast path or the warm-up, the add-ons and the latency model of a loaded executor."""
+    from .serving_addons import serve_addons
+
+    options = config.options
     budgets = {kind: memory_mb(kind, getattr(config, f"{kind}_memory_mb"), config.dtype)
                for kind, folder in (("lora", config.lora_dir), ("controlnet", config.controlnet_dir),
                                     ("ip_adapter", config.ip_adapter_dir)) if folder is not None}

@@ -132,7 +132,11 @@ def check_pairs(config, gpus: int | None = None) -> None:
 
             gpus = torch.cuda.device_count()
     check_degrees(degrees, config.device, config.backend, available_cores(), gpus)
-    for name, why in PARALLEL_REFUSED.items():
+    if str(config.device).startswith("cuda:") and str(config.device) != "cuda:0":
+        raise ValueError(f"{degrees.describe()} with --device {config.device}: the ranks take CUDA devices 0 to "
+                         f"{degrees.world - 1}; allowed: --device cuda (choose the devices with CUDA_VISIBLE_DEVICES)")
+    refused = {**PARALLEL_REFUSED, **(TENSOR_PARALLEL_REFUSED if degrees.tensor > 1 else {})}
+    for name, why in refused.items():
         if name in on and not (name == "deterministic" and degrees.sequence * degrees.tensor == 1):
             raise ValueError(f"{degrees.describe()} with {STARTUP_FLAGS[name]} is not served ({why}); allowed: one "
                              f"of them")
@@ -147,6 +151,13 @@ PARALLEL_REFUSED = {
                      "and tensor splits' collectives are not checked at the fixed padded shape",
     "offload_model": "offloading moves the networks that every rank holds whole on its own device",
     "offload_group": "offloading moves the networks that every rank holds whole on its own device",
+}
+
+# ... and with --tensor-parallel-size (its weights are DTensor shards): not checked on a GPU yet, so not served
+TENSOR_PARALLEL_REFUSED = {
+    "lora": "a LoRA adapter's full-width factors do not meet the sharded Linear layers",
+    "quantize": "quantized weights are not sharded by diffusers' tensor-parallel plan",
+    "gguf": "quantized weights are not sharded by diffusers' tensor-parallel plan",
 }
 
 

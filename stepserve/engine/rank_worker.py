@@ -39,11 +39,11 @@ def main(argv: list[str]) -> None:
     rank = int(argv[1])
     conn = Client((host, int(port)), authkey=bytes.fromhex(sys.stdin.readline().strip()))
     conn.send(rank)
-    degrees, group_port, config, threads = conn.recv()
+    degrees, store_path, config, threads = conn.recv()
     import torch
 
     torch.set_num_threads(threads)
-    run(conn, rank, degrees, group_port, config.device, lambda: _load(config, rank))
+    run(conn, rank, degrees, store_path, config.device, lambda: _load(config, rank))
 
 
 if __name__ == "__main__":

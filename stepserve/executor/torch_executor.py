@@ -216,7 +216,7 @@ class TorchExecutor:
                 else:
                     out = self.pipeline.denoise(rows[sl], t_rows[sl].to(rows.device), conditioning, mine_caches)
         if self.split is not None:
-            out = self.split.gather(out, n, total, latents)
+            out = self.split.gather(out, n, total, latents[:1].to(self.pipeline.dtype))  # the networks' output dtype
         if caches is not None:
             for r, row in zip(requests, caches):  # the conditional row speaks for the request
                 r.timing.cached_steps += bool(row is not None and row.skipped)

@@ -123,7 +123,7 @@ class ParallelExecutor:
         CFG half's forward at the same fixed padded shape, so a row's output does not depend on its company)."""
         with self.local.lock:
             self.ranks.send(("fast_path", options, max_batch_size, *self._news()))
-            for reply in self.ranks.replies():
+            for reply in self.ranks.replies(timeout_s=None):
                 if reply[0] == "error":
                     raise ValueError(f"{self.degrees.describe()}: a worker rank could not apply the fast path: "
                                      f"{reply[1]}")
@@ -138,10 +138,10 @@ class ParallelExecutor:
 
     def _news(self, also: list[str] = ()) -> tuple[list[str], dict | None]:
         """(the requests the workers may forget, what changed in the add-ons loaded here since the last message,
-        else None): {"lora": {name: file}, "controlnet": names, "ip_adapter": names}, each kind only when it
-        changed. A worker loads the LoRA adapters as told and unloads the others; it loads ControlNets and
-        IP-Adapters when its requests need them and unloads those this rank has unloaded (worker.py), so that its
-        memory follows this rank's budgets."""
+        else None): {"lora": {name: (file, this rank's key of that load)}, "controlnet": names, "ip_adapter":
+        names}, each kind only when it changed. A worker loads the LoRA adapters as told and unloads the others; it
+        loads ControlNets and IP-Adapters when its requests need them and unloads those this rank has unloaded
+        (worker.py), so that its memory follows this rank's budgets."""
         ended = [rid for rid, r in self._live.items() if r.status.finished]
         for rid in ended:
             del self._live[rid]
@@ -150,7 +150,8 @@ class ParallelExecutor:
         if store is not None and store.version != self._sent.get("lora"):
             self._sent["lora"] = store.version
             files = store.files()
-            news["lora"] = {n: store.sources.get(n, files.get(n)) for n in store.adapters}
+            # each load's key too: a file deleted and loaded again under its name (new weights) is a new load
+            news["lora"] = {n: (store.sources.get(n, files.get(n)), store.keys[n]) for n in store.adapters}
         for kind, store in (("controlnet", self.local._controlnets), ("ip_adapter", self.local._ip_adapters)):
             loaded = None if store is None else frozenset(store.budget.sizes)  # one copy (GIL-atomic for str keys)
             if loaded is not None and loaded != self._sent.get(kind):

@@ -13,9 +13,10 @@ import logging
 import os
 import secrets
 import select
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -25,13 +26,27 @@ from .degrees import Degrees
 
 log = logging.getLogger("stepserve.parallel")
 WORKER_MODULE = "stepserve.engine.rank_worker"  # a worker process's entry point (it loads as build_engine does)
-STAGE_TIMEOUT = timedelta(minutes=10)  # the longest a collective waits for a rank (a whole video step fits)
+# the longest a collective, or rank 0 for a worker's answer to a stage, waits for a rank (a whole video step fits): a
+# worker stopped or stuck past it fails the model (as its death does at once)
+STAGE_TIMEOUT = timedelta(minutes=5)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def join(rank: int, world: int, store_path: str, device_type: str) -> None:
+    """Join torch.distributed's group: the rendezvous is a file in a folder only this user reads (no port: nothing
+    listens on the network for it, and two models starting at once cannot take each other's port), and gloo's and
+    NCCL's own sockets stay on the loopback interface unless the environment says otherwise (all ranks are on this
+    machine)."""
+    import torch.distributed as dist
+
+    if device_type == "cuda":  # rank r on CUDA device r (diffusers' hooks place it there too)
+        import torch
+
+        torch.cuda.set_device(rank)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
+                            timeout=STAGE_TIMEOUT)
 
 
 class RanksLost(BaseException):
@@ -48,7 +63,9 @@ class Ranks:
         self.failure: str | None = None
         self.on_failure: list[Callable[[str], None]] = []
         self._closing = False
-        self.port = free_port()
+        self._joined = False  # this process's torch.distributed group is ours (left again by close)
+        self._folder = tempfile.mkdtemp(prefix="stepserve-ranks-")  # mode 0700: the rendezvous file
+        self.store_path = os.path.join(self._folder, "store")
         self.pipes, self.processes = [], []
         try:
             self._start(config, threads)
@@ -78,17 +95,14 @@ class Ranks:
                 by_rank[conn.recv()] = conn
         self.pipes = [by_rank[rank] for rank in range(1, self.degrees.world)]
         for pipe in self.pipes:
-            pipe.send((self.degrees, self.port, config, threads))
+            pipe.send((self.degrees, self.store_path, config, threads))
 
     def join_group(self) -> None:
         """Rank 0's side of torch.distributed's initialisation (the workers wait for it); raises RanksLost when a
         worker died before it."""
-        import torch.distributed as dist
-
-        backend = "nccl" if self.device_type == "cuda" else "gloo"
         self._check()
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{self.port}", rank=0,
-                                world_size=self.degrees.world, timeout=STAGE_TIMEOUT)
+        join(0, self.degrees.world, self.store_path, self.device_type)
+        self._joined = True
 
     def send(self, message) -> None:
         self._check()
@@ -99,14 +113,19 @@ class Ranks:
             self._lost(f"a worker rank's pipe closed ({exc})")
             self._check()
 
-    def replies(self) -> list:
-        """One reply from every worker (after a stage that answers); RanksLost when one dies meanwhile."""
+    def replies(self, timeout_s: float | None = STAGE_TIMEOUT.total_seconds()) -> list:
+        """One reply from every worker (after a stage that answers); RanksLost when one dies meanwhile or does not
+        answer within `timeout_s` (None: no limit; loading a model at start-up takes what it takes)."""
         out = []
         for rank, (pipe, p) in enumerate(zip(self.pipes, self.processes), start=1):
             try:
-                ready = wait([pipe, _sentinel(p)])
+                ready = wait([pipe, _sentinel(p)], timeout=timeout_s)
             except (OSError, ValueError):  # the watcher closed the pipes meanwhile: a rank died
                 raise RanksLost(self.failure or "the ranks were stopped") from None
+            if not ready:
+                self._lost(f"worker rank {rank} (pid {p.pid}) did not answer within {timeout_s:g} s (stopped or "
+                           f"stuck); this model's ranks cannot run another step: restart the server")
+                self._check()
             if pipe in ready:
                 try:
                     out.append(pipe.recv())
@@ -205,7 +224,14 @@ class Ranks:
                     continue
         for pipe in self.pipes:
             pipe.close()
-        _leave_group()
+        for p in self.processes:
+            fd = _SENTINELS.pop(id(p), None)
+            if fd is not None:
+                os.close(fd)
+        if self._joined:
+            self._joined = False
+            _leave_group()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def _leave_group() -> None:
@@ -238,14 +264,14 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="stepserve-parent", daemon=True).start()
 
 
-_SENTINELS: dict[int, int] = {}
+_SENTINELS: dict[int, int] = {}  # id(Popen) -> its pidfd, closed by Ranks.close
 
 
 def _sentinel(p: subprocess.Popen) -> int:
     """A file descriptor that becomes readable when `p` exits (Linux's pidfd), for multiprocessing's wait()."""
-    if p.pid not in _SENTINELS:
-        _SENTINELS[p.pid] = os.pidfd_open(p.pid)
-    return _SENTINELS[p.pid]
+    if id(p) not in _SENTINELS:
+        _SENTINELS[id(p)] = os.pidfd_open(p.pid)
+    return _SENTINELS[id(p)]
 
 
 def _accept(listener: Listener, processes: list) -> object:

@@ -46,7 +46,8 @@ class Split:
 
     def gather(self, mine: torch.Tensor | None, conditional: int, total: int, like: torch.Tensor) -> torch.Tensor:
         """Every row's output in row order, from each CFG half's `mine` (None: this half had no row). `like`: a
-        tensor shaped as one row's output (rows, ...) gives the shape and dtype of a missing half."""
+        tensor shaped as one row's output (rows, ...), in the networks' dtype (what they return, so that guidance
+        runs in the dtype it runs in on one device), gives the shape and dtype of a missing half."""
         if not self.degrees.cfg:
             return mine
         sizes = (conditional, total - conditional)

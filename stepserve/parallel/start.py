@@ -23,6 +23,11 @@ def start_ranks(local: Any, config, say: Callable[[str], None]) -> ParallelExecu
     check_family(degrees, pipeline.capabilities, heads)
     if degrees.sequence > 1:
         pipeline.check_sequence_degree(degrees.sequence)  # a text the family's plan splits too (Flux.1, Flux.2)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # torch.distributed has one default group per process
+        raise ValueError(f"{degrees.describe()}: another parallel model runs in this process (one per process: "
+                         f"close it first with engine.executor.close(), or serve this one in its own process)")
     # what a worker loads: the model and its add-on folders; no batching options, checks or warm-up of its own
     worker_config = replace(config, degrees=None, options=None, fast_path=None, memory_cap=False, warm_up=False)
     try:
@@ -31,7 +36,7 @@ def start_ranks(local: Any, config, say: Callable[[str], None]) -> ParallelExecu
         raise ValueError(f"{degrees.describe()}: {exc}") from None
     atexit.register(ranks.close)
     try:
-        for reply in ranks.replies():  # each worker loaded its copy of the model
+        for reply in ranks.replies(timeout_s=None):  # each worker loaded its copy of the model (its death ends it)
             if reply[0] != "ready":
                 raise ValueError(f"{degrees.describe()}: {reply[1] if len(reply) > 1 else reply}")
         ranks.join_group()

@@ -25,26 +25,24 @@ import os
 import sys
 import traceback
 
-from .ranks import STAGE_TIMEOUT
+from .ranks import join
 
 log = logging.getLogger("stepserve.parallel")
 
 
-def run(conn, rank: int, degrees, port: int, device: str, load) -> None:
+def run(conn, rank: int, degrees, store_path: str, device: str, load) -> None:
     """A worker rank's life after start-up (stepserve/engine/rank_worker.py starts the process): `load()` makes its
     executor (the model and the add-on folders rank 0 serves), then it joins the ranks, splits, and serves stages
     until told to stop or rank 0 goes."""
     try:
         import torch
-        import torch.distributed as dist
 
         backend = "nccl" if str(device).startswith("cuda") else "gloo"
         if backend == "nccl":  # rank r on CUDA device r (diffusers' hooks place it there too)
             torch.cuda.set_device(rank)
         executor = load()
         conn.send(("ready",))
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=degrees.world, timeout=STAGE_TIMEOUT)
+        join(rank, degrees.world, store_path, "cuda" if backend == "nccl" else "cpu")
         from .split import apply_split
 
         executor.split = apply_split(executor.pipeline, degrees)
@@ -70,7 +68,10 @@ def _serve(conn, rank: int, executor) -> None:
             if r is not None:
                 _release(executor, r)
         if addons is not None:
-            _follow(executor, addons)
+            try:
+                _follow(executor, addons)
+            except Exception:  # noqa: BLE001 - what it could not follow fails the requests that need it, here
+                log.warning("rank %d could not follow rank 0's add-ons", rank, exc_info=True)
         if kind == "state":
             conn.send(("state", _state(executor)))
         elif kind == "fast_path":  # rank 0 warms up through the stages: no warm-up of this rank's own
@@ -139,15 +140,29 @@ def _state(executor) -> dict:
             "fixed_rows": getattr(executor.pipeline.networks, "fixed_rows", None)}
 
 
+_RANK0_LOADS: dict = {}  # LoRA name -> rank 0's (file, key) of the load this rank holds (one executor per worker)
+
+
 def _sync_loras(executor, wanted: dict) -> None:
-    """Load and unload LoRA adapters so that this rank holds what rank 0 holds ({name: file})."""
+    """Load and unload LoRA adapters so that this rank holds what rank 0 holds ({name: (file, rank 0's key of its
+    load)}): an adapter rank 0 loaded again (a new file under the old name) is loaded again here. One that cannot
+    load here (its file gone from the folder, a read error) is left out: a request naming it fails in this rank's
+    prepare, which fails that request alone on rank 0 too."""
     store = executor.adapters()
-    for name in [n for n in store.adapters if n not in wanted or store.sources.get(n, store.files().get(n))
-                 != wanted[n]]:
+    loads = _RANK0_LOADS
+    for name in [n for n in store.adapters if loads.get(n) != wanted.get(n)]:
         store.delete(name)
-    for name, file in wanted.items():
-        if name not in store.adapters:
+        loads.pop(name, None)
+    for name, (file, key) in wanted.items():
+        if name in store.adapters:
+            continue
+        try:
+            if file is None:
+                raise FileNotFoundError("its file is no longer in the adapter folder")
             store.load(name, file)
+            loads[name] = (file, key)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("rank could not load LoRA adapter %r that rank 0 holds: %s", name, exc)
 
 
 def _picklable(exc: BaseException) -> bool:

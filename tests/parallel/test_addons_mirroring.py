@@ -76,3 +76,22 @@ def test_an_addon_unloaded_on_rank_0_is_unloaded_on_the_worker(served, kind):
         assert worker["held"] == []  # the finished requests' holds were released there
     finally:
         store.budget.budget_bytes = old
+
+
+def test_a_lora_loaded_again_from_a_new_file_is_loaded_again_on_the_worker(served, tiny_sd_path):
+    """Deleted on rank 0 and loaded again under its name from another file between two steps the worker saw: the
+    worker's copy is the new weights, not the old ones kept under the same name and path."""
+    engine, loras = served
+    path = loras / "swap.safetensors"
+    p = SamplingParams(prompt="a small cat 2", seed=41, num_inference_steps=3, guidance_scale=4.0,
+                       sampler="dpmpp_2m", height=16, width=16, loras=[{"name": "swap", "scale": 1.0}])
+    build_tiny_lora(tiny_sd_path, path, seed=5, std=0.4)
+    engine.executor.adapters().load_within_budget("swap", path)
+    assert engine.generate([p])[0].ok
+    engine.executor.adapters().delete("swap")
+    new = build_tiny_lora(tiny_sd_path, path, seed=6, std=0.4)  # same name, same path, other weights
+    engine.executor.adapters().load_within_budget("swap", new)
+    result = engine.generate([p])[0]  # the worker hears of the delete and the load in one message
+    assert result.ok, result.error
+    assert np.abs(pixels(result.image) - diffusers_sd(tiny_sd_path, {"swap": new}, p, [("swap", 1.0)])).max() <= 1
+    engine.executor.adapters().delete("swap")

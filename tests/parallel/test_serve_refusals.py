@@ -45,7 +45,7 @@ def refusal(capsys, model, *flags: str) -> str:
     (["--ulysses-degree", "2", "--cfg-parallel"], "runs 4 ranks"),
     (["--ulysses-degree", "0"], "argument --ulysses-degree: expected an integer >= 1, got '0'"),
     (["--ulysses-degree", "2", "--compile"], "--ulysses-degree 2 with --compile is not served"),
-    (["--cfg-parallel", "--deterministic"], "--cfg-parallel with --deterministic is not served"),
+    (["--ulysses-degree", "2", "--deterministic"], "--ulysses-degree 2 with --deterministic is not served"),
     (["--ulysses-degree", "2", "--offload", "model"], "--ulysses-degree 2 with --offload model is not served"),
 ])
 def test_degrees_that_cannot_run_here_are_one_line_before_loading(capsys, two_cores, tiny_sd_path, flags, says):
