@@ -109,7 +109,10 @@ class Engine:
                     requests.append(core.add_request(to_feed.pop(0), now))
                 # no arrival can come before the policy acts: everything is in, or the queue is full
                 core.draining = not to_feed or (core.max_queue is not None and len(core.waiting) >= core.max_queue)
-                report = core.step(now)
+                try:
+                    report = core.step(now)
+                except RanksLost as exc:  # a worker rank died or failed: nothing more can run in this engine
+                    raise EngineDeadError(f"this model's ranks failed ({exc}); make a new engine") from None
                 self.clock.elapse(report.duration_s)
                 if bar is not None and report.finished:
                     bar.update(len(report.finished))
@@ -123,6 +126,10 @@ class Engine:
             if bar is not None:
                 bar.close()
         return [GenerationResult.from_request(r) for r in requests]
+
+
+from .engine.handles import EngineDeadError  # noqa: E402
+from .parallel.ranks import RanksLost  # noqa: E402
 
 
 def _auto_threads() -> int:

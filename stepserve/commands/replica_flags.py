@@ -48,10 +48,11 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adapter-load-s", type=float_from(0.0, True, "a number of seconds >= 0"), default=None,
                    help="least_work: what loading a LoRA adapter costs a replica that does not hold it (default 1)")
     g.add_argument("--replica-cpus", type=float_from(0.0, False, "a positive number of CPUs (fractions allowed)"),
-                   default=None, help="CPUs Ray reserves for each replica (default 1); torch then runs on at most "
-                                      "that many threads (at least 1)")
+                   default=None, help="CPUs Ray reserves for each replica (default 1, or N at a parallel degree of N "
+                                      "ranks); torch then runs on at most that many threads (at least 1)")
     g.add_argument("--replica-gpus", type=float_from(0.0, True, "a number of GPUs >= 0 (fractions allowed)"),
-                   default=None, help="GPUs Ray reserves for each replica (default 0; > 0 needs --device cuda)")
+                   default=None, help="GPUs Ray reserves for each replica (default 0; > 0 needs --device cuda; at a parallel degree "
+                        "of N ranks on CUDA: N, one per rank)")
     g.add_argument("--max-ongoing-requests", type=int_from(1), default=None,
                    help="requests Ray sends one replica at once (default: 2 x --max-batch-size: a batch running "
                         "and one waiting); more wait in Ray's queue")

@@ -110,7 +110,10 @@ class AsyncEngine(EngineThread):
         request answered with why, nothing new accepted; the engine thread ends at its next step."""
         self.failure = why
         self.accepting = False
-        self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, f"the model's ranks failed: {why}")
+        # the details (pids, a worker's traceback) go to the log, as /health keeps them; clients hear what happened
+        self._end_pending(RequestStatus.FAILED, FinishReason.ERROR,
+                          "a rank of this model failed (the server's log says which and why); this server cannot "
+                          "run another step until it is restarted")
         self._wake.set()
 
     @property

@@ -144,13 +144,14 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
 
 
 def _threads_per_rank(config: EngineConfig, say: Callable[[str], None]) -> EngineConfig:
-    """On the CPU every rank runs `threads` threads: as many ranks times threads as cores, at most."""
+    """On the CPU every rank runs `threads` threads: ranks times threads fit the cores, one spare (default_threads'
+    reason: the thread that feeds the engine needs one) where there are more cores than ranks."""
     from .loading import available_cores
 
     world, cores = config.degrees.world, available_cores()
     if str(config.device).startswith("cuda") or not config.threads or config.threads * world <= cores:
         return config
-    threads = max(1, cores // world)
+    threads = max(1, (cores - 1) // world)
     say(f"{config.degrees.describe()}: {threads} thread(s) per rank ({world} ranks on {cores} cores), not "
         f"{config.threads}")
     import torch

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ..parallel.ranks import RanksLost
 from ..request.types import FinishReason, GenerationResult, Request, RequestStatus, StepReport
 from .handles import ProgressEvent, RequestHandle, ended_result, failed_result, post_event, set_result
 
@@ -122,7 +123,12 @@ class EngineThread:
         else:
             log.critical("the engine thread stopped after an internal error; failing every pending request",
                          exc_info=exc)
-        self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, f"internal engine error: {self.failure}")
+        if said or isinstance(exc, RanksLost):  # a rank's pids and traceback stay in the log
+            message = "a rank of this model failed (the server's log says which and why); this server cannot run " \
+                      "another step until it is restarted"
+        else:
+            message = f"internal engine error: {self.failure}"
+        self._end_pending(RequestStatus.FAILED, FinishReason.ERROR, message)
 
     def _end_pending(self, status: RequestStatus, reason: FinishReason, message: str) -> None:
         """Answer every pending handle now (the engine thread died, or shutdown gave up waiting for a step): none

@@ -25,7 +25,7 @@ def _load(config, rank: int):
 
 
 def main(argv: list[str]) -> None:
-    from ..parallel.ranks import die_with_parent
+    from ..parallel.processes import die_with_parent
     from ..parallel.worker import run
 
     die_with_parent(int(argv[2]))

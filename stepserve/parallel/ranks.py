@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import select
 import shutil
 import subprocess
 import sys
@@ -23,35 +22,17 @@ from datetime import timedelta
 from multiprocessing.connection import Listener, wait
 
 from .degrees import Degrees
+from .processes import (FOLDER_PREFIX, SENTINELS, RanksLost, accept, is_stopped, join, leave_group, sentinel,
+                        sweep_folders)
+
+__all__ = ["Ranks", "RanksLost", "STAGE_TIMEOUT"]
 
 log = logging.getLogger("stepserve.parallel")
 WORKER_MODULE = "stepserve.engine.rank_worker"  # a worker process's entry point (it loads as build_engine does)
+STOPPED_S = 10  # a worker stopped (SIGSTOP, a debugger) this many seconds fails the model
 # the longest a collective, or rank 0 for a worker's answer to a stage, waits for a rank (a whole video step fits): a
 # worker stopped or stuck past it fails the model (as its death does at once)
 STAGE_TIMEOUT = timedelta(minutes=5)
-
-
-def join(rank: int, world: int, store_path: str, device_type: str) -> None:
-    """Join torch.distributed's group: the rendezvous is a file in a folder only this user reads (no port: nothing
-    listens on the network for it, and two models starting at once cannot take each other's port), and gloo's and
-    NCCL's own sockets stay on the loopback interface unless the environment says otherwise (all ranks are on this
-    machine)."""
-    import torch.distributed as dist
-
-    if device_type == "cuda":  # rank r on CUDA device r (diffusers' hooks place it there too)
-        import torch
-
-        torch.cuda.set_device(rank)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    store = dist.FileStore(store_path, world)
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
-                            timeout=STAGE_TIMEOUT)
-
-
-class RanksLost(BaseException):
-    """A worker rank died or diverged: the model cannot run another step. A BaseException, so that the engine core
-    does not retry it request by request (stages.py isolates Exceptions) and the engine reports itself failed."""
 
 
 class Ranks:
@@ -64,7 +45,8 @@ class Ranks:
         self.on_failure: list[Callable[[str], None]] = []
         self._closing = False
         self._joined = False  # this process's torch.distributed group is ours (left again by close)
-        self._folder = tempfile.mkdtemp(prefix="stepserve-ranks-")  # mode 0700: the rendezvous file
+        sweep_folders()  # those of a rank 0 that died without closing
+        self._folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")  # mode 0700: the rendezvous file
         self.store_path = os.path.join(self._folder, "store")
         self.pipes, self.processes = [], []
         try:
@@ -91,7 +73,7 @@ class Ranks:
                 self.processes[-1].stdin.close()
             by_rank = {}
             for _ in self.processes:
-                conn = _accept(listener, self.processes)
+                conn = accept(listener, self.processes)
                 by_rank[conn.recv()] = conn
         self.pipes = [by_rank[rank] for rank in range(1, self.degrees.world)]
         for pipe in self.pipes:
@@ -101,17 +83,31 @@ class Ranks:
         """Rank 0's side of torch.distributed's initialisation (the workers wait for it); raises RanksLost when a
         worker died before it."""
         self._check()
-        join(0, self.degrees.world, self.store_path, self.device_type)
+        join(0, self.degrees.world, self.store_path, self.device_type, STAGE_TIMEOUT)
         self._joined = True
 
     def send(self, message) -> None:
+        """`message` to every worker. A worker that does not take it within STAGE_TIMEOUT (stopped, stuck: a large
+        message fills its pipe) fails the model instead of blocking rank 0 for good."""
         self._check()
-        try:
-            for pipe in self.pipes:
-                pipe.send(message)
-        except (OSError, EOFError, ValueError) as exc:
-            self._lost(f"a worker rank's pipe closed ({exc})")
-            self._check()
+        error: list = []
+
+        def send_all() -> None:
+            try:
+                for pipe in self.pipes:
+                    pipe.send(message)
+            except (OSError, EOFError, ValueError) as exc:
+                error.append(exc)
+
+        sender = threading.Thread(target=send_all, name="stepserve-ranks-send", daemon=True)
+        sender.start()
+        sender.join(STAGE_TIMEOUT.total_seconds())
+        if sender.is_alive():
+            self._lost(f"a worker rank did not take a stage message within {STAGE_TIMEOUT.total_seconds():g} s "
+                       f"(stopped or stuck); this model's ranks cannot run another step: restart the server")
+        elif error:
+            self._lost(f"a worker rank's pipe closed ({error[0]})")
+        self._check()
 
     def replies(self, timeout_s: float | None = STAGE_TIMEOUT.total_seconds()) -> list:
         """One reply from every worker (after a stage that answers); RanksLost when one dies meanwhile or does not
@@ -119,7 +115,7 @@ class Ranks:
         out = []
         for rank, (pipe, p) in enumerate(zip(self.pipes, self.processes), start=1):
             try:
-                ready = wait([pipe, _sentinel(p)], timeout=timeout_s)
+                ready = wait([pipe, sentinel(p)], timeout=timeout_s)
             except (OSError, ValueError):  # the watcher closed the pipes meanwhile: a rank died
                 raise RanksLost(self.failure or "the ranks were stopped") from None
             if not ready:
@@ -140,10 +136,12 @@ class Ranks:
         """Rank 0's forward raised while the other ranks may be inside it: none can go on. A collective whose peer
         died errors at once (gloo reads the closed socket), sometimes before the watcher has seen the death: a death
         within a second is named as the cause, else rank 0's own error."""
+        if self._closing:  # shut down under a running step: the ranks were stopped on purpose
+            return RanksLost(self.failure or "the ranks were stopped")
         if self.failure is None:
-            dead = wait([_sentinel(p) for p in self.processes], timeout=1.0)
+            dead = wait([sentinel(p) for p in self.processes], timeout=1.0)
             for rank, p in enumerate(self.processes, start=1):
-                if _sentinel(p) in dead:
+                if sentinel(p) in dead:
                     self._lost(self._death(rank, p))
             self._lost(f"rank 0 failed a denoising step the other ranks had started: {type(exc).__name__}: {exc}")
         return RanksLost(self.failure)
@@ -153,12 +151,20 @@ class Ranks:
             raise RanksLost(self.failure)
 
     def _watch(self) -> None:
-        pending = {_sentinel(p): (rank, p) for rank, p in enumerate(self.processes, start=1)}
-        while pending:
-            for sentinel in wait(list(pending)):
-                rank, p = pending.pop(sentinel)
+        """A worker's exit fails the model at once; so does one stopped (SIGSTOP, a debugger) for STOPPED_S: its
+        peers would wait inside a collective until the group's timeout."""
+        pending = {sentinel(p): (rank, p) for rank, p in enumerate(self.processes, start=1)}
+        stopped: dict[int, int] = {}  # rank -> seconds seen stopped in a row
+        while pending and not self._closing:
+            for ended in wait(list(pending), timeout=1.0):
+                rank, p = pending.pop(ended)
                 if not self._closing:
                     self._lost(self._death(rank, p))
+            for rank, p in [v for v in pending.values()]:
+                stopped[rank] = stopped.get(rank, 0) + 1 if is_stopped(p.pid) else 0
+                if stopped[rank] >= STOPPED_S and not self._closing:
+                    self._lost(f"worker rank {rank} (pid {p.pid}) has been stopped for {STOPPED_S} s; this model's "
+                               f"ranks cannot run another step: restart the server")
 
     def _death(self, rank: int, p) -> str:
         try:
@@ -225,74 +231,10 @@ class Ranks:
         for pipe in self.pipes:
             pipe.close()
         for p in self.processes:
-            fd = _SENTINELS.pop(id(p), None)
+            fd = SENTINELS.pop(id(p), None)
             if fd is not None:
                 os.close(fd)
         if self._joined:
             self._joined = False
-            _leave_group()
+            leave_group()
         shutil.rmtree(self._folder, ignore_errors=True)
-
-
-def _leave_group() -> None:
-    """Rank 0 leaves torch.distributed's group (its workers are gone), so that another parallel engine can start in
-    this process later (a test suite's, a benchmark's)."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - a group broken by a dead rank may fail to close; it is left behind
-        log.debug("leaving the process group failed", exc_info=True)
-
-
-def die_with_parent(parent: int) -> None:
-    """This process exits as soon as `parent` (the rank 0 that started it) dies, even by SIGKILL: a thread waits on
-    its pidfd. Not Linux's parent-death signal: that one follows the thread that started the process, so the ranks
-    of an engine built on a thread that then ends (a library user's, an actor's) would die with that thread."""
-    try:
-        fd = os.pidfd_open(parent)
-    except OSError:  # gone already
-        os._exit(1)
-    if os.getppid() != parent:  # it died (and its pid was reused) before the pidfd was opened
-        os._exit(1)
-
-    def watch() -> None:
-        select.select([fd], [], [])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="stepserve-parent", daemon=True).start()
-
-
-_SENTINELS: dict[int, int] = {}  # id(Popen) -> its pidfd, closed by Ranks.close
-
-
-def _sentinel(p: subprocess.Popen) -> int:
-    """A file descriptor that becomes readable when `p` exits (Linux's pidfd), for multiprocessing's wait()."""
-    if id(p) not in _SENTINELS:
-        _SENTINELS[id(p)] = os.pidfd_open(p.pid)
-    return _SENTINELS[id(p)]
-
-
-def _accept(listener: Listener, processes: list) -> object:
-    """The next worker's connection; RanksLost when a worker exits before it dials back."""
-    done = threading.Event()
-    box: list = []
-
-    def accept() -> None:
-        try:
-            box.append(listener.accept())
-        except OSError as exc:
-            box.append(exc)
-        done.set()
-
-    threading.Thread(target=accept, daemon=True).start()
-    while not done.wait(0.2):
-        for rank, p in enumerate(processes, start=1):
-            if p.poll() is not None:
-                listener.close()
-                raise RanksLost(f"worker rank {rank} (pid {p.pid}) exited with code {p.returncode} before it "
-                                f"started")
-    if isinstance(box[0], OSError):
-        raise RanksLost(f"a worker rank could not connect: {box[0]}")
-    return box[0]

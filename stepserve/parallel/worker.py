@@ -25,7 +25,8 @@ import os
 import sys
 import traceback
 
-from .ranks import join
+from .processes import join
+from .ranks import STAGE_TIMEOUT
 
 log = logging.getLogger("stepserve.parallel")
 
@@ -42,7 +43,7 @@ def run(conn, rank: int, degrees, store_path: str, device: str, load) -> None:
             torch.cuda.set_device(rank)
         executor = load()
         conn.send(("ready",))
-        join(rank, degrees.world, store_path, "cuda" if backend == "nccl" else "cpu")
+        join(rank, degrees.world, store_path, "cuda" if backend == "nccl" else "cpu", STAGE_TIMEOUT)
         from .split import apply_split
 
         executor.split = apply_split(executor.pipeline, degrees)

@@ -55,7 +55,7 @@ def test_on_the_cpu_ranks_times_threads_fit_the_cores(monkeypatch):
     monkeypatch.setattr(loading, "available_cores", lambda: 8)
     said = []
     config = EngineConfig(threads=7, degrees=Degrees(ulysses=2))
-    assert _threads_per_rank(config, said.append).threads == 4 and "4 thread(s) per rank" in said[0]
+    assert _threads_per_rank(config, said.append).threads == 3 and "3 thread(s) per rank" in said[0]
     assert _threads_per_rank(EngineConfig(threads=3, degrees=Degrees(ulysses=2)), said.append).threads == 3
 
 
@@ -70,3 +70,34 @@ def test_what_a_split_on_cuda_does_not_serve_is_one_line(fields, says):
     config = EngineConfig(**{"device": "cuda", "degrees": Degrees(tensor=2), **fields})
     with pytest.raises(ValueError, match=says.replace("(", r"\(")):
         check_pairs(config, gpus=2)
+
+
+def test_a_stopped_worker_fails_the_model_and_the_python_api_raises_an_exception(flux, monkeypatch):
+    """SIGSTOP: the worker is alive but its peers would wait inside a collective until the group's timeout. The
+    watcher fails the model once it has been stopped STOPPED_S; generate then raises EngineDeadError (an
+    Exception a library user catches), not the BaseException the core stops on."""
+    import os
+    import signal
+    import threading
+
+    import stepserve.parallel.ranks as ranks
+    from stepserve.engine.handles import EngineDeadError
+
+    monkeypatch.setattr(ranks, "STOPPED_S", 1)
+    engine = Engine.from_pretrained(flux, memory_cap=False, threads=1, degrees=Degrees(ulysses=2))
+    failed = threading.Event()
+    engine.executor.on_failure.append(lambda why: failed.set())
+    worker = engine.executor.ranks.processes[0]
+    folder = engine.executor.ranks._folder  # the rendezvous file's, removed on close
+    try:
+        os.kill(worker.pid, signal.SIGSTOP)
+        assert failed.wait(60), "the watcher never failed the model"
+        assert "has been stopped" in engine.executor.failure
+        with pytest.raises(EngineDeadError, match="ranks failed"):
+            engine.generate([SamplingParams(prompt="a boat", width=32, height=32, num_inference_steps=2, seed=1)])
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
+        engine.executor.close()
+    assert psutil.Process().children(recursive=True) == []
+    assert not os.path.exists(folder)

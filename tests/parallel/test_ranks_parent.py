@@ -12,7 +12,7 @@ from rank_servers import ROOT, wait_gone
 
 CHILD = """
 import sys, time
-from stepserve.parallel.ranks import die_with_parent
+from stepserve.parallel.processes import die_with_parent
 die_with_parent(int(sys.argv[1]))
 print("watching", flush=True)
 print(sys.stdin.readline().strip(), flush=True)
