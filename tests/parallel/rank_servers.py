@@ -109,3 +109,9 @@ def wait_gone(pids: list[int]) -> bool:
     while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     return all(gone(pid) for pid in pids)
+
+
+def kids() -> set[int]:
+    """This process's child processes now. Other tests of the session may have left theirs (a store's server): a
+    test compares with the set it saw before it started anything."""
+    return {c.pid for c in psutil.Process().children(recursive=True)}

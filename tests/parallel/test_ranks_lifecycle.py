@@ -7,6 +7,7 @@ from __future__ import annotations
 import psutil
 import pytest
 import torch.distributed as dist
+from rank_servers import kids
 
 from stepserve import Engine, SamplingParams
 from stepserve.parallel.degrees import Degrees
@@ -24,11 +25,14 @@ def _listening(proc: psutil.Process) -> list:
 
 
 def test_a_second_parallel_model_is_refused_and_the_first_keeps_serving(flux):
+    children = kids()
+    before = set(_listening(psutil.Process()))  # what other tests of this process may have left listening
     first = Engine.from_pretrained(flux, memory_cap=False, threads=1, degrees=Degrees(ulysses=2))
     try:
         # the rendezvous is a file: neither rank 0 nor a worker listens on anything but loopback
-        procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
-        assert [a for p in procs for a in _listening(p) if a.ip not in ("127.0.0.1", "::1")] == []
+        opened = set(_listening(psutil.Process())) - before
+        opened |= {a for pid in kids() - children for a in _listening(psutil.Process(pid))}
+        assert [a for a in opened if a.ip not in ("127.0.0.1", "::1")] == []
         with pytest.raises(ValueError, match="another parallel model runs in this process"):
             Engine.from_pretrained(flux, memory_cap=False, threads=1, degrees=Degrees(ulysses=2))
         p = SamplingParams(prompt="a red boat", width=32, height=32, num_inference_steps=2, seed=3)
@@ -36,15 +40,16 @@ def test_a_second_parallel_model_is_refused_and_the_first_keeps_serving(flux):
     finally:
         first.executor.close()
     assert not dist.is_initialized()
-    assert psutil.Process().children(recursive=True) == []
+    assert kids() <= children
 
 
 def test_a_start_that_fails_after_the_ranks_started_leaves_nothing_behind(flux, tmp_path):
+    children = kids()
     with pytest.raises(ValueError, match="lora"):
         # the LoRA folder's memory is checked after the ranks have started
         Engine.from_pretrained(flux, memory_cap=False, threads=1, degrees=Degrees(ulysses=2),
                                lora_dir=str(tmp_path), lora_memory_mb="lots")
-    assert psutil.Process().children(recursive=True) == []
+    assert kids() <= children
     assert not dist.is_initialized()
 
 
@@ -84,6 +89,7 @@ def test_a_stopped_worker_fails_the_model_and_the_python_api_raises_an_exception
     from stepserve.engine.handles import EngineDeadError
 
     monkeypatch.setattr(ranks, "STOPPED_S", 1)
+    children = kids()
     engine = Engine.from_pretrained(flux, memory_cap=False, threads=1, degrees=Degrees(ulysses=2))
     failed = threading.Event()
     engine.executor.on_failure.append(lambda why: failed.set())
@@ -99,5 +105,5 @@ def test_a_stopped_worker_fails_the_model_and_the_python_api_raises_an_exception
         if worker.poll() is None:
             os.kill(worker.pid, signal.SIGCONT)
         engine.executor.close()
-    assert psutil.Process().children(recursive=True) == []
+    assert kids() <= children
     assert not os.path.exists(folder)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import shutil
 
-import psutil
 import pytest
-from rank_servers import tiny_flux
+from rank_servers import kids, tiny_flux
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +21,7 @@ def test_a_worker_that_cannot_load_is_one_line_and_leaves_no_process(flux, tmp_p
     from stepserve.parallel.degrees import Degrees
     from stepserve.parallel.start import start_ranks
 
+    before = kids()
     local = load_executor(str(flux))  # this rank loads; the workers' copy of the folder has lost its transformer
     broken = tmp_path / "pipe"
     shutil.copytree(flux, broken)
@@ -33,7 +33,7 @@ def test_a_worker_that_cannot_load_is_one_line_and_leaves_no_process(flux, tmp_p
     assert "\n" not in message, message
     assert message.startswith("--ulysses-degree 2: rank 1 could not start: FileNotFoundError: model: "), message
     assert "transformer is missing" in message, message
-    assert psutil.Process().children(recursive=True) == []
+    assert kids() <= before
     assert "could not start" not in capfd.readouterr().err  # rank 0 says it, once; the worker's stderr does not
 
 
@@ -44,6 +44,7 @@ def test_a_worker_that_ends_before_it_dials_back_is_one_line_and_leaves_no_proce
     from stepserve.parallel.degrees import Degrees
     from stepserve.parallel.start import start_ranks
 
+    before = kids()
     monkeypatch.setattr(ranks, "WORKER_MODULE", "stepserve.no_such_module")  # the interpreter ends at once
     config = EngineConfig(model=str(flux), degrees=Degrees(ulysses=2), threads=1, warm_up=False)
     with pytest.raises(ValueError) as caught:
@@ -51,4 +52,4 @@ def test_a_worker_that_ends_before_it_dials_back_is_one_line_and_leaves_no_proce
     message = str(caught.value)
     assert message.startswith("--ulysses-degree 2: worker rank 1 (pid ") and "\n" not in message, message
     assert message.endswith("exited with code 1 before it started"), message
-    assert psutil.Process().children(recursive=True) == []
+    assert kids() <= before

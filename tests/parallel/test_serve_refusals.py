@@ -3,9 +3,8 @@ needs, exit code 2, and no process left behind."""
 
 from __future__ import annotations
 
-import psutil
 import pytest
-from rank_servers import free_port, tiny_flux
+from rank_servers import free_port, kids, tiny_flux
 
 from stepserve.cli import main
 
@@ -25,6 +24,7 @@ def two_cores(monkeypatch):
 
 def refusal(capsys, model, *flags: str) -> str:
     """`stepserve serve` with these flags: its one error line (exit code 2; no process started is left)."""
+    before = kids()
     try:
         code = main(["serve", "--model", str(model), "--port", free_port(), "--threads", "1", "--no-memory-cap",
                      *flags])
@@ -34,7 +34,7 @@ def refusal(capsys, model, *flags: str) -> str:
     assert code == 2, lines
     assert lines and lines[-1].startswith("stepserve serve: error: "), lines
     assert not [line for line in lines if "error" in line.lower()][:-1], lines  # one line says it
-    assert psutil.Process().children(recursive=True) == []
+    assert kids() <= before
     return lines[-1]
 
 
