@@ -42,6 +42,7 @@ def split(tiny_sd_path):
         torch.set_num_threads(threads)  # the suite's (conftest): threads=1 set this process's
 
 
+@pytest.mark.slow  # a parallel engine at the fixed shape: about 6 s
 def test_every_rank_runs_the_denoiser_at_the_fixed_shape(split):
     assert split.executor.pipeline.networks.fixed_rows == 8  # 2 x max_batch_size rows, as one process
     assert [w["fixed_rows"] for w in split.executor.workers_state()] == [8]

@@ -24,6 +24,7 @@ def _listening(proc: psutil.Process) -> list:
     return [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
 
 
+@pytest.mark.slow  # a worker process imports torch and diffusers: about 6 s
 def test_a_second_parallel_model_is_refused_and_the_first_keeps_serving(flux):
     children = kids()
     before = set(_listening(psutil.Process()))  # what other tests of this process may have left listening
@@ -43,6 +44,7 @@ def test_a_second_parallel_model_is_refused_and_the_first_keeps_serving(flux):
     assert kids() <= children
 
 
+@pytest.mark.slow  # a worker process imports torch and diffusers: about 6 s
 def test_a_start_that_fails_after_the_ranks_started_leaves_nothing_behind(flux, tmp_path):
     children = kids()
     with pytest.raises(ValueError, match="lora"):
@@ -77,6 +79,7 @@ def test_what_a_split_on_cuda_does_not_serve_is_one_line(fields, says):
         check_pairs(config, gpus=2)
 
 
+@pytest.mark.slow  # a worker process imports torch and diffusers: about 6 s
 def test_a_stopped_worker_fails_the_model_and_the_python_api_raises_an_exception(flux, monkeypatch):
     """SIGSTOP: the worker is alive but its peers would wait inside a collective until the group's timeout. The
     watcher fails the model once it has been stopped STOPPED_S; generate then raises EngineDeadError (an
