@@ -16,7 +16,7 @@ from typing import Any
 from ..request.types import Request
 from .ranks import Ranks
 
-_OWN = frozenset({"local", "ranks", "_live", "_sent"})
+_OWN = frozenset({"local", "ranks", "_live", "_info", "_sent"})
 
 
 def with_sequence_degree(info, n: int):
@@ -37,6 +37,7 @@ class ParallelExecutor:
         object.__setattr__(self, "local", local)  # this rank's TorchExecutor, split (local.split)
         object.__setattr__(self, "ranks", ranks)
         object.__setattr__(self, "_live", {})  # request_id -> Request the workers mirror
+        object.__setattr__(self, "_info", (None, None))  # (the local ModelInfo, this executor's of it)
         object.__setattr__(self, "_sent", {})  # add-on kind -> what the workers were last told rank 0 holds
 
     # everything but the stages is the local executor's (model_info, adapters(), controlnets(), lock, pipeline ...)
@@ -51,8 +52,12 @@ class ParallelExecutor:
 
     @property
     def model_info(self):
-        """The local executor's, with the token split requests must divide into (and a default size that does)."""
-        return with_sequence_degree(self.local.model_info, self.ranks.degrees.sequence)
+        """The local executor's, with the token split requests must divide into (and a default size that does);
+        made again only when the local one changes (it is read for every request)."""
+        local = self.local.model_info
+        if self._info[0] is not local:
+            self._info = (local, with_sequence_degree(local, self.ranks.degrees.sequence))
+        return self._info[1]
 
     @model_info.setter
     def model_info(self, info) -> None:

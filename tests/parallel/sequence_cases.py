@@ -30,6 +30,22 @@ def with_strategy(engine, strategy: str, **options) -> Engine:
     return Engine(engine.executor, strategy=strategy, **{**OPTIONS, **options})
 
 
+def one_process_with_lora(folder, controlnets, split, lora_dir, name: str, seed: int) -> Engine:
+    """The same model on one process with the same add-ons: its ControlNets, and a random LoRA `name` loaded into it
+    and into the split engine (on rank 0; the workers load it by file)."""
+    from extras import require
+
+    from stepserve.tiny.lora import build_tiny_lora
+
+    require("peft", "lora")
+    lora = build_tiny_lora(folder, lora_dir / f"{name}.safetensors", seed=seed, rank=4, std=0.3)
+    engine = Engine.from_pretrained(str(folder), strategy="continuous", memory_cap=False,
+                                    controlnet_dir=str(controlnets), max_batch_size=8)
+    engine.executor.adapters().load(name, lora)
+    split.executor.adapters().load(name, lora)
+    return engine
+
+
 def pixels(image) -> np.ndarray:
     return np.asarray(image.convert("RGB"), dtype=np.int16)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import psutil
 import pytest
 import torch.distributed as dist
-from rank_servers import kids
+from rank_servers import HANG_S, kids
 
 from stepserve import Engine, SamplingParams
 from stepserve.parallel.degrees import Degrees
@@ -100,7 +100,7 @@ def test_a_stopped_worker_fails_the_model_and_the_python_api_raises_an_exception
     folder = engine.executor.ranks._folder  # the rendezvous file's, removed on close
     try:
         os.kill(worker.pid, signal.SIGSTOP)
-        assert failed.wait(60), "the watcher never failed the model"
+        assert failed.wait(HANG_S), "the watcher never failed the model"
         assert "has been stopped" in engine.executor.failure
         with pytest.raises(EngineDeadError, match="ranks failed"):
             engine.generate([SamplingParams(prompt="a boat", width=32, height=32, num_inference_steps=2, seed=1)])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from control_reference import build_controlnets
 from edit_images import start_image
-from sequence_cases import assert_each_equals_one_process, split_engine, with_strategy
+from sequence_cases import assert_each_equals_one_process, one_process_with_lora, split_engine, with_strategy
 from served_equal import assert_served_equal
 
 from stepserve import Engine, SamplingParams
@@ -68,18 +68,7 @@ def test_mixed_requests_equal_diffusers_pipeline(split, references, strategy):
 @pytest.fixture(scope="module")
 def one_process(flux, split, tmp_path_factory):
     """The same model on one process, with the same add-ons (a LoRA loaded into it and into the split engine)."""
-    from stepserve.tiny.lora import build_tiny_lora
-
-    from extras import require
-
-    require("peft", "lora")
-    lora = build_tiny_lora(flux[0], tmp_path_factory.mktemp("flux_sequence_lora") / "x.safetensors", seed=5,
-                           rank=4, std=0.3)
-    engine = Engine.from_pretrained(str(flux[0]), strategy="continuous", memory_cap=False,
-                                    controlnet_dir=str(flux[1]), max_batch_size=8)
-    engine.executor.adapters().load("x", lora)
-    split.executor.adapters().load("x", lora)  # on rank 0; the workers load it by file
-    return engine
+    return one_process_with_lora(flux[0], flux[1], split, tmp_path_factory.mktemp("flux_sequence_lora"), "x", 5)
 
 
 def feature_rows():

@@ -9,10 +9,10 @@ import pytest
 import torch
 from control_reference import build_controlnets
 from edit_images import start_image
-from sequence_cases import assert_each_equals_one_process, split_engine, with_strategy
+from sequence_cases import assert_each_equals_one_process, one_process_with_lora, split_engine, with_strategy
 from served_equal import assert_served_equal
 
-from stepserve import Engine, SamplingParams
+from stepserve import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("batching_pays")]  # two ranks start: seconds
 
@@ -68,19 +68,8 @@ def test_mixed_requests_equal_diffusers_pipeline(split, references, strategy):
 
 @pytest.fixture(scope="module")
 def one_process(qwen, split, tmp_path_factory):
-    """The same model on one process with the same add-ons (a LoRA loaded into it and into the split engine)."""
-    from stepserve.tiny.lora import build_tiny_lora
-
-    from extras import require
-
-    require("peft", "lora")
-    lora = build_tiny_lora(qwen[0], tmp_path_factory.mktemp("qwen_sequence_lora") / "p.safetensors", seed=1,
-                           rank=4, std=0.3)
-    engine = Engine.from_pretrained(str(qwen[0]), strategy="continuous", memory_cap=False,
-                                    controlnet_dir=str(qwen[1]), max_batch_size=8)
-    engine.executor.adapters().load("p", lora)
-    split.executor.adapters().load("p", lora)  # on rank 0; the workers load it by file
-    return engine
+    """The same model on one process, with the same add-ons (a LoRA loaded into it and into the split engine)."""
+    return one_process_with_lora(qwen[0], qwen[1], split, tmp_path_factory.mktemp("qwen_sequence_lora"), "p", 1)
 
 
 def feature_rows():
