@@ -93,10 +93,12 @@ def bucket_list(text: str) -> tuple[int, ...]:
 
 
 def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, where: str = "",
-                    model_in=None) -> None:
+                    model_in=None, repeatable: bool = False) -> None:
     """What to load and where it runs. `where` is appended to the help of the runtime flags (e.g. ' (in-process
-    only)'); `model_in`: the group --model goes in (a mutually exclusive one), default the parser."""
-    (model_in or p).add_argument("--model", default="embedded",
+    only)'); `model_in`: the group --model goes in (a mutually exclusive one), default the parser. `repeatable`:
+    --model may be given more than once (a list, None when not given: serve's several models)."""
+    (model_in or p).add_argument("--model", default=None if repeatable else "embedded",
+                                 action="append" if repeatable else "store",
                                  help=model_help or "'embedded' or a local diffusers folder (model_index.json)")
     p.add_argument("--config", metavar="DIR", default=None,
                    help="with --model FILE.safetensors (a whole SD 1/2 or SDXL checkpoint): a diffusers folder of the "

@@ -23,6 +23,7 @@ from ..engine.config import EngineOptions
 from ..server.startup import (ServeSettings, StartupError, job_options, open_state, ready_line, say, start_engine,
                               state_line)
 from .replica_flags import add_replica_flags, replica_mode
+from .models_flags import add_models_flags, several
 from .state_flags import add_state_flags, state_settings
 from .network_flags import add_network_flags, network_settings
 from .flags import (OneLineParser, model_of, add_cache_flag, add_controlnet_flag, add_fast_path_flags, add_lora_flag,
@@ -65,7 +66,11 @@ def default_max_queue(max_batch_size: int, max_n: int) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="stepserve serve", description="Serve the OpenAI-compatible images API over HTTP.")
-    add_model_flags(p)
+    add_model_flags(p, repeatable=True, model_help=(
+        "[NAME=]PATH: 'embedded', a local diffusers folder (model_index.json) or a single-file checkpoint; "
+        "repeatable: several models on one device, each request picking one by its \"model\" (NAME: how requests "
+        "name it, default the folder's name; docs/MODELS.md, \"Several models\")"))
+    add_models_flags(p)
     p.add_argument("--strategy", default=DEFAULT_STRATEGY, choices=STRATEGIES,
                    help=f"batching strategy (default {DEFAULT_STRATEGY}: deadline- and cost-aware, see the README)")
     p.add_argument("--max-batch-size", type=int_from(1), default=8, help="most requests in one denoising step")
@@ -123,8 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def one_model(args: argparse.Namespace) -> None:
+    """A server of one model: --model as the one path given (none: the embedded model)."""
+    if args.model is None or isinstance(args.model, list):
+        args.model = (args.model or ["embedded"])[0]
+
+
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
     """What the serve flags ask for, as plain data: the same for one process and for every Ray Serve replica."""
+    one_model(args)
     from ..server.schemas import ServerLimits
 
     max_queue = (default_max_queue(args.max_batch_size, args.max_n) if args.max_queue == AUTO
@@ -189,6 +201,7 @@ def check_model(args: argparse.Namespace) -> None:
     """--model (and --config) name something loadable: one line before anything loads."""
     from ..engine.loading import check_model_argument
 
+    one_model(args)
     try:
         check_checkpoint_flags(args)
         check_model_argument(model_of(args))
@@ -221,6 +234,11 @@ def claim_port(host: str, port: int) -> socket.socket:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if several(args):
+        from .serve_models import serve_models
+
+        return serve_models(args, serve_settings, check_model, claim_port, log_to_stderr)
+    one_model(args)
     sock = store = results = None
     try:
         if replica_mode(args):

@@ -64,8 +64,11 @@ def _adapter_errors() -> Iterator[None]:
 
 class AsyncEngine(EngineThread):
     def __init__(self, executor: Executor, join_timeout_s: float = 10.0, options: EngineOptions | None = None,
-                 **overrides: Any) -> None:
+                 device: Any = None, device_name: str = "", **overrides: Any) -> None:
+        """`device`: an engine/device.py SharedDevice when this model shares its device with others (a server of
+        several models): each step then waits for this model's turn, as `device_name`."""
         self.executor = executor
+        self.device, self.device_name = device, device_name
         if options is None:
             overrides.setdefault("answer_margin_s", DEFAULT_ANSWER_MARGIN_S)
         self.options = options_from(options, overrides)

@@ -45,7 +45,7 @@ class EngineThread:
             if not core.has_work():
                 self._sleep(0.5)
                 continue
-            report = core.step(self.clock.now())
+            report = self._step()
             if self.failure is not None:  # the executor failed during the step: its pending were answered
                 return
             self.running_count = len(core.running) + len(core.to_decode)
@@ -53,6 +53,16 @@ class EngineThread:
             self._notify(report)
             if report.batch_size == 0 and not report.finished and not report.admitted:
                 self._sleep(0.5 if report.wake_at is None else max(0.0, report.wake_at - self.clock.now()))
+
+    def _step(self) -> StepReport:
+        """One step of the core; on a device shared with other models (engine/device.py), inside this model's turn
+        (bidding its most urgent deadline), with the model moved onto the device first."""
+        if self.device is None:
+            return self.core.step(self.clock.now())
+        with self.device.turn(self.device_name, self.core.earliest_deadline()) as took:
+            report = self.core.step(self.clock.now())
+            took(report.duration_s)
+        return report
 
     def _sleep(self, timeout: float) -> None:
         self._wake.wait(timeout)

@@ -51,6 +51,10 @@ class PromptCache:
             self._items.popitem(last=False)
         return value
 
+    def clear(self) -> None:
+        """Forget every entry (their tensors live on the device the model is leaving)."""
+        self._items.clear()
+
     def encode(self, prompts: list[str], encode_missing) -> list[Any]:
         """Values for `prompts`, calling `encode_missing(list of distinct uncached prompts) -> list` once."""
         out: dict[str, Any] = {}

@@ -42,13 +42,18 @@ async def drain(app, server, grace_s: float) -> None:
     """Refuse new work, wait for the work in flight (at most grace_s), abort the rest, then let uvicorn exit."""
     from .app import is_idle, start_drain
 
-    start_drain(app)
+    if hasattr(app, "start_drain"):  # a server of several models (dispatch.py): no model loads any more
+        app.start_drain()
+    apps = app.apps() if hasattr(app, "apps") else [app]  # each model's app, or the one
+    for one in apps:
+        start_drain(one)
     deadline = time.monotonic() + grace_s
-    while not is_idle(app) and time.monotonic() < deadline:
+    while not all(is_idle(one) for one in apps) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    if not is_idle(app):
-        await app.state.server.engine.shutdown(0.0)  # the requests left get 503
-        settle = time.monotonic() + 2.0
-        while app.state.server.inflight and time.monotonic() < settle:
-            await asyncio.sleep(0.02)
+    for one in apps:
+        if not is_idle(one):
+            await one.state.server.engine.shutdown(0.0)  # the requests left get 503
+    settle = time.monotonic() + 2.0
+    while any(one.state.server.inflight for one in apps) and time.monotonic() < settle:
+        await asyncio.sleep(0.02)
     server.should_exit = True

@@ -33,6 +33,7 @@ class ServerLimits:
     max_image_jobs: int = 256  # async image jobs (Prefer: respond-async) queued or running at once; beyond, 429
     max_running_jobs: int | None = None  # jobs one process runs at once; None: the engine's max_batch_size
     served_model_names: tuple[str, ...] = ()  # aliases a request's "model" may name besides the model's own name
+    other_models: tuple[str, ...] = ()  # a server of several models: the others' names (listed in a 404)
 
 
 class ImageGenerationRequest(BaseModel):
@@ -132,7 +133,8 @@ def check_model(name: str | None, model: str, limits: ServerLimits) -> None:
         return
     names = served_names(model, limits)
     if name not in names:
-        raise APIError(404, f"model: {name[:100]!r} is not served here; served: {', '.join(names)} (GET /v1/models)",
+        listed = ", ".join((*names, *limits.other_models))
+        raise APIError(404, f"model: {name[:100]!r} is not served here; served: {listed} (GET /v1/models)",
                        code="model_not_found", param="model")
 
 

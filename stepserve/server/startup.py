@@ -165,8 +165,9 @@ def say(line: str) -> None:
     print(f"stepserve serve: {line}", file=sys.stderr, flush=True)
 
 
-def start_engine(config: EngineConfig):
-    """An AsyncEngine (not yet started) over what `config` names. Raises StartupError with a one-line message."""
+def start_engine(config: EngineConfig, **engine_args):
+    """An AsyncEngine (not yet started) over what `config` names (`engine_args`: AsyncEngine's, e.g. the shared
+    device of a server of several models). Raises StartupError with a one-line message."""
     from ..engine.async_engine import AsyncEngine
     from ..engine.loading import check_model_argument
 
@@ -180,7 +181,7 @@ def start_engine(config: EngineConfig):
         built = build_engine(config, say)
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot load model {config.model!r}: {exc}") from None
-    engine = AsyncEngine(built.executor, options=built.options)
+    engine = AsyncEngine(built.executor, options=built.options, **engine_args)
     warning = video_warning(engine.model_info)
     if warning:
         say(warning)
