@@ -8,6 +8,8 @@ import copy
 import dataclasses
 import socket
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -16,57 +18,86 @@ from ..server.startup import StartupError, job_options, open_state, ready_line, 
 from .models_flags import model_specs
 
 
-def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr) -> int:
-    """serve's main for several models; the single-model steps it shares come from serve.py."""
-    sock = store = results = None
+@dataclass
+class Front:
+    """What a server of several models runs: the front app, its models, and what they share."""
+
+    dispatch: Any  # server/dispatch.Dispatch
+    models: Any  # server/models.ModelSet
+    settings: Any  # the default model's ServeSettings (the key, the limits, the state: shared by all)
+    store: Any
+    results: Any
+
+    def close(self) -> None:
+        self.store.close()
+        self.results.close()
+
+
+def build_front(args: argparse.Namespace, serve_settings, check_model) -> Front:
+    """The models the flags name, the eager ones loaded, behind their front (not yet serving). `serve_settings`
+    and `check_model`: serve.py's, run for every model. Raises StartupError with a one-line message."""
+    if getattr(args, "replicas", None) is not None or getattr(args, "autoscale", None) is not None:
+        raise StartupError("several models with --replicas or --autoscale: allowed: one model per replica "
+                           "(route by model in front of the replicas)")
+
+    def config_of(own: argparse.Namespace):
+        check_model(own)
+        return serve_settings(own).engine
+
+    specs, default = model_specs(args, config_of)
+    specs = [dataclasses.replace(s, aliases=(*s.aliases, *(args.served_model_name or ()))) if s.name == default
+             else s for s in specs]  # --served-model-name: more names of the default model
+    first = copy.copy(args)
+    first.model = next(s.config.model for s in specs if s.name == default)
+    settings = serve_settings(first)
+    store, results = open_state(settings)
     try:
-        if getattr(args, "replicas", None) is not None or getattr(args, "autoscale", None) is not None:
-            raise StartupError("several models with --replicas or --autoscale: allowed: one model per replica "
-                               "(route by model in front of the replicas)")
-
-        def config_of(own: argparse.Namespace):
-            check_model(own)
-            return serve_settings(own).engine
-
-        specs, default = model_specs(args, config_of)
-        specs = [dataclasses.replace(s, aliases=(*s.aliases, *(args.served_model_name or ()))) if s.name == default
-                 else s for s in specs]  # --served-model-name: more names of the default model
-        first = copy.copy(args)
-        first.model = next(s.config.model for s in specs if s.name == default)
-        sock = claim_port(args.host, args.port)
-        settings = serve_settings(first)
-        store, results = open_state(settings)
         models = _model_set(specs, default, settings, store, results, args)
         for entry in models.entries.values():
             if entry.spec.eager:
                 say(f"loading model {entry.name} from {entry.spec.config.model} ...")
                 models.load_now(entry)
+    except BaseException:
+        store.close()
+        results.close()
+        raise
+    from ..server.dispatch import Dispatch
+
+    return Front(Dispatch(models, settings.api_key, settings.limits.default_timeout_s), models, settings, store,
+                 results)
+
+
+def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr) -> int:
+    """serve's main for several models; the single-model steps it shares come from serve.py."""
+    sock = None
+    try:
+        sock = claim_port(args.host, args.port)
+        front = build_front(args, serve_settings, check_model)
     except StartupError as exc:
-        for opened in (sock, store, results):
-            if opened is not None:
-                opened.close()
+        if sock is not None:
+            sock.close()
         print(f"stepserve serve: error: {exc}", file=sys.stderr)
         return 2
-    from ..server.dispatch import Dispatch
     from ..server.draining import DrainingServer
     from ..server.hosts import HostCheck, ServedHosts
 
-    front = Dispatch(models, settings.api_key, settings.limits.default_timeout_s)
-    app = front if settings.api_key else HostCheck(front, ServedHosts.of(settings.host, settings.allowed_hosts))
+    settings, models = front.settings, front.models
+    app = front.dispatch if settings.api_key else HostCheck(front.dispatch, ServedHosts.of(settings.host,
+                                                                                          settings.allowed_hosts))
     log_to_stderr(args.log_level)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
     lazy = [e.name for e in models.entries.values() if not e.spec.eager]
-    details = (f"{len(specs)} models: {', '.join(models.entries)} (default {default}"
+    details = (f"{len(models.entries)} models: {', '.join(models.entries)} (default {models.default}"
                f"{'; loaded on first use: ' + ', '.join(lazy) if lazy else ''})")
-    say(state_line(settings, results.root, service="one per model"))
-    print(f"stepserve serve: {ready_line(default, args.host, args.port, details)}", file=sys.stderr, flush=True)
+    say(state_line(settings, front.results.root, service="one per model"))
+    print(f"stepserve serve: {ready_line(models.default, args.host, args.port, details)}", file=sys.stderr,
+          flush=True)
     try:
-        DrainingServer(config, front, args.shutdown_grace_s).run(sockets=[sock])
+        DrainingServer(config, front.dispatch, args.shutdown_grace_s).run(sockets=[sock])
     finally:
         sock.close()
-        store.close()
-        results.close()
+        front.close()
     return 0
 
 

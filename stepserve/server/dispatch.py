@@ -15,6 +15,7 @@ last load took (models.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -153,6 +154,7 @@ class Dispatch:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self.models.loop = asyncio.get_running_loop()  # models sent to disk are dropped on it
                 try:
                     for entry in self.models.entries.values():
                         if entry.app is not None and entry.stack is None:

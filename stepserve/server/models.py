@@ -98,7 +98,7 @@ class ModelSet:
         self.default = default
         self.device = device
         self.make_app = make_app  # (spec, engine) -> the model's app (create_app with the server's settings)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         device.to_disk = self._to_disk
 
     def served(self) -> list[str]:
@@ -152,7 +152,7 @@ class ModelSet:
 
     async def ensure(self, entry: ModelEntry) -> float:
         """The model loaded and running (loading it if it is on disk); returns the seconds waited for it."""
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         if entry.stack is not None:
             return 0.0
         started = time.monotonic()
@@ -189,9 +189,14 @@ class ModelSet:
     # --- back to disk ------------------------------------------------------------------------------------------
     def _to_disk(self, name: str) -> None:
         """From the device (any thread): host memory is over budget and `name` is its idle least recently used."""
-        loop = self._loop
+        entry = self.entries[name]
+        if entry.stack is None and entry.loading is None:  # loaded at start-up, not serving yet: let it go now
+            entry.app = entry.engine = None
+            self.device.remove(name)
+            return
+        loop = self.loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.drop(self.entries[name])))
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.drop(entry)))
 
     async def drop(self, entry: ModelEntry) -> None:
         """Stop an idle model's app and let its weights go; a request that came meanwhile keeps it (in host
