@@ -151,9 +151,34 @@ def _read_toml(path: str) -> tuple[list[tuple[str, dict, bool]], str | None]:
     return out, default
 
 
-def model_specs(args: argparse.Namespace, config_of) -> tuple[list[ModelSpec], str]:
+def _checked(parser: argparse.ArgumentParser, model: str, key: str, dest: str, value):
+    """A TOML setting as its flag would take it: its type's conversion and its choices, or one line."""
+    action = next((a for a in parser._actions if a.dest == dest), None)
+    where = f"model {model}: {key.replace('_', '-')}"
+    if action is None or dest == "model":
+        if not isinstance(value, str):
+            raise StartupError(f"{where} must be a string")
+        return value
+    if action.nargs == 0:  # a switch (--quantize-text)
+        if not isinstance(value, bool):
+            raise StartupError(f"{where} must be true or false")
+        return value
+    if isinstance(value, (dict, list)) or value is None:
+        raise StartupError(f"{where} must be a single value, got {value!r}")
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    try:
+        converted = action.type(text) if action.type is not None else text
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+        raise StartupError(f"{where}: {exc}") from None
+    if action.choices is not None and converted not in action.choices:
+        raise StartupError(f"{where}: {converted!r} is not allowed; allowed: {', '.join(map(str, action.choices))}")
+    return converted
+
+
+def model_specs(args: argparse.Namespace, config_of, parser: argparse.ArgumentParser) -> tuple[list[ModelSpec], str]:
     """The ModelSpecs the flags give, and the default model's name. `config_of(args)`: the EngineConfig of one
-    model's flags (serve's own, so every check a single model gets runs for each)."""
+    model's flags (serve's own, so every check a single model gets runs for each); `parser`: serve's, whose flags
+    check each TOML setting as they check the command line."""
     entries, toml_default = model_entries(args)
     if not entries:
         raise StartupError("no model to serve: give --model, --models or --models-dir")
@@ -166,7 +191,7 @@ def model_specs(args: argparse.Namespace, config_of) -> tuple[list[ModelSpec], s
         own = copy.copy(args)
         for key, value in settings.items():
             if key in PER_MODEL:
-                setattr(own, PER_MODEL[key], value)
+                setattr(own, PER_MODEL[key], _checked(parser, name, key, PER_MODEL[key], value))
         weight = settings.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (weight > 0 and
                                                                                      math.isfinite(weight)):
@@ -179,4 +204,7 @@ def model_specs(args: argparse.Namespace, config_of) -> tuple[list[ModelSpec], s
             raise StartupError(f"model {name}: {exc}") from None
         specs.append(ModelSpec(name, config, aliases, float(weight), eager))
     default = args.default_model or toml_default or specs[0].name
+    if default not in [s.name for s in specs]:
+        raise StartupError(f"--default-model {default!r} is not one of the models served: "
+                           f"{', '.join(s.name for s in specs)}")
     return specs, default

@@ -233,11 +233,12 @@ def claim_port(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if several(args):
         from .serve_models import serve_models
 
-        return serve_models(args, serve_settings, check_model, claim_port, log_to_stderr)
+        return serve_models(args, serve_settings, check_model, claim_port, log_to_stderr, parser)
     one_model(args)
     sock = store = results = None
     try:

@@ -33,9 +33,9 @@ class Front:
         self.results.close()
 
 
-def build_front(args: argparse.Namespace, serve_settings, check_model) -> Front:
-    """The models the flags name, the eager ones loaded, behind their front (not yet serving). `serve_settings`
-    and `check_model`: serve.py's, run for every model. Raises StartupError with a one-line message."""
+def build_front(args: argparse.Namespace, serve_settings, check_model, parser) -> Front:
+    """The models the flags name, the eager ones loaded, behind their front (not yet serving). `serve_settings`,
+    `check_model` and `parser`: serve.py's, run for every model. Raises StartupError with a one-line message."""
     if getattr(args, "replicas", None) is not None or getattr(args, "autoscale", None) is not None:
         raise StartupError("several models with --replicas or --autoscale: allowed: one model per replica "
                            "(route by model in front of the replicas)")
@@ -44,7 +44,7 @@ def build_front(args: argparse.Namespace, serve_settings, check_model) -> Front:
         check_model(own)
         return serve_settings(own).engine
 
-    specs, default = model_specs(args, config_of)
+    specs, default = model_specs(args, config_of, parser)
     specs = [dataclasses.replace(s, aliases=(*s.aliases, *(args.served_model_name or ()))) if s.name == default
              else s for s in specs]  # --served-model-name: more names of the default model
     first = copy.copy(args)
@@ -67,12 +67,12 @@ def build_front(args: argparse.Namespace, serve_settings, check_model) -> Front:
                  results)
 
 
-def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr) -> int:
+def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr, parser) -> int:
     """serve's main for several models; the single-model steps it shares come from serve.py."""
     sock = None
     try:
         sock = claim_port(args.host, args.port)
-        front = build_front(args, serve_settings, check_model)
+        front = build_front(args, serve_settings, check_model, parser)
     except StartupError as exc:
         if sock is not None:
             sock.close()

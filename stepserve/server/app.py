@@ -203,7 +203,12 @@ _BODY_SCHEMA = {"requestBody": {"required": True, "content": {JSON: {"schema": {
 
 
 def _model_card(state: ServerState, name: str) -> dict:
-    return {"id": name, "object": "model", "created": state.started_at, "owned_by": "stepserve"}
+    """OpenAI's model object, then what a server of several models shows too (models.py): family, place, serves."""
+    from .models import serves
+
+    info = state.engine.model_info
+    return {"id": name, "object": "model", "created": state.started_at, "owned_by": "stepserve",
+            "family": info.family, "place": "device", "serves": serves(info)}
 
 
 def _v1_routes(state: ServerState) -> APIRouter:

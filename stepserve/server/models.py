@@ -227,10 +227,13 @@ class ModelSet:
         card["memory"] = where
         card["loads"] = entry.loads
         if entry.engine is not None:
-            info = entry.engine.model_info
-            card["family"] = info.family
-            card["serves"] = {"images": not info.video, "edits": bool(info.img2img or info.inpaint),
-                              "videos": bool(info.video), "loras": sorted(info.lora_names),
-                              "controlnets": sorted(info.control_names),
-                              "ip_adapters": sorted(info.ip_adapter_names)}
+            card["family"] = entry.engine.model_info.family
+            card["serves"] = serves(entry.engine.model_info)
         return card
+
+
+def serves(info) -> dict:
+    """What a loaded model serves, as GET /v1/models shows it: images, edits, videos, and its add-ons by name."""
+    return {"images": True, "edits": bool(info.img2img or info.inpaint), "videos": bool(info.video),
+            "loras": sorted(info.lora_names), "controlnets": sorted(info.control_names),
+            "ip_adapters": sorted(info.ip_adapter_names)}

@@ -22,7 +22,7 @@ def front_of(*flags: str):
     from server_helpers import ServerThread
 
     args = build_parser().parse_args(["--no-memory-cap", "--state", "memory", *flags])
-    front = build_front(args, serve_settings, check_model)
+    front = build_front(args, serve_settings, check_model, build_parser())
     try:
         with ServerThread(front.dispatch) as server:
             yield server, front
