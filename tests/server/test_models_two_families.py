@@ -114,3 +114,22 @@ def test_one_server_of_two_models_keeps_their_jobs_apart(tiny_sd_path, tiny_flux
         assert diff.max() <= 1, (model, diff.max())
     services = {e.name: e.app.state.server.jobs.service for e in front.models.entries.values() if e.app}
     assert services["sd"] != services["flux"]
+
+
+def test_an_edit_goes_to_the_model_its_form_names(tiny_sd_path, tiny_flux_path):
+    import io
+
+    from edit_images import start_image
+
+    picture = io.BytesIO()
+    start_image(1, size=32).save(picture, format="PNG")
+    files = {"image": ("a.png", picture.getvalue(), "image/png")}
+    with front_of("--model", f"sd={tiny_sd_path}", "--model", f"flux={tiny_flux_path}") as (server, front):
+        with httpx.Client(base_url=server.url, timeout=300) as client:
+            edit = client.post("/v1/images/edits", files=files, data={"model": "flux", "prompt": "a fox",
+                                                                      "size": "32x32", "num_inference_steps": "2"})
+            unknown = client.post("/v1/images/edits", files=files, data={"model": "nope", "prompt": "a fox"})
+        steps = {name: front.models.device.models[name].steps for name in ("sd", "flux")}
+    assert edit.status_code == 200, edit.text
+    assert steps["flux"] > 0 and steps["sd"] == 0
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
