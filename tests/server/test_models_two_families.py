@@ -43,7 +43,7 @@ def references(tiny_sd_path, tiny_flux_path):
     return [reference_image(family, paths[family], p) for family, p in CASES]
 
 
-@pytest.mark.parametrize("strategy", ["continuous", pytest.param("slo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy", ["continuous", "slo"])
 def test_two_families_served_together_equal_diffusers(tiny_sd_path, tiny_flux_path, references, strategy):
     with front_of("--model", f"sd={tiny_sd_path}", "--model", f"flux={tiny_flux_path}", "--strategy", strategy,
                   "--max-batch-size", "4") as (server, front):
@@ -69,7 +69,7 @@ def test_two_families_served_together_equal_diffusers(tiny_sd_path, tiny_flux_pa
 
 def test_a_model_is_named_by_its_aliases_and_the_default_takes_requests_without_one(tiny_sd_path, tiny_flux_path):
     with front_of("--model", f"sd={tiny_sd_path}", "--model", f"flux={tiny_flux_path}", "--default-model", "flux",
-                  "--served-model-name", "dall-e-3") as (server, front):
+                  "--served-model-name", "dall-e-3", "--strategy", "continuous") as (server, front):
         with httpx.Client(base_url=server.url, timeout=300) as client:
             plain = client.post("/v1/images/generations", json={"prompt": "x", "num_inference_steps": 2})
             alias = client.post("/v1/images/generations", json={"prompt": "x", "model": "dall-e-3",
@@ -87,7 +87,8 @@ def test_one_server_of_two_models_keeps_their_jobs_apart(tiny_sd_path, tiny_flux
     deletion see its own jobs only (jobs belong to a model: the hardening round's scoping, per model)."""
     import time
 
-    with front_of("--model", f"sd={tiny_sd_path}", "--model", f"flux={tiny_flux_path}") as (server, front):
+    with front_of("--model", f"sd={tiny_sd_path}", "--model", f"flux={tiny_flux_path}",
+                  "--strategy", "continuous") as (server, front):
         with httpx.Client(base_url=server.url, timeout=300, headers={"Prefer": "respond-async"}) as client:
             ids = {}
             for (model, p) in (CASES[0], CASES[3]):
@@ -124,7 +125,8 @@ def test_an_edit_goes_to_the_model_its_form_names(tiny_sd_path, tiny_flux_path):
     picture = io.BytesIO()
     start_image(1, size=32).save(picture, format="PNG")
     files = {"image": ("a.png", picture.getvalue(), "image/png")}
-    with front_of("--model", f"sd={tiny_sd_path}", "--model", f"flux={tiny_flux_path}") as (server, front):
+    with front_of("--model", f"sd={tiny_sd_path}", "--model", f"flux={tiny_flux_path}",
+                  "--strategy", "continuous") as (server, front):
         with httpx.Client(base_url=server.url, timeout=300) as client:
             edit = client.post("/v1/images/edits", files=files, data={"model": "flux", "prompt": "a fox",
                                                                       "size": "32x32", "num_inference_steps": "2"})
