@@ -70,6 +70,20 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> bool:
     return predicate()
 
 
+def up_or_gone(url: str, proc):
+    """A wait_until predicate: the server process answers /health with 200, or it has exited (the caller then
+    reads why from its stderr)."""
+    import httpx
+
+    def check() -> bool:
+        try:
+            return httpx.get(url + "/health", timeout=30).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None
+
+    return check
+
+
 def free_port() -> str:
     """A free loopback port, as a flag value: `serve` binds its port before it loads anything, so a test that runs
     its main() never uses the default 8000 (another server on the machine may hold it)."""

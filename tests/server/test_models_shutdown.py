@@ -9,7 +9,7 @@ import threading
 
 import httpx
 import pytest
-from server_helpers import GENERATIONS, free_port, wait_until
+from server_helpers import GENERATIONS, free_port, up_or_gone, wait_until
 
 HANG_S = 240  # bounds a hang only
 
@@ -23,13 +23,7 @@ def test_sigterm_drains_every_model_and_exits_0(tmp_path):
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/health", timeout=30).status_code == 200
-            except httpx.HTTPError:
-                return proc.poll() is not None
-
-        assert wait_until(up, HANG_S, 0.2) and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+        assert wait_until(up_or_gone(url, proc), HANG_S, 0.2) and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
         results: dict[str, httpx.Response] = {}
 
         def send(model: str) -> None:

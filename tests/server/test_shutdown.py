@@ -7,7 +7,7 @@ import subprocess
 import threading
 
 import httpx
-from server_helpers import GENERATIONS, assert_error_shape, decode_png, wait_until
+from server_helpers import GENERATIONS, assert_error_shape, decode_png, up_or_gone, wait_until
 
 from stepserve.commands.serve import main
 
@@ -36,16 +36,10 @@ def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(early_cli_server):
     refused, whatever the machine's speed. Every wait is on the server's own report; its bound only stops a hang."""
     proc, url = early_cli_server.proc, early_cli_server.url
     try:
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/health", timeout=30).status_code == 200
-            except httpx.HTTPError:
-                return proc.poll() is not None
-
         def health() -> httpx.Response:
             return httpx.get(url + "/health", timeout=30)
 
-        assert wait_until(up, HANG_S, 0.2) and proc.poll() is None, \
+        assert wait_until(up_or_gone(url, proc), HANG_S, 0.2) and proc.poll() is None, \
             f"waited for the server to answer /health: {proc.stderr.read() if proc.poll() is not None else ''}"
         results: list[httpx.Response] = []
         body = {"prompt": "in flight", "num_inference_steps": 40, "guidance_scale": 1.0, "seed": 3}
