@@ -44,6 +44,8 @@ class Resident:
     moves: dict[str, int] = field(default_factory=dict)  # place -> moves there
     move_s: dict[str, float] = field(default_factory=dict)  # place -> seconds those moves took
     load_s: float | None = None  # the last load from disk (seconds), for the estimate of the next
+    wait_s: float = 0.0  # time its steps waited for the device (bid to turn)
+    wait_s_max: float = 0.0  # the longest of those waits
 
 
 class SharedDevice:
@@ -71,7 +73,7 @@ class SharedDevice:
         """Hold the device for one step of `model` (blocks until the policy picks it), with the model on the device.
         Yields took(seconds): report the step's duration (the executor's, not a clock's)."""
         with self._cond:
-            self._bids[model] = EngineBid(model, self.clock.now(), deadline, self._work_s(model))
+            bid = self._bids[model] = EngineBid(model, self.clock.now(), deadline, self._work_s(model))
             if self.holder is None:
                 self._grant()
             while self.holder != model and not self._closed:
@@ -79,8 +81,12 @@ class SharedDevice:
             self._bids.pop(model, None)
             if self._closed and self.holder != model:
                 raise RuntimeError("the shared device was closed")
+            started = self.clock.now()
+            r = self.models.get(model)
+            if r is not None:
+                r.wait_s += started - bid.waiting_since
+                r.wait_s_max = max(r.wait_s_max, started - bid.waiting_since)
         took = [0.0]
-        started = self.clock.now()
         try:
             self._to_device(model)
             yield lambda seconds: took.__setitem__(0, seconds)
@@ -229,5 +235,6 @@ class SharedDevice:
             if r is None:
                 return {"place": DEVICE if name in self.reserved else DISK, "loading": name in self.reserved}
             return {"place": r.place, "bytes": r.nbytes, "steps": r.steps, "device_s": round(r.device_s, 3),
+                    "wait_s": round(r.wait_s, 3), "wait_s_max": round(r.wait_s_max, 3),
                     "moves": dict(r.moves), "move_s": {k: round(v, 3) for k, v in r.move_s.items()},
                     "load_s": None if r.load_s is None else round(r.load_s, 3)}

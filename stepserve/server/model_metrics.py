@@ -53,7 +53,8 @@ def render_all(models) -> bytes:
         lines += [f'stepserve_model_place{{model="{_escape(name)}",place="{p}"}} {int(d["place"] == p)}'
                   for p in PLACES]
     counters = (("stepserve_model_device_seconds", "Device time of each model's steps", "device_s"),
-                ("stepserve_model_steps", "Steps each model ran on the shared device", "steps"))
+                ("stepserve_model_steps", "Steps each model ran on the shared device", "steps"),
+                ("stepserve_model_device_wait_seconds", "Time each model's steps waited for the device", "wait_s"))
     for metric, text, key in counters:
         lines += [f"# HELP {metric} {text}", f"# TYPE {metric} counter"]
         lines += [f'{metric}_total{{model="{_escape(n)}"}} {d.get(key, 0)}' for n, d in described.items()]
