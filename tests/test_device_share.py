@@ -192,3 +192,27 @@ def test_alone_at_a_share_means_every_stage_takes_one_over_the_share_as_long():
     assert half.step_s(4) == pytest.approx(2 * sd15.step_s(4))
     assert half.encode_s(3) == pytest.approx(2 * sd15.encode_s(3))
     assert half.decode_s(2) == pytest.approx(2 * sd15.decode_s(2))
+
+
+def test_a_router_prices_a_shared_replica_as_the_requests_model_sees_it():
+    from stepserve.sim.fleet import Fleet
+    from stepserve.sim.loop import SimLoop
+
+    busy, idle = Models({"a": engine(0.1), "b": engine(1.0)}), Models({"a": engine(0.1), "b": engine(1.0)})
+    loop = SimLoop([busy, idle], Fleet(make_router("least_work")))
+    busy.cores["b"].add_request(SamplingParams(prompt="x", seed=1, num_inference_steps=10), 0.0)
+    for_a, other = loop.fleet.fresh(0, 0.0, "a"), loop.fleet.fresh(1, 0.0, "a")
+    assert for_a.outstanding == 0 and for_a.work_s == pytest.approx(10.0)  # b's 10 steps of 1 s on the device
+    assert for_a.fixed_s == pytest.approx(other.fixed_s + 10.0)  # an "a" request shares the device with them
+    assert loop.fleet.fresh(0, 0.0, "b").outstanding == 1
+
+
+def test_a_central_queue_in_front_of_shared_replicas_keeps_each_requests_model():
+    from stepserve.sim.fleet import Fleet
+
+    replicas = [Models({"a": engine(0.1), "b": engine(0.2)}) for _ in range(2)]
+    arrivals = [ask(0.01 * i, "ab"[i % 3 == 0], steps=3) for i in range(30)]
+    result = run_replicas(replicas, arrivals, Fleet(None, central_hold=1))
+    assert all(o.status == "completed" for o in result.outcomes)
+    for model, sent in (("a", 20), ("b", 10)):
+        assert sum(sum(m.cores[model].executor.forward_batch_sizes) for m in replicas) == 3 * sent

@@ -14,6 +14,10 @@ start, so it cannot change that step); the replica's next turn is when its step 
 reported), and an idle replica wakes at once. At equal times arrivals, deliveries and aborts come before ticks and
 turns, so a request that arrives as a step ends joins the next step.
 
+A replica may hold several models (sim.device.Models): one engine per model, one device. A request goes to the
+engine of the model it names; at the replica's turn the device policy picks which ready engine steps, and the
+turn ends with that step (an engine whose policy chooses to wait does not hold the device: the next one bids).
+
 Time never passes by itself: nothing here reads the wall clock or sleeps, and ties are broken by the order in
 which events were given, so the same inputs give the same run. Cost: two heaps of events (the arrivals, and the
 rest: as few as the replicas), a few dictionary operations per request and one engine step per turn, so a run is
