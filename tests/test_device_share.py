@@ -233,3 +233,11 @@ def test_the_slo_policy_of_a_deadline_model_past_its_share_misses_more_than_alon
     assert plain.attainment_gap > 0.05 and plain.batch_ratio >= 0.9  # the device's split holds; the policy misses
     assert plain.attainment_shared < at_share.attainment_shared < at_share.attainment_alone - 0.05
     assert measure(replace(within, slo_at_share=True)).attainment_shared < measure(within).attainment_shared
+
+
+@pytest.mark.parametrize("strategy", ["continuous", "dynamic", "slo"])
+def test_a_replica_of_one_model_steps_exactly_as_a_lone_engine(strategy):
+    arrivals = [ask(0.07 * i, None, steps=2 + i % 5, timeout_s=2.0 if i % 3 else None) for i in range(80)]
+    lone = simulate(engine(0.05, strategy), arrivals).requests
+    held = simulate(Models({"only": engine(0.05, strategy)}), arrivals).requests
+    assert [(r.status, r.timing.finished) for r in held] == [(r.status, r.timing.finished) for r in lone]
