@@ -43,8 +43,8 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals per row")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-at-share", action="store_true",
-                   help="slo on the shared device: the deadline model's policy predicts its steps at its share of "
-                        "the device (1/share as long), not at the whole device's speed")
+                   help="slo on the shared device: each model's policy plans at its share of the device (predicts "
+                        "its steps 1/share as long, and learns from its steps alike), not at the whole device's speed")
     args = p.parse_args()
     print(f"{'pair':<9} {'strategy':<10} {'dl steps':>8} {'shares':>9} {'load':>5}  {'attain':>6} {'alone':>6} "
           f"{'gap':>6}  {'batch done':>11} {'ratio':>5}  {'device':>9}  {'wait/bound':>10}  verdict", flush=True)

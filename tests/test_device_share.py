@@ -220,19 +220,17 @@ def test_a_central_queue_in_front_of_shared_replicas_keeps_each_requests_model()
         assert sum(sum(m.cores[model].executor.forward_batch_sizes) for m in replicas) == 3 * sent
 
 
-def test_the_slo_policy_of_a_deadline_model_past_its_share_misses_more_than_alone_at_its_share():
-    """The finding docs/BENCHMARKS.md reports (the slo policy plans at the whole device's speed on a shared
-    device), and the `slo_at_share` experiment: predicting at its share closes part of that gap at overload and
-    opens one within the share, where the other model often leaves the device to it."""
+def test_the_slo_policy_planning_at_the_whole_device_misses_and_planning_at_its_share_does_not():
+    """The finding docs/BENCHMARKS.md reports: on a shared device the slo policy plans at the whole device's speed
+    and admits what its share cannot finish; planning (predicting, and learning from its steps) at its share of
+    the device brings it within 5 points of itself alone at its share, the other model keeping its share."""
     sd15 = LatencyModel.load(SD15)
     over = FairnessCase(sd15, sd15, load=1.5, timeout_s=4.0, deadline_steps=20, batch_steps=20, duration_s=120.0,
                         strategy="slo")
-    within = FairnessCase(sd15, sd15, load=1.2, timeout_s=2.0, deadline_steps=8, batch_steps=20, duration_s=120.0,
-                          strategy="slo")
     plain, at_share = measure(over), measure(replace(over, slo_at_share=True))
-    assert plain.attainment_gap > 0.05 and plain.batch_ratio >= 0.9  # the device's split holds; the policy misses
-    assert plain.attainment_shared < at_share.attainment_shared < at_share.attainment_alone - 0.05
-    assert measure(replace(within, slo_at_share=True)).attainment_shared < measure(within).attainment_shared
+    assert plain.attainment_gap > 0.2 and plain.batch_ratio >= 0.9  # the device's split holds; the policy misses
+    assert at_share.passes, at_share
+    assert at_share.attainment_alone == plain.attainment_alone  # the yardstick is the same run
 
 
 @pytest.mark.parametrize("strategy", ["continuous", "dynamic", "slo"])
