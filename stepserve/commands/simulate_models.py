@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-EPILOG = """several models (simulate only; docs/MODELS.md, "Several models"):
+EPILOG = """several models (simulate only; docs/SCALING.md, "Several models on a simulated replica"):
   --latency-model NAME=FILE  repeat to serve several models on every replica, each engine charging its own latency
                         model; the first is the default for requests that name none. A mix's `model` field (or a
                         trace's `model` column) picks each request's model; a name not given here is an error
