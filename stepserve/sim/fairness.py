@@ -14,6 +14,10 @@ passes when, on the same seeded trace,
   can serve, so both are counts of a backlogged model);
 - no step waited for the device longer than the aging bound plus the longest step (sim.device.ModelUse).
 
+With the slo strategy, a policy on the shared device plans at the whole device's speed, as a live engine's does
+today, and misses where its model is sent its share or more; `slo_at_share` makes each model's policy plan at its
+share instead (docs/BENCHMARKS.md, "Several models on one device", has both measured).
+
 Pure simulation: nothing reads the wall clock, and the same case gives the same numbers.
 """
 
@@ -119,6 +123,7 @@ def slowed(latency: LatencyModel, factor: float) -> LatencyModel:
 
 
 def measure(case: FairnessCase) -> Fairness:
+    """The case's trace on the shared device, and each model's half of it alone at its share."""
     arrivals = case.arrivals()
     options = EngineOptions(strategy=case.strategy, max_batch_size=case.max_batch_size)
     latencies = {DEADLINE: case.deadline_latency, BATCH: case.batch_latency}
