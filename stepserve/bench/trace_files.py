@@ -114,5 +114,5 @@ def _row_to_item(row: dict[str, Any], index: int, path: Path) -> TraceItem:
                        cache=_cache_cell(row.get("cache")), loras=_loras_cell(row.get("loras")),
                        edit=_edit_cell(get("edit", str), where), strength=_strength_cell(get("strength", float), where),
                        image=get("image", int), num_frames=get("num_frames", int), control=get("control", str),
-                       ip_adapter=get("ip_adapter", str), ip_image=get("ip_image", int))
+                       ip_adapter=get("ip_adapter", str), ip_image=get("ip_image", int), model=get("model", str))
     return TraceItem(get("offset_s", float), spec)

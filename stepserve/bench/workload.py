@@ -19,6 +19,10 @@ a pooled image (`inpaint`: with a mask; bench/edits.py); such a mix needs `size`
 edge: 3}` gives 30% of the requests the ControlNet `edge` with a pooled image as its map (needs `size` too); IP-Adapters:
 `ip_adapter: {none: 3, face: 1}` gives a quarter of them an image prompt of adapter `face`, its picture a pooled image.
 
+Several models: `model: {sd15: 1, flux: 1}` makes each request name one served model (the request body's `model`;
+on the simulated clock, that model's engine), drawn from the request's own seed, so the trace is otherwise the
+one without it. A trace row's `model` column does the same per row.
+
 A request may carry a deadline (timeout_s, seconds from its arrival at the engine); a benchmark with deadlines
 puts the same one on every request (Trace.with_timeout, user_requests(timeout_s=...)).
 
@@ -67,6 +71,7 @@ class RequestSpec:
     ip_adapter: str | None = None  # an IP-Adapter by name, its picture the pool's image `ip_image`; None: none
     ip_image: int | None = None  # the image prompt's picture: its index in the bench's image pool
     num_frames: int | None = None  # a video model's frames; None: the model's default (an image)
+    model: str | None = None  # the served model it names (the body's "model"); None: the server's default
 
     def to_params(self) -> SamplingParams:
         params = SamplingParams(prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
@@ -102,6 +107,8 @@ class RequestSpec:
                 body[name] = value
         if self.negative_prompt:
             body["negative_prompt"] = self.negative_prompt
+        if self.model is not None:
+            body["model"] = self.model
         if self.control is not None:
             from .edits import control_fields
 
@@ -114,7 +121,7 @@ class RequestSpec:
 
 
 MIX_FIELDS = ("steps", "guidance_scale", "sampler", "size", "prompts", "negative_prompt", "cache", "lora", "edit",
-              "strength", "frames", "control", "ip_adapter")
+              "strength", "frames", "control", "ip_adapter", "model")
 
 
 @dataclass
@@ -140,6 +147,9 @@ class Mix:
     control: Choice = field(default_factory=lambda: Choice([None], [1.0]))
     # one IP-Adapter per request, by name ("none": no image prompt), its picture a pooled image; likewise
     ip_adapter: Choice = field(default_factory=lambda: Choice([None], [1.0]))
+    # the served model each request names (the body's "model"; the simulator routes it to that model's engine),
+    # drawn from the request's own seed; None: the server's default
+    model: Choice = field(default_factory=lambda: Choice([None], [1.0]))
 
     @classmethod
     def from_steps(cls, steps: list[int]) -> "Mix":
@@ -212,6 +222,9 @@ class Mix:
         if self.frames.values != [None]:
             frames = self.frames.draw(random.Random(f"frames-{spec.seed}"))
             spec.num_frames = None if frames is None else int(frames)
+        if self.model.values != [None]:
+            name = self.model.draw(random.Random(f"model-{spec.seed}"))
+            spec.model = None if name is None else str(name)
         return spec
 
     @property

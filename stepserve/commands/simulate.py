@@ -22,6 +22,8 @@ from .bench import config_from_args, write_and_conclude
 from .bench_flags import UsageError, build_parser
 from .simulate_fleet import EPILOG as FLEET_EPILOG
 from .simulate_fleet import FleetUsageError, split_fleet
+from .simulate_models import EPILOG as MODELS_EPILOG
+from .simulate_models import ModelsUsageError, split_models
 
 # bench flags that mean nothing on a simulated clock: kept out of --help (--target and --model are refused, the
 # others accepted and ignored so that a bench command line still runs)
@@ -51,12 +53,13 @@ def _split_noise(argv: list[str]) -> tuple[list[str], float]:
 
 
 def parse(argv: list[str]):
-    """(BenchConfig, noise, fleet settings) from a simulate command line; a bad flag raises UsageError with one
-    line."""
+    """(BenchConfig, noise, fleet settings, several models' flags or None) from a simulate command line; a bad
+    flag raises UsageError with one line."""
     rest, noise = _split_noise(argv)
     try:
         rest, fleet = split_fleet(rest)
-    except FleetUsageError as exc:
+        rest, models = split_models(rest)
+    except (FleetUsageError, ModelsUsageError) as exc:
         raise UsageError(str(exc)) from None
     if any(a == "--model" or a.startswith("--model=") for a in rest):
         raise UsageError("--model: simulate runs no model; give --latency-model FILE (from `stepserve profile`)")
@@ -66,7 +69,7 @@ def parse(argv: list[str]):
         raise UsageError("--target: a server cannot be simulated; give --latency-model FILE instead")
     if cfg.latency_model is None:
         raise UsageError("--latency-model FILE is required (a latency model from `stepserve profile`)")
-    return cfg, noise, fleet
+    return cfg, noise, fleet, models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,15 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         p = build_parser("stepserve simulate", __doc__)
         for flag in ("--latency-model",) + NOT_HONOURED:  # bench's wording (see the epilog), or no effect here
             p._option_string_actions[flag].help = argparse.SUPPRESS
-        p.epilog = EPILOG + "\n" + FLEET_EPILOG
+        p.epilog = EPILOG + "\n" + MODELS_EPILOG + "\n" + FLEET_EPILOG
         p.print_help()
         return 0
     from ..costs.degree import devices_of
-    from ..sim.bench import load_setup, run_simulation
+    from ..sim.bench import load_models, load_setup, run_simulation
 
     try:
-        cfg, noise, fleet = parse(argv)
-        setup = load_setup(cfg.latency_model, noise)
+        cfg, noise, fleet, models = parse(argv)
+        setup = (load_setup(cfg.latency_model, noise) if models is None
+                 else load_models(models.paths, models.weights, noise))
         if fleet.active:
             setup.fleet = fleet
             setup.source += f"; {fleet.describe(devices_of(setup.latency))}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..engine.async_engine import DEFAULT_ANSWER_MARGIN_S
@@ -27,7 +27,9 @@ from ..bench.workload import RequestSpec, Trace, TraceItem, user_requests
 from ..costs import FakeExecutor, LatencyModel, model_for
 from ..engine.core import EngineCore
 from ..engine.config import EngineOptions
+from ..scheduling.device_share import DeviceShare
 from ..util.words import plural
+from .device import Models
 from .drive import Driven, drive_closed, drive_open
 from .fleet_run import FleetSettings, build_fleet, finish_report
 
@@ -40,6 +42,10 @@ class SimSetup:
     noise: float = 0.0  # spread of the charged costs (see stepserve.costs.LatencyCharges); 0: exactly the model
     source: str = ""  # where the latency model came from, for the report
     fleet: FleetSettings | None = None  # every contender a fleet of replicas (sim.fleet_run); None: one engine
+    # several models on every replica (sim.device): name -> the latency model its engine charges (the first: the
+    # default for requests that name none; `latency` is its), and their device share weights; None: one model
+    models: dict[str, LatencyModel] | None = None
+    weights: dict[str, float] = field(default_factory=dict)
 
 
 def load_setup(path: str | Path, noise: float = 0.0) -> SimSetup:
@@ -51,8 +57,21 @@ def make_executor(setup: SimSetup, seed: int) -> FakeExecutor:
     return FakeExecutor.charging(setup.latency, setup.noise, seed)
 
 
-def make_core(setup: SimSetup, contender: Contender, seed: int) -> EngineCore:
-    """A fresh engine as EngineTarget builds one (same options, same answer margin), on the simulated executor."""
+def load_models(paths: dict[str, str | Path], weights: dict[str, float], noise: float = 0.0) -> SimSetup:
+    """Several models on every simulated replica: name -> latency model file (the first: the default model)."""
+    models = {name: LatencyModel.load(path) for name, path in paths.items()}
+    DeviceShare(weights)  # bad weights fail here, before any run
+    first = next(iter(paths))
+    return SimSetup(models[first], noise, "models " + ", ".join(f"{n} (latency model {p})" for n, p in paths.items()),
+                    models=models, weights=dict(weights))
+
+
+def make_core(setup: SimSetup, contender: Contender, seed: int) -> EngineCore | Models:
+    """A fresh engine as EngineTarget builds one (same options, same answer margin), on the simulated executor;
+    with several models, one such engine per model sharing the replica's device (sim.device.Models)."""
+    if setup.models:
+        return Models({name: make_core(replace(setup, latency=latency, models=None), contender, seed)
+                       for name, latency in setup.models.items()}, DeviceShare(setup.weights))
     options = contender.engine_options()
     if contender.strategy == "slo":
         options["latency_model"] = setup.latency

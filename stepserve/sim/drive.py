@@ -73,7 +73,7 @@ def _drive(core, outcomes: list[Outcome], users: list[Iterator[RequestSpec]] | N
         params, adapter = o.spec.to_params(), None
         if fleet is not None and params.loras:
             adapter, params.loras = str(params.loras[0]["name"]), None
-        loop.arrive(o.scheduled_s, params, o.index, adapter)
+        loop.arrive(o.scheduled_s, params, o.index, adapter, o.spec.model)
 
     def ended(key: int, done: float, request: Request | None, error: Exception | None) -> None:
         o = out.pop(key)

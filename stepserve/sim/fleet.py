@@ -14,6 +14,8 @@ engine's own Tally, as a live replica publishes them), where each request goes, 
   the rest wait in arrival order. The yardstick a router can approach: a request waits for the first free
   replica instead of committing to one at arrival.
 - Lost replicas (`fail`) and autoscaling (sim.autoscale) change which replicas can be routed to.
+- Several models per replica (sim.device.Models): a request is placed by what the replica holds for its model
+  (Models.stats: the batch it would join is its model's, the work in hand is every model's on that device).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Fleet:
         self.routable: list[int] = []  # replicas a request may be sent to now, in index order
         self.adapters: list[OrderedDict[str, float]] = []  # per replica: adapter -> when it is (was) loaded
         self.adapter_loads = 0  # loads paid, all replicas together
-        self.central: deque[tuple[int, SamplingParams, str | None, float]] = deque()  # (key, ..., arrived at)
+        self.central: deque[tuple] = deque()  # (key, params, adapter, model, arrived at)
         self.until = 0.0  # ticks go on until this time (the last arrival), then while requests are out
         self.sent = Sent()
         self._cache: list[tuple | None] = []  # per replica: (its tally, the tally's version, fresh stats)
@@ -99,9 +101,13 @@ class Fleet:
         self.loop.fail(r, t)
 
     # --- stats -------------------------------------------------------------------------------------------------
-    def fresh(self, r: int, t: float) -> ReplicaStats:
-        """Replica r's stats now, from its engine (cached until its tally changes)."""
+    def fresh(self, r: int, t: float, model: str | None = None) -> ReplicaStats:
+        """Replica r's stats now, from its engine (cached until its tally changes); on a replica of several
+        models, as a request for `model` sees them (not cached)."""
         outstanding = self.loop.outstanding[r]
+        models = self.loop.reps[r].models
+        if models is not None:
+            return models.stats(t, model, frozenset(self.adapters[r]))
         cached = self._cache[r]
         if cached is not None and cached[1] == cached[0].version and outstanding == cached[2].outstanding:
             return cached[2]
@@ -110,11 +116,11 @@ class Fleet:
         self._cache[r] = (core.tally, core.tally.version, stats)
         return stats
 
-    def _every_stats(self, candidates: list[int], t: float) -> list[ReplicaStats]:
+    def _every_stats(self, candidates: list[int], t: float, model: str | None = None) -> list[ReplicaStats]:
         """stats() of every candidate, in one pass (for the routers that read them all): a replica whose tally
         and count did not change since its stats were last taken is read from the cache without a call."""
-        if self.publish_every_s > 0 or self.sent.any():
-            return [self.stats(r, t) for r in candidates]
+        if self.publish_every_s > 0 or self.sent.any() or model is not None:
+            return [self.stats(r, t, model) for r in candidates]
         cache, outstanding, out = self._cache, self.loop.outstanding, []
         for r in candidates:
             cached = cache[r]
@@ -124,14 +130,14 @@ class Fleet:
                 out.append(self.fresh(r, t))
         return out
 
-    def stats(self, r: int, t: float) -> ReplicaStats:
+    def stats(self, r: int, t: float, model: str | None = None) -> ReplicaStats:
         """What the router knows of replica r at t: fresh, or its last publication plus what was sent since."""
         if self.publish_every_s > 0:
             return self.sent.adjust(r, self._published[r])
         if not self.sent.holds(r):
-            return self.fresh(r, t)
+            return self.fresh(r, t, model)
         self.sent.published(r, t)  # fresh: only requests still on their way (an adapter load) are added
-        return self.sent.adjust(r, self.fresh(r, t))
+        return self.sent.adjust(r, self.fresh(r, t, model))
 
     def every(self, period_s: float, fn) -> None:
         """Call fn(t) at 0, period_s, 2 x period_s, ... of simulated time, while arrivals are to come or requests
@@ -175,22 +181,25 @@ class Fleet:
         pixels = params.height * params.width if params.height and params.width else 0
         return Job(steps, pixels, frozenset((adapter,)) if adapter else frozenset())
 
-    def place(self, t: float, key: int, params: SamplingParams, adapter: str | None) -> tuple[int, float] | None:
-        """(replica, time the request reaches it), or None: it waits in the central queue."""
+    def place(self, t: float, key: int, params: SamplingParams, adapter: str | None,
+              model: str | None = None) -> tuple[int, float] | None:
+        """(replica, time the request reaches it), or None: it waits in the central queue. `model`: the model it
+        names, on replicas of several models."""
         if not self.routable:
             raise RuntimeError("no replica can take requests (all lost or drained)")
         job = self.job(params, adapter)
         if self.central_hold is not None:
             free = [r for r in self.routable if self.loop.outstanding[r] < self.central_hold]
             if not free or self.central:
-                self.central.append((key, params, adapter, t))
+                self.central.append((key, params, adapter, model, t))
                 return None
-            return self._send(free, job, t, key, adapter)
-        return self._send(self.routable, job, t, key, adapter)
+            return self._send(free, job, t, key, adapter, model)
+        return self._send(self.routable, job, t, key, adapter, model)
 
-    def _send(self, candidates: list[int], job: Job, t: float, key: int, adapter: str | None) -> tuple[int, float]:
+    def _send(self, candidates: list[int], job: Job, t: float, key: int, adapter: str | None,
+              model: str | None = None) -> tuple[int, float]:
         reads_all = self.router is None or self.router.name in READS_ALL
-        stats = self._every_stats(candidates, t) if reads_all else _Lazy(self, candidates, t)
+        stats = self._every_stats(candidates, t, model) if reads_all else _Lazy(self, candidates, t, model)
         if self.router is None:  # the central queue: the least work among those that can take one
             from ..fleet.routers import least_work
 
@@ -239,11 +248,11 @@ class Fleet:
             free = [r for r in self.routable if loop.outstanding[r] < self.central_hold]
             if not free:
                 return
-            key, params, adapter, arrived = self.central.popleft()
-            r, at = self._send(free, self.job(params, adapter), t, key, adapter)
+            key, params, adapter, model, arrived = self.central.popleft()
+            r, at = self._send(free, self.job(params, adapter), t, key, adapter, model)
             loop.where[key] = r
             loop.outstanding[r] += 1
-            loop.deliver(max(at, t), key, _waited(params, t - arrived), r)
+            loop.deliver(max(at, t), key, _waited(params, t - arrived), r, model)
 
 
 def _waited(params: SamplingParams, waited_s: float) -> SamplingParams:
@@ -258,10 +267,11 @@ def _waited(params: SamplingParams, waited_s: float) -> SamplingParams:
 class _Lazy:
     """The candidates' stats as a sequence, each computed when a router reads it (power_of_two reads two)."""
 
-    __slots__ = ("fleet", "candidates", "t", "got")
+    __slots__ = ("fleet", "candidates", "t", "model", "got")
 
-    def __init__(self, fleet: Fleet, candidates: list[int], t: float) -> None:
-        self.fleet, self.candidates, self.t, self.got = fleet, candidates, t, [None] * len(candidates)
+    def __init__(self, fleet: Fleet, candidates: list[int], t: float, model: str | None = None) -> None:
+        self.fleet, self.candidates, self.t, self.model = fleet, candidates, t, model
+        self.got = [None] * len(candidates)
 
     def __len__(self) -> int:
         return len(self.candidates)
@@ -269,5 +279,5 @@ class _Lazy:
     def __getitem__(self, i: int) -> ReplicaStats:
         s = self.got[i]
         if s is None:
-            s = self.got[i] = self.fleet.stats(self.candidates[i], self.t)
+            s = self.got[i] = self.fleet.stats(self.candidates[i], self.t, self.model)
         return s

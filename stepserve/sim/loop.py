@@ -14,6 +14,10 @@ start, so it cannot change that step); the replica's next turn is when its step 
 reported), and an idle replica wakes at once. At equal times arrivals, deliveries and aborts come before ticks and
 turns, so a request that arrives as a step ends joins the next step.
 
+A replica may hold several models (sim.device.Models): one engine per model, one device. A request goes to the
+engine of the model it names; at the replica's turn the device policy picks which ready engine steps, and the
+turn ends with that step (an engine whose policy chooses to wait does not hold the device: the next one bids).
+
 Time never passes by itself: nothing here reads the wall clock or sleeps, and ties are broken by the order in
 which events were given, so the same inputs give the same run. Cost: two heaps of events (the arrivals, and the
 rest: as few as the replicas), a few dictionary operations per request and one engine step per turn, so a run is
@@ -32,6 +36,7 @@ from ..engine.admission_errors import AdmissionError
 from ..engine.core import EngineCore
 from ..request.types import Request, SamplingParams, StepReport
 from ..request.validation import ValidationError
+from .device import Models
 
 INF = math.inf
 MAX_EVENTS = 100_000_000  # a guard against a policy that never settles
@@ -50,6 +55,7 @@ class Arrival:
     params: SamplingParams
     abort_at: float | None = None  # the caller goes away at this time
     adapter: str | None = None  # the LoRA adapter it names, as the fleet sees it (sim.fleet models its load)
+    model: str | None = None  # the model it names (None: its replica's default); see sim.device
 
 
 class ReplicaLost(RuntimeError):
@@ -57,10 +63,12 @@ class ReplicaLost(RuntimeError):
 
 
 class _Replica:
-    __slots__ = ("core", "next_t", "busy", "stamp")
+    __slots__ = ("core", "models", "next_t", "busy", "stamp")
 
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
+    def __init__(self, core: EngineCore | Models) -> None:
+        # several models sharing the replica's device (sim.device), or one engine; `core` is the (default) engine
+        self.models = core if isinstance(core, Models) else None
+        self.core = core.core if isinstance(core, Models) else core
         self.next_t = INF  # its next turn
         self.busy = False  # next_t is the end of a step (True) or a wake-up / nothing (False)
         self.stamp = 0  # bumped whenever next_t changes; stale turns in the heap are skipped
@@ -72,7 +80,7 @@ class SimLoop:
     more than one replica. `stop_at`: the clock stops there and what is still out stays out (its end is not
     reported); None runs until every request has ended."""
 
-    def __init__(self, cores: Sequence[EngineCore], fleet: Any = None, stop_at: float | None = None,
+    def __init__(self, cores: Sequence[EngineCore | Models], fleet: Any = None, stop_at: float | None = None,
                  max_events: int = MAX_EVENTS) -> None:
         if not cores:
             raise ValueError("the simulated clock needs at least one engine")
@@ -87,6 +95,7 @@ class SimLoop:
         self.stopped_early = False
         self.lost: set[int] = set()  # replicas that failed
         self.where: dict[int, int] = {}  # key -> replica, from placement until it ends
+        self.model_of: dict[int, str] = {}  # key -> the model it went to, on a replica of several models
         self._heap: list[tuple] = []  # (time, kind, seq, key, payload) of every event but arrivals
         self._arrivals: list[tuple] = []  # arrivals, likewise; seq is unique across both heaps
         self._seq = 0
@@ -94,13 +103,16 @@ class SimLoop:
             fleet.attach(self)
 
     # --- input -------------------------------------------------------------------------------------------------
-    def arrive(self, time: float, params: SamplingParams, key: int, adapter: str | None = None) -> None:
+    def arrive(self, time: float, params: SamplingParams, key: int, adapter: str | None = None,
+               model: str | None = None) -> None:
+        """`model`: the model it names, on replicas of several models (None: the default; a replica of one model
+        serves every request)."""
         self._seq += 1  # a heap of their own: the turns' heap stays as small as the fleet, the order is the same
-        heapq.heappush(self._arrivals, (time, _ARRIVE, self._seq, key, (params, adapter)))
+        heapq.heappush(self._arrivals, (time, _ARRIVE, self._seq, key, (params, adapter, model)))
 
-    def deliver(self, time: float, key: int, params: SamplingParams, replica: int) -> None:
+    def deliver(self, time: float, key: int, params: SamplingParams, replica: int, model: str | None = None) -> None:
         """Request `key` (already placed on `replica`) reaches it at `time`."""
-        self._push(time, _DELIVER, key, (params, replica))
+        self._push(time, _DELIVER, key, (params, replica, model))
 
     def abort(self, time: float, key: int) -> None:
         """The caller of arrival `key` goes away at `time`; ignored unless it has arrived and not ended by then."""
@@ -110,7 +122,7 @@ class SimLoop:
         """Call the fleet's tick(time) then (publications, autoscaling)."""
         self._push(time, _TICK, -1, None)
 
-    def add_replica(self, core: EngineCore) -> int:
+    def add_replica(self, core: EngineCore | Models) -> int:
         self.reps.append(_Replica(core))
         self.outstanding.append(0)
         return len(self.reps) - 1
@@ -146,8 +158,8 @@ class SimLoop:
                 self._turn(key, t)
             elif kind == _ARRIVE:
                 self.end_time = t
-                params, adapter = payload
-                placed = (0, t) if fleet is None else fleet.place(t, key, params, adapter)
+                params, adapter, model = payload
+                placed = (0, t) if fleet is None else fleet.place(t, key, params, adapter, model)
                 if placed is not None:
                     r, at = placed
                     self.where[key] = r
@@ -155,18 +167,19 @@ class SimLoop:
                     if on_route is not None:
                         on_route(key, r)
                     if at <= t:
-                        self._reach(r, key, params, t)
+                        self._reach(r, key, params, t, model)
                     else:
-                        self.deliver(at, key, params, r)
+                        self.deliver(at, key, params, r, model)
             elif kind == _DELIVER:
-                params, r = payload
+                params, r, model = payload
                 if self.where.get(key) == r and r not in self.lost:
-                    self._reach(r, key, params, t)
+                    self._reach(r, key, params, t, model)
             elif kind == _ABORT:
                 r = self.where.get(key)
                 if r is not None and key in self._ids:
-                    reps[r].core.abort(self._ids[key])
-                    self._wake(r, t)
+                    model = self.model_of.get(key)
+                    (reps[r].core if model is None else reps[r].models.cores[model]).abort(self._ids[key])
+                    self._wake(r, t, model)
                 elif r is not None or (fleet is not None and fleet.withdraw(key)):
                     self._end(key, t, None, _gone())  # still on its way (an adapter load, the central queue)
             else:
@@ -177,7 +190,7 @@ class SimLoop:
         else:
             raise RuntimeError(f"simulation did not finish within {self.max_events} events")
         if horizon == INF and not self.stopped_early:
-            stuck = [r for r, rep in enumerate(reps) if r not in self.lost and rep.core.has_work()]
+            stuck = [r for r, rep in enumerate(reps) if r not in self.lost and (rep.models or rep.core).has_work()]
             if stuck:
                 raise RuntimeError(f"replica {stuck[0]} is stuck: work is queued but nothing can make progress")
 
@@ -194,15 +207,23 @@ class SimLoop:
         if t > self.stop_at:  # would have come after the stop: still out then
             return
         r = self.where.pop(key)
+        self.model_of.pop(key, None)
         self.outstanding[r] -= 1
         self.on_end(key, t, request, error)
         if self.fleet is not None:
             self.fleet.left(r, key, t)
 
-    def _reach(self, r: int, key: int, params: SamplingParams, t: float) -> None:
-        """Request `key` reaches replica r at t: judged for admission now, queued in its engine if admitted."""
-        core = self.reps[r].core
+    def _reach(self, r: int, key: int, params: SamplingParams, t: float, model: str | None = None) -> None:
+        """Request `key` reaches replica r at t: judged for admission now, queued in its engine if admitted. On a
+        replica of several models, in the engine of the model it names (UnknownModel if it holds no such one)."""
         rep = self.reps[r]
+        core = rep.core
+        if rep.models is not None:
+            model = rep.models.name_of(model)
+            core = rep.models.cores[model]
+            self.model_of[key] = model
+        else:
+            model = None
         try:
             request = core.new_request(params, t)
             # a replica in a step is judged from the end of that step (its next turn), when its engine can next
@@ -211,7 +232,7 @@ class SimLoop:
         except AdmissionError as exc:  # the engine's own report of it (next step) is skipped: not live
             exc.request.timing.finished = t  # told now, not at the end of the step it was judged from
             self._end(key, t, exc.request, exc)
-            self._wake(r, t)  # the engine reports the refusal in a step
+            self._wake(r, t, model)  # the engine reports the refusal in a step
             return
         except ValidationError as exc:
             self._end(key, t, None, exc)
@@ -219,19 +240,53 @@ class SimLoop:
         core.enqueue(request)
         self._live[request.request_id] = key
         self._ids[key] = request.request_id
-        self._wake(r, t)
+        self._wake(r, t, model)
 
-    def _wake(self, r: int, t: float) -> None:
+    def _wake(self, r: int, t: float, model: str | None = None) -> None:
         rep = self.reps[r]
+        if model is not None:
+            rep.models.wake(model, t)
         if not rep.busy and t < rep.next_t and r not in self.lost:
             self._schedule(r, t, False)
 
     def _turn(self, r: int, t: float) -> None:
-        core = self.reps[r].core
+        rep = self.reps[r]
+        if rep.models is not None:
+            self._turn_models(r, t)
+            return
+        core = rep.core
         if t >= self.stop_at or not core.has_work():
             self._schedule(r, INF, False)
             return
         report = core.step(t)
+        self._stepped(r, t, report)
+        if report.duration_s > 0:
+            self._schedule(r, t + report.duration_s, True)
+        elif report.finished:
+            self._schedule(r, t, True)  # something ended at no cost: look again at once
+        else:  # idle: until the policy's wake-up, or an arrival
+            self._schedule(r, INF if report.wake_at is None else max(report.wake_at, t), False)
+
+    def _turn_models(self, r: int, t: float) -> None:
+        """A turn of a replica of several models: the device policy picks which ready engine steps (sim.device);
+        one whose policy chooses to wait does not hold the device, so the next one bids at once."""
+        models, tried = self.reps[r].models, set()
+        while t < self.stop_at:
+            model = models.pick(t, tried)
+            if model is None:
+                break
+            report = models.step(model, t)
+            self._stepped(r, t, report)
+            if report.duration_s > 0:
+                self._schedule(r, t + report.duration_s, True)
+                return
+            if report.finished:
+                self._schedule(r, t, True)  # something ended at no cost: look again at once
+                return
+            tried.add(model)
+        self._schedule(r, models.next_wake() if t < self.stop_at else INF, False)
+
+    def _stepped(self, r: int, t: float, report: StepReport) -> None:
         if self.on_step is not None:
             self.on_step(r, t, report)
         for req in report.finished:
@@ -239,12 +294,6 @@ class SimLoop:
             if key is not None:
                 del self._ids[key]
                 self._end(key, req.timing.finished, req, None)
-        if report.duration_s > 0:
-            self._schedule(r, t + report.duration_s, True)
-        elif report.finished:
-            self._schedule(r, t, True)  # something ended at no cost: look again at once
-        else:  # idle: until the policy's wake-up, or an arrival
-            self._schedule(r, INF if report.wake_at is None else max(report.wake_at, t), False)
 
     def _schedule(self, r: int, t: float, busy: bool) -> None:
         rep = self.reps[r]

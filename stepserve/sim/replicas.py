@@ -24,6 +24,7 @@ from ..bench.metrics import percentile
 from ..engine.core import EngineCore
 from ..request.types import Request, RequestStatus, StepReport
 from ..fleet.routers import Router
+from .device import Models, latency_of
 from .fleet import Fleet
 from .loop import Arrival, SimLoop
 
@@ -99,7 +100,7 @@ def allowed_misses(n: int, q: float = 95.0) -> int:
 
 
 def run_replicas(
-    cores: Sequence[EngineCore],
+    cores: Sequence[EngineCore | Models],
     arrivals: Sequence[Arrival],
     router: Router | Fleet | None,
     stop_at: float | None = None,
@@ -110,7 +111,8 @@ def run_replicas(
     failures: Sequence[tuple[int, float]] = (),
     on_step: Callable[[int, float, StepReport], None] | None = None,
 ) -> FleetResult:
-    """Serve `arrivals` on `cores` (one per replica, each fresh) behind `router` (a Router, read from fresh
+    """Serve `arrivals` on `cores` (one per replica, each fresh; a sim.device.Models for a replica of several
+    models, each arrival going to the model it names) behind `router` (a Router, read from fresh
     stats priced by the cores' own latency model; or a Fleet built by the caller).
 
     stop_at: simulated time at which the run stops (what is still out is unfinished); None runs until every
@@ -123,12 +125,14 @@ def run_replicas(
         raise ValueError("run_replicas needs at least one replica")
     if miss_limit is not None and slo_s is None:
         raise ValueError("miss_limit needs slo_s: a miss is a request later than the SLO")
-    fleet = router if isinstance(router, Fleet) else Fleet(router, latency_of(cores[0]))
+    # replicas of several models price each model by its own engine's latency model (sim.device.Models.stats)
+    one = cores[0] if isinstance(cores[0], EngineCore) else None
+    fleet = router if isinstance(router, Fleet) else Fleet(router, None if one is None else latency_of(one))
     fleet.until = max((a.time for a in arrivals), default=0.0)
     loop = SimLoop(cores, fleet, stop_at)
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].time)
     for i in order:
-        loop.arrive(arrivals[i].time, arrivals[i].params, i, arrivals[i].adapter)
+        loop.arrive(arrivals[i].time, arrivals[i].params, i, arrivals[i].adapter, arrivals[i].model)
         if arrivals[i].abort_at is not None:
             loop.abort(arrivals[i].abort_at, i)
     for r, t in failures:
@@ -175,16 +179,6 @@ def run_replicas(
         result.replica_s = len(cores) * loop.end_time
         result.replicas = [(0.0, len(cores))]
     return result
-
-
-def latency_of(core: EngineCore):
-    """The latency model a simulated engine charges (its executor's), else the fake cost model's as one."""
-    cost = core.executor.cost
-    if hasattr(cost, "latency"):
-        return cost.latency
-    from ..costs import LatencyModel
-
-    return LatencyModel.from_cost_model(cost)
 
 
 _STATUS = {RequestStatus.COMPLETED: COMPLETED, RequestStatus.REJECTED: REJECTED}

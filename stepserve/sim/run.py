@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..engine.core import EngineCore
 from ..request.types import Request, StepReport
+from .device import Models
 from .loop import Arrival, SimLoop
 
 
@@ -22,16 +23,17 @@ class SimulationResult:
 
 
 def simulate(
-    core: EngineCore,
+    core: EngineCore | Models,
     arrivals: Sequence[Arrival],
     max_steps: int = 1_000_000,
     on_step: Callable[[StepReport], None] | None = None,
 ) -> SimulationResult:
-    """Run every arrival to its end. An invalid request raises its ValidationError."""
+    """Run every arrival to its end. An invalid request raises its ValidationError. `core`: one engine, or the
+    engines of several models sharing one device (sim.device.Models; each arrival goes to the model it names)."""
     pending = sorted(arrivals, key=lambda a: a.time)
     loop = SimLoop([core], max_events=max_steps + 2 * len(pending))
     for i, a in enumerate(pending):
-        loop.arrive(a.time, a.params, i)
+        loop.arrive(a.time, a.params, i, model=a.model)
         if a.abort_at is not None:
             loop.abort(a.abort_at, i)
     requests: list[Request | None] = [None] * len(pending)
