@@ -12,7 +12,7 @@ Pairs of curves (stepserve/models/latency): sd15 = gpu-sd15-512, both models; sd
 finals on gpu-512-sublinear (a 20B DiT at 512); sd15/cb = drafts on SD 1.5, finals on gpu-1024-compute-bound.
 
     python benchmarks/models_share.py [--pairs sd15,sd15/sub] [--loads 0.9,1.2,1.5] [--weights 1,3]
-        [--strategies continuous,slo] [--deadline-steps 8,20] [--duration 300] [--seed 0] [--slo-at-share]
+        [--strategies continuous,slo] [--deadline-steps 8,20] [--duration 300] [--seed 0] [--slo-at-full-device]
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def main() -> None:
     p.add_argument("--deadline-steps", default="8,20", help="the deadline model's steps (the batch model's: 20)")
     p.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals per row")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-at-share", action="store_true",
-                   help="slo on the shared device: each model's policy plans at its share of the device (predicts "
-                        "its steps 1/share as long, and learns from its steps alike), not at the whole device's speed")
+    p.add_argument("--slo-at-full-device", action="store_true",
+                   help="slo as before it planned at its share: each model's policy predicts at the whole device's "
+                        "speed although it gets only its share while the other model has work")
     args = p.parse_args()
     print(f"{'pair':<9} {'strategy':<10} {'dl steps':>8} {'shares':>9} {'load':>5}  {'attain':>6} {'alone':>6} "
           f"{'gap':>6}  {'batch done':>11} {'ratio':>5}  {'device':>9}  {'wait/bound':>10}  verdict", flush=True)
@@ -58,7 +58,7 @@ def main() -> None:
                         t0 = time.perf_counter()
                         f = measure(FairnessCase(deadline, batch, load=load, timeout_s=TIMEOUT_S.get(steps, 4.0),
                                                  deadline_steps=steps, batch_steps=20, duration_s=args.duration,
-                                                 seed=args.seed, strategy=strategy, slo_at_share=args.slo_at_share,
+                                                 seed=args.seed, strategy=strategy, plan_shares=not args.slo_at_full_device,
                                                  weights={DEADLINE: 1.0, BATCH: weight}))
                         frac = f.device_frac
                         print(f"{pair:<9} {strategy:<10} {steps:>8} {f.shares[DEADLINE]:>4.2f}/{f.shares[BATCH]:.2f} "

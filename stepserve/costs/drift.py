@@ -10,6 +10,11 @@ profile predicted for those same steps (same bucket, same batch size), exponenti
 The same correction offline (the profile scaled by a live run's own step times) brought the simulated percentiles
 within 15% of the live ones in 16 of 20 against 13 of 20 (docs/BENCHMARKS.md, "Simulation: speed and fidelity").
 
+On a device shared with other models (engine/device.py), a model's steps get only its share of the device while the
+others have work: `share` (set before each step by whoever runs the engine) stretches every prediction by 1/share,
+so the slo policy admits and keeps only what its share can finish. The steps it observes are its own device time,
+so the drift itself is unaffected.
+
 Pure arithmetic, no clock: the policy calls observe() with what the executor measured.
 """
 
@@ -30,6 +35,7 @@ class DriftCorrected:
         self._decay = 0.5 ** (1.0 / half_life_steps)
         self._seen: dict[Bucket, list[float]] = {}  # bucket: [observed seconds, predicted seconds], decayed
         self._all = [0.0, 0.0]
+        self.share = 1.0  # of the device this model gets now (0 < share <= 1): predictions are stretched by 1/share
 
     @property
     def reference_bucket(self) -> Bucket:
@@ -54,10 +60,10 @@ class DriftCorrected:
         return sums[0] / sums[1] if sums[1] > 0 else 1.0
 
     def step_s(self, batch_size: int, bucket: Bucket | None = None) -> float:
-        return self.prior.step_s(batch_size, bucket) * self.factor(bucket or self.reference_bucket)
+        return self.prior.step_s(batch_size, bucket) * self.factor(bucket or self.reference_bucket) / self.share
 
     def encode_s(self, n: int) -> float:
-        return self.prior.encode_s(n) * self.factor()
+        return self.prior.encode_s(n) * self.factor() / self.share
 
     def decode_s(self, n: int, bucket: Bucket | None = None) -> float:
-        return self.prior.decode_s(n, bucket) * self.factor(bucket or self.reference_bucket)
+        return self.prior.decode_s(n, bucket) * self.factor(bucket or self.reference_bucket) / self.share

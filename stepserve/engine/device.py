@@ -106,6 +106,14 @@ class SharedDevice:
                 for callback in self.on_turn:
                     callback(model, started, took[0])
 
+    def share_now(self, model: str) -> float:
+        """The share of the device `model` gets now: its weight over those of the models with work (bidding, or
+        busy), itself included. Its slo policy plans at it (scheduling/device_share.plan_at)."""
+        with self._cond:
+            active = set(self._bids) | {r.name for r in self.models.values()
+                                        if r.name != model and r.place != DISK and r.busy()}
+            return self.share.share_now(model, sorted(active), self.clock.now())
+
     def _grant(self) -> None:  # under the lock, the device free: hand it to the policy's pick
         if self._bids:
             self.holder = self.share.pick(list(self._bids.values()), self.clock.now()).model

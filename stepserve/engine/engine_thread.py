@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..parallel.ranks import RanksLost
+from ..scheduling.device_share import plan_at
 from ..request.types import FinishReason, GenerationResult, Request, RequestStatus, StepReport
 from .handles import ProgressEvent, RequestHandle, ended_result, failed_result, post_event, set_result
 
@@ -56,10 +57,12 @@ class EngineThread:
 
     def _step(self) -> StepReport:
         """One step of the core; on a device shared with other models (engine/device.py), inside this model's turn
-        (bidding its most urgent deadline), with the model moved onto the device first."""
+        (bidding its most urgent deadline), with the model moved onto the device first and its policy planning at
+        the share of the device it gets now."""
         if self.device is None:
             return self.core.step(self.clock.now())
         with self.device.turn(self.device_name, self.core.earliest_deadline()) as took:
+            plan_at(self.core.policy, self.device.share_now(self.device_name))  # slo plans at its share
             report = self.core.step(self.clock.now())
             took(report.duration_s)
         return report

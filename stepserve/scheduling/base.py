@@ -27,6 +27,9 @@ class Policy(Protocol):
         """Decide one engine step. `draining` means no more requests will arrive (offline generate())."""
         ...
 
+    # A policy that predicts with a latency model (slo) also has plan_share(share): on a device shared by several
+    # models, the share of it this model gets now, set before each step (device_share.plan_at).
+
 
 def in_bucket(requests: Sequence[Request], bucket: Bucket) -> list[Request]:
     return [r for r in requests if r.bucket == bucket]

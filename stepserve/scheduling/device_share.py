@@ -96,6 +96,22 @@ class DeviceShare:
             self.seen[b.model] = now
 
 
+    def share_now(self, model: str, active: Sequence[str], now: float) -> float:
+        """The share of the device `model` can count on now: its weight over those of the models with work
+        (`active`) or that bid within the last aging_s (a model between bursts comes back and takes its share:
+        planning as if it had gone would admit what the share cannot finish). What its policy plans at (plan_at);
+        a model alone gets the whole device."""
+        models = set(active) | {model} | {m for m, t in self.seen.items() if now - t <= self.aging_s}
+        return self.weight(model) / sum(self.weight(m) for m in models)
+
+
+def plan_at(policy, share: float) -> None:
+    """Tell a policy that predicts (slo: plan_share) the share of the device its model gets now; others ignore it."""
+    plan = getattr(policy, "plan_share", None)
+    if plan is not None:
+        plan(share)
+
+
 def _slack(bid: EngineBid) -> float:
     return math.inf if bid.deadline is None else bid.deadline - bid.work_s
 

@@ -217,6 +217,11 @@ class SLOPolicy(SLOFrontEnd):
         self.curve.observe(bucket, batch_size, seconds)
         self.latency_model.observe(bucket, batch_size, seconds)
 
+    def plan_share(self, share: float) -> None:
+        """Plan at `share` of the device (a device shared with other models that have work: device_share.py):
+        every prediction, admission and give-up included, is stretched by 1/share until the next call."""
+        self.latency_model.share = min(1.0, max(share, 1e-3))
+
     def cannot_make_it(self, r: Request, now: float) -> bool:
         """Even alone, at batch size 1, from now, `r` would finish after its deadline."""
         return r.deadline is not None and earliest_finish(r, self.latency_model, now) > r.deadline + EPS_S

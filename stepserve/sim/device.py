@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from ..engine.core import EngineCore
 from ..fleet.stats import ReplicaStats, core_stats
 from ..request.types import StepReport
-from ..scheduling.device_share import DeviceShare, EngineBid
+from ..scheduling.device_share import DeviceShare, EngineBid, plan_at
 
 INF = math.inf
 
@@ -47,12 +47,14 @@ class Models:
     """The engines of the models one replica holds, by name (the first: the default, for requests that name none),
     sharing one device under `share` (weights per model, aging)."""
 
-    def __init__(self, cores: Mapping[str, EngineCore], share: DeviceShare | None = None) -> None:
+    def __init__(self, cores: Mapping[str, EngineCore], share: DeviceShare | None = None,
+                 plan_shares: bool = True) -> None:
         if not cores:
             raise ValueError("a replica needs at least one model")
         self.cores = dict(cores)
         self.default = next(iter(self.cores))
         self.share = share if share is not None else DeviceShare()
+        self.plan_shares = plan_shares  # as the live server: slo plans at its share (False: at the whole device)
         self.ready = dict.fromkeys(self.cores, INF)  # when each engine began to wait for the device (INF: it does not)
         self.use = {m: ModelUse() for m in self.cores}
         self.last: str | None = None  # the model of the last step (for an on_step reader)
@@ -93,8 +95,10 @@ class Models:
                     bids.append(m)
                 else:
                     self.ready[m] = INF  # nothing to do until something arrives
-        if len(bids) <= 1:
-            return bids[0] if bids else None
+        if not bids:
+            return None
+        if len(bids) == 1 and not self.plan_shares:
+            return bids[0]
         chosen = self.share.pick([EngineBid(m, self.ready[m], self.cores[m].earliest_deadline(), self.work_s(m))
                                   for m in bids], t)
         return chosen.model
@@ -102,7 +106,10 @@ class Models:
     def step(self, model: str, t: float) -> StepReport:
         """Engine `model` steps at t; its device time is charged, and it is ready again at the step's end (or at
         its policy's wake-up, if it chose to wait)."""
-        report = self.cores[model].step(t)
+        core = self.cores[model]
+        if self.plan_shares and len(self.cores) > 1:  # as the live engine thread: slo plans at the share of the device it gets now
+            plan_at(core.policy, self.share.share_now(model, [m for m, c in self.cores.items() if c.has_work()], t))
+        report = core.step(t)
         self.last = model
         d = report.duration_s
         if d > 0:

@@ -14,9 +14,10 @@ passes when, on the same seeded trace,
   can serve, so both are counts of a backlogged model);
 - no step waited for the device longer than the aging bound plus the longest step (sim.device.ModelUse).
 
-With the slo strategy, a policy on the shared device plans at the whole device's speed, as a live engine's does
-today, and misses where its model is sent its share or more; `slo_at_share` makes each model's policy plan at its
-share instead (docs/BENCHMARKS.md, "Several models on one device", has both measured).
+With the slo strategy, each model's policy plans at the share of the device it gets now (its weight over those of
+the models with work: scheduling.device_share.plan_at), as the live engine thread has it do; `plan_shares=False`
+plans at the whole device's speed instead, which admits what the share cannot finish and misses where the model
+is sent its share or more (docs/BENCHMARKS.md, "Several models on one device", has both measured).
 
 Pure simulation: nothing reads the wall clock, and the same case gives the same numbers.
 """
@@ -59,7 +60,7 @@ class FairnessCase:
     # slo on the shared device: each model's policy plans at its share of the device: it predicts its steps 1/share
     # as long (what its share promises while both models bid) and learns from each step's seconds over its share,
     # instead of planning at the whole device's speed (the proposal docs/BENCHMARKS.md measures)
-    slo_at_share: bool = False
+    plan_shares: bool = True  # slo plans at the share of the device its model gets now (False: at the whole device)
 
     def request_s(self, model: str) -> float:
         """Device seconds one request of `model` costs at full batches (what `load` counts)."""
@@ -129,21 +130,17 @@ def measure(case: FairnessCase) -> Fairness:
     latencies = {DEADLINE: case.deadline_latency, BATCH: case.batch_latency}
     shares = share_of(case.weights, [DEADLINE, BATCH])
 
-    def core(model: str, factor: float = 1.0, plan: float = 1.0):
-        """An engine of `model` on a device `factor` times slower, its slo policy planning at `plan` x that."""
+    def core(model: str, factor: float = 1.0):
+        """An engine of `model` on a device `factor` times slower."""
         latency = slowed(latencies[model], factor) if factor != 1.0 else latencies[model]
         if case.strategy != "slo":
             return options.make_core(FakeExecutor.charging(latency))
-        engine = EngineOptions(strategy="slo", max_batch_size=case.max_batch_size,
-                               latency_model=slowed(latency, plan) if plan != 1.0 else latency,
-                               ).make_core(FakeExecutor.charging(latency))
-        if plan != 1.0:  # what it learns from the steps it sees is scaled alike, or it would learn the slowdown away
-            learn = engine.policy.observe
-            engine.policy.observe = lambda bucket, n, seconds: learn(bucket, n, seconds * plan)
-        return engine
+        return EngineOptions(strategy="slo", max_batch_size=case.max_batch_size,
+                             latency_model=latency).make_core(FakeExecutor.charging(latency))
 
-    models = Models({m: core(m, 1.0, 1.0 / shares[m] if case.slo_at_share else 1.0) for m in (DEADLINE, BATCH)},
-                    DeviceShare(case.weights, aging_s=case.aging_s, borrow_s=case.borrow_s))
+    models = Models({m: core(m) for m in (DEADLINE, BATCH)},
+                    DeviceShare(case.weights, aging_s=case.aging_s, borrow_s=case.borrow_s),
+                    plan_shares=case.plan_shares)
     busy = dict.fromkeys(models.cores, 0.0)  # device seconds of each model while arrivals came
 
     def stepped(report) -> None:
