@@ -1,5 +1,6 @@
 """`stepserve serve` with several models (commands/models_flags.py says which): one engine and app per model on
-one shared device (server/models.py, engine/device.py), behind one front (server/dispatch.py)."""
+one shared device (server/models.py, engine/device.py), behind one front (server/dispatch.py); with --replicas or
+--autoscale, every Ray Serve replica builds all of them (server/ray/deployment.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,18 @@ import sys
 
 import uvicorn
 
-from ..scheduling.device_share import DeviceShare
-from ..server.startup import StartupError, job_options, open_state, ready_line, say, state_line
+from ..server.models_setup import ModelsConfig, front, load_eager, model_set
+from ..server.startup import StartupError, open_state, ready_line, say, state_line
 from .models_flags import model_specs
+from .replica_flags import replica_mode
 
 
-def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr) -> int:
-    """serve's main for several models; the single-model steps it shares come from serve.py."""
+def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr,
+                 on_replicas=None) -> int:
+    """serve's main for several models; the single-model steps it shares come from serve.py (`on_replicas(args,
+    models)`: serve's --replicas path, each replica then building these models itself)."""
     sock = store = results = None
     try:
-        if getattr(args, "replicas", None) is not None or getattr(args, "autoscale", None) is not None:
-            raise StartupError("several models with --replicas or --autoscale: allowed: one model per replica "
-                               "(route by model in front of the replicas)")
-
         def config_of(own: argparse.Namespace):
             check_model(own)
             return serve_settings(own).engine
@@ -31,28 +31,24 @@ def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_po
         specs, default = model_specs(args, config_of)
         specs = [dataclasses.replace(s, aliases=(*s.aliases, *(args.served_model_name or ()))) if s.name == default
                  else s for s in specs]  # --served-model-name: more names of the default model
-        first = copy.copy(args)
-        first.model = next(s.config.model for s in specs if s.name == default)
+        config = ModelsConfig.of(specs, default, args.device_memory_mb, args.host_memory_mb)
+        args.model = next(s.config.model for s in specs if s.name == default)
+        if on_replicas is not None and replica_mode(args):
+            return on_replicas(args, config)
         sock = claim_port(args.host, args.port)
-        settings = serve_settings(first)
+        settings = serve_settings(copy.copy(args))
         store, results = open_state(settings)
-        models = _model_set(specs, default, settings, store, results, args)
-        for entry in models.entries.values():
-            if entry.spec.eager:
-                say(f"loading model {entry.name} from {entry.spec.config.model} ...")
-                models.load_now(entry)
+        models = model_set(config, settings, store, results, owner=f"{socket.gethostname()}:{args.port}")
+        load_eager(models)
     except StartupError as exc:
         for opened in (sock, store, results):
             if opened is not None:
                 opened.close()
         print(f"stepserve serve: error: {exc}", file=sys.stderr)
         return 2
-    from ..server.dispatch import Dispatch
     from ..server.draining import DrainingServer
-    from ..server.hosts import HostCheck, ServedHosts
 
-    front = Dispatch(models, settings.api_key, settings.limits.default_timeout_s)
-    app = front if settings.api_key else HostCheck(front, ServedHosts.of(settings.host, settings.allowed_hosts))
+    dispatch, app = front(models, settings, settings.api_key)
     log_to_stderr(args.log_level)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
@@ -62,36 +58,9 @@ def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_po
     say(state_line(settings, results.root, service="one per model"))
     print(f"stepserve serve: {ready_line(default, args.host, args.port, details)}", file=sys.stderr, flush=True)
     try:
-        DrainingServer(config, front, args.shutdown_grace_s).run(sockets=[sock])
+        DrainingServer(config, dispatch, args.shutdown_grace_s).run(sockets=[sock])
     finally:
         sock.close()
         store.close()
         results.close()
     return 0
-
-
-def _model_set(specs, default, settings, store, results, args):
-    from ..engine.device import SharedDevice
-    from ..server.app import create_app
-    from ..server.jobs_app import default_service
-    from ..server.models import ModelSet
-
-    mib = 2**20
-    device = SharedDevice(DeviceShare({s.name: s.weight for s in specs}),
-                          None if args.device_memory_mb is None else int(args.device_memory_mb * mib),
-                          None if args.host_memory_mb is None else int(args.host_memory_mb * mib))
-    served = [n for s in specs for n in (s.name, *s.aliases)]
-    owner = f"{socket.gethostname()}:{args.port}"
-
-    def make_app(spec, engine):
-        aliases = (spec.name, *spec.aliases)
-        limits = dataclasses.replace(settings.limits, served_model_names=aliases,
-                                     other_models=tuple(n for n in served if n not in aliases))
-        info = dataclasses.replace(engine.model_info, name=spec.name)
-        service = f"{settings.service}-{spec.name}"[:100] if settings.service else default_service(info)
-        return create_app(engine, api_key=settings.api_key, limits=limits, shutdown_grace_s=settings.shutdown_grace_s,
-                          cors_origins=settings.cors_origins, access_log=settings.access_log, store=store,
-                          results=results, owner=owner, webhook_secret=settings.webhook_secret,
-                          webhook_allow=settings.webhook_allow, **{**job_options(settings), "service": service})
-
-    return ModelSet(specs, default, device, make_app)
