@@ -24,20 +24,24 @@ def test_a_request_naming_its_model_goes_where_the_model_is_on_the_device():
     assert choose(router, [a, b, c], "r4", multiplexed_model_id="sd")[0][0] == "b"  # in host memory: moved, not loaded
 
 
-def test_a_model_just_sent_to_a_replica_counts_as_there_until_newer_stats():
+def test_a_model_just_sent_to_a_replica_counts_as_there_until_stats_taken_after_it_came_back():
     """Without the note the second request of a model no replica holds goes to the other idle replica (least work
     counts the first as sent to b) and loads it there too."""
     router = make_router(router="least_work")
-    a = FakeReplica("a", with_models(published(0.0, 0, 1.0), sd="disk"))
-    b = FakeReplica("b", with_models(published(0.0, 0, 1.0), sd="disk"))
+    a = FakeReplica("a", with_models(published(0.0, 0, 1.0), sd="disk", xl="disk"))
+    b = FakeReplica("b", with_models(published(0.0, 0, 1.0), sd="disk", xl="disk"))
     first = choose(router, [a, b], "r1", multiplexed_model_id="sd")[0][0]
     router.on_send_request(first)
-    assert choose(router, [a, b], "r2", multiplexed_model_id="sd")[0][0] == first
     other = "b" if first == "a" else "a"
+    assert choose(router, [a, b], "r2", multiplexed_model_id="sd")[0][0] == first
+    assert choose(router, [a, b], "r3", multiplexed_model_id="xl")[0][0] == other  # fewer models on its device
     replica = {"a": a, "b": b}
-    replica[first].routing_stats = with_models(published(0.0, 0, 1e12), sd="host")  # taken later: moved off since
-    replica[other].routing_stats = with_models(published(0.0, 0, 1e12), sd="device")
-    assert choose(router, [a, b], "r3", multiplexed_model_id="sd")[0][0] == other
+    replica[first].routing_stats = with_models(published(0.0, 0, 1e12), sd="disk", xl="disk")  # before it arrived
+    assert choose(router, [a, b], "r4", multiplexed_model_id="sd")[0][0] == first  # still out there: still there
+    router.on_request_completed(first, "r1")
+    replica[first].routing_stats = with_models(published(0.0, 0, 1e12), sd="host", xl="device")  # taken later
+    replica[other].routing_stats = with_models(published(0.0, 0, 1e12), sd="device", xl="disk")
+    assert choose(router, [a, b], "r5", multiplexed_model_id="sd")[0][0] == other
 
 
 def test_a_header_naming_no_model_is_an_adapter_and_polls_bring_no_model():
@@ -56,3 +60,63 @@ def test_round_robin_turns_within_the_replicas_holding_the_model():
                 (("a", "device"), ("b", "disk"), ("c", "device"))]
     picks = [choose(router, replicas, f"r{i}", multiplexed_model_id="sd")[0][0] for i in range(4)]
     assert picks == ["a", "c", "a", "c"]
+
+
+MODELS_TOML = """
+[models.a]
+path = "embedded"
+load = "first-use"
+[models.b]
+path = "embedded"
+load = "first-use"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_replicas_serve_two_models_and_the_header_keeps_each_model_on_its_replica(tmp_path):
+    """Two tiny models on two replicas, device memory for one model at a time, --router least_work: requests of
+    both are answered, with and without the header. With the header, a's requests stay on the replica that loaded
+    a and b's go to the other (no model on its device) and stay there; without model affinity every one of these
+    requests, sent one at a time to idle replicas, would go to the same replica and move the models in turns."""
+    import uuid
+
+    import httpx
+    from extras import require
+    from ray_cluster import Cluster, ServeProcess
+    from server_helpers import GENERATIONS
+
+    require("ray", "ray")
+    (tmp_path / "models.toml").write_text(MODELS_TOML)
+    cluster = Cluster(uuid.uuid4().hex)
+    server = None
+    try:
+        server = ServeProcess(cluster.mark, "--models", str(tmp_path / "models.toml"), "--device-memory-mb", "6",
+                              "--replicas", "2", "--ray-address", cluster.address, "--router", "least_work",
+                              "--shutdown-grace-s", "2", model=None)
+        server.wait_ready()
+
+        def generate(model: str, header: bool = True, seed: int = 1) -> httpx.Response:
+            body = {"model": model, "prompt": f"digit {seed}", "seed": seed, "num_inference_steps": 2}
+            headers = {"serve_multiplexed_model_id": model} if header else {}
+            with httpx.Client(timeout=300) as client:  # a fresh connection each: Ray's proxy routes each request
+                r = client.post(server.url + GENERATIONS, json=body, headers=headers)
+            assert r.status_code == 200, (r.status_code, r.text[:300], server.tail())
+            return r
+
+        served = {"a": [], "b": []}
+        for i in range(4):
+            for model in ("a", "b"):
+                served[model].append(generate(model, seed=i).headers["X-Stepserve-Replica"])
+        assert len(set(served["a"])) == 1 and len(set(served["b"])) == 1, served
+        assert served["a"][0] != served["b"][0], served
+        for model in ("a", "b"):  # no header: still served, by whichever replica (each serves every model)
+            generate(model, header=False)
+        with httpx.Client(timeout=60) as client:
+            missing = client.post(server.url + GENERATIONS, json={"model": "nope", "prompt": "x"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found", missing.text
+    finally:
+        if server is not None:
+            assert server.stop() == 0, server.tail()
+            server.log.close()
+        cluster.close()

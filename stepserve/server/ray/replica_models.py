@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ...fleet.stats import ReplicaStats
+from ..replica_header import ReplicaHeader
 from ..models_setup import ModelsConfig, front, load_eager, model_set
 from .fleet import autoscaling_of, engine_stats, published
 from .load import background_jobs
@@ -34,7 +35,8 @@ class ReplicaModels:
         self.models = model_set(config, settings, store, results, owner=replica, replica=replica, api_key=api_key,
                                 webhook_secret=webhook_secret, access_log=False)  # Ray Serve logs every request
         load_eager(self.models)
-        self.dispatch, self.app = front(self.models, settings, api_key)
+        self.dispatch, app = front(self.models, settings, api_key)
+        self.app = ReplicaHeader(app, replica)  # the front's own answers too: Ray's proxy rewrites unnamed errors
         self.pushed: tuple[str, ...] | None = None  # the model ids last reported to Ray Serve
 
     def loaded(self) -> list:

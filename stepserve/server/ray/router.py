@@ -23,9 +23,10 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
 - Several models per replica: each replica also publishes where it holds each model it serves (device, host
   memory, disk: replica_models.py). A request whose `serve_multiplexed_model_id` header names one of those models
   gets model affinity (fleet/routers.py, model_tiers): the router's policy picks among the replicas holding it on
-  their device, else in host memory, else among all; the other replicas follow in that order. A model this router
-  sent a request of counts as on that replica's device until stats taken after the send arrive (it is, or is
-  being loaded there), so the next request of that model follows it instead of loading it on another replica.
+  their device, else in host memory, else among all (those with the fewest models on their device first); the
+  other replicas follow in that order. A model this router sent a request of counts as on that replica's device
+  while the request is out and until stats taken after it came back arrive (a model with requests in flight never
+  leaves the device), so the next request of that model follows it instead of loading it on another replica.
   The header names a model when a replica serves one of that name, else a LoRA adapter as above.
 - The choice is one rank per replica, best first; Ray then sends to the first that has room (its
   max_ongoing_requests), as it does for its own routers.
@@ -76,10 +77,11 @@ class FleetRouter(FIFOMixin, RequestRouter):
         self.default_steps = default_steps
         self.sent = Sent()
         self._price: dict[Any, float] = {}  # replica id -> what the last request priced for it costs there
-        self._notes: dict[Any, deque] = {}  # replica id -> its notes in Sent, oldest first
+        self._notes: dict[Any, deque] = {}  # replica id -> (its note in Sent, the model it brings), oldest first
         self._count = itertools.count()
         self._model: str | None = None  # the model the last request ranked for named (model affinity)
-        self._brought: dict[Any, dict[str, float]] = {}  # replica id -> model -> when this router last sent it one
+        # replica id -> model -> [requests of it out there, when the last came back]: on that replica's device
+        self._brought: dict[Any, dict[str, list]] = {}
 
     def job(self, pending: PendingRequest | None) -> Job:
         if pending is None:
@@ -109,7 +111,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
         brought = self._brought.get(rid)
         if brought:
             taken = float(published.get("taken_at", float("-inf")))
-            for model in [m for m, at in brought.items() if at <= taken]:
+            for model in [m for m, (out, back) in brought.items() if not out and back <= taken]:
                 del brought[model]  # in the stats now
             if brought:
                 places = {**(places or {}), **dict.fromkeys(brought, "device")}
@@ -127,7 +129,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
         tiers = model_tiers([self.places_of(r) for r in candidate_replicas], named) if named else None
         self._model = None if tiers is None or not job.steps else named
         if tiers is None:
-            tiers = [0] * len(stats)
+            tiers = [(0, 0)] * len(stats)
             first = self.policy.pick(stats, job)
         else:
             job = Job(job.steps, job.pixels)  # the name is a model's, not an adapter's
@@ -146,15 +148,19 @@ class FleetRouter(FIFOMixin, RequestRouter):
         key = next(self._count)
         now = time.time()
         self.sent.sent(replica_id, key, now, self._price.get(replica_id, 0.0))
-        self._notes.setdefault(replica_id, deque()).append(key)
+        self._notes.setdefault(replica_id, deque()).append((key, self._model))
         if self._model:
-            self._brought.setdefault(replica_id, {})[self._model] = now
+            self._brought.setdefault(replica_id, {}).setdefault(self._model, [0, now])[0] += 1
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         """A request to `replica_id` came back: its oldest note goes (the count of those out stays right)."""
         notes = self._notes.get(replica_id)
         if notes:
-            self.sent.done(replica_id, notes.popleft())
+            key, model = notes.popleft()
+            self.sent.done(replica_id, key)
+            brought = self._brought.get(replica_id, {}).get(model)
+            if brought is not None:
+                brought[0], brought[1] = max(brought[0] - 1, 0), time.time()
 
     def on_replica_actor_died(self, replica_id) -> None:
         super().on_replica_actor_died(replica_id)
