@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from test_ray_router import FakeReplica, choose, make_router, published
 
+from stepserve.commands.serve import main as serve_main
+
 
 def with_models(stats: dict, **places: str) -> dict:
     return {**stats, "models": places}
@@ -60,6 +62,26 @@ def test_round_robin_turns_within_the_replicas_holding_the_model():
                 (("a", "device"), ("b", "disk"), ("c", "device"))]
     picks = [choose(router, replicas, f"r{i}", multiplexed_model_id="sd")[0][0] for i in range(4)]
     assert picks == ["a", "c", "a", "c"]
+
+
+def test_several_models_with_replicas_deploy_every_model_to_every_replica(monkeypatch):
+    """`serve --model a=... --model b=... --replicas 2` is no longer refused: serve's replica path gets the models
+    (plain data each replica builds its own from), the default model's flags for the rest."""
+    seen = {}
+
+    def on_replicas(args, models=None):
+        seen.update(args=args, models=models)
+        return 0
+
+    monkeypatch.setattr("stepserve.commands.serve.serve_on_replicas", on_replicas)
+    assert serve_main(["--model", "a=embedded", "--model", "b=embedded", "--replicas", "2", "--default-model", "b",
+                       "--device-memory-mb", "6", "--served-model-name", "dall-e-2"]) == 0
+    models = seen["models"]
+    assert [s.name for s in models.specs] == ["a", "b"] and models.default == "b"
+    assert models.device_bytes == 6 * 2**20 and models.host_bytes is None
+    assert models.specs[1].aliases == ("dall-e-2",) and seen["args"].model == "embedded"
+    threaded = models.with_engines(threads=3)  # what each replica does with its own share
+    assert [s.config.threads for s in threaded.specs] == [3, 3]
 
 
 MODELS_TOML = """
