@@ -5,6 +5,7 @@ memory (the fakes below), and a local Ray cluster serves two tiny models on two 
 from __future__ import annotations
 
 import pytest
+from extras import require
 from test_ray_router import FakeReplica, choose, make_router, published
 
 from stepserve.commands.serve import main as serve_main
@@ -84,6 +85,36 @@ def test_several_models_with_replicas_deploy_every_model_to_every_replica(monkey
     assert [s.config.threads for s in threaded.specs] == [3, 3]
 
 
+def test_a_replica_publishes_where_each_name_is_and_reports_the_models_on_its_device_when_they_change(monkeypatch):
+    """Its routing stats carry every served name's place (aliases too); the names on its device go to Ray Serve's
+    controller as its multiplexed model ids (for Ray's own router) once per change."""
+    require("ray", "ray")
+    from types import SimpleNamespace
+
+    from stepserve.engine.device import SharedDevice
+    from stepserve.server.models import ModelSet, ModelSpec
+    from stepserve.server.ray.replica_models import ReplicaModels
+
+    specs = [ModelSpec("sd", SimpleNamespace(model="embedded"), aliases=("dall-e-2",)),
+             ModelSpec("xl", SimpleNamespace(model="embedded"), eager=False)]
+    replica = ReplicaModels.__new__(ReplicaModels)  # its models without engines: nothing loaded yet
+    replica.models, replica.pushed = ModelSet(specs, "sd", SharedDevice(), make_app=None), None
+    pushed = []
+    client = SimpleNamespace(record_request_routing_info=lambda info: pushed.append(info.multiplexed_model_ids))
+    monkeypatch.setattr("ray.serve.context._get_global_client", lambda: client)
+
+    stats = replica.routing_stats()
+    assert stats["models"] == {"sd": "disk", "dall-e-2": "disk", "xl": "disk"} and stats["outstanding"] == 0
+    replica.push_model_ids("replica-id")
+    replica.push_model_ids("replica-id")
+    assert pushed == [[]]  # once: nothing changed in between
+    replica.models.device.add("sd", 1, lambda where: None, lambda: False)
+    replica.models.entries["sd"].stack = object()  # running
+    assert replica.routing_stats()["models"] == {"sd": "device", "dall-e-2": "device", "xl": "disk"}
+    replica.push_model_ids("replica-id")
+    assert pushed == [[], ["dall-e-2", "sd"]]
+
+
 MODELS_TOML = """
 [models.a]
 path = "embedded"
@@ -104,7 +135,6 @@ def test_two_replicas_serve_two_models_and_the_header_keeps_each_model_on_its_re
     import uuid
 
     import httpx
-    from extras import require
     from ray_cluster import Cluster, ServeProcess
     from server_helpers import GENERATIONS
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -48,13 +47,12 @@ from .fleet import autoscaling_stats, routing_stats
 from .load import background_jobs
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings, stop_budget_s
-from .processes import adopt_orphans, end_leftovers, reap
+from .processes import adopt_orphans, end_leftovers, reap, remove_session
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from .replica_models import ReplicaModels
 
 APP_NAME = "stepserve"
 PUSH_EVERY_S = 1.0
-MODEL_IDS_EVERY_S = 0.25  # several models: how often a replica checks which are on its device (pushed on change)
 STALE_AFTER_S = 5.0  # a replica silent this long (killed, gone) drops out of /metrics
 
 log = logging.getLogger("stepserve.server")
@@ -127,14 +125,9 @@ class StepserveReplica:
             self._close_state()
             raise
         self.http_app = self.several.dispatch
-        self.pusher = asyncio.get_running_loop().create_task(self._push_model_ids_forever())
-        return self.several.app
-
-    async def _push_model_ids_forever(self) -> None:
         replica_id = serve.get_replica_context().replica_id
-        while True:
-            self.several.push_model_ids(replica_id)
-            await asyncio.sleep(MODEL_IDS_EVERY_S)
+        self.pusher = asyncio.get_running_loop().create_task(self.several.push_model_ids_forever(replica_id))
+        return self.several.app
 
     async def all_metrics(self, own) -> bytes:
         try:
@@ -249,7 +242,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan, models=None) -> i
         ray.shutdown()  # a local cluster started by ray.init stops with it
         if local:
             end_leftovers()
-            _remove_session(session)
+            remove_session(session)
 
 
 def _session_dir() -> str | None:
@@ -258,17 +251,6 @@ def _session_dir() -> str | None:
         return ray._private.worker._global_node.get_session_dir_path()
     except AttributeError:  # not connected, or a Ray without this (private) attribute
         return None
-
-
-def _remove_session(session: str | None) -> None:
-    """Delete the session folder of the local cluster this process started, and Ray's `session_latest` link to it
-    (the logs are gone with it: keep them with --ray-address and a cluster of your own)."""
-    if not session or not os.path.isdir(session):
-        return
-    latest = os.path.join(os.path.dirname(session), "session_latest")
-    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session):
-        os.unlink(latest)
-    shutil.rmtree(session, ignore_errors=True)
 
 
 def _bounded(call, timeout_s: float, *args) -> None:

@@ -14,6 +14,7 @@ dispatching front, and tells the routers where its models are.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from .fleet import autoscaling_of, engine_stats, published
 from .load import background_jobs
 
 log = logging.getLogger("stepserve.server")
+MODEL_IDS_EVERY_S = 0.25  # how often a replica checks which models are on its device (reported when that changes)
 
 
 class ReplicaModels:
@@ -97,5 +99,7 @@ class ReplicaModels:
             return
         self.pushed = ids
 
-    async def close(self) -> None:
-        await self.models.close()
+    async def push_model_ids_forever(self, replica_id: Any) -> None:
+        while True:
+            self.push_model_ids(replica_id)
+            await asyncio.sleep(MODEL_IDS_EVERY_S)
