@@ -103,8 +103,9 @@ class FleetRouter(FIFOMixin, RequestRouter):
         return with_in_flight(stats, len(self._notes.get(rid, ())), self._price.get(rid, 0.0))
 
     def places_of(self, replica: RunningReplica) -> dict[str, str] | None:
-        """Where the replica holds each model it serves (published), with the models this router sent it since
-        those stats were taken counted as on its device; None: it serves one model, or published nothing yet."""
+        """Where the replica holds each model it serves (published), with the models this router sent it requests
+        of counted as on its device while those are out and until stats taken after they came back arrive; None:
+        it serves one model, or published nothing yet."""
         rid = replica.replica_id
         published = replica.routing_stats or {}
         places = published.get("models")
