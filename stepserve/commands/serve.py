@@ -232,31 +232,38 @@ def claim_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+def serve_on_replicas(args: argparse.Namespace, models=None) -> int:
+    """`serve --replicas` (or --autoscale, --ray-address): Ray Serve replicas of the model, or of every model of a
+    server of several (`models`: a server.models_setup.ModelsConfig). Raises StartupError."""
+    from ..server.ray.options import plan_replicas
+
+    plan = plan_replicas(args, available_cores(), degrees_from_args(args))
+    try:
+        from ..server.ray.deployment import serve_replicas
+    except ImportError as exc:
+        raise StartupError(f"--replicas needs Ray Serve: install stepserve[ray] ({exc})") from None
+    if args.ray_address is None:  # a local cluster: Ray's proxy will bind the port; is it free now?
+        claim_port(args.host, args.port).close()
+    settings = serve_settings(args)
+    for opened in open_state(settings)[::-1]:  # one line here, not every replica failing to start
+        opened.close()
+    say(state_line(settings, settings.results_dir or "each replica's results folder", replicas=True))
+    return serve_replicas(settings, plan, models)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if several(args):
         from .serve_models import serve_models
 
-        return serve_models(args, serve_settings, check_model, claim_port, log_to_stderr, parser)
+        return serve_models(args, serve_settings, check_model, claim_port, log_to_stderr, parser,
+                            serve_on_replicas)
     one_model(args)
     sock = store = results = None
     try:
         if replica_mode(args):
-            from ..server.ray.options import plan_replicas
-
-            plan = plan_replicas(args, available_cores(), degrees_from_args(args))
-            try:
-                from ..server.ray.deployment import serve_replicas
-            except ImportError as exc:
-                raise StartupError(f"--replicas needs Ray Serve: install stepserve[ray] ({exc})") from None
-            if args.ray_address is None:  # a local cluster: Ray's proxy will bind the port; is it free now?
-                claim_port(args.host, args.port).close()
-            settings = serve_settings(args)
-            for opened in open_state(settings)[::-1]:  # one line here, not every replica failing to start
-                opened.close()
-            say(state_line(settings, settings.results_dir or "each replica's results folder", replicas=True))
-            return serve_replicas(settings, plan)
+            return serve_on_replicas(args)
         check_model(args)
         sock = claim_port(args.host, args.port)  # before anything loads (or exports)
         settings = serve_settings(args)

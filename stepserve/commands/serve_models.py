@@ -1,5 +1,6 @@
 """`stepserve serve` with several models (commands/models_flags.py says which): one engine and app per model on
-one shared device (server/models.py, engine/device.py), behind one front (server/dispatch.py)."""
+one shared device (server/models.py, engine/device.py), behind one front (server/dispatch.py); with --replicas or
+--autoscale, every Ray Serve replica builds all of them (server/ray/deployment.py)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ from typing import Any
 
 import uvicorn
 
-from ..scheduling.device_share import DeviceShare
-from ..server.startup import StartupError, job_options, open_state, ready_line, say, state_line
+from ..server.models_setup import ModelsConfig, front, load_eager, model_set
+from ..server.startup import StartupError, open_state, ready_line, say, state_line
 from .models_flags import model_specs
+from .replica_flags import replica_mode
 
 
 @dataclass
 class Front:
-    """What a server of several models runs: the front app, its models, and what they share."""
+    """What a server of several models runs in one process: the front, the app to serve (the front behind the
+    Host check without a key), its models, and what they share."""
 
     dispatch: Any  # server/dispatch.Dispatch
+    app: Any
     models: Any  # server/models.ModelSet
     settings: Any  # the default model's ServeSettings (the key, the limits, the state: shared by all)
     store: Any
@@ -33,13 +37,9 @@ class Front:
         self.results.close()
 
 
-def build_front(args: argparse.Namespace, serve_settings, check_model, parser) -> Front:
-    """The models the flags name, the eager ones loaded, behind their front (not yet serving). `serve_settings`,
-    `check_model` and `parser`: serve.py's, run for every model. Raises StartupError with a one-line message."""
-    if getattr(args, "replicas", None) is not None or getattr(args, "autoscale", None) is not None:
-        raise StartupError("several models with --replicas or --autoscale: allowed: one model per replica "
-                           "(route by model in front of the replicas)")
-
+def models_config(args: argparse.Namespace, serve_settings, check_model, parser) -> ModelsConfig:
+    """The models the flags name, as plain data (what travels to each replica). `serve_settings`, `check_model`
+    and `parser`: serve.py's, run for every model. Sets args.model to the default model's path."""
     def config_of(own: argparse.Namespace):
         check_model(own)
         return serve_settings(own).engine
@@ -47,82 +47,56 @@ def build_front(args: argparse.Namespace, serve_settings, check_model, parser) -
     specs, default = model_specs(args, config_of, parser)
     specs = [dataclasses.replace(s, aliases=(*s.aliases, *(args.served_model_name or ()))) if s.name == default
              else s for s in specs]  # --served-model-name: more names of the default model
-    first = copy.copy(args)
-    first.model = next(s.config.model for s in specs if s.name == default)
-    settings = serve_settings(first)
+    args.model = next(s.config.model for s in specs if s.name == default)
+    return ModelsConfig.of(specs, default, args.device_memory_mb, args.host_memory_mb)
+
+
+def build_front(args: argparse.Namespace, config: ModelsConfig, serve_settings) -> Front:
+    """The models of `config`, the eager ones loaded, behind their front (not yet serving). Raises StartupError."""
+    settings = serve_settings(copy.copy(args))
     store, results = open_state(settings)
     try:
-        models = _model_set(specs, default, settings, store, results, args)
-        for entry in models.entries.values():
-            if entry.spec.eager:
-                say(f"loading model {entry.name} from {entry.spec.config.model} ...")
-                models.load_now(entry)
+        models = model_set(config, settings, store, results, owner=f"{socket.gethostname()}:{args.port}")
+        load_eager(models)
     except BaseException:
         store.close()
         results.close()
         raise
-    from ..server.dispatch import Dispatch
-
-    return Front(Dispatch(models, settings.api_key, settings.limits.default_timeout_s), models, settings, store,
-                 results)
+    dispatch, app = front(models, settings, settings.api_key)
+    return Front(dispatch, app, models, settings, store, results)
 
 
-def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr, parser) -> int:
-    """serve's main for several models; the single-model steps it shares come from serve.py."""
+def serve_models(args: argparse.Namespace, serve_settings, check_model, claim_port, log_to_stderr, parser,
+                 on_replicas=None) -> int:
+    """serve's main for several models; the single-model steps it shares come from serve.py (`on_replicas(args,
+    models)`: serve's --replicas path, each replica then building these models itself)."""
     sock = None
     try:
+        config = models_config(args, serve_settings, check_model, parser)
+        if on_replicas is not None and replica_mode(args):
+            return on_replicas(args, config)
         sock = claim_port(args.host, args.port)
-        front = build_front(args, serve_settings, check_model, parser)
+        built = build_front(args, config, serve_settings)
     except StartupError as exc:
         if sock is not None:
             sock.close()
         print(f"stepserve serve: error: {exc}", file=sys.stderr)
         return 2
     from ..server.draining import DrainingServer
-    from ..server.hosts import HostCheck, ServedHosts
 
-    settings, models = front.settings, front.models
-    app = front.dispatch if settings.api_key else HostCheck(front.dispatch, ServedHosts.of(settings.host,
-                                                                                          settings.allowed_hosts))
+    models = built.models
     log_to_stderr(args.log_level)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
+    uv = uvicorn.Config(built.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                        lifespan="on", timeout_graceful_shutdown=max(5.0, args.shutdown_grace_s))
     lazy = [e.name for e in models.entries.values() if not e.spec.eager]
     details = (f"{len(models.entries)} models: {', '.join(models.entries)} (default {models.default}"
                f"{'; loaded on first use: ' + ', '.join(lazy) if lazy else ''})")
-    say(state_line(settings, front.results.root, service="one per model"))
+    say(state_line(built.settings, built.results.root, service="one per model"))
     print(f"stepserve serve: {ready_line(models.default, args.host, args.port, details)}", file=sys.stderr,
           flush=True)
     try:
-        DrainingServer(config, front.dispatch, args.shutdown_grace_s).run(sockets=[sock])
+        DrainingServer(uv, built.dispatch, args.shutdown_grace_s).run(sockets=[sock])
     finally:
         sock.close()
-        front.close()
+        built.close()
     return 0
-
-
-def _model_set(specs, default, settings, store, results, args):
-    from ..engine.device import SharedDevice
-    from ..server.app import create_app
-    from ..server.jobs_app import default_service
-    from ..server.models import ModelSet
-
-    mib = 2**20
-    device = SharedDevice(DeviceShare({s.name: s.weight for s in specs}),
-                          None if args.device_memory_mb is None else int(args.device_memory_mb * mib),
-                          None if args.host_memory_mb is None else int(args.host_memory_mb * mib))
-    served = [n for s in specs for n in (s.name, *s.aliases)]
-    owner = f"{socket.gethostname()}:{args.port}"
-
-    def make_app(spec, engine):
-        aliases = (spec.name, *spec.aliases)
-        limits = dataclasses.replace(settings.limits, served_model_names=aliases,
-                                     other_models=tuple(n for n in served if n not in aliases))
-        info = dataclasses.replace(engine.model_info, name=spec.name)
-        service = f"{settings.service}-{spec.name}"[:100] if settings.service else default_service(info)
-        return create_app(engine, api_key=settings.api_key, limits=limits, shutdown_grace_s=settings.shutdown_grace_s,
-                          cors_origins=settings.cors_origins, access_log=settings.access_log, store=store,
-                          results=results, owner=owner, webhook_secret=settings.webhook_secret,
-                          webhook_allow=settings.webhook_allow, **{**job_options(settings), "service": service})
-
-    return ModelSet(specs, default, device, make_app)

@@ -19,12 +19,18 @@ Ray Serve request router (server/ray/router.py) call these same functions.
 - power_of_two: two distinct replicas drawn at random, the one holding fewer requests wins (Mitzenmacher, "The
   Power of Two Choices in Randomized Load Balancing", 1996/2001: sampling two queues already cuts the maximum
   load from about log n / log log n to log log n / log 2). Ray Serve's default router works this way.
+
+Model affinity (`model_tiers`, replicas that each serve several models): a request that names its model goes to the
+replicas where that model is on the device, else to those holding it in host memory (a move, not a load), and only
+then to any, those with the fewest models on their device first; the router's policy picks within the best tier,
+the others follow in tier order. As with Ray Serve's
+own model multiplexing, a tier is a preference and not a wall: a holder with no room left passes the request on.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from .stats import Job, ReplicaStats, finish_s
@@ -97,6 +103,35 @@ def least_work_sampled(stats: Sequence[ReplicaStats], job: Job, rng: random.Rand
         if holders and not among.intersection(holders):
             among.add(rng.choice(holders))
     return least_work(stats, job, adapter_load_s, among)
+
+
+MODEL_TIERS = ("device", "host")  # where a replica holds a model, best first; anywhere else (disk, loading) is last
+
+
+def model_tiers(places: Sequence[Mapping[str, str] | None], model: str) -> list[tuple[int, int]] | None:
+    """Each replica's tier for a request of `model` (lower is better), from what each replica published (every
+    name it serves -> where that model is: "device", "host" or "disk"; None: nothing published yet): (0, 0) where
+    it is on the device; else (1, k) in host memory and (2, k) elsewhere, k the models on that replica's device
+    (fewer first, as Ray Serve's multiplexing does: less to move off to make room, and two models no replica
+    holds spread over the replicas instead of taking turns on one). None when no replica serves a model of that
+    name (the name is then an adapter's, or nothing the replicas know): no model affinity."""
+    if not model or not any(p and model in p for p in places):
+        return None
+    tiers = []
+    for p in places:
+        where = (p or {}).get(model)
+        if where == MODEL_TIERS[0]:
+            tiers.append((0, 0))
+        else:
+            on_device = sum(1 for v in (p or {}).values() if v == MODEL_TIERS[0])
+            tiers.append((MODEL_TIERS.index(where) if where in MODEL_TIERS else len(MODEL_TIERS), on_device))
+    return tiers
+
+
+def best_tier(tiers: Sequence) -> list[int]:
+    """The indices of the replicas in the lowest (best) tier."""
+    best = min(tiers)
+    return [i for i, t in enumerate(tiers) if t == best]
 
 
 class Router(Protocol):

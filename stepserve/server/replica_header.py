@@ -18,8 +18,9 @@ class ReplicaHeader:
             await self.app(scope, receive, send)
             return
 
-        async def send_named(message) -> None:
-            if message["type"] == "http.response.start":
+        async def send_named(message) -> None:  # once: a server of several models names it on its front too
+            if message["type"] == "http.response.start" and all(k != self.header[0] for k, _ in
+                                                                 message.get("headers", ())):
                 message = {**message, "headers": [*message.get("headers", ()), self.header]}
             await send(message)
 

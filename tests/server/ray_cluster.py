@@ -122,11 +122,12 @@ class Cluster:
 class ServeProcess:
     """`stepserve serve --replicas ...` as a child process; its log goes to a file (Ray logs a lot)."""
 
-    def __init__(self, mark: str, *flags: str, env: dict | None = None, model: str = "embedded") -> None:
+    def __init__(self, mark: str, *flags: str, env: dict | None = None, model: str | None = "embedded") -> None:
+        """`model` None: the flags name the models (--models FILE)."""
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="stepserve-ray-", suffix=".log")
-        args = ["--model", model, "--port", str(self.port), "--threads", "1", "--log-level", "warning",
-                "--no-memory-cap", *flags]
+        args = [*(("--model", model) if model else ()), "--port", str(self.port), "--threads", "1", "--log-level",
+                "warning", "--no-memory-cap", *flags]
         self.proc = subprocess.Popen([sys.executable, "-m", "stepserve.cli", "serve", *args], cwd=ROOT,
                                      env=env or ray_env(mark), stdout=self.log, stderr=subprocess.STDOUT)
 

@@ -7,7 +7,7 @@ import numpy as np
 from PIL import Image
 
 from stepserve.commands.serve import build_parser, check_model, serve_settings
-from stepserve.commands.serve_models import build_front
+from stepserve.commands.serve_models import build_front, models_config
 
 
 def tiny_flux(root):
@@ -21,10 +21,11 @@ def front_of(*flags: str):
     """Serving on a thread; yields (its ServerThread, its Front). Closed at the end."""
     from server_helpers import ServerThread
 
-    args = build_parser().parse_args(["--no-memory-cap", "--state", "memory", *flags])
-    front = build_front(args, serve_settings, check_model, build_parser())
+    parser = build_parser()
+    args = parser.parse_args(["--no-memory-cap", "--state", "memory", *flags])
+    front = build_front(args, models_config(args, serve_settings, check_model, parser), serve_settings)
     try:
-        with ServerThread(front.dispatch) as server:
+        with ServerThread(front.app) as server:
             yield server, front
     finally:
         front.close()

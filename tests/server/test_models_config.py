@@ -79,10 +79,11 @@ def test_a_bad_models_file_is_one_line(tmp_path, text, says):
     (("--models-dir", "/nonexistent-folder"), "not a folder"),
 ])
 def test_bad_model_flags_are_one_line(flags, says):
-    from stepserve.commands.serve_models import build_front
+    from stepserve.commands.serve_models import build_front, models_config
 
     with pytest.raises(StartupError, match=None) as caught:
-        build_front(parse(*flags), serve_settings, check_model, build_parser())
+        args = parse(*flags)
+        build_front(args, models_config(args, serve_settings, check_model, build_parser()), serve_settings)
     assert says in str(caught.value)
 
 

@@ -324,5 +324,5 @@ def test_memory_state_with_replicas_warns_once_that_nothing_is_shared(monkeypatc
     assert serve_main(["--replicas", "2", "--state", "memory", "--port", str(free_port())]) == 0
     err = capsys.readouterr().err
     assert err.count("warning: with --state memory each replica keeps its own jobs and adapters") == 1, err
-    [(settings, plan)] = started
-    assert settings.state_url == "memory" and plan.replicas == 2
+    [(settings, plan, models)] = started
+    assert settings.state_url == "memory" and plan.replicas == 2 and models is None  # one model

@@ -14,6 +14,10 @@ environment. When Ray stops a replica (scale-down, serve.delete) it runs the app
 stops claiming jobs, gives the ones it runs the grace period, and hands back to the store what is unfinished.
 
 The console's live view is an application of its own over every replica's steps (console.py).
+
+With several models (`--model a=... --model b=...`), each replica hosts the several-model front instead, over every
+model on its own shared device (replica_models.py): /metrics then shows the models of the replica that answers, and
+the routers learn where each replica holds each model (docs/SCALING.md, "Several models behind the replicas").
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -44,8 +47,9 @@ from .fleet import autoscaling_stats, routing_stats
 from .load import background_jobs
 from .metrics import merge, snapshot
 from .options import ReplicaPlan, deployment_options, replica_settings, stop_budget_s
-from .processes import adopt_orphans, end_leftovers, reap
+from .processes import adopt_orphans, end_leftovers, reap, remove_session
 from .proxy_errors import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from .replica_models import ReplicaModels
 
 APP_NAME = "stepserve"
 PUSH_EVERY_S = 1.0
@@ -77,8 +81,10 @@ class MetricsHub:
 class StepserveReplica:
     """One replica: an engine and the shared app over it, built when Ray starts the replica."""
 
-    def __init__(self, settings: ServeSettings, threads: int, hub, events_hub) -> None:
+    def __init__(self, settings: ServeSettings, threads: int, hub, events_hub, models=None) -> None:
         self.settings = replace(settings, engine=replace(settings.engine, threads=threads))
+        self.models_config = None if models is None else models.with_engines(threads=threads)  # several models
+        self.several: ReplicaModels | None = None
         self.hub = hub
         self.events_hub = events_hub  # the console's (console.py)
         self.replica = serve.get_replica_context().replica_id.unique_id
@@ -92,6 +98,8 @@ class StepserveReplica:
         api_key = replica_api_key(settings)  # StartupError fails the replica with its message
         webhook_secret = replica_webhook_secret(settings)
         store, results = self.state = open_state(settings)  # this replica's own connection to the shared state
+        if self.models_config is not None:
+            return self._build_models(api_key, webhook_secret, store, results)
         try:
             engine = self.engine = start_engine(settings.engine)
         except BaseException:
@@ -108,6 +116,18 @@ class StepserveReplica:
         self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         self.forwarder = start_forwarding(self.events_hub, app, self.replica)
         return app
+
+    def _build_models(self, api_key, webhook_secret, store, results):
+        try:
+            self.several = ReplicaModels(self.models_config, self.settings, store, results, self.replica, api_key,
+                                         webhook_secret)
+        except BaseException:
+            self._close_state()
+            raise
+        self.http_app = self.several.dispatch
+        replica_id = serve.get_replica_context().replica_id
+        self.pusher = asyncio.get_running_loop().create_task(self.several.push_model_ids_forever(replica_id))
+        return self.several.app
 
     async def all_metrics(self, own) -> bytes:
         try:
@@ -132,20 +152,27 @@ class StepserveReplica:
 
     def background_jobs(self) -> int:
         """Jobs running here after their POST was answered: load Ray does not count (load.py)."""
-        return background_jobs(self.http_app)
+        return self.several.background_jobs() if self.several else background_jobs(self.http_app)
 
     def record_routing_stats(self) -> dict:
         """Ray Serve asks every ROUTING_STATS_PERIOD_S: this replica's load, for the routers (router.py)."""
+        if self.several is not None:
+            return self.several.routing_stats()
         return routing_stats(self.engine, self.background_jobs())
 
     def record_autoscaling_stats(self) -> dict:
         """Ray Serve asks for the custom autoscaling policy: work in hand and jobs (fleet.py)."""
+        if self.several is not None:
+            return self.several.autoscaling_stats()
         return autoscaling_stats(self.engine, self.background_jobs())
 
     def check_health(self) -> None:
         """Ray Serve calls this periodically; a failed engine makes Ray replace the replica."""
         if self.engine is not None and not self.engine.healthy:
             raise RuntimeError(f"engine failed: {self.engine.failure}")
+        failure = self.several.failure() if self.several is not None else None
+        if failure:
+            raise RuntimeError(f"engine failed: {failure}")
 
     async def __del__(self) -> None:
         """Ray Serve calls this once the app's lifespan shutdown has run (jobs handed back)."""
@@ -161,8 +188,9 @@ class StepserveReplica:
         self.state = ()
 
 
-def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
-    """Start (or join) a Ray cluster, deploy the replicas, serve until SIGTERM/SIGINT, then take it all down."""
+def serve_replicas(settings: ServeSettings, plan: ReplicaPlan, models=None) -> int:
+    """Start (or join) a Ray cluster, deploy the replicas, serve until SIGTERM/SIGINT, then take it all down.
+    `models`: a server.models_setup.ModelsConfig, every replica then serving all of its models."""
     for note in plan.notes:
         print(f"stepserve serve: {note}", file=sys.stderr, flush=True)
     local = plan.ray_address is None
@@ -181,17 +209,21 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         hub, events_hub = MetricsHub.remote(), EventsHubActor.remote()
         deployment = serve.deployment(StepserveReplica, name="Engine", **deployment_options(plan))
         engine = settings.engine
-        print(f"stepserve serve: deploying {_replica_text(plan)} of {engine.model} ({plural(plan.cpus, 'CPU')}, "
+        served = engine.model if models is None else f"models {', '.join(s.name for s in models.specs)}"
+        if models is not None:
+            models = models.with_engines(memory_share=plan.memory_share)
+        print(f"stepserve serve: deploying {_replica_text(plan)} of {served} ({plural(plan.cpus, 'CPU')}, "
               f"{plural(plan.gpus, 'GPU')}, {plural(plan.threads, 'thread')} each) ...", file=sys.stderr, flush=True)
         try:
-            serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub, events_hub),
-                      name=APP_NAME, route_prefix="/", blocking=False)
+            serve.run(deployment.bind(for_replicas(replica_settings(settings, plan)), plan.threads, hub, events_hub,
+                                      models), name=APP_NAME, route_prefix="/", blocking=False)
             deploy_console(settings, events_hub)
         except RuntimeError as exc:
             raise StartupError(f"the replicas did not start: {exc}") from None
         details = (f"{_replica_text(plan)}, Ray Serve, strategy {engine.options.strategy}, max batch "
                    f"{engine.options.max_batch_size} per replica")
-        print(f"stepserve serve: {ready_line(engine.model, settings.host, settings.port, details)}", file=sys.stderr,
+        default = models.default if models is not None else engine.model
+        print(f"stepserve serve: {ready_line(default, settings.host, settings.port, details)}", file=sys.stderr,
               flush=True)
         while not stop.wait(1.0):
             if local:
@@ -210,7 +242,7 @@ def serve_replicas(settings: ServeSettings, plan: ReplicaPlan) -> int:
         ray.shutdown()  # a local cluster started by ray.init stops with it
         if local:
             end_leftovers()
-            _remove_session(session)
+            remove_session(session)
 
 
 def _session_dir() -> str | None:
@@ -219,17 +251,6 @@ def _session_dir() -> str | None:
         return ray._private.worker._global_node.get_session_dir_path()
     except AttributeError:  # not connected, or a Ray without this (private) attribute
         return None
-
-
-def _remove_session(session: str | None) -> None:
-    """Delete the session folder of the local cluster this process started, and Ray's `session_latest` link to it
-    (the logs are gone with it: keep them with --ray-address and a cluster of your own)."""
-    if not session or not os.path.isdir(session):
-        return
-    latest = os.path.join(os.path.dirname(session), "session_latest")
-    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session):
-        os.unlink(latest)
-    shutil.rmtree(session, ignore_errors=True)
 
 
 def _bounded(call, timeout_s: float, *args) -> None:

@@ -22,7 +22,7 @@ POLICY_FUNCTION = "stepserve.server.ray.fleet:SLOAutoscaling"
 LOOK_BACK_S = 10.0  # Ray Serve keeps the replicas' metrics this long (its default is 30 s)
 
 
-def _stats(engine, jobs: int | None = None) -> ReplicaStats | None:
+def engine_stats(engine, jobs: int | None = None) -> ReplicaStats | None:
     """`jobs`: the background jobs the replica's job runner runs (server/ray/load.py); None: its engine's videos."""
     if engine is None:
         return None
@@ -30,17 +30,29 @@ def _stats(engine, jobs: int | None = None) -> ReplicaStats | None:
 
 
 def routing_stats(engine, jobs: int | None = None) -> dict[str, Any]:
-    stats = _stats(engine, jobs)
+    stats = engine_stats(engine, jobs)
+    return published(stats, engine.model_info.default_steps if stats is not None else 0)
+
+
+def published(stats: ReplicaStats | None, default_steps: int | None, models: dict[str, str] | None = None) -> dict:
+    """What a replica publishes for the routers: its stats, when they were taken, the default steps its requests
+    are priced at (None: no model loaded to say) and, serving several models, where each is (replica_models.py)."""
     if stats is None:  # still starting: nothing to say yet
         return {}
     out = stats.to_dict()
     out["taken_at"] = time.time()  # the routers' clock for what they sent since (fleet/sent.py)
-    out["default_steps"] = engine.model_info.default_steps
+    if default_steps is not None:
+        out["default_steps"] = default_steps
+    if models is not None:
+        out["models"] = models
     return out
 
 
 def autoscaling_stats(engine, jobs: int | None = None) -> dict[str, float]:
-    stats = _stats(engine, jobs)
+    return autoscaling_of(engine_stats(engine, jobs))
+
+
+def autoscaling_of(stats: ReplicaStats | None) -> dict[str, float]:
     if stats is None:
         return {}
     return {"work_s": float(stats.work_s), "jobs": float(stats.jobs), "outstanding": float(stats.outstanding)}

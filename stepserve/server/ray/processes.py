@@ -5,6 +5,7 @@ elsewhere nothing is found and nothing is done. No Ray here."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
@@ -61,3 +62,14 @@ def descendants(root: int) -> list[int]:
         found += children
         frontier = children
     return found
+
+
+def remove_session(session: str | None) -> None:
+    """Delete the session folder of the local cluster this process started, and Ray's `session_latest` link to it
+    (the logs are gone with it: keep them with --ray-address and a cluster of your own)."""
+    if not session or not os.path.isdir(session):
+        return
+    latest = os.path.join(os.path.dirname(session), "session_latest")
+    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session):
+        os.unlink(latest)
+    shutil.rmtree(session, ignore_errors=True)

@@ -20,6 +20,14 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
   hand, which is what differs between them, is exact. A client that names its LoRA adapter in Ray's
   `serve_multiplexed_model_id` header gets adapter affinity (a replica holding it wins unless another finishes
   sooner by more than --adapter-load-s).
+- Several models per replica: each replica also publishes where it holds each model it serves (device, host
+  memory, disk: replica_models.py). A request whose `serve_multiplexed_model_id` header names one of those models
+  gets model affinity (fleet/routers.py, model_tiers): the router's policy picks among the replicas holding it on
+  their device, else in host memory, else among all (those with the fewest models on their device first); the
+  other replicas follow in that order. A model this router sent a request of counts as on that replica's device
+  while the request is out and until stats taken after it came back arrive (a model with requests in flight never
+  leaves the device), so the next request of that model follows it instead of loading it on another replica.
+  The header names a model when a replica serves one of that name, else a LoRA adapter as above.
 - The choice is one rank per replica, best first; Ray then sends to the first that has room (its
   max_ongoing_requests), as it does for its own routers.
 """
@@ -34,7 +42,7 @@ from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from ...fleet.routers import DEFAULT_CHOICES, make_router
+from ...fleet.routers import DEFAULT_CHOICES, best_tier, make_router, model_tiers
 from ...fleet.sent import Sent
 from ...fleet.stats import Job, ReplicaStats, finish_s, price_s, with_in_flight
 
@@ -69,8 +77,11 @@ class FleetRouter(FIFOMixin, RequestRouter):
         self.default_steps = default_steps
         self.sent = Sent()
         self._price: dict[Any, float] = {}  # replica id -> what the last request priced for it costs there
-        self._notes: dict[Any, deque] = {}  # replica id -> its notes in Sent, oldest first
+        self._notes: dict[Any, deque] = {}  # replica id -> (its note in Sent, the model it brings), oldest first
         self._count = itertools.count()
+        self._model: str | None = None  # the model the last request ranked for named (model affinity)
+        # replica id -> model -> [requests of it out there, when the last came back]: on that replica's device
+        self._brought: dict[Any, dict[str, list]] = {}
 
     def job(self, pending: PendingRequest | None) -> Job:
         if pending is None:
@@ -91,6 +102,22 @@ class FleetRouter(FIFOMixin, RequestRouter):
         stats = self.sent.adjust(rid, ReplicaStats.from_dict(published))
         return with_in_flight(stats, len(self._notes.get(rid, ())), self._price.get(rid, 0.0))
 
+    def places_of(self, replica: RunningReplica) -> dict[str, str] | None:
+        """Where the replica holds each model it serves (published), with the models this router sent it requests
+        of counted as on its device while those are out and until stats taken after they came back arrive; None:
+        it serves one model, or published nothing yet."""
+        rid = replica.replica_id
+        published = replica.routing_stats or {}
+        places = published.get("models")
+        brought = self._brought.get(rid)
+        if brought:
+            taken = float(published.get("taken_at", float("-inf")))
+            for model in [m for m, (out, back) in brought.items() if not out and back <= taken]:
+                del brought[model]  # in the stats now
+            if brought:
+                places = {**(places or {}), **dict.fromkeys(brought, "device")}
+        return places
+
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
@@ -99,8 +126,18 @@ class FleetRouter(FIFOMixin, RequestRouter):
         self.default_steps = int(published.get("default_steps", self.default_steps))  # the model's, as served
         job = self.job(pending_request)
         stats = [self.stats_of(r) for r in candidate_replicas]
-        first = self.policy.pick(stats, job)
-        scored = sorted(range(len(stats)), key=lambda i: (i != first, finish_s(stats[i], job, self.adapter_load_s)))
+        named = next(iter(job.adapters), "")
+        tiers = model_tiers([self.places_of(r) for r in candidate_replicas], named) if named else None
+        self._model = None if tiers is None or not job.steps else named
+        if tiers is None:
+            tiers = [(0, 0)] * len(stats)
+            first = self.policy.pick(stats, job)
+        else:
+            job = Job(job.steps, job.pixels)  # the name is a model's, not an adapter's
+            among = best_tier(tiers)
+            first = among[self.policy.pick([stats[i] for i in among], job)]
+        scored = sorted(range(len(stats)),
+                        key=lambda i: (i != first, tiers[i], finish_s(stats[i], job, self.adapter_load_s)))
         for i in scored:
             self._price[candidate_replicas[i].replica_id] = price_s(stats[i], job)
         return [[candidate_replicas[i]] for i in scored]
@@ -110,20 +147,28 @@ class FleetRouter(FIFOMixin, RequestRouter):
         noted at the price this router last quoted for that replica."""
         super().on_send_request(replica_id)
         key = next(self._count)
-        self.sent.sent(replica_id, key, time.time(), self._price.get(replica_id, 0.0))
-        self._notes.setdefault(replica_id, deque()).append(key)
+        now = time.time()
+        self.sent.sent(replica_id, key, now, self._price.get(replica_id, 0.0))
+        self._notes.setdefault(replica_id, deque()).append((key, self._model))
+        if self._model:
+            self._brought.setdefault(replica_id, {}).setdefault(self._model, [0, now])[0] += 1
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         """A request to `replica_id` came back: its oldest note goes (the count of those out stays right)."""
         notes = self._notes.get(replica_id)
         if notes:
-            self.sent.done(replica_id, notes.popleft())
+            key, model = notes.popleft()
+            self.sent.done(replica_id, key)
+            brought = self._brought.get(replica_id, {}).get(model)
+            if brought is not None:
+                brought[0], brought[1] = max(brought[0] - 1, 0), time.time()
 
     def on_replica_actor_died(self, replica_id) -> None:
         super().on_replica_actor_died(replica_id)
         self.sent.forget(replica_id)
         self._notes.pop(replica_id, None)
         self._price.pop(replica_id, None)
+        self._brought.pop(replica_id, None)
 
 
 def router_config(router: str, adapter_load_s: float) -> dict | None:
