@@ -141,6 +141,8 @@ def _read_toml(path: str) -> tuple[list[tuple[str, dict, bool]], str | None]:
                                f"{', '.join(sorted({*PER_MODEL, *OWN} - {'model'}))}")
         if "path" not in settings and "model" not in settings:
             raise StartupError(f"--models {path}: models.{name} has no path")
+        if "path" in settings and "model" in settings:
+            raise StartupError(f"--models {path}: models.{name} gives both path and model: give one (path)")
         load = settings.pop("load", "start")
         if load not in ("start", "first-use"):
             raise StartupError(f"--models {path}: models.{name}.load must be 'start' or 'first-use', got {load!r}")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..scheduling.device_share import DeviceShare, EngineBid
-from ..scheduling.residency import DEVICE, DISK, HOST, Placed, make_room
+from ..scheduling.residency import DEVICE, DISK, HOST, Placed, make_room, used
 from .clock import WallClock
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,8 @@ class Resident:
     nbytes: int
     place: str
     mover: Callable[[str], None]  # mover(DEVICE | HOST): move the weights there (blocking)
-    busy: Callable[[], bool]  # requests in flight (queued, running, or being read by the server)
+    busy: Callable[[], bool]  # requests in flight (queued, running, being read by the server, jobs it owns)
+    active: Callable[[], bool]  # its engine has work now (cheap: read at every step for the shares)
     last_used: float = 0.0
     work_s: float = 0.0  # smoothed duration of its steps: the predicted work of its next one
     steps: int = 0
@@ -65,15 +66,22 @@ class SharedDevice:
         self.reserved: dict[str, int] = {}  # bytes held on the device for models being loaded
         self._cond = threading.Condition()
         self._bids: dict[str, EngineBid] = {}
+        self._exclusive_waiting = 0  # loads waiting to move models (_exclusive): served before any bid
         self._closed = False
 
     # --- turns -------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def turn(self, model: str, deadline: float | None) -> Iterator[Callable[[float], None]]:
+    def turn(self, model: str, deadline: float | None) -> Iterator[Callable[..., None]]:
         """Hold the device for one step of `model` (blocks until the policy picks it), with the model on the device.
-        Yields took(seconds): report the step's duration (the executor's, not a clock's)."""
+        Yields took(seconds, again=False, deadline=None): the step's duration (the executor's, not a clock's), and
+        whether the engine has more work: then it bids for its next step at the release itself, so that the policy
+        chooses between it and the engines waiting (a bid made only after the release would always find the device
+        handed on, and two busy models would merely alternate). An engine that bid so and then does not step calls
+        withdraw()."""
         with self._cond:
-            bid = self._bids[model] = EngineBid(model, self.clock.now(), deadline, self._work_s(model))
+            bid = self._bids.get(model)  # made at the release of its last step, or now
+            if bid is None:
+                bid = self._bids[model] = EngineBid(model, self.clock.now(), deadline, self._work_s(model))
             if self.holder is None:
                 self._grant()
             while self.holder != model and not self._closed:
@@ -86,36 +94,54 @@ class SharedDevice:
             if r is not None:
                 r.wait_s += started - bid.waiting_since
                 r.wait_s_max = max(r.wait_s_max, started - bid.waiting_since)
-        took = [0.0]
+        done: dict = {"seconds": 0.0, "again": False, "deadline": None}
+
+        def took(seconds: float, again: bool = False, deadline: float | None = None) -> None:
+            done.update(seconds=seconds, again=again, deadline=deadline)
+
         try:
             self._to_device(model)
-            yield lambda seconds: took.__setitem__(0, seconds)
+            yield took
         finally:
+            seconds = done["seconds"]
             with self._cond:
-                self.share.charge(model, took[0])
+                self.share.charge(model, seconds)
                 r = self.models.get(model)
                 if r is not None:
                     r.last_used = self.clock.now()
-                    if took[0] > 0:
+                    if seconds > 0:
                         r.steps += 1
-                        r.device_s += took[0]
-                        r.work_s = took[0] if r.work_s == 0 else 0.8 * r.work_s + 0.2 * took[0]
+                        r.device_s += seconds
+                        r.work_s = seconds if r.work_s == 0 else 0.8 * r.work_s + 0.2 * seconds
+                self.holder = None
+                if done["again"] and not self._closed:
+                    self._bids[model] = EngineBid(model, self.clock.now(), done["deadline"], self._work_s(model))
+                self._grant()
+            if seconds > 0:
+                for callback in self.on_turn:
+                    callback(model, started, seconds)
+
+    def withdraw(self, model: str) -> None:
+        """The engine of `model` will not step now (no work, or it stops): its bid goes, and a turn handed to it
+        at its last release passes on."""
+        with self._cond:
+            self._bids.pop(model, None)
+            if self.holder == model:
                 self.holder = None
                 self._grant()
-            if took[0] > 0:
-                for callback in self.on_turn:
-                    callback(model, started, took[0])
 
     def share_now(self, model: str) -> float:
         """The share of the device `model` gets now: its weight over those of the models with work (bidding, or
         busy), itself included. Its slo policy plans at it (scheduling/device_share.plan_at)."""
         with self._cond:
             active = set(self._bids) | {r.name for r in self.models.values()
-                                        if r.name != model and r.place != DISK and r.busy()}
+                                        if r.name != model and r.place != DISK and r.active()}
             return self.share.share_now(model, sorted(active), self.clock.now())
 
-    def _grant(self) -> None:  # under the lock, the device free: hand it to the policy's pick
-        if self._bids:
+    def _grant(self) -> None:  # under the lock, the device free: a load's moves first, else the policy's pick
+        if self._exclusive_waiting:
+            self._cond.notify_all()  # the device stays free for the loader (_exclusive) to take
+        elif self._bids:
             self.holder = self.share.pick(list(self._bids.values()), self.clock.now()).model
             self._cond.notify_all()
 
@@ -131,16 +157,25 @@ class SharedDevice:
 
     # --- memory ------------------------------------------------------------------------------------------------
     def add(self, name: str, nbytes: int, mover: Callable[[str], None], busy: Callable[[], bool],
-            load_s: float | None = None) -> None:
-        """A model just loaded onto the device (its reservation, if any, becomes its place)."""
+            active: Callable[[], bool] | None = None, load_s: float | None = None) -> None:
+        """A model just loaded onto the device (its reservation, if any, becomes its place). Its size is now
+        measured: when that is more than was reserved, idle models move out until the budget holds again."""
         with self._cond:
             self.reserved.pop(name, None)
             old = self.models.get(name)
-            r = Resident(name, nbytes, DEVICE, mover, busy, last_used=self.clock.now(), load_s=load_s)
+            r = Resident(name, nbytes, DEVICE, mover, busy, active or busy, last_used=self.clock.now(),
+                         load_s=load_s)
             if old is not None:  # loaded again after going to disk: its counters carry on
                 r.moves, r.move_s, r.steps, r.device_s = old.moves, old.move_s, old.steps, old.device_s
             r.moves[DEVICE] = r.moves.get(DEVICE, 0)
             self.models[name] = r
+        if self.device_bytes is not None and used(self._placed(), DEVICE) > self.device_bytes:
+            with self._exclusive():
+                out = make_room(self._placed(), DEVICE, 0, self.device_bytes, keep=name)
+                if out is None:
+                    log.warning("model %s (%.0f MiB measured) is over --device-memory-mb: the other models on the "
+                                "device have requests in flight", name, nbytes / 2**20)
+                self._move_out(out or [])
 
     def remove(self, name: str) -> None:
         """The model went back to disk (its engine was dropped); its counters stay for /v1/models."""
@@ -193,7 +228,11 @@ class SharedDevice:
 
     def _move_out(self, names: list[str]) -> None:
         for name in names:
-            self._move(self.models[name], HOST)
+            try:
+                self._move(self.models[name], HOST)
+            except Exception:  # noqa: BLE001 - the step or load that needed the room goes on, over the budget
+                log.exception("model %s could not move to host memory; it stays on the device (over "
+                              "--device-memory-mb until it moves)", name)
         gone = make_room(self._placed(), HOST, 0, self.host_bytes)
         for name in gone or []:
             r = self.models[name]
@@ -205,7 +244,14 @@ class SharedDevice:
 
     def _move(self, r: Resident, place: str) -> None:
         started = self.clock.now()
-        r.mover(place)
+        try:
+            r.mover(place)
+        except BaseException:
+            try:
+                r.mover(r.place)  # back where it was, whole: never half on one device and half on the other
+            except Exception:  # noqa: BLE001 - the first failure is the one to report
+                log.exception("model %s could not move back to %s memory either", r.name, r.place)
+            raise
         seconds = self.clock.now() - started
         with self._cond:
             r.place = place
@@ -226,8 +272,14 @@ class SharedDevice:
     def _exclusive(self) -> Iterator[None]:
         """Hold the device between steps, ahead of every bid (a load's moves)."""
         with self._cond:
-            while self.holder is not None and not self._closed:
-                self._cond.wait()
+            self._exclusive_waiting += 1
+            try:
+                while self.holder is not None and not self._closed:
+                    self._cond.wait()
+            finally:
+                self._exclusive_waiting -= 1
+            if self._closed:
+                raise RuntimeError("the shared device was closed")
             self.holder = MEMORY
         try:
             yield

@@ -36,6 +36,9 @@ class EngineThread:
         except BaseException as exc:  # noqa: BLE001 - the core's state can no longer be trusted
             self._die(exc)
             return
+        finally:
+            if self.device is not None:  # a turn handed to it at its last step's end passes on
+                self.device.withdraw(self.device_name)
         if self.failure is not None:  # the executor failed between steps (a rank died): its pending were answered
             log.critical("the engine thread stopped: %s", self.failure)
 
@@ -44,6 +47,8 @@ class EngineThread:
         while not self._stop and self.failure is None:  # a failed executor (a rank died) runs no other step
             self._drain_inbox()
             if not core.has_work():
+                if self.device is not None:
+                    self.device.withdraw(self.device_name)
                 self._sleep(0.5)
                 continue
             report = self._step()
@@ -61,10 +66,13 @@ class EngineThread:
         the share of the device it gets now."""
         if self.device is None:
             return self.core.step(self.clock.now())
-        with self.device.turn(self.device_name, self.core.earliest_deadline()) as took:
-            plan_at(self.core.policy, self.device.share_now(self.device_name))  # slo plans at its share
-            report = self.core.step(self.clock.now())
-            took(report.duration_s)
+        core = self.core
+        with self.device.turn(self.device_name, core.earliest_deadline()) as took:
+            plan_at(core.policy, self.device.share_now(self.device_name))  # slo plans at its share
+            report = core.step(self.clock.now())
+            # more to do at once (not a policy's wait): bid for the next step now, as the device frees
+            again = report.duration_s > 0 and core.has_work() and not self._stop and self.failure is None
+            took(report.duration_s, again, core.earliest_deadline() if again else None)
         return report
 
     def _sleep(self, timeout: float) -> None:

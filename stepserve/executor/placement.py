@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-HOST, DEVICE = "host", "device"
+from ..scheduling.residency import DEVICE, HOST
 
 
 def networks_of(root: Any, depth: int = 3) -> list[torch.nn.Module]:

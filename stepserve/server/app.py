@@ -36,7 +36,7 @@ from .loras import lora_routes
 from .controlnets import controlnet_routes, read_generation, with_controls
 from .ip_adapters import ip_adapter_routes
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .schemas import ImageGenerationRequest, ServerLimits, check_model, engine_params, served_names
+from .schemas import ImageGenerationRequest, ServerLimits, check_model, engine_params, served_names, serves
 from .streaming import EventStreamResponse, StreamJob, image_events
 from .image_jobs import async_answer, image_job_routes
 from .jobs_app import attach_jobs
@@ -204,8 +204,6 @@ _BODY_SCHEMA = {"requestBody": {"required": True, "content": {JSON: {"schema": {
 
 def _model_card(state: ServerState, name: str) -> dict:
     """OpenAI's model object, then what a server of several models shows too (models.py): family, place, serves."""
-    from .models import serves
-
     info = state.engine.model_info
     return {"id": name, "object": "model", "created": state.started_at, "owned_by": "stepserve",
             "family": info.family, "place": "device", "serves": serves(info)}

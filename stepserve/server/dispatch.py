@@ -25,11 +25,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .auth import require_key
+from .bodies import json_value
 from .errors import APIError
 from .models import ModelEntry, ModelSet
 
 BODY_ROUTES = ("/v1/images/generations", "/v1/images/edits", "/v1/videos")
-JOB_ROUTE = re.compile(r"^/v1/(images/jobs|videos)/[^/]+")
+JOB_ROUTE = re.compile(r"^/v1/(images/jobs|videos)/([^/]+)")
 DEFAULT_BODY_LIMIT = 64 * 2**20
 
 
@@ -60,26 +61,36 @@ class Dispatch:
         path = scope["path"]
         try:
             if path == "/health":
-                return await self._health()(scope, receive, send)
+                return await (await self._health(scope))(scope, receive, send)
+            if path == "/" or path.startswith("/console/") or scope["method"] == "OPTIONS":
+                return await self._open(scope, receive, send)  # the page, a CORS preflight: never a load
+            await self.check_key(Request(scope))  # the one key of every model: before any body, load or 404
             if path in ("/metrics", "/v1/models") or path.startswith("/v1/models/"):
-                await self.check_key(Request(scope))
                 answer = await self._metrics() if path == "/metrics" else self._cards(path)
                 return await answer(scope, receive, send)
-            if JOB_ROUTE.match(path) and "model" not in _query(scope):
-                return await self._job(scope, receive, send)
+            job = JOB_ROUTE.match(path)
+            if job is not None and "model" not in _query(scope):
+                return await self._job(job.group(2), scope, receive, send)
             body = None
             if path in BODY_ROUTES and scope["method"] == "POST":
-                body = await _read(receive, self.body_limit)
-                await self.check_key(Request(scope))
+                body = await _read(scope, receive, self.body_limit)
                 name = await _body_model(scope, body)
             else:
                 name = _query(scope).get("model")
-                if name is not None:  # a wrong key hears 401, not which models are served
-                    await self.check_key(Request(scope))
-            entry = self.models.entry(name)
-            await self._forward(entry, scope, receive, send, body)
+            await self._forward(self.models.entry(name), scope, receive, send, body)
         except APIError as exc:
             await exc.response()(scope, receive, send)
+
+    async def _open(self, scope, receive, send) -> None:
+        """A route any model's app answers alike (the console's page, a preflight): the model asked for, else the
+        default, else any loaded one; none is loaded for it."""
+        entries = self.models.entries
+        named = entries.get(self.models.names.get(_query(scope).get("model") or "", ""))
+        for entry in (named, entries[self.models.default], *entries.values()):
+            if entry is not None and entry.stack is not None:
+                return await entry.app(scope, receive, send)
+        raise APIError(503, "no model is loaded yet; send a request naming one", type="server_error",
+                       code="no_model_loaded")
 
     async def _forward(self, entry: ModelEntry, scope, receive, send, body: bytes | None) -> None:
         entry.pending += 1  # pinned: never moved out of device memory while a request of its own is here
@@ -87,8 +98,14 @@ class Dispatch:
             if entry.stack is None:
                 if self.draining:
                     raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-                self._refuse_if_late(entry, scope, body)
-                waited = await self.models.ensure(entry)
+                timeout = _json_field(scope, body, "timeout_s", self.default_timeout_s) if body else None
+                timeout = timeout if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
+                self._refuse_if_late(entry, timeout)
+                try:
+                    waited = await asyncio.wait_for(self.models.ensure(entry), timeout)
+                except asyncio.TimeoutError:  # the load goes on for the next request
+                    raise APIError(504, f"model {entry.name} did not load within this request's timeout_s "
+                                        f"({timeout:g} s)", type="server_error", code="timeout") from None
                 if body is not None and waited > 0:
                     body = _shorter_timeout(scope, body, waited, self.default_timeout_s)
             if body is not None:
@@ -98,30 +115,28 @@ class Dispatch:
             entry.pending -= 1
             self.models.device.touch(entry.name)
 
-    def _refuse_if_late(self, entry: ModelEntry, scope, body: bytes | None) -> None:
+    def _refuse_if_late(self, entry: ModelEntry, timeout: float | None) -> None:
         """A request whose deadline is shorter than the model's last load: 429 at once, not a 504 after it."""
-        if entry.last_load_s is None or body is None:
+        if entry.last_load_s is None or timeout is None:
             return
-        timeout = _json_field(scope, body, "timeout_s", self.default_timeout_s)
-        if isinstance(timeout, (int, float)) and timeout < entry.last_load_s:
+        if timeout < entry.last_load_s:
             retry = self.models.retry_after_s(entry)
             raise APIError(429, f"model {entry.name} is not loaded and loading it takes about {entry.last_load_s:.1f} "
                                 f"s, longer than this request's timeout_s ({timeout:g}); retry after {retry} s or "
                                 f"give a longer timeout_s", type="rate_limit_error", code="model_loading",
                            headers={"Retry-After": str(retry)})
 
-    async def _job(self, scope, receive, send) -> None:
-        """A job's own route: the first loaded model whose app does not answer 404 (jobs belong to one model)."""
-        await self.check_key(Request(scope))
-        loaded = [e for e in self.models.entries.values() if e.stack is not None]
-        if not loaded:
-            raise APIError(404, "no such job (no model is loaded)", code="not_found")
-        for i, entry in enumerate(loaded):
-            last = i == len(loaded) - 1
-            probe = _Probe(send, pass_404=last)
-            await entry.app(scope, receive, probe)
-            if not probe.was_404 or last:
-                return
+    async def _job(self, job_id: str, scope, receive, send) -> None:
+        """A job's own route: the model whose service the job belongs to (jobs belong to one model), loaded for it
+        if it went to disk; a job of no model known here: the first loaded model's answer (its 404)."""
+        record = await asyncio.to_thread(self.models.store.get_job, job_id) if self.models.store else None
+        owner = next((e for e in self.models.entries.values()
+                      if record is not None and e.service is not None and e.service == record.service), None)
+        if owner is None:
+            owner = next((e for e in self.models.entries.values() if e.stack is not None), None)
+            if owner is None:
+                raise APIError(404, f"no job {job_id[:100]!r} here", code="not_found")
+        await self._forward(owner, scope, receive, send, None)
 
     def _cards(self, path: str) -> Response:
         models = self.models
@@ -132,17 +147,26 @@ class Dispatch:
         entry = models.entry(name)
         return JSONResponse({**models.card(entry), "id": name})
 
-    def _health(self) -> Response:
+    async def _health(self, scope) -> Response:
+        """Open, as one model's: the status; each model's details only to a caller with the key (or no key set)."""
+        try:
+            await self.check_key(Request(scope))
+            detailed = True
+        except APIError:
+            detailed = False
         loaded = [e for e in self.models.entries.values() if e.engine is not None]
         failed = [e.name for e in loaded if not e.engine.healthy]
         draining = any(e.app.state.server.draining for e in loaded if e.app is not None)
         status = "failed" if failed else "draining" if draining else "ok"
-        body = {"status": status, "model": self.models.default, "models": {
-            e.name: {"loaded": e.engine is not None, "queue_depth": e.engine.queue_depth if e.engine else 0,
-                     "running": e.engine.running_count if e.engine else 0} for e in self.models.entries.values()}}
+        body = {"status": status, "model": self.models.default}
+        if detailed:
+            body["models"] = {e.name: {"loaded": e.engine is not None, "queue_depth": e.engine.queue_depth if e.engine
+                                       else 0, "running": e.engine.running_count if e.engine else 0}
+                              for e in self.models.entries.values()}
         if failed:
             body["reason"] = "engine_failed"
-            body["failed"] = failed
+            if detailed:
+                body["failed"] = failed
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def _metrics(self) -> Response:
@@ -187,7 +211,11 @@ def _query(scope) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(raw).items()}
 
 
-async def _read(receive, limit: int) -> bytes:
+async def _read(scope, receive, limit: int) -> bytes:
+    """The body, refused with a 413 as soon as it is known to be over `limit` (declared or streamed)."""
+    declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the body is larger than this server takes ({limit // 2**20} MiB)", code="body_too_large")
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -227,13 +255,15 @@ def _content_type(scope) -> str:
     return ""
 
 
-def _json(scope, body: bytes):
-    if _content_type(scope) != "application/json":
+def _json(scope, body: bytes | None) -> dict | None:
+    """A JSON body's object, parsed as the models' apps parse it (bodies.json_value); None otherwise (the app
+    answers the 400)."""
+    if body is None or _content_type(scope) != "application/json":
         return None
     try:
-        data = json.loads(body)
+        data = json_value(body)
     except (ValueError, UnicodeDecodeError):
-        return None  # the model's app answers the 400
+        return None
     return data if isinstance(data, dict) else None
 
 
@@ -252,8 +282,7 @@ async def _body_model(scope, body: bytes) -> str | None:
                 return value if isinstance(value, str) else None
         except Exception:  # noqa: BLE001 - a malformed form: the default model's app answers its 400
             return None
-    value = _json_field(scope, body, "model")
-    return value if isinstance(value, str) or value is None else str(value)
+    return (_json(scope, body) or {}).get("model")  # not a string: entry() answers the 400
 
 
 def _shorter_timeout(scope, body: bytes, waited: float, default: float | None) -> bytes:

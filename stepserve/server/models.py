@@ -22,11 +22,13 @@ from typing import Any, Callable
 
 from ..engine.device import SharedDevice
 from ..scheduling.residency import DISK, too_large
-from .errors import APIError
+from .errors import APIError, invalid
+from .schemas import model_not_found, serves
 from .startup import StartupError, start_engine
 
 log = logging.getLogger("stepserve.server")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".ckpt", ".onnx")
+FAILED_S = 30.0  # a model whose load failed is not tried again for this long (503 with Retry-After meanwhile)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class ModelEntry:
     family: str = ""
     loads: int = 0
     last_load_s: float | None = None
+    service: str | None = None  # its jobs' and registrations' service in the store (known once it has loaded)
+    failed_at: float | None = None  # when its last load failed (monotonic): loads again only after FAILED_S
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -92,13 +96,11 @@ class ModelSet:
                 if self.names.setdefault(n, s.name) != s.name:
                     raise StartupError(f"the name {n!r} is given to two models ({self.names[n]} and {s.name}): "
                                        f"allowed: one model per name")
-        if default not in self.entries:
-            raise StartupError(f"--default-model {default!r} is not one of the models served: "
-                               f"{', '.join(self.entries)}")
-        self.default = default
+        self.default = default  # one of them (models_flags.model_specs checks it)
         self.device = device
         self.make_app = make_app  # (spec, engine) -> the model's app (create_app with the server's settings)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.store = None  # the state store the models' jobs live in (models_setup.model_set sets it)
         device.to_disk = self._to_disk
 
     def served(self) -> list[str]:
@@ -108,11 +110,11 @@ class ModelSet:
         """The model a request names (None: the default); 404 model_not_found listing the served names."""
         if name is None:
             return self.entries[self.default]
-        model = self.names.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):
+            raise invalid(f"model: expected a string naming a served model, got {type(name).__name__}", "model")
+        model = self.names.get(name)
         if model is None:
-            shown = name[:100] if isinstance(name, str) else name
-            raise APIError(404, f"model: {shown!r} is not served here; served: {', '.join(self.served())} "
-                                f"(GET /v1/models)", code="model_not_found", param="model")
+            raise model_not_found(name, self.served())
         return self.entries[model]
 
     # --- loading -----------------------------------------------------------------------------------------------
@@ -139,10 +141,12 @@ class ModelSet:
         executor = engine.executor
         nbytes = weight_bytes(executor) if hasattr(executor, "pipeline") else estimate
         seconds = time.monotonic() - started
-        self.device.add(spec.name, nbytes, lambda where: place(executor, where) if hasattr(executor, "pipeline")
-                        else None, lambda: self._busy(entry), load_s=seconds)
-        entry.engine, entry.loads, entry.last_load_s = engine, entry.loads + 1, seconds
+        entry.engine, entry.loads, entry.last_load_s, entry.failed_at = engine, entry.loads + 1, seconds, None
         entry.app = self.make_app(spec, engine)
+        entry.service = entry.app.state.server.jobs.service
+        self.device.add(spec.name, nbytes, lambda where: place(executor, where) if hasattr(executor, "pipeline")
+                        else None, lambda: self._busy(entry), lambda: bool(engine.queue_depth or
+                                                                            engine.running_count), load_s=seconds)
 
     async def start(self, entry: ModelEntry) -> None:
         """Run a loaded model's app (its engine thread, jobs and registrations)."""
@@ -156,6 +160,8 @@ class ModelSet:
         if entry.stack is not None:
             return 0.0
         started = time.monotonic()
+        if entry.failed_at is not None and started - entry.failed_at < FAILED_S:
+            raise self._load_failed(entry, int(FAILED_S - (started - entry.failed_at)) + 1)
         if entry.loading is None:
             entry.loading = asyncio.ensure_future(self._load(entry))
         try:
@@ -169,22 +175,33 @@ class ModelSet:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self.load_now, entry)
-        except StartupError as exc:
-            log.error("model %s could not load: %s", entry.name, exc)
-            raise APIError(503, f"model {entry.name} could not load (the server's log says why)",
-                           code="model_load_failed") from None
-        await self.start(entry)
+            await self.start(entry)
+        except APIError:  # no room now (429): nothing failed
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to load answers 503, and is not retried at once
+            log.error("model %s could not load: %s", entry.name, exc, exc_info=not isinstance(exc, StartupError))
+            entry.failed_at = time.monotonic()
+            raise self._load_failed(entry, int(FAILED_S)) from None
+
+    def _load_failed(self, entry: ModelEntry, retry_s: int) -> APIError:
+        return APIError(503, f"model {entry.name} could not load (the server's log says why); it is tried again "
+                             f"after {retry_s} s", type="server_error", code="model_load_failed",
+                        headers={"Retry-After": str(retry_s)})
 
     def retry_after_s(self, entry: ModelEntry) -> int:
         return int(max(1, min(60, round(entry.last_load_s or 1.0))))
 
     def _busy(self, entry: ModelEntry) -> bool:
-        engine = entry.engine
-        if entry.pending or engine is None:
+        """Requests in flight: routed here and not answered, in its app or engine, or jobs of its own unfinished in
+        the state store (queued ones included: they run only while it is loaded). Read from any thread: the app is
+        read once, as a drop may clear it meanwhile."""
+        from .app import is_idle
+
+        app = entry.app
+        if entry.pending or app is None:
             return bool(entry.pending)
-        jobs = getattr(entry.app.state.server, "jobs", None) if entry.app is not None else None
-        return bool(engine.queue_depth or engine.running_count or entry.app.state.server.inflight
-                    or (jobs is not None and jobs.busy))
+        jobs = app.state.server.jobs
+        return not is_idle(app) or bool(jobs.store.count_unfinished(jobs.service))
 
     # --- back to disk ------------------------------------------------------------------------------------------
     def _to_disk(self, name: str) -> None:
@@ -201,7 +218,7 @@ class ModelSet:
     async def drop(self, entry: ModelEntry) -> None:
         """Stop an idle model's app and let its weights go; a request that came meanwhile keeps it (in host
         memory: its next step moves it back)."""
-        if entry.stack is None or self._busy(entry):
+        if entry.stack is None or await asyncio.to_thread(self._busy, entry):  # the store may be asked
             if entry.stack is not None:
                 self.device.back_to_host(entry.name)
             return
@@ -212,11 +229,17 @@ class ModelSet:
         log.info("model %s went back to disk (host memory over its budget)", entry.name)
 
     async def close(self) -> None:
-        for entry in self.entries.values():
-            if entry.stack is not None:
-                stack, entry.stack = entry.stack, None
-                await stack.aclose()
-        self.device.close()
+        """Stop every model's app (each in turn: one that fails to stop is logged, the others still stop)."""
+        try:
+            for entry in self.entries.values():
+                if entry.stack is not None:
+                    stack, entry.stack = entry.stack, None
+                    try:
+                        await stack.aclose()
+                    except Exception:  # noqa: BLE001
+                        log.exception("model %s did not stop cleanly", entry.name)
+        finally:
+            self.device.close()
 
     def card(self, entry: ModelEntry) -> dict:
         """The model's entry in GET /v1/models: OpenAI's fields, then its family, where it is and what it serves."""
@@ -231,9 +254,3 @@ class ModelSet:
             card["serves"] = serves(entry.engine.model_info)
         return card
 
-
-def serves(info) -> dict:
-    """What a loaded model serves, as GET /v1/models shows it: images, edits, videos, and its add-ons by name."""
-    return {"images": True, "edits": bool(info.img2img or info.inpaint), "videos": bool(info.video),
-            "loras": sorted(info.lora_names), "controlnets": sorted(info.control_names),
-            "ip_adapters": sorted(info.ip_adapter_names)}

@@ -50,14 +50,28 @@ def model_set(config: ModelsConfig, settings: ServeSettings, store, results, own
         limits = dataclasses.replace(settings.limits, served_model_names=aliases,
                                      other_models=tuple(n for n in served if n not in aliases))
         info = dataclasses.replace(engine.model_info, name=spec.name)
-        service = f"{settings.service}-{spec.name}"[:100] if settings.service else default_service(info)
+        service = model_service(settings.service, spec.name) if settings.service else default_service(info)
         args = dict(api_key=settings.api_key, limits=limits, shutdown_grace_s=settings.shutdown_grace_s,
                     cors_origins=settings.cors_origins, access_log=settings.access_log, store=store,
                     results=results, owner=owner, webhook_secret=settings.webhook_secret,
                     webhook_allow=settings.webhook_allow, **{**job_options(settings), "service": service})
         return create_app(engine, **{**args, **app_args})
 
-    return ModelSet(list(specs), config.default, device, make_app)
+    models = ModelSet(list(specs), config.default, device, make_app)
+    models.store = store  # where a job's route finds which model the job belongs to (dispatch.py)
+    return models
+
+
+def model_service(service: str, model: str) -> str:
+    """`--service NAME` with several models: one service per model, NAME-MODEL, kept distinct (and valid: at most
+    100 characters, ending in a letter or digit) by a hash of the whole when it must be cut."""
+    import hashlib
+    import re
+
+    whole = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{service}-{model}")
+    if len(whole) <= 100 and whole[-1].isalnum():
+        return whole
+    return f"{whole[:90]}-{hashlib.sha256(whole.encode()).hexdigest()[:8]}"
 
 
 def load_eager(models: ModelSet) -> None:
@@ -74,6 +88,8 @@ def front(models: ModelSet, settings: ServeSettings, api_key: str | None):
     from .dispatch import Dispatch
     from .hosts import HostCheck, ServedHosts
 
-    dispatch = Dispatch(models, api_key, settings.limits.default_timeout_s)
+    limits = settings.limits  # the largest body any model's app takes, and a form's own bytes around it
+    dispatch = Dispatch(models, api_key, limits.default_timeout_s,
+                        body_limit=max(limits.max_body_bytes, limits.max_upload_bytes) + 2**20)
     return dispatch, dispatch if api_key else HostCheck(dispatch, ServedHosts.of(settings.host,
                                                                                  settings.allowed_hosts))

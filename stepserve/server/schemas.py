@@ -133,9 +133,20 @@ def check_model(name: str | None, model: str, limits: ServerLimits) -> None:
         return
     names = served_names(model, limits)
     if name not in names:
-        listed = ", ".join((*names, *limits.other_models))
-        raise APIError(404, f"model: {name[:100]!r} is not served here; served: {listed} (GET /v1/models)",
-                       code="model_not_found", param="model")
+        raise model_not_found(name, (*names, *limits.other_models))
+
+
+def model_not_found(name: str, served) -> APIError:
+    """The 404 of a model not served here, listing the names that are (one model's, or every model's)."""
+    return APIError(404, f"model: {name[:100]!r} is not served here; served: {', '.join(served)} (GET /v1/models)",
+                    code="model_not_found", param="model")
+
+
+def serves(info) -> dict:
+    """What a loaded model serves, as GET /v1/models shows it: images, edits, videos, and its add-ons by name."""
+    return {"images": True, "edits": bool(info.img2img or info.inpaint), "videos": bool(info.video),
+            "loras": sorted(info.lora_names), "controlnets": sorted(info.control_names),
+            "ip_adapters": sorted(info.ip_adapter_names)}
 
 
 def request_size(size: str | None) -> tuple[int | None, int | None]:

@@ -63,3 +63,26 @@ def test_host_memory_over_budget_sends_a_model_to_disk_and_its_next_request_load
     assert entry.loads == 2 and after["a"] == "device"
     diff = np.abs(image_of(answer.json()) - reference_image("sd", three["a"], P))
     assert diff.max() <= 1
+
+
+def test_a_job_of_a_model_gone_to_disk_is_still_found(three):
+    """A job's route finds the model the job belongs to (by its service in the state store) and loads it again."""
+    import time
+
+    flags = [f for name, path in three.items() for f in ("--model", f"{name}={path}")]
+    with front_of(*flags, "--device-memory-mb", "5", "--host-memory-mb", "5", "--strategy", "continuous") as (
+            server, front):
+        with httpx.Client(base_url=server.url, timeout=300) as client:
+            job = client.post("/v1/images/generations", json=body_of("c", P),
+                              headers={"Prefer": "respond-async"}).json()["id"]
+            deadline = time.monotonic() + 300  # bounds a hang only
+            while client.get(f"/v1/images/jobs/{job}").json()["status"] != "completed":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)  # the job tells its status only when asked
+            for name in ("a", "b"):
+                assert client.post("/v1/images/generations", json=body_of(name, P)).status_code == 200
+            gone = places(client)["c"]
+            answer = client.get(f"/v1/images/jobs/{job}")
+    assert gone == "disk"
+    assert answer.status_code == 200 and answer.json()["status"] == "completed"
+    assert front.models.entries["c"].loads == 2
