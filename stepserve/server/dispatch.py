@@ -3,8 +3,11 @@
 
 Which model: a generation's, edit's or video's own "model" (the JSON body's, or the form field of an edit; none:
 the default model); on every other route, the query parameter `?model=NAME` (none: the default model), except a
-job's own routes (/v1/images/jobs/ID..., /v1/videos/ID...), which find the model whose app knows the job. Answered
-here: GET /v1/models (every model with its family, where it is and what it serves), GET /v1/models/{id}, /health
+job's own routes (/v1/images/jobs/ID..., /v1/videos/ID...), which find the model whose app knows the job. The
+console's stream of a model's steps (/v1/engine/events?model=NAME) neither loads nor pins its model: an open console
+tab must not keep an idle model in device memory. Answered
+here: the console's page (`/`, `/console/...`: console.page_app, so that opening it loads no model) and GET
+/v1/models (every model with its family, where it is and what it serves), GET /v1/models/{id}, /health
 (ok while every loaded model is healthy), /metrics (every loaded model's series with a `model` label, and the
 device's turns and moves), and a 404 model_not_found for a model not served, after the API key check.
 
@@ -24,11 +27,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .auth import require_key
+from .console import page_app
 from .errors import APIError
 from .models import ModelEntry, ModelSet
 
 BODY_ROUTES = ("/v1/images/generations", "/v1/images/edits", "/v1/videos")
 JOB_ROUTE = re.compile(r"^/v1/(images/jobs|videos)/[^/]+")
+EVENTS_ROUTE = "/v1/engine/events"
 DEFAULT_BODY_LIMIT = 64 * 2**20
 
 
@@ -42,6 +47,7 @@ class Dispatch:
         self.default_timeout_s = default_timeout_s
         self.body_limit = body_limit
         self.draining = False
+        self.page = page_app()
 
     def start_drain(self) -> None:
         """SIGTERM: no model loads any more (a request for one on disk gets 503); the loaded ones drain."""
@@ -60,12 +66,16 @@ class Dispatch:
         try:
             if path == "/health":
                 return await self._health()(scope, receive, send)
+            if path == "/" or path.startswith("/console/"):
+                return await self.page(scope, receive, send)
             if path in ("/metrics", "/v1/models") or path.startswith("/v1/models/"):
                 await self.check_key(Request(scope))
                 answer = await self._metrics() if path == "/metrics" else self._cards(path)
                 return await answer(scope, receive, send)
             if JOB_ROUTE.match(path) and "model" not in _query(scope):
                 return await self._job(scope, receive, send)
+            if path == EVENTS_ROUTE:
+                return await self._events(scope, receive, send)
             body = None
             if path in BODY_ROUTES and scope["method"] == "POST":
                 body = await _read(receive, self.body_limit)
@@ -96,6 +106,18 @@ class Dispatch:
         finally:
             entry.pending -= 1
             self.models.device.touch(entry.name)
+
+    async def _events(self, scope, receive, send) -> None:
+        """The console's stream of one model's steps: passed to its app as it is, not counted as the model's
+        request (it would pin the model for as long as a tab stays open); a model on disk is not loaded for it."""
+        name = _query(scope).get("model")
+        if name is not None:
+            await self.check_key(Request(scope))
+        entry = self.models.entry(name)
+        if entry.stack is None:
+            raise APIError(409, f"model {entry.name} is not loaded: its steps stream once a request loads it "
+                                f"(GET /v1/models says where each model is)", code="model_not_loaded", param="model")
+        await entry.app(scope, receive, send)
 
     def _refuse_if_late(self, entry: ModelEntry, scope, body: bytes | None) -> None:
         """A request whose deadline is shorter than the model's last load: 429 at once, not a 504 after it."""
