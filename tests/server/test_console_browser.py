@@ -287,10 +287,45 @@ def test_two_models_show_a_lane_group_each_and_which_held_the_device(browser, tm
             assert page.locator(f"#live-replicas .replica[data-model='{name}']").count() == 1
         assert page.evaluate("() => [...groups.keys()]") == ["sd", "flux"]
         colours = page.evaluate("""() => {  // the strip's pixels in each model's colour
-            const c = document.getElementById('device'), d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-            const count = (hex) => { const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)); let n = 0;
-              for (let i = 0; i < d.length; i += 4) n += d[i] === r && d[i + 1] === g && d[i + 2] === b; return n; };
+            const c = document.getElementById('device');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            const count = (hex) => {
+              const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+              let n = 0;
+              for (let i = 0; i < d.length; i += 4) n += d[i] === r && d[i + 1] === g && d[i + 2] === b;
+              return n; };
             return Object.fromEntries(['sd', 'flux'].map((m) => [m, count(modelColour(m))])); }""")
         assert colours["sd"] > 20 and colours["flux"] > 20, colours  # a step is a bar 24 px high
         page.locator("#live").screenshot(path=str(shots / "live-two-models.png"))
+        page.close()
+
+
+def test_a_model_on_disk_gets_its_lanes_once_a_request_loads_it(browser, tmp_path):
+    """Watching loads nothing: a model on disk is listed with no stream, its form says its first request loads it;
+    once the playground's request has loaded it, the page opens its stream (it looks at /v1/models)."""
+    from two_models import two_models
+
+    from stepserve.tiny.flux import build_tiny_flux
+
+    flux = build_tiny_flux(tmp_path / "flux")
+    with two_models({"sd": "embedded", "flux": str(flux)}, eager=("sd",)) as (server, models):
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.url + "/")
+        page.wait_for_selector("#status.live", timeout=120_000)
+        page.wait_for_selector("#device-legend .model[data-model='flux']", timeout=120_000)
+        assert "flux (disk): 0 steps" in page.inner_text("#device-legend")
+        page.select_option("#model-choice", "flux")
+        assert "flux is on disk: its first request loads it" in page.inner_text("#model-note")
+        assert models.entries["flux"].stack is None  # the page loaded nothing
+        with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
+            page.click("#generate")
+        assert sent.value.post_data_json["model"] == "flux" and "size" not in sent.value.post_data_json
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
+        page.wait_for_function("Number(document.getElementById('steps').value) > 0", timeout=120_000)  # its form
+        assert page.locator("#negative").is_hidden()  # Flux's own form: no negative prompt
+        assert page.locator("#model-note").is_hidden()
+        httpx.post(server.url + "/v1/images/generations", json={"prompt": "a two", "model": "flux",
+                                                               "num_inference_steps": 2}, timeout=240)
+        page.wait_for_function("/flux \\(device\\): [1-9][0-9]* steps/.test(document.getElementById("
+                               "'device-legend').textContent)", timeout=240_000)
         page.close()
