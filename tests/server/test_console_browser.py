@@ -286,6 +286,9 @@ def test_two_models_show_a_lane_group_each_and_which_held_the_device(browser, tm
                                    f".model[data-model='{name}']\")?.textContent || '')", timeout=240_000)
             assert page.locator(f"#live-replicas .replica[data-model='{name}']").count() == 1
         assert page.evaluate("() => [...groups.keys()]") == ["sd", "flux"]
+        page.wait_for_function("document.querySelectorAll('#latency-table tbody tr').length === 3", timeout=240_000)
+        rows = [r.split("\t")[0] for r in page.locator("#latency-table tbody tr").all_inner_texts()]
+        assert rows == ["sd · 6", "flux · 4", "all"]  # the recent latency per model and step count
         colours = page.evaluate("""() => {  // the strip's pixels in each model's colour
             const c = document.getElementById('device');
             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;

@@ -267,16 +267,25 @@ function quantile(sorted, q) {
 const fmt = (s) => s === null ? "–" : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`;
 const COLOURS = ["#2f6fde", "#e67e22", "#2e9d5b", "#8e44ad", "#c0392b", "#16a085"];
 
-function drawLatency() {
-  const recent = [...recentOf.values()].flat();
+function drawLatency() {  // per step count; with several models, per model and step count
   const groups = new Map([["all", []]]);
-  for (const [status, latency, steps] of recent) {
-    if (status !== "completed" || latency === null) continue;
-    if (!groups.has(steps)) groups.set(steps, []);
-    groups.get(steps).push(latency);
-    groups.get("all").push(latency);
+  const lists = several ? [...recentOf.entries()] : [["", [...recentOf.values()].flat()]];
+  for (const [model, list] of lists) {
+    for (const [status, latency, steps] of list) {
+      if (status !== "completed" || latency === null) continue;
+      const k = model ? `${model} · ${steps}` : steps;
+      if (!groups.has(k)) groups.set(k, []);
+      groups.get(k).push(latency);
+      groups.get("all").push(latency);
+    }
   }
-  const keys = [...groups.keys()].filter((k) => k !== "all").sort((a, b) => a - b);
+  const order = (k) => several ? [models.findIndex((m) => k.startsWith(`${m.id} · `)), Number(k.split(" · ").pop())]
+                               : [0, k];
+  const keys = [...groups.keys()].filter((k) => k !== "all").sort((a, b) => {
+    const [a1, a2] = order(a), [b1, b2] = order(b);
+    return a1 - b1 || a2 - b2;
+  });
+  $("latency-key").textContent = several ? "model · steps" : "steps";
   const body = $("latency-table").tBodies[0];
   body.innerHTML = "";
   for (const k of [...keys, "all"]) {
