@@ -40,7 +40,8 @@ class StreamSource(Protocol):
     def chunks(self, queue): ...  # the viewer's SSE body
 
 ASSETS = {"index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8",
-          "console.js": "text/javascript; charset=utf-8", "lanes.js": "text/javascript; charset=utf-8"}
+          "console.js": "text/javascript; charset=utf-8", "lanes.js": "text/javascript; charset=utf-8",
+          "models.js": "text/javascript; charset=utf-8"}
 
 
 def _asset(name: str) -> Response:

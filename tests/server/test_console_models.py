@@ -19,7 +19,7 @@ def test_the_front_serves_the_page_and_loads_no_model_for_it():
     with two_models({"a": "embedded", "b": "embedded"}, eager=()) as (server, models):
         page = httpx.get(server.url + "/", timeout=60)
         assert page.status_code == 200 and "/console/console.js" in page.text
-        for name in ("console.js", "lanes.js", "console.css"):
+        for name in ("console.js", "lanes.js", "models.js", "console.css"):
             assert httpx.get(f"{server.url}/console/{name}", timeout=60).status_code == 200
         assert httpx.get(server.url + "/console/other.js", timeout=60).status_code == 404
         refused = httpx.get(server.url + EVENTS + "?model=b", timeout=60)  # on disk: not loaded for a viewer
