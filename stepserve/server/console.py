@@ -5,6 +5,11 @@ Under Ray Serve the stream is served apart from the engine replicas: events_app(
 deployment of its own (ray/console.py), fed by every replica through a hub (ray/fleet_events.py), so that open
 streams hold none of the replicas' request slots.
 
+On a server of several models (server/dispatch.py) the front serves the page itself (page_app: opening it loads no
+model and holds none), and the page opens one stream per model loaded, `/v1/engine/events?model=NAME`, which the
+front passes to that model's app without holding the model in device memory: one lane group per model, and a strip
+of which model held the device at each step.
+
 The page itself holds no secret and is served without a key. When the server has an API key, the page asks for it
 and sends it in the Authorization header of its API calls, as any client does; it is kept in the page's memory
 only, never in storage or the URL.
@@ -35,7 +40,8 @@ class StreamSource(Protocol):
     def chunks(self, queue): ...  # the viewer's SSE body
 
 ASSETS = {"index.html": "text/html; charset=utf-8", "console.css": "text/css; charset=utf-8",
-          "console.js": "text/javascript; charset=utf-8", "lanes.js": "text/javascript; charset=utf-8"}
+          "console.js": "text/javascript; charset=utf-8", "lanes.js": "text/javascript; charset=utf-8",
+          "models.js": "text/javascript; charset=utf-8"}
 
 
 def _asset(name: str) -> Response:
@@ -58,6 +64,14 @@ def page_routes() -> APIRouter:
         return _asset(name)
 
     return router
+
+
+def page_app() -> FastAPI:
+    """The page and its files as an app of their own: what the front of several models answers for `/` and
+    `/console/...` (no model's app is asked, so none loads for it)."""
+    app = FastAPI(title="stepserve console", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(page_routes())
+    return app
 
 
 def event_routes(events: StreamSource) -> APIRouter:

@@ -2,35 +2,36 @@
 (server/models.py) and answers what belongs to all of them itself.
 
 Which model: a generation's, edit's or video's own "model" (the JSON body's, or the form field of an edit; none:
-the default model); on every other route, the query parameter `?model=NAME` (none: the default model), except a
-job's own routes (/v1/images/jobs/ID..., /v1/videos/ID...), which find the model whose app knows the job. Answered
-here: GET /v1/models (every model with its family, where it is and what it serves), GET /v1/models/{id}, /health
-(ok while every loaded model is healthy), /metrics (every loaded model's series with a `model` label, and the
-device's turns and moves), and a 404 model_not_found for a model not served, after the API key check.
+the default model); on every other route `?model=NAME` (none: the default model); a job's own routes
+(/v1/images/jobs/ID..., /v1/videos/ID...) go to the model whose service the job belongs to in the state store. The
+API key (one for all models) is checked before any body is read, any model loads or any 404 names what is served.
+The console's stream of a model's steps (/v1/engine/events?model=NAME) neither loads nor pins its model: an open
+console tab must not keep an idle model in device memory. Answered here: the console's page (`/`, `/console/...`:
+open, and it loads no model), GET /v1/models and /v1/models/{id}, /health (its models' details only with the key),
+/metrics (every loaded model's series with a `model` label, and the device's counters).
 
-A request for a model on disk waits while it loads (its JSON body's timeout_s shortened by the wait, so the
-deadline stays the caller's), or gets 429 with Retry-After at once when its deadline is shorter than the model's
-last load took (models.py).
+A request for a model on disk waits while it loads, at most its deadline (504 after it; its JSON body's timeout_s
+shortened by the wait), or gets 429 with Retry-After at once when its deadline is shorter than the model's last
+load took (models.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import re
-from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .auth import require_key
-from .bodies import json_value
+from .console import page_app
 from .errors import APIError
+from .front_bodies import body_model, json_field, query, read, replay, shorter_timeout
 from .models import ModelEntry, ModelSet
 
 BODY_ROUTES = ("/v1/images/generations", "/v1/images/edits", "/v1/videos")
 JOB_ROUTE = re.compile(r"^/v1/(images/jobs|videos)/([^/]+)")
+EVENTS_ROUTE = "/v1/engine/events"
 DEFAULT_BODY_LIMIT = 64 * 2**20
 
 
@@ -44,6 +45,7 @@ class Dispatch:
         self.default_timeout_s = default_timeout_s
         self.body_limit = body_limit
         self.draining = False
+        self.page = page_app()
 
     def start_drain(self) -> None:
         """SIGTERM: no model loads any more (a request for one on disk gets 503); the loaded ones drain."""
@@ -62,30 +64,34 @@ class Dispatch:
         try:
             if path == "/health":
                 return await (await self._health(scope))(scope, receive, send)
-            if path == "/" or path.startswith("/console/") or scope["method"] == "OPTIONS":
-                return await self._open(scope, receive, send)  # the page, a CORS preflight: never a load
+            if path == "/" or path.startswith("/console/"):
+                return await self.page(scope, receive, send)  # the page holds no secret: open, and no load
+            if scope["method"] == "OPTIONS":
+                return await self._open(scope, receive, send)  # a CORS preflight: a loaded model's app answers
             await self.check_key(Request(scope))  # the one key of every model: before any body, load or 404
             if path in ("/metrics", "/v1/models") or path.startswith("/v1/models/"):
                 answer = await self._metrics() if path == "/metrics" else self._cards(path)
                 return await answer(scope, receive, send)
             job = JOB_ROUTE.match(path)
-            if job is not None and "model" not in _query(scope):
+            if job is not None and "model" not in query(scope):
                 return await self._job(job.group(2), scope, receive, send)
+            if path == EVENTS_ROUTE:
+                return await self._events(scope, receive, send)
             body = None
             if path in BODY_ROUTES and scope["method"] == "POST":
-                body = await _read(scope, receive, self.body_limit)
-                name = await _body_model(scope, body)
+                body = await read(scope, receive, self.body_limit)
+                name = await body_model(scope, body)
             else:
-                name = _query(scope).get("model")
+                name = query(scope).get("model")
             await self._forward(self.models.entry(name), scope, receive, send, body)
         except APIError as exc:
             await exc.response()(scope, receive, send)
 
     async def _open(self, scope, receive, send) -> None:
-        """A route any model's app answers alike (the console's page, a preflight): the model asked for, else the
-        default, else any loaded one; none is loaded for it."""
+        """A route any model's app answers alike (a CORS preflight): the model asked for, else the default, else
+        any loaded one; none is loaded for it."""
         entries = self.models.entries
-        named = entries.get(self.models.names.get(_query(scope).get("model") or "", ""))
+        named = entries.get(self.models.names.get(query(scope).get("model") or "", ""))
         for entry in (named, entries[self.models.default], *entries.values()):
             if entry is not None and entry.stack is not None:
                 return await entry.app(scope, receive, send)
@@ -98,7 +104,7 @@ class Dispatch:
             if entry.stack is None:
                 if self.draining:
                     raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-                timeout = _json_field(scope, body, "timeout_s", self.default_timeout_s) if body else None
+                timeout = json_field(scope, body, "timeout_s", self.default_timeout_s) if body else None
                 timeout = timeout if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) else None
                 self._refuse_if_late(entry, timeout)
                 try:
@@ -107,13 +113,22 @@ class Dispatch:
                     raise APIError(504, f"model {entry.name} did not load within this request's timeout_s "
                                         f"({timeout:g} s)", type="server_error", code="timeout") from None
                 if body is not None and waited > 0:
-                    body = _shorter_timeout(scope, body, waited, self.default_timeout_s)
+                    body = shorter_timeout(scope, body, waited, self.default_timeout_s)
             if body is not None:
-                receive = _replay(body, receive)
+                receive = replay(body, receive)
             await entry.app(scope, receive, send)
         finally:
             entry.pending -= 1
             self.models.device.touch(entry.name)
+
+    async def _events(self, scope, receive, send) -> None:
+        """The console's stream of one model's steps: passed to its app as it is, not counted as the model's
+        request (it would pin the model for as long as a tab stays open); a model on disk is not loaded for it."""
+        entry = self.models.entry(query(scope).get("model"))
+        if entry.stack is None:
+            raise APIError(409, f"model {entry.name} is not loaded: its steps stream once a request loads it "
+                                f"(GET /v1/models says where each model is)", code="model_not_loaded", param="model")
+        await entry.app(scope, receive, send)
 
     def _refuse_if_late(self, entry: ModelEntry, timeout: float | None) -> None:
         """A request whose deadline is shorter than the model's last load: 429 at once, not a 504 after it."""
@@ -204,94 +219,3 @@ class _Probe:
             self.was_404 = True
         if not self.was_404:
             await self.send(message)
-
-
-def _query(scope) -> dict[str, str]:
-    raw = scope.get("query_string", b"").decode("latin-1")
-    return {k: v[0] for k, v in parse_qs(raw).items()}
-
-
-async def _read(scope, receive, limit: int) -> bytes:
-    """The body, refused with a 413 as soon as it is known to be over `limit` (declared or streamed)."""
-    declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), b"")
-    if declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the body is larger than this server takes ({limit // 2**20} MiB)", code="body_too_large")
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise APIError(400, "the client went away while sending the body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the body is larger than this server takes ({limit // 2**20} MiB)",
-                           code="body_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, then=None):
-    """A receive that gives the body already read, then passes on to the client's own `then` (which tells of a
-    disconnect: the model's app watches for it while the request waits)."""
-    sent = False
-
-    async def receive():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        if then is None:
-            return {"type": "http.disconnect"}
-        return await then()
-
-    return receive
-
-
-def _content_type(scope) -> str:
-    for key, value in scope.get("headers", []):
-        if key == b"content-type":
-            return value.decode("latin-1").split(";", 1)[0].strip().lower()
-    return ""
-
-
-def _json(scope, body: bytes | None) -> dict | None:
-    """A JSON body's object, parsed as the models' apps parse it (bodies.json_value); None otherwise (the app
-    answers the 400)."""
-    if body is None or _content_type(scope) != "application/json":
-        return None
-    try:
-        data = json_value(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _json_field(scope, body: bytes, key: str, default=None):
-    data = _json(scope, body)
-    return default if data is None else data.get(key, default)
-
-
-async def _body_model(scope, body: bytes) -> str | None:
-    """The "model" a body names: a JSON body's field, or a form's (an edit's multipart upload)."""
-    if _content_type(scope) == "multipart/form-data":
-        request = Request(scope, _replay(body))
-        try:
-            async with request.form(max_files=64, max_fields=256) as form:
-                value = form.get("model")
-                return value if isinstance(value, str) else None
-        except Exception:  # noqa: BLE001 - a malformed form: the default model's app answers its 400
-            return None
-    return (_json(scope, body) or {}).get("model")  # not a string: entry() answers the 400
-
-
-def _shorter_timeout(scope, body: bytes, waited: float, default: float | None) -> bytes:
-    """The JSON body with timeout_s less the time waited for the model to load (at least 1 ms left)."""
-    data = _json(scope, body)
-    if data is None:
-        return body
-    timeout = data.get("timeout_s", default)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout):
-        return body
-    data["timeout_s"] = max(0.001, float(timeout) - waited)
-    return json.dumps(data).encode()

@@ -11,15 +11,21 @@ Each engine step becomes one compact record, built once in the engine thread and
      "queue": 3, "running": 6, "cap": 4}     # queue depth, requests admitted, the batch cap in force (or null)
 
 A Ray Serve replica's records also carry `"replica": "<its id>"`, and their `t` counts from the start of the hub
-that merges all replicas' records (ray/fleet_events.py). Short ids are small integers, given to a request the first
-time a record names it (per replica). Records reach the viewers in batches, FLUSH_S apart: one wake-up of the event
-loop per batch, not per step (each `event: steps` carries a JSON list of records, in order). A viewer that reads too
-slowly loses the oldest batches, never blocks the engine. While no viewer is connected no record is built: the hub
-subscribes to the engine's steps when the first viewer arrives and leaves with the last; all it does meanwhile is
-remember the last finished requests (status, latency, steps) in `remember`, one append per finished request. On
-connect a viewer first gets `event: hello` with the model (its sizes and defaults), the batch bound and those
-recent finished requests (for the latency view), then `event: steps`, each a JSON list of step records in order.
-At most MAX_VIEWERS streams at once (viewers.py).
+that merges all replicas' records (ray/fleet_events.py). On a server of several models (one device shared step by
+step, engine/device.py) each model's app has a stream of its own (`?model=NAME` at the front, server/dispatch.py):
+its records carry `"model": "<its name>"`, its hello names the model as requests do, and every model's `t` counts
+from one origin per device, so the console can lay the models' steps side by side on one time line (which model
+held the device at each step: a step's `t` is when its turn began, `dt` how long it held the device).
+
+Short ids are small integers, given to a request the first time a record names it (per replica, per model). Records
+reach the viewers in batches, FLUSH_S apart: one wake-up of the event loop per batch, not per step (each `event:
+steps` carries a JSON list of records, in order). A viewer that reads too slowly loses the oldest batches, never
+blocks the engine. While no viewer is connected no record is built: the hub subscribes to the engine's steps when
+the first viewer arrives and leaves with the last; all it does meanwhile is remember the last finished requests
+(status, latency, steps) in `remember`, one append per finished request. On connect a viewer first gets `event:
+hello` with the model (its sizes and defaults), the batch bound and those recent finished requests (for the latency
+view), then `event: steps`, each a JSON list of step records in order. At most MAX_VIEWERS streams at once
+(viewers.py).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import itertools
 import json
 import threading
 import time
+import weakref
 from collections import deque
 
 from ..request.types import StepReport
@@ -36,13 +43,27 @@ from .viewers import Viewers
 
 RECENT = 500  # finished requests remembered for a viewer that connects later
 FLUSH_S = 0.1  # records reach the viewers in batches this far apart (10 a second: enough for a live picture)
+_ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a shared device -> its models' common `t` origin
+_ORIGINS_LOCK = threading.Lock()  # models load in worker threads, possibly two at once
+
+
+def _origin(engine) -> float:
+    """Where `t` counts from: now, or for a model on a shared device the device's origin (made with its first
+    model's stream), so that the steps of models loaded at different times share one time line."""
+    device = getattr(engine, "device", None)
+    if device is None:
+        return time.monotonic()
+    with _ORIGINS_LOCK:
+        return _ORIGINS.setdefault(device, time.monotonic())
 
 
 class EngineEvents:
     def __init__(self, engine, started: float | None = None) -> None:
         self.engine = engine
-        self.started = time.monotonic() if started is None else started
+        self.started = _origin(engine) if started is None else started
         self.label: str | None = None  # a Ray Serve replica's id: every record then names it
+        # the model's name on a shared device (what requests call it): every record then names it
+        self.model: str | None = engine.device_name if getattr(engine, "device", None) is not None else None
         self._recent: deque[list] = deque(maxlen=RECENT)
         self._viewers = Viewers()
         self._lock = threading.Lock()
@@ -93,6 +114,8 @@ class EngineEvents:
                   "queue": len(core.waiting), "running": len(core.running), "cap": self._cap(report)}
         if self.label is not None:
             record["replica"] = self.label
+        if self.model is not None:
+            record["model"] = self.model
         for r in report.finished:  # after every mention above: a request may step and finish in one step
             self._ids.pop(r.request_id, None)
         return record
@@ -153,6 +176,8 @@ class EngineEvents:
                  "max_steps": info.max_steps, "default_guidance_scale": info.default_guidance_scale,
                  "max_guidance_scale": info.max_guidance_scale, "negative_prompt": info.negative_prompt,
                  "controlnets": sorted(info.control_names), "ip_adapters": sorted(info.ip_adapter_names)}
+        if self.model is not None:  # the engine knows its model by its folder's name; requests by the served one
+            model["name"] = self.model
         return {"model": model, "max_batch_size": self.engine.options.max_batch_size,
                 "strategy": self.engine.core.policy.name, "recent": recent,
                 "t": round(time.monotonic() - self.started, 4)}

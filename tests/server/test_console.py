@@ -23,7 +23,8 @@ def test_the_page_and_its_files_are_served_without_a_key(serve):
         page = httpx.get(server.url + "/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "/console/console.js" in page.text and "secret" not in page.text
-        for name, kind in (("console.js", "javascript"), ("lanes.js", "javascript"), ("console.css", "css")):
+        for name, kind in (("console.js", "javascript"), ("lanes.js", "javascript"), ("models.js", "javascript"),
+                           ("console.css", "css")):
             asset = httpx.get(f"{server.url}/console/{name}")
             assert asset.status_code == 200 and kind in asset.headers["content-type"]
         assert httpx.get(server.url + "/console/../app.py").status_code == 404
@@ -31,7 +32,7 @@ def test_the_page_and_its_files_are_served_without_a_key(serve):
         # nothing is fetched from another host: every src/href is a local path
         links = re.findall(r'(?:src|href)="([^"]+)"', page.text)
         assert links and all(link.startswith("/console/") for link in links)
-        for name in ("console.js", "lanes.js", "console.css"):
+        for name in ("console.js", "lanes.js", "models.js", "console.css"):
             assert not re.search(r"https?://", httpx.get(f"{server.url}/console/{name}").text)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from extras import require
+from server_helpers import wait_until
 
 CHROMIUM = os.environ.get("STEPSERVE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -246,4 +247,88 @@ def test_the_playground_sends_a_control_image_and_an_image_prompt(serve, browser
         adapters = httpx.get(server.url + "/v1/ip-adapters").json()["data"]
         assert {a["name"]: a["loaded"] for a in adapters} == {"face": False, "style": True}
         page.locator("#playground").screenshot(path=str(shots / "playground-controlnet.png"))
+        page.close()
+
+
+def test_two_models_show_a_lane_group_each_and_which_held_the_device(browser, tmp_path, tiny_sd_path, shots):
+    """A server of a tiny SD and a tiny Flux.1: the page lists both, the playground's selector sets the request's
+    model (and its form is that model's: Flux takes no negative prompt), each model gets its lane group, and the
+    device strip shows both models' steps (taken in turns, in each model's colour)."""
+    from two_models import two_models
+
+    from stepserve.tiny.flux import build_tiny_flux
+
+    flux = build_tiny_flux(tmp_path / "flux")
+    with two_models({"sd": str(tiny_sd_path), "flux": str(flux)}) as (server, models):
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.url + "/")
+        page.wait_for_selector("#status.live", timeout=120_000)
+        assert page.locator("#model-choice option").all_inner_texts() == ["sd", "flux"]
+        assert page.input_value("#model-choice") == "sd" and "2 models" in page.inner_text("#model")
+        page.wait_for_selector("#negative", state="visible", timeout=120_000)  # sd's form, from its stream
+        page.select_option("#model-choice", "flux")
+        page.wait_for_selector("#negative", state="hidden", timeout=120_000)  # flux's form
+        page.fill("#steps", "4")
+        device = models.device
+        with device._exclusive():  # both models' requests wait for the device: their steps then take turns
+            with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
+                page.click("#generate")
+            other = threading.Thread(target=httpx.post, args=(server.url + "/v1/images/generations",), kwargs={
+                "json": {"prompt": "a two", "model": "sd", "num_inference_steps": 6}, "timeout": 240})
+            other.start()
+            assert wait_until(lambda: len(device._bids) == 2, 240)
+        body = sent.value.post_data_json
+        assert body["model"] == "flux" and body["num_inference_steps"] == 4 and "negative_prompt" not in body
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
+        other.join(240)
+        for name in ("sd", "flux"):  # a lane group and a device legend each, counting that model's steps
+            page.wait_for_function(f"/: [1-9][0-9]* steps/.test(document.querySelector(\"#device-legend "
+                                   f".model[data-model='{name}']\")?.textContent || '')", timeout=240_000)
+            assert page.locator(f"#live-replicas .replica[data-model='{name}']").count() == 1
+        assert page.evaluate("() => [...groups.keys()]") == ["sd", "flux"]
+        page.wait_for_function("document.querySelectorAll('#latency-table tbody tr').length === 3", timeout=240_000)
+        rows = [r.split("\t")[0] for r in page.locator("#latency-table tbody tr").all_inner_texts()]
+        assert rows == ["sd · 6", "flux · 4", "all"]  # the recent latency per model and step count
+        colours = page.evaluate("""() => {  // the strip's pixels in each model's colour
+            const c = document.getElementById('device');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            const count = (hex) => {
+              const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+              let n = 0;
+              for (let i = 0; i < d.length; i += 4) n += d[i] === r && d[i + 1] === g && d[i + 2] === b;
+              return n; };
+            return Object.fromEntries(['sd', 'flux'].map((m) => [m, count(modelColour(m))])); }""")
+        assert colours["sd"] > 20 and colours["flux"] > 20, colours  # a step is a bar 24 px high
+        page.locator("#live").screenshot(path=str(shots / "live-two-models.png"))
+        page.close()
+
+
+def test_a_model_on_disk_gets_its_lanes_once_a_request_loads_it(browser, tmp_path):
+    """Watching loads nothing: a model on disk is listed with no stream, its form says its first request loads it;
+    once the playground's request has loaded it, the page opens its stream (it looks at /v1/models)."""
+    from two_models import two_models
+
+    from stepserve.tiny.flux import build_tiny_flux
+
+    flux = build_tiny_flux(tmp_path / "flux")
+    with two_models({"sd": "embedded", "flux": str(flux)}, eager=("sd",)) as (server, models):
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.url + "/")
+        page.wait_for_selector("#status.live", timeout=120_000)
+        page.wait_for_selector("#device-legend .model[data-model='flux']", timeout=120_000)
+        assert "flux (disk): 0 steps" in page.inner_text("#device-legend")
+        page.select_option("#model-choice", "flux")
+        assert "flux is on disk: its first request loads it" in page.inner_text("#model-note")
+        assert models.entries["flux"].stack is None  # the page loaded nothing
+        with page.expect_request(lambda r: r.url.endswith("/v1/images/generations")) as sent:
+            page.click("#generate")
+        assert sent.value.post_data_json["model"] == "flux" and "size" not in sent.value.post_data_json
+        page.wait_for_selector("img.result-image[data-final='1']", timeout=240_000)
+        page.wait_for_function("Number(document.getElementById('steps').value) > 0", timeout=120_000)  # its form
+        assert page.locator("#negative").is_hidden()  # Flux's own form: no negative prompt
+        assert page.locator("#model-note").is_hidden()
+        httpx.post(server.url + "/v1/images/generations", json={"prompt": "a two", "model": "flux",
+                                                               "num_inference_steps": 2}, timeout=240)
+        page.wait_for_function("/flux \\(device\\): [1-9][0-9]* steps/.test(document.getElementById("
+                               "'device-legend').textContent)", timeout=240_000)
         page.close()

@@ -1,11 +1,20 @@
 // The stepserve console: a playground over the images API and a live view of the engine's batch, fed by
-// GET /v1/engine/events (Server-Sent Events read with fetch, so the API key can go in a header).
+// GET /v1/engine/events (Server-Sent Events read with fetch, so the API key can go in a header); on a server of
+// several models, one stream per model loaded (models.js).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const RECENT = 500;  // finished requests kept for the latency view
 let apiKey = null;  // only ever in this variable: never stored, never in the URL
-let recent = [];  // [status, latency_s, steps]
+let recentOf = new Map();  // stream ("" for a server of one model, else the model's name) -> [status, latency_s, steps]
+const streams = new Map();  // stream -> the AbortController of its open (or reconnecting) events stream
+const liveStreams = new Set();  // the streams that are connected now
+let formFor = null;  // the stream whose model filled the playground's form
+
+function keepRecent(key) {
+  if (!recentOf.has(key)) recentOf.set(key, []);
+  return recentOf.get(key);
+}
 
 function headers(extra) {
   const h = Object.assign({}, extra || {});
@@ -60,7 +69,14 @@ async function start() {
   }
   $("key-form").hidden = true;
   $("console").hidden = false;
-  connectEvents();
+  const list = answer.ok ? ((await answer.json()).data || []) : [];
+  several = list.length > 1;
+  if (!several) {
+    if (!streams.has("")) connectEvents("");
+    return;
+  }
+  showModels(list);
+  if (polling === null) polling = setInterval(refreshModels, MODELS_EVERY_MS);
 }
 
 $("key-submit-form").addEventListener("submit", (ev) => {
@@ -71,49 +87,72 @@ $("key-submit-form").addEventListener("submit", (ev) => {
 });
 
 // --- live batch ------------------------------------------------------------------------------------------------
-function setStatus(live) {
-  $("status").textContent = live ? "live" : "offline";
-  $("status").classList.toggle("live", live);
+function setStatus(key, live) {  // live while any stream is connected
+  if (live) liveStreams.add(key); else liveStreams.delete(key);
+  const any = liveStreams.size > 0;
+  $("status").textContent = any ? "live" : "offline";
+  $("status").classList.toggle("live", any);
 }
 
-async function connectEvents() {
+async function connectEvents(key) {  // key: "" (the server's one stream) or a model's name
+  const control = new AbortController();
+  streams.set(key, control);
+  const url = "/v1/engine/events" + (key ? `?model=${encodeURIComponent(key)}` : "");
+  let retryMs = 2000;
   try {
-    const answer = await fetch("/v1/engine/events", {headers: headers()});
+    const answer = await fetch(url, {headers: headers(), signal: control.signal});
     if (answer.status === 401) {
+      streams.delete(key);
       showKeyForm("The server refused that key.");
+      return;
+    }
+    if (answer.status === 409 || answer.status === 404) {  // that model is not loaded (or not served) any more:
+      streams.delete(key);  // the next look at /v1/models opens its stream again once it is
       return;
     }
     if (answer.status === 429) {  // the server feeds as many viewers as it will
       $("model").textContent = "too many viewers on this server: retrying";
-      setTimeout(connectEvents, 1000 * (Number(answer.headers.get("Retry-After")) || 10));
-      return;
+      retryMs = 1000 * (Number(answer.headers.get("Retry-After")) || 10);
+    } else {
+      for await (const {event, data} of sse(answer)) {
+        if (event === "hello") { hello(data, key); setStatus(key, true); }  // live once the page knows the model
+        else if (event === "steps") data.forEach(step);
+        else if (event === "replicas") keepReplicas(data.replicas);
+      }
     }
-    setStatus(true);
-    for await (const {event, data} of sse(answer)) {
-      if (event === "hello") hello(data);
-      else if (event === "steps") data.forEach(step);
-      else if (event === "replicas") keepReplicas(data.replicas);
-    }
-  } catch (e) { /* the stream broke: reconnect below */ }
-  setStatus(false);
-  setTimeout(connectEvents, 2000);
+  } catch (e) { /* the stream broke (or was closed here): reconnect below, unless closed on purpose */ }
+  setStatus(key, false);
+  setTimeout(() => { if (streams.get(key) === control) connectEvents(key); }, retryMs);
 }
 
-function hello(h) {
+function hello(h, key) {
   const m = h.model;
-  const fleet = h.replicas ? ` · ${h.replicas.length} replica${h.replicas.length === 1 ? "" : "s"}` : "";
-  $("model").textContent = m ? `${m.name} (${m.family}) · max batch ${h.max_batch_size}${fleet}`
-                             : "no replica is up yet";
-  $("live-strategy").textContent = h.strategy ? `strategy ${h.strategy}` : "";
-  engineNow = h.t;
-  recent = h.recent.slice(-RECENT);
+  if (several) {  // the header lists the models; each model's own line is under the totals
+    infoOf.set(key, m);
+    const g = group(key, "model");
+    Object.assign(g, {lanes: new Map(), slots: [], strategy: h.strategy});  // its short ids start again
+    const strategies = new Set([...groups.values()].map((x) => x.strategy).filter((x) => x));
+    $("live-strategy").textContent = strategies.size ? `strategy ${[...strategies].join(", ")}` : "";
+    engineNow = Math.max(engineNow, h.t);  // the models' records share one clock (the device's)
+  } else {
+    const fleet = h.replicas ? ` · ${h.replicas.length} replica${h.replicas.length === 1 ? "" : "s"}` : "";
+    $("model").textContent = m ? `${m.name} (${m.family}) · max batch ${h.max_batch_size}${fleet}`
+                               : "no replica is up yet";
+    $("live-strategy").textContent = h.strategy ? `strategy ${h.strategy}` : "";
+    engineNow = h.t;
+  }
+  recentOf.set(key, h.recent.slice(-RECENT));
   if (h.replicas) keepReplicas(h.replicas);
-  if (m) fillForm(m);
+  if (m && (!several || key === $("model-choice").value)) fillForm(m, key);
   drawLatency();
 }
 
-function fillForm(m) {
-  if ($("size").options.length) return;  // keep what the user chose across reconnects
+function fillForm(m, key) {
+  if (formFor === key && $("size").options.length) return;  // keep what the user chose across reconnects
+  formFor = key;
+  $("model-note").hidden = true;
+  for (const id of ["size", "sampler"]) $(id).replaceChildren();
+  for (const id of ["control-name", "ip-name"]) $(id).replaceChildren(new Option("none", ""));
   const sizes = new Set([`${m.default_width}x${m.default_height}`]);
   const stepPx = Math.max(m.size_multiple, Math.ceil((m.max_size - m.min_size) / 8 / m.size_multiple) * m.size_multiple);
   for (let s = m.min_size; s <= m.max_size; s += stepPx) sizes.add(`${s}x${s}`);
@@ -171,15 +210,25 @@ function quantile(sorted, q) {
 const fmt = (s) => s === null ? "–" : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`;
 const COLOURS = ["#2f6fde", "#e67e22", "#2e9d5b", "#8e44ad", "#c0392b", "#16a085"];
 
-function drawLatency() {
+function drawLatency() {  // per step count; with several models, per model and step count
   const groups = new Map([["all", []]]);
-  for (const [status, latency, steps] of recent) {
-    if (status !== "completed" || latency === null) continue;
-    if (!groups.has(steps)) groups.set(steps, []);
-    groups.get(steps).push(latency);
-    groups.get("all").push(latency);
+  const lists = several ? [...recentOf.entries()] : [["", [...recentOf.values()].flat()]];
+  for (const [model, list] of lists) {
+    for (const [status, latency, steps] of list) {
+      if (status !== "completed" || latency === null) continue;
+      const k = model ? `${model} · ${steps}` : steps;
+      if (!groups.has(k)) groups.set(k, []);
+      groups.get(k).push(latency);
+      groups.get("all").push(latency);
+    }
   }
-  const keys = [...groups.keys()].filter((k) => k !== "all").sort((a, b) => a - b);
+  const order = (k) => several ? [models.findIndex((m) => k.startsWith(`${m.id} · `)), Number(k.split(" · ").pop())]
+                               : [0, k];
+  const keys = [...groups.keys()].filter((k) => k !== "all").sort((a, b) => {
+    const [a1, a2] = order(a), [b1, b2] = order(b);
+    return a1 - b1 || a2 - b2;
+  });
+  $("latency-key").textContent = several ? "model · steps" : "steps";
   const body = $("latency-table").tBodies[0];
   body.innerHTML = "";
   for (const k of [...keys, "all"]) {
@@ -235,9 +284,12 @@ function fail(cards, message) {
 $("gen-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   const n = Math.max(1, Number($("n").value) || 1);
-  const body = {prompt: $("prompt").value, size: $("size").value, n, num_inference_steps: Number($("steps").value),
-                guidance_scale: Number($("guidance").value), sampler: $("sampler").value, stream: true,
-                partial_images: 2, response_format: "b64_json"};
+  const body = {prompt: $("prompt").value, n, stream: true, partial_images: 2, response_format: "b64_json"};
+  if (several) body.model = $("model-choice").value;
+  if ($("size").value) body.size = $("size").value;  // none: a model not loaded yet, which takes its defaults
+  if ($("steps").value !== "") body.num_inference_steps = Number($("steps").value);
+  if ($("guidance").value !== "") body.guidance_scale = Number($("guidance").value);
+  if ($("sampler").value) body.sampler = $("sampler").value;
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if (!$("negative-label").hidden && $("negative").value.trim() !== "") body.negative_prompt = $("negative").value;
   const cards = Array.from({length: n}, (_, i) => card(n - 1 - i)).reverse();
@@ -284,7 +336,10 @@ $("gen-form").addEventListener("submit", async (ev) => {
     fail(cards, `the connection broke: ${e}`);
   } finally {
     $("generate").disabled = false;
+    if (several) refreshModels();  // a model it loaded gets its stream now
   }
 });
+
+$("model-choice").addEventListener("change", chooseModel);
 
 start();

@@ -1,10 +1,12 @@
 // The stepserve console's live batch view (console.js feeds it): one lane per request, grouped by replica
-// behind several replicas, and under the lanes a strip per replica of its batch sizes, cap and queue.
+// behind several replicas and by model on a server of several models, and under the lanes a strip per group of its
+// batch sizes, cap and queue; with several models, a strip of which model held the device at each step.
 "use strict";
 
 const WINDOWS_S = [1, 2, 5, 10, 20, 30];  // the lane view shows about 60 steps: the first of these that holds them
-// One group of lanes per replica ("" for a single server, whose records name none). Short ids are per replica.
-let groups = new Map();  // replica -> {lanes, slots, history, last, steps}
+// One group of lanes per replica ("" for a single server, whose records name none), or per model on a server of
+// several models. Short ids are per replica, per model.
+let groups = new Map();  // replica or model -> {kind, lanes, slots, history, last, steps}
 //   lanes: short id -> {slot, cells: [[t, dt, progress or null when paused]], left, status}
 //   slots: lane slot -> short id or null; history: [t, dt, batch, cap, queue] per step (the strip under the lanes)
 //   last: the replica's latest record; steps: records seen
@@ -13,6 +15,8 @@ let windowS = 20;
 let stepEma = null;  // smoothed step time, which picks the window
 let counts = {joined: 0, left: 0};
 let drawPending = false;
+let deviceSteps = [];  // several models: [t, dt, model] per step, in the order the device ran them
+const deviceTotals = new Map();  // model -> {steps, seconds} the device gave it since the page opened
 
 function keepReplicas(names) {  // the replicas now serving: a group each, in the order given (by name)
   for (const name of [...groups.keys()]) if (!names.includes(name)) groups.delete(name);
@@ -22,23 +26,24 @@ function keepReplicas(names) {  // the replicas now serving: a group each, in th
   if (!drawPending) { drawPending = true; requestAnimationFrame(drawLanes); }
 }
 
-function group(name) {
+function group(name, kind) {
   let g = groups.get(name);
   if (!g) {
-    g = {lanes: new Map(), slots: [], history: [], last: null, steps: 0};
+    g = {kind: kind || "replica", lanes: new Map(), slots: [], history: [], last: null, steps: 0, strategy: null};
     groups.set(name, g);
   }
   return g;
 }
 
-function showReplicas() {  // a line per replica under the totals: its name, steps seen and latest numbers
+function showReplicas() {  // a line per replica (or model) under the totals: its name, steps seen, latest numbers
   const box = $("live-replicas");
   const named = [...groups.entries()].filter(([name]) => name !== "");
   box.hidden = !named.length;
   box.replaceChildren(...named.map(([name, g]) => {
     const row = document.createElement("span");
     row.className = "replica";
-    row.dataset.replica = name;
+    row.dataset[g.kind] = name;
+    if (g.kind === "model") row.style.borderLeftColor = modelColour(name);
     const r = g.last;
     row.textContent = `${name}: ${g.steps} steps` + (r ? ` · queue ${r.queue} · running ${r.running} · batch ` +
                       `${r.rows.length}` : "");
@@ -59,8 +64,14 @@ function lane(g, id, t) {
 }
 
 function step(r) {
-  const g = group(r.replica || "");
+  const g = several && r.model ? group(r.replica ? `${r.model} · ${r.replica}` : r.model, "model")
+                               : group(r.replica || "");
   engineNow = Math.max(engineNow, r.t + r.dt);
+  if (several && r.model && r.dt > 0) {  // one device: its steps, whichever model's, on one time line
+    deviceSteps.push([r.t, r.dt, r.model]);
+    const total = deviceTotals.get(r.model) || {steps: 0, seconds: 0};
+    deviceTotals.set(r.model, {steps: total.steps + 1, seconds: total.seconds + r.dt});
+  }
   for (const id of r.joined) { lane(g, id, r.t); counts.joined += 1; }
   for (const [id, done, total] of r.rows) lane(g, id, r.t).cells.push([r.t, r.dt, done / total]);
   for (const id of r.paused) lane(g, id, r.t).cells.push([r.t, r.dt, null]);
@@ -68,9 +79,9 @@ function step(r) {
     const l = g.lanes.get(id);
     if (l) { l.left = engineNow; l.status = status; }
     counts.left += 1;
-    recent.push([status, latency, steps]);
+    keepRecent(several ? r.model || "" : "").push([status, latency, steps]);
   }
-  if (recent.length > RECENT) recent = recent.slice(-RECENT);
+  for (const [key, list] of recentOf) if (list.length > RECENT) recentOf.set(key, list.slice(-RECENT));
   if (r.rows.length) {
     stepEma = stepEma === null ? r.dt : 0.97 * stepEma + 0.03 * r.dt;
     windowS = WINDOWS_S.find((w) => w >= 60 * stepEma) || WINDOWS_S[WINDOWS_S.length - 1];
@@ -78,6 +89,7 @@ function step(r) {
   g.history.push([r.t, r.dt, r.rows.length, r.cap, r.queue]);
   g.last = r;
   g.steps += 1;
+  while (deviceSteps.length && deviceSteps[0][0] < engineNow - WINDOWS_S[WINDOWS_S.length - 1]) deviceSteps.shift();
   for (const h of groups.values()) {
     while (h.history.length && h.history[0][0] < engineNow - WINDOWS_S[WINDOWS_S.length - 1]) h.history.shift();
     for (const [id, l] of h.lanes) {  // lanes that left the window free their slot
@@ -95,6 +107,7 @@ function step(r) {
   $("live-joined").textContent = counts.joined;
   $("live-left").textContent = counts.left;
   showReplicas();
+  if (several && r.model && r.dt > 0) showDevice();
   if (r.done.length) drawLatency();
   if (!drawPending) { drawPending = true; requestAnimationFrame(drawLanes); }
 }
@@ -123,9 +136,9 @@ function drawLanes() {
   let top = 0;
   for (const [name, grp] of shown) {
     if (labelled) {
-      g.fillStyle = "#1d2330";
+      g.fillStyle = grp.kind === "model" ? modelColour(name.split(" · ")[0]) : "#1d2330";
       g.font = "bold 11px system-ui";
-      g.fillText(`replica ${name}`, 2, top + LABEL_H - 3);
+      g.fillText(`${grp.kind} ${name}`, 2, top + LABEL_H - 3);
       g.fillStyle = "#e3e6ee";
       g.fillRect(0, top, W, 1);
       top += LABEL_H;
@@ -145,6 +158,32 @@ function drawLanes() {
     top += Math.max(1, grp.slots.length) * laneH;
   }
   drawHistory(left, x);
+  if (several) drawDevice(left, x);
+}
+
+function drawDevice(left, x) {  // several models: each step the device ran, in its model's colour
+  const canvas = $("device"), g = canvas.getContext("2d"), W = canvas.width, H = canvas.height;
+  g.clearRect(0, 0, W, H);
+  for (const [t, dt, model] of deviceSteps) {
+    if (t + dt < left) continue;
+    g.fillStyle = modelColour(model);
+    g.fillRect(x(t), 2, Math.max(1.5, dt / windowS * W - 0.5), H - 16);
+  }
+  axis(g, W, H, x, left);
+}
+
+function showDevice() {  // the strip's legend: each model's colour, where it is, the steps and time the device gave it
+  $("device-legend").replaceChildren(...models.map((m) => {
+    const item = document.createElement("span");
+    item.className = "model";
+    item.dataset.model = m.id;
+    const swatch = document.createElement("span");
+    swatch.className = "swatch";
+    swatch.style.background = modelColour(m.id);
+    const total = deviceTotals.get(m.id) || {steps: 0, seconds: 0};
+    item.append(swatch, `${m.id} (${m.place}): ${total.steps} steps, ${fmt(total.seconds)} on the device`);
+    return item;
+  }));
 }
 
 function drawHistory(left, x) {  // per replica, a band: batch size per step (bars), the cap in force, the queue
