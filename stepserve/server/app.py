@@ -88,6 +88,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
             yield
         finally:
             jobs.stop_claiming()
+            events.close()  # open event streams end with the app (a model going back to disk included)
             await registry.close()
             await engine.shutdown(shutdown_grace_s)
             await jobs.close()
