@@ -82,13 +82,14 @@ def test_then_the_least_used_share_then_the_longest_waiting():
 
 
 def test_a_model_back_from_an_idle_spell_starts_at_the_least_used_share_and_banks_nothing():
+    """Nothing but a credit of borrow_s (as a scheduler's sleeper credit: a short request then runs whole)."""
     share = DeviceShare(aging_s=2.0, borrow_s=0.5)
     share.pick([EngineBid("a", 0.0), EngineBid("b", 0.0)], 0.0)
     for t in range(1, 11):  # a alone for 10 s; b bids nothing
         share.pick([EngineBid("a", float(t))], float(t))
         share.charge("a", 1.0)
     share.pick([EngineBid("a", 11.0), EngineBid("b", 11.0)], 11.0)
-    assert share.used["b"] == pytest.approx(share.used["a"])  # not 10 s behind: it cannot shut a out for 10 s
+    assert share.used["b"] == pytest.approx(share.used["a"] - 0.5)  # not 10 s behind: it cannot shut a out 10 s
 
 
 def test_bad_settings_are_refused_with_what_is_allowed():

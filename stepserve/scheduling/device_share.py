@@ -16,7 +16,9 @@ when it has waited for the device) and the device time each model has used, in t
 
 Device time is virtual time as in start-time fair queuing (Goyal, Vin and Cheng, SIGCOMM 1996): `charge` adds a
 step's reported duration, over its weight, to its model; a model that comes back after an idle spell resumes at the
-least used share among the bidders, so time it did not ask for is not banked against the others.
+least used share among the bidders less a credit of borrow_s (as Linux CFS credits a task that wakes: a short
+request of a model of short steps then runs whole instead of waiting behind another model's long step halfway), so
+time it did not ask for is not banked against the others.
 
 No clock: `now` and the step durations are given (the engine thread passes its clock's time and the executor's
 report; the simulator passes its own), so the same policy runs live and simulated.
@@ -90,8 +92,8 @@ class DeviceShare:
         back = {b.model for b in bids if now - self.seen.get(b.model, -math.inf) > self.aging_s}
         kept = [self.used[m] for m, t in self.seen.items() if m not in back and now - t <= self.aging_s]
         floor = min(kept) if kept else min((self.used.get(m, 0.0) for m in back), default=0.0)
-        for model in back:
-            self.used[model] = max(self.used.get(model, 0.0), floor)
+        for model in back:  # a returning model's credit: borrow_s (a short request then runs whole at once)
+            self.used[model] = max(self.used.get(model, 0.0), floor - self.borrow_s / self.weight(model))
         for b in bids:
             self.seen[b.model] = now
 
