@@ -92,14 +92,25 @@ def bucket_list(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+class RepeatedModel(argparse.Action):
+    """--model given more than once (serve's several models): every value in `models_given`, in order; `model`
+    keeps the first, so that one --model reads as it always has."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.models_given = [*(getattr(namespace, "models_given", None) or []), values]
+        if len(namespace.models_given) == 1:
+            setattr(namespace, self.dest, values)
+
+
 def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None, where: str = "",
                     model_in=None, repeatable: bool = False) -> None:
     """What to load and where it runs. `where` is appended to the help of the runtime flags (e.g. ' (in-process
     only)'); `model_in`: the group --model goes in (a mutually exclusive one), default the parser. `repeatable`:
     --model may be given more than once (a list, None when not given: serve's several models)."""
-    (model_in or p).add_argument("--model", default=None if repeatable else "embedded",
-                                 action="append" if repeatable else "store",
+    (model_in or p).add_argument("--model", default="embedded", action=RepeatedModel if repeatable else "store",
                                  help=model_help or "'embedded' or a local diffusers folder (model_index.json)")
+    if repeatable:
+        p.set_defaults(models_given=[])
     p.add_argument("--config", metavar="DIR", default=None,
                    help="with --model FILE.safetensors (a whole SD 1/2 or SDXL checkpoint): a diffusers folder of the "
                         "same model that gives its configs, tokenizers and scheduler (its weights are not read)"

@@ -70,7 +70,7 @@ def _mb(text: str) -> float:
 
 def several(args: argparse.Namespace) -> bool:
     """Whether the flags ask for a server of several models (else `serve` serves one, as it always has)."""
-    given = args.model or []
+    given = args.models_given
     return (len(given) > 1 or any(_split(m)[0] is not None for m in given) or args.models_dir is not None
             or args.models is not None or args.device_memory_mb is not None or args.host_memory_mb is not None
             or args.default_model is not None)
@@ -93,7 +93,7 @@ def default_name(path: str) -> str:
 def model_entries(args: argparse.Namespace) -> tuple[list[tuple[str, dict, bool]], str | None]:
     """[(name, settings, eager)] from --model, --models and --models-dir in that order; and the TOML's default."""
     out: list[tuple[str, dict, bool]] = []
-    for given in args.model or []:
+    for given in args.models_given:
         name, path = _split(given)
         out.append((name or default_name(path), {"model": path}, True))
     default = None

@@ -128,15 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def one_model(args: argparse.Namespace) -> None:
-    """A server of one model: --model as the one path given (none: the embedded model)."""
-    if args.model is None or isinstance(args.model, list):
-        args.model = (args.model or ["embedded"])[0]
-
-
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
     """What the serve flags ask for, as plain data: the same for one process and for every Ray Serve replica."""
-    one_model(args)
     from ..server.schemas import ServerLimits
 
     max_queue = (default_max_queue(args.max_batch_size, args.max_n) if args.max_queue == AUTO
@@ -201,7 +194,6 @@ def check_model(args: argparse.Namespace) -> None:
     """--model (and --config) name something loadable: one line before anything loads."""
     from ..engine.loading import check_model_argument
 
-    one_model(args)
     try:
         check_checkpoint_flags(args)
         check_model_argument(model_of(args))
@@ -259,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_models(args, serve_settings, check_model, claim_port, log_to_stderr, parser,
                             serve_on_replicas)
-    one_model(args)
     sock = store = results = None
     try:
         if replica_mode(args):

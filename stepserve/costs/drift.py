@@ -67,3 +67,26 @@ class DriftCorrected:
 
     def decode_s(self, n: int, bucket: Bucket | None = None) -> float:
         return self.prior.decode_s(n, bucket) * self.factor(bucket or self.reference_bucket) / self.share
+
+    def whole_device(self) -> "WholeDevice":
+        """The same predictions at the whole device (share 1): what a request needs even alone on it."""
+        return WholeDevice(self)
+
+
+class WholeDevice:
+    """A read-only view of a DriftCorrected at the whole device (its share ignored)."""
+
+    def __init__(self, drift: DriftCorrected) -> None:
+        self.drift = drift
+        self.reference_bucket = drift.reference_bucket
+
+    def step_s(self, batch_size: int, bucket: Bucket | None = None) -> float:
+        d = self.drift
+        return d.prior.step_s(batch_size, bucket) * d.factor(bucket or d.reference_bucket)
+
+    def encode_s(self, n: int) -> float:
+        return self.drift.prior.encode_s(n) * self.drift.factor()
+
+    def decode_s(self, n: int, bucket: Bucket | None = None) -> float:
+        d = self.drift
+        return d.prior.decode_s(n, bucket) * d.factor(bucket or d.reference_bucket)

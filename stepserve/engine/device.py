@@ -79,9 +79,9 @@ class SharedDevice:
         handed on, and two busy models would merely alternate). An engine that bid so and then does not step calls
         withdraw()."""
         with self._cond:
-            bid = self._bids.get(model)  # made at the release of its last step, or now
-            if bid is None:
-                bid = self._bids[model] = EngineBid(model, self.clock.now(), deadline, self._work_s(model))
+            early = self._bids.get(model)  # made at the release of its last step: it has waited since then
+            bid = self._bids[model] = EngineBid(model, self.clock.now() if early is None else early.waiting_since,
+                                                deadline, self._work_s(model))  # the deadline as of now
             if self.holder is None:
                 self._grant()
             while self.holder != model and not self._closed:
@@ -260,13 +260,13 @@ class SharedDevice:
         log.info("model %s moved to %s memory in %.3f s", r.name, place, seconds)
 
     def _placed(self) -> list[Placed]:
+        """What the memory policy reads. busy() may ask the state store (jobs queued for the model): it is asked
+        outside the device's lock, so a slow store never holds up the others' turns."""
         with self._cond:
-            return self._placed_locked()
-
-    def _placed_locked(self) -> list[Placed]:
-        placed = [Placed(r.name, r.place, r.nbytes, r.last_used, r.place != DISK and r.busy())
-                  for r in self.models.values() if r.place != DISK]
-        return placed + [Placed(n, DEVICE, b, self.clock.now(), True) for n, b in self.reserved.items()]
+            models = [(r, r.name, r.place, r.nbytes, r.last_used) for r in self.models.values() if r.place != DISK]
+            now = self.clock.now()
+            reserved = [Placed(n, DEVICE, b, now, True) for n, b in self.reserved.items()]
+        return [Placed(name, place, nbytes, last, r.busy()) for r, name, place, nbytes, last in models] + reserved
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:

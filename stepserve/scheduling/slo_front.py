@@ -53,7 +53,8 @@ class SLOFrontEnd:
         refusal under load, retrying cannot help."""
         if request.deadline is None:
             return None
-        alone = earliest_finish(request, self.latency_model, now)
+        # alone on the whole device: a device shared with other models (latency_model.share) is a load, not a limit
+        alone = earliest_finish(request, self.latency_model.whole_device(), now)
         if alone <= request.deadline + EPS_S:
             return None
         return (f"deadline cannot be met: it needs at least {duration(alone - now)} even alone, and "

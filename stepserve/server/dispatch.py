@@ -43,7 +43,7 @@ class Dispatch:
         self.models = models
         self.check_key = require_key(api_key)
         self.default_timeout_s = default_timeout_s
-        self.body_limit = body_limit
+        self.body_limit = body_limit  # the largest any model's app takes (a form, or JSON with controls' pictures)
         self.draining = False
         self.page = page_app()
 
@@ -72,6 +72,8 @@ class Dispatch:
             if path in ("/metrics", "/v1/models") or path.startswith("/v1/models/"):
                 answer = await self._metrics() if path == "/metrics" else self._cards(path)
                 return await answer(scope, receive, send)
+            if not path.startswith("/v1/"):  # not the API (a browser's /favicon.ico): no model loads for it
+                return await self._open(scope, receive, send)
             job = JOB_ROUTE.match(path)
             if job is not None and "model" not in query(scope):
                 return await self._job(job.group(2), scope, receive, send)
@@ -95,6 +97,8 @@ class Dispatch:
         for entry in (named, entries[self.models.default], *entries.values()):
             if entry is not None and entry.stack is not None:
                 return await entry.app(scope, receive, send)
+        if not scope["path"].startswith("/v1/"):
+            raise APIError(404, "not found", code="not_found")
         raise APIError(503, "no model is loaded yet; send a request naming one", type="server_error",
                        code="no_model_loaded")
 

@@ -4,6 +4,7 @@ load (a JSON body's, parsed as the apps parse it; an edit's form field)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from urllib.parse import parse_qs
@@ -12,6 +13,8 @@ from starlette.requests import Request
 
 from .bodies import json_value
 from .errors import APIError
+
+ON_LOOP_BYTES = 64 * 2**10  # a JSON body larger than this is parsed off the event loop
 
 
 def query(scope) -> dict[str, str]:
@@ -90,6 +93,8 @@ async def body_model(scope, body: bytes) -> str | None:
                 return value if isinstance(value, str) else None
         except Exception:  # noqa: BLE001 - a malformed form: the default model's app answers its 400
             return None
+    if len(body) > ON_LOOP_BYTES:  # a JSON body with pictures (controls): parsed on a worker thread
+        return (await asyncio.to_thread(json_object, scope, body) or {}).get("model")
     return (json_object(scope, body) or {}).get("model")  # not a string: entry() answers the 400
 
 

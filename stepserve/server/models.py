@@ -131,22 +131,26 @@ class ModelSet:
                                 f"by models with requests in flight; retry later", code="model_loading",
                            headers={"Retry-After": str(self.retry_after_s(entry))})
         started = time.monotonic()
+        engine = None
         try:
             engine = start_engine(spec.config, device=self.device, device_name=spec.name)
-        except BaseException:
-            self.device.unreserve(spec.name)
-            raise
-        from ..executor.placement import place, weight_bytes
+            from ..executor.placement import place, weight_bytes
 
-        executor = engine.executor
-        nbytes = weight_bytes(executor) if hasattr(executor, "pipeline") else estimate
-        seconds = time.monotonic() - started
+            executor = engine.executor
+            nbytes = weight_bytes(executor) if hasattr(executor, "pipeline") else estimate
+            seconds = time.monotonic() - started
+            app = self.make_app(spec, engine)
+            self.device.add(spec.name, nbytes, lambda where: place(executor, where) if hasattr(executor, "pipeline")
+                            else None, lambda: self._busy(entry), lambda: bool(engine.queue_depth or
+                                                                                engine.running_count), load_s=seconds)
+        except BaseException:  # nothing of a load that failed stays: its room, its place, its ranks
+            self.device.unreserve(spec.name)
+            self.device.remove(spec.name)
+            if engine is not None:
+                engine._close_executor()
+            raise
         entry.engine, entry.loads, entry.last_load_s, entry.failed_at = engine, entry.loads + 1, seconds, None
-        entry.app = self.make_app(spec, engine)
-        entry.service = entry.app.state.server.jobs.service
-        self.device.add(spec.name, nbytes, lambda where: place(executor, where) if hasattr(executor, "pipeline")
-                        else None, lambda: self._busy(entry), lambda: bool(engine.queue_depth or
-                                                                            engine.running_count), load_s=seconds)
+        entry.app, entry.service = app, app.state.server.jobs.service
 
     async def start(self, entry: ModelEntry) -> None:
         """Run a loaded model's app (its engine thread, jobs and registrations)."""
@@ -164,6 +168,7 @@ class ModelSet:
             raise self._load_failed(entry, int(FAILED_S - (started - entry.failed_at)) + 1)
         if entry.loading is None:
             entry.loading = asyncio.ensure_future(self._load(entry))
+            entry.loading.add_done_callback(lambda t: t.cancelled() or t.exception())  # told to its callers, if any
         try:
             await asyncio.shield(entry.loading)
         finally:
@@ -175,7 +180,12 @@ class ModelSet:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self.load_now, entry)
-            await self.start(entry)
+            try:
+                await self.start(entry)
+            except BaseException:  # loaded but cannot run: let it go whole
+                entry.app = entry.engine = None
+                self.device.remove(entry.name)
+                raise
         except APIError:  # no room now (429): nothing failed
             raise
         except Exception as exc:  # noqa: BLE001 - any failure to load answers 503, and is not retried at once
@@ -218,7 +228,8 @@ class ModelSet:
     async def drop(self, entry: ModelEntry) -> None:
         """Stop an idle model's app and let its weights go; a request that came meanwhile keeps it (in host
         memory: its next step moves it back)."""
-        if entry.stack is None or await asyncio.to_thread(self._busy, entry):  # the store may be asked
+        busy = entry.stack is None or await asyncio.to_thread(self._busy, entry)  # the store may be asked
+        if busy or entry.pending or entry.stack is None:  # again: a request may have come while the store answered
             if entry.stack is not None:
                 self.device.back_to_host(entry.name)
             return

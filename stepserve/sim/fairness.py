@@ -57,9 +57,8 @@ class FairnessCase:
     max_batch_size: int = 8
     aging_s: float = DEFAULT_AGING_S
     borrow_s: float = DEFAULT_BORROW_S
-    # slo on the shared device: each model's policy plans at its share of the device: it predicts its steps 1/share
-    # as long (what its share promises while both models bid) and learns from each step's seconds over its share,
-    # instead of planning at the whole device's speed (the proposal docs/BENCHMARKS.md measures)
+    # slo on the shared device plans at the share its model can count on now (scheduling/device_share.plan_at), as
+    # live; False: at the whole device's speed (the comparison docs/BENCHMARKS.md measures)
     plan_shares: bool = True  # slo plans at the share of the device its model gets now (False: at the whole device)
 
     def request_s(self, model: str) -> float:

@@ -80,7 +80,7 @@ def test_each_model_streams_its_steps_on_one_time_line_and_is_not_held_by_its_vi
         senders = [threading.Thread(target=httpx.post, args=(server.url + "/v1/images/generations",),
                                     kwargs={"json": {**body, "model": name}, "timeout": 240}) for name in seen]
         device = models.device
-        with device._exclusive():  # the device held until both models bid: their steps then take turns
+        with device._exclusive():  # the device held until both models bid: their steps then share it
             for t in senders:
                 t.start()
             assert wait_until(lambda: len(device._bids) == 2, 240)
@@ -94,8 +94,9 @@ def test_each_model_streams_its_steps_on_one_time_line_and_is_not_held_by_its_vi
             assert {row[2] for r in steps for row in r["rows"]} == {6}
             spans += [(r["t"], r["t"] + r["dt"], name) for r in steps if r["dt"] > 0]
         spans.sort()
-        # one device, one step at a time: on the common time line no two steps overlap (t and dt are rounded),
-        # and the two models' steps alternate as the device went from one to the other
+        # one device, one step at a time: on the common time line no two steps overlap (t and dt are rounded), and
+        # the device went from one model to the other (in the order the device policy chose: a model back from an
+        # idle spell may run its short request whole, scheduling/device_share.py)
         assert all(later[0] >= earlier[1] - 2e-4 for earlier, later in zip(spans, spans[1:])), spans
         switches = sum(x[2] != y[2] for x, y in zip(spans, spans[1:]))
-        assert switches >= 4, spans
+        assert switches >= 1 and {s[2] for s in spans} == {"a", "b"}, "".join(s[2] for s in spans)
