@@ -24,3 +24,16 @@ def reference_image(family: str, path, p: SamplingParams) -> np.ndarray:
                  guidance_scale=p.guidance_scale, generator=torch.Generator("cpu").manual_seed(p.seed),
                  output_type="np", **extra).images[0]
     return (image * 255).round().astype(np.int16)
+
+
+def fill_reference(path, p: SamplingParams) -> np.ndarray:
+    """diffusers' FluxFillPipeline for one inpainting request at 32x32 (its image, mask and strength)."""
+    import diffusers
+
+    pipe = diffusers.FluxFillPipeline.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    options = {} if p.strength is None else {"strength": p.strength}
+    image = pipe(p.prompt, image=p.image, mask_image=p.mask_image, num_inference_steps=p.num_inference_steps,
+                 guidance_scale=p.guidance_scale if p.guidance_scale is not None else 30.0, height=32, width=32,
+                 generator=torch.Generator("cpu").manual_seed(p.seed), output_type="np", **options).images[0]
+    return (image * 255).round().astype(np.int16)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..scheduling.device_share import DeviceShare, EngineBid
-from ..scheduling.residency import DEVICE, DISK, HOST, Placed, make_room, used
+from ..scheduling.residency import DEVICE, DISK, HOST, Placed, make_room
 from .clock import WallClock
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,8 @@ class SharedDevice:
                 r.moves, r.move_s, r.steps, r.device_s = old.moves, old.move_s, old.steps, old.device_s
             r.moves[DEVICE] = r.moves.get(DEVICE, 0)
             self.models[name] = r
-        if self.device_bytes is not None and used(self._placed(), DEVICE) > self.device_bytes:
+            on_device = sum(m.nbytes for m in self.models.values() if m.place == DEVICE) + sum(self.reserved.values())
+        if self.device_bytes is not None and on_device > self.device_bytes:  # only then ask who is busy
             with self._exclusive():
                 out = make_room(self._placed(), DEVICE, 0, self.device_bytes, keep=name)
                 if out is None:

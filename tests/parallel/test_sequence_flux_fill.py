@@ -4,8 +4,8 @@ alone (uint8 within 1)."""
 
 import numpy as np
 import pytest
-import torch
 from edit_images import mask_image, pixels, start_image
+from family_reference import fill_reference
 from sequence_cases import split_engine
 
 from stepserve import SamplingParams
@@ -20,18 +20,6 @@ def fill_path(tmp_path_factory):
     return build_tiny_flux(tmp_path_factory.mktemp("flux_fill_sequence") / "pipe", fill=True)
 
 
-def reference(path, p: SamplingParams) -> np.ndarray:
-    import diffusers
-
-    pipe = diffusers.FluxFillPipeline.from_pretrained(path)
-    pipe.set_progress_bar_config(disable=True)
-    options = {} if p.strength is None else {"strength": p.strength}
-    image = pipe(p.prompt, image=p.image, mask_image=p.mask_image, num_inference_steps=p.num_inference_steps,
-                 guidance_scale=p.guidance_scale if p.guidance_scale is not None else 30.0, height=32, width=32,
-                 generator=torch.Generator("cpu").manual_seed(p.seed), output_type="np", **options).images[0]
-    return (image * 255).round().astype(np.int16)
-
-
 def test_inpainting_requests_equal_diffusers_flux_fill(fill_path):
     reqs = [SamplingParams(prompt=f"a red cube {i}", seed=900 + i, num_inference_steps=[3, 5][i % 2],
                            guidance_scale=[None, 4.0][i % 2], image=start_image(i, 32, vertical=True),
@@ -41,4 +29,4 @@ def test_inpainting_requests_equal_diffusers_flux_fill(fill_path):
     assert all(r.ok for r in results), [r.error for r in results]
     assert max(max(r.timing.batch_sizes) for r in results) > 1, "the requests never shared a batch"
     for r, p in zip(results, reqs):
-        assert np.abs(pixels(r.image) - reference(fill_path, p)).max() <= 1, p
+        assert np.abs(pixels(r.image) - fill_reference(fill_path, p)).max() <= 1, p

@@ -5,8 +5,8 @@ without an image and a mask are refused naming the field."""
 
 import numpy as np
 import pytest
-import torch
 from edit_images import assert_each_its_own, mask_image, pixels, start_image
+from family_reference import fill_reference
 
 from stepserve import Engine, SamplingParams, ValidationError
 from stepserve.scheduling import STRATEGIES
@@ -27,18 +27,6 @@ def fill_path(tmp_path_factory):
     return build_tiny_flux(tmp_path_factory.mktemp("tiny_flux_fill") / "pipe", fill=True)
 
 
-def reference(path, p: SamplingParams) -> np.ndarray:
-    import diffusers
-
-    pipe = diffusers.FluxFillPipeline.from_pretrained(path)
-    pipe.set_progress_bar_config(disable=True)
-    options = {} if p.strength is None else {"strength": p.strength}
-    image = pipe(p.prompt, image=p.image, mask_image=p.mask_image, num_inference_steps=p.num_inference_steps,
-                 guidance_scale=p.guidance_scale if p.guidance_scale is not None else 30.0, height=32, width=32,
-                 generator=torch.Generator("cpu").manual_seed(p.seed), output_type="np", **options).images[0]
-    return (image * 255).round().astype(np.int16)
-
-
 def fill(i, strength=None, steps=4, guidance=None):
     return SamplingParams(prompt=f"a red cube {i}", seed=900 + i, num_inference_steps=steps, guidance_scale=guidance,
                           image=start_image(i, 32, vertical=True), mask_image=mask_image(i, 32), strength=strength)
@@ -51,7 +39,7 @@ def test_alone_equals_diffusers_flux_fill(fill_path, strength, guidance):
     assert info.inpaint == "channels" and info.default_guidance_scale == 30.0
     p = fill(1, strength, guidance=guidance)
     got = engine.generate([p])[0]
-    assert np.abs(pixels(got.image) - reference(fill_path, p)).max() <= 1
+    assert np.abs(pixels(got.image) - fill_reference(fill_path, p)).max() <= 1
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
