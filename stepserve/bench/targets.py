@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..fleet.stats import work_headers
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
 from ..request.types import FinishReason, RequestStatus
 from .logs import warn_once
@@ -199,7 +200,7 @@ class HttpTarget:
         else:
             path, body = EDITS_PATH, {"data": _edit_form(spec)}
         try:
-            async with self._session.post(self.base + path, **body) as resp:
+            async with self._session.post(self.base + path, headers=work_headers(spec.num_inference_steps, spec.width, spec.height), **body) as resp:
                 text = await resp.text()
                 if resp.status == 429:
                     return Reply(REJECTED, error=_error_message(text), reason=_error_code(text))

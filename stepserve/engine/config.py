@@ -114,6 +114,7 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
     """Load and prepare what `config` asks for; `say` hears one line per start-up decision (memory cap, latency
     model). `executor`: one already loaded (a fake, or one shared between engines), used instead of loading.
     Raises FileNotFoundError or ValueError with a message naming the setting and what is allowed."""
+    from ..executor.fake import is_fake
     from .loading import check_pairs, load_executor
 
     check_pairs(config)  # a pair of features no family serves together: one line, before anything loads
@@ -121,6 +122,11 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
         import torch
 
         torch.set_num_threads(config.threads)
+    if executor is None and is_fake(config.model):  # the simulated accelerator: nothing to load, measure or warm
+        from ..executor.fake import fake_executor
+
+        executor = fake_executor(config.options.latency_model)
+        config = replace(config, memory_cap=False, warm_up=False, fast_path=None)
     loaded = executor is None
     if not loaded or config.degrees is None or not config.degrees.enabled:
         if loaded:

@@ -2,7 +2,8 @@
 
 A model argument is 'embedded' (the model that ships with stepserve), a local diffusers folder (model_index.json;
 its `_class_name` picks the family adapter, pipelines/registry.py) or an export folder (manifest.json, written by
-`stepserve export onnx` or `stepserve export tensorrt`). The backend says how the three networks run
+`stepserve export onnx` or `stepserve export tensorrt`); 'fake' is the simulated accelerator (executor/fake.py, which
+build_engine makes instead of loading anything). The backend says how the three networks run
 (stepserve/backends): torch runs the folder's modules; onnxruntime runs an ONNX export; tensorrt runs engine plans.
 The samplers run in torch on every backend.
 
@@ -43,9 +44,9 @@ def is_export_dir(path: str | os.PathLike) -> bool:
 def check_model_argument(model: str | os.PathLike) -> None:
     """Fail fast, before any heavy import, when `model` names nothing that can be loaded."""
     folder = Path(model).expanduser()
-    if str(model) != "embedded" and not any((folder / f).is_file() for f in ("model_index.json", EXPORT_MANIFEST)):
+    if str(model) not in ("embedded", "fake") and not any((folder / f).is_file() for f in ("model_index.json", EXPORT_MANIFEST)):
         raise FileNotFoundError(f"model: {str(model)!r} is neither 'embedded' nor a local diffusers folder with "
-                                f"model_index.json (nor an export folder with {EXPORT_MANIFEST})")
+                                f"model_index.json (nor an export folder with {EXPORT_MANIFEST}, nor 'fake')")
 
 
 def check_weights(weights, device: str, backend: str) -> None:

@@ -204,3 +204,58 @@ def test_bad_fleet_flags_get_one_line_errors(flags, message, capsys, monkeypatch
     assert serve_main(flags) == 2
     err = capsys.readouterr().err
     assert err.startswith("stepserve serve: error: ") and message in err and err.count("\n") == 1, err
+
+
+def proxied(rid: str, headers: dict[str, str], route: str = "/v1/images/generations", method: str = "POST"):
+    """A request as Ray Serve's HTTP proxy hands it to the router: its ASGI scope pickled by the proxy's own code
+    (the argument the replica unpickles), its route pattern and method in the metadata."""
+    from ray.serve._private.common import RequestMetadata
+    from ray.serve._private.proxy_request_response import ASGIProxyRequest
+    from ray.serve.request_router import PendingRequest
+
+    scope = {"type": "http", "method": method, "path": route,
+             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]}
+    arg = ASGIProxyRequest(scope, None, None).serialized_replica_arg(proxy_actor_name="proxy")
+    return PendingRequest(args=[arg], kwargs={}, metadata=RequestMetadata(rid, rid, route=route, _http_method=method))
+
+
+def test_a_request_is_priced_at_its_own_steps_and_size_from_the_headers_a_client_sends():
+    """The bench's headers (fleet.stats.work_headers), through the proxy's serialization, to the router's price:
+    4 and 50 steps are priced apart (x12.5), a request twice the reference pixels at twice the price; without
+    the headers, at the default steps."""
+    from stepserve.fleet.stats import work_headers
+
+    router = make_router(router="least_work")
+    stats = ReplicaStats(outstanding=0, work_s=0.0, curve=(0.1,), fixed_s=0.2, pixels=512 * 512).to_dict()
+    a = FakeReplica("a", {**stats, "taken_at": 1.0, "default_steps": 20})
+
+    def price(headers, rid):
+        async def route():  # a PendingRequest holds a future: made on a running loop, as in Ray
+            await router.choose_replicas([a], proxied(rid, headers))
+
+        asyncio.run(route())
+        return router._price["a"]
+
+    four, fifty = price(work_headers(4, 512, 512), "r4"), price(work_headers(50, 512, 512), "r50")
+    assert four == pytest.approx(4 * 0.1 + 0.2) and fifty == pytest.approx(50 * 0.1 + 0.2)
+    assert price(work_headers(50, 1024, 512), "big") == pytest.approx(2 * fifty)
+    assert price({}, "none") == pytest.approx(20 * 0.1 + 0.2)  # a client that says nothing: the default steps
+    assert price(work_headers(4, None, None), "steps-only") == pytest.approx(four)
+    async def poll():
+        return router.job(proxied("poll", work_headers(50, 512, 512), "/v1/images/jobs/{job_id}", "GET"))
+
+    assert asyncio.run(poll()).steps == 0  # a job's poll is not a generation, whatever it says
+
+
+@pytest.mark.parametrize("headers,expected", [
+    ({"x-stepserve-steps": "50", "x-stepserve-size": "1024x768"}, (50, 1024 * 768)),
+    ({"X-StepServe-Steps": " 7 "}, (7, 0)),
+    ({"x-stepserve-steps": "0"}, (0, 0)), ({"x-stepserve-steps": "-3"}, (0, 0)),
+    ({"x-stepserve-steps": "²"}, (0, 0)), ({"x-stepserve-steps": "9" * 5000}, (0, 0)),
+    ({"x-stepserve-steps": "10001"}, (0, 0)), ({"x-stepserve-size": "1024"}, (0, 0)),
+    ({"x-stepserve-size": "0x512"}, (0, 0)), ({"x-stepserve-size": "99999x2"}, (0, 0)),
+])
+def test_work_headers_out_of_range_or_malformed_say_nothing(headers, expected):
+    from stepserve.fleet.stats import work_of_headers
+
+    assert work_of_headers([(k.encode(), v.encode()) for k, v in headers.items()]) == expected

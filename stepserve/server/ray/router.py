@@ -14,10 +14,12 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
   So the requests this router has out there and not back (`on_send_request` to `on_request_completed`) are a
   floor on what a replica holds (`with_in_flight`); without it, live runs on a loaded machine let a replica slow
   to take requests in look emptier than it was and draw ever more.
-- Ray's HTTP proxy routes a request before reading its body, so the router does not know its steps or size: it
-  prices each that generates (GENERATING_ROUTES; a job's polls and event streams cost nothing) at the model's
-  default steps and reference size (what each replica quotes). The replicas' work in
-  hand, which is what differs between them, is exact. A client that names its LoRA adapter in Ray's
+- Ray's HTTP proxy routes a request before reading its body. A client that knows its request's work says it in
+  two headers, `x-stepserve-steps: 50` and `x-stepserve-size: 1024x1024` (`stepserve bench --target` sends them),
+  which the router reads from the request's ASGI scope (the argument the proxy hands the replica), and prices the
+  request at its own steps and pixels. Without them it prices each request that generates (GENERATING_ROUTES; a
+  job's polls and event streams cost nothing) at the model's default steps and reference size (what each
+  replica quotes). The replicas' work in hand, which is what differs between them, is exact either way. A client that names its LoRA adapter in Ray's
   `serve_multiplexed_model_id` header gets adapter affinity (a replica holding it wins unless another finishes
   sooner by more than --adapter-load-s).
 - Several models per replica: each replica also publishes where it holds each model it serves (device, host
@@ -35,6 +37,7 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
 from __future__ import annotations
 
 import itertools
+import pickle
 import random
 import time
 from collections import deque
@@ -44,7 +47,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 
 from ...fleet.routers import DEFAULT_CHOICES, best_tier, make_router, model_tiers
 from ...fleet.sent import Sent
-from ...fleet.stats import Job, ReplicaStats, finish_s, price_s, with_in_flight
+from ...fleet.stats import Job, ReplicaStats, finish_s, price_s, with_in_flight, work_of_headers
 
 ROUTING_STATS_PERIOD_S = 0.5  # how often Ray's controller asks each replica for its stats
 ROUTER_CLASS = "stepserve.server.ray.router.FleetRouter"
@@ -62,6 +65,18 @@ def generates(route: str, method: str = "") -> bool:
         return False
     path = route.rstrip("/")
     return not path or path in GENERATING_ROUTES
+
+
+def scope_headers(args) -> list[tuple[bytes, bytes]]:
+    """The HTTP headers of a request as Ray's proxy hands it on (its first argument: a pickled StreamingHTTPRequest
+    holding the ASGI scope); [] for anything else (a call through a handle)."""
+    if not args or not isinstance(args[0], (bytes, bytearray)):
+        return []
+    try:
+        scope = pickle.loads(args[0]).asgi_scope
+    except Exception:  # noqa: BLE001 - not the proxy's request: priced at the defaults
+        return []
+    return list(scope.get("headers", ())) if isinstance(scope, dict) else []
 
 
 class FleetRouter(FIFOMixin, RequestRouter):
@@ -87,9 +102,12 @@ class FleetRouter(FIFOMixin, RequestRouter):
         if pending is None:
             return Job(self.default_steps)
         meta = pending.metadata
-        steps = self.default_steps if generates(meta.route, getattr(meta, "_http_method", "")) else 0
         adapter = meta.multiplexed_model_id
-        return Job(steps, 0, frozenset((adapter,)) if adapter else frozenset())
+        adapters = frozenset((adapter,)) if adapter else frozenset()
+        if not generates(meta.route, getattr(meta, "_http_method", "")):
+            return Job(0, 0, adapters)
+        steps, pixels = work_of_headers(scope_headers(getattr(pending, "args", ())))
+        return Job(steps or self.default_steps, pixels, adapters)
 
     def stats_of(self, replica: RunningReplica) -> ReplicaStats:
         """The replica's published stats plus what this router sent it since they were taken, holding at least
