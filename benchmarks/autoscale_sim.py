@@ -20,7 +20,7 @@ from pathlib import Path
 
 from stepserve.bench.runner import measure_capacity
 from stepserve.bench.targets import Contender
-from stepserve.bench.workload import Mix, poisson_trace
+from stepserve.bench.workload import Mix, Trace, TraceItem, poisson_trace
 from stepserve.costs import LatencyModel
 from stepserve.fleet.autoscale import SLOScaling
 from stepserve.fleet.routers import make_router
@@ -34,13 +34,17 @@ from stepserve.sim.replicas import run_replicas, summarize
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def step_arrivals(mix: Mix, rates: list[float], phase_s: float, seed: int) -> list[Arrival]:
+def step_trace(mix: Mix, rates: list[float], phase_s: float, seed: int) -> Trace:
     """Poisson arrivals at each rate in turn, phase_s seconds each."""
-    out = []
+    items = []
     for k, rate in enumerate(rates):
-        for it in poisson_trace(mix, rate, phase_s, seed * 100 + k).items:
-            out.append(Arrival(k * phase_s + it.offset_s, it.spec.to_params()))
-    return out
+        items += [TraceItem(k * phase_s + it.offset_s, it.spec)
+                  for it in poisson_trace(mix, rate, phase_s, seed * 100 + k).items]
+    return Trace(items, f"Poisson steps of {phase_s:g} s at {', '.join(f'{r:.3g}' for r in rates)} req/s")
+
+
+def step_arrivals(mix: Mix, rates: list[float], phase_s: float, seed: int) -> list[Arrival]:
+    return [Arrival(it.offset_s, it.spec.to_params()) for it in step_trace(mix, rates, phase_s, seed).items]
 
 
 def run_one(setup: SimSetup, contender: Contender, arrivals, policy, startup_s: float, start: int, slo_s: float):

@@ -175,7 +175,7 @@ class HttpTarget:
     request goes to /v1/images/edits as multipart/form-data."""
 
     def __init__(self, url: str, name: str | None = None, api_key: str | None = None,
-                 busy_metric: str = "stepserve_step_latency_seconds_sum") -> None:
+                 busy_metric: str = "stepserve_step_latency_seconds_sum", say_work: bool = True) -> None:
         base = url.rstrip("/")
         if base.endswith(IMAGES_PATH):
             base = base[: -len(IMAGES_PATH)]
@@ -183,6 +183,7 @@ class HttpTarget:
         self.name = name or base
         self.api_key = api_key
         self.busy_metric = busy_metric
+        self.say_work = say_work  # send each request's steps and size in headers, for a fleet's router
         self._session = None
 
     async def start(self) -> None:
@@ -200,7 +201,7 @@ class HttpTarget:
         else:
             path, body = EDITS_PATH, {"data": _edit_form(spec)}
         try:
-            async with self._session.post(self.base + path, headers=work_headers(spec.num_inference_steps, spec.width, spec.height), **body) as resp:
+            async with self._session.post(self.base + path, headers=self._work(spec), **body) as resp:
                 text = await resp.text()
                 if resp.status == 429:
                     return Reply(REJECTED, error=_error_message(text), reason=_error_code(text))
@@ -214,6 +215,9 @@ class HttpTarget:
                 return reply_from_body(json.loads(text))
         except aiohttp.ClientError as exc:
             return Reply(FAILED, error=f"{type(exc).__name__}: {exc}")
+
+    def _work(self, spec: RequestSpec) -> dict[str, str]:
+        return work_headers(spec.num_inference_steps, spec.width, spec.height) if self.say_work else {}
 
     async def stop(self) -> None:
         if self._session is not None:

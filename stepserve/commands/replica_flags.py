@@ -43,8 +43,9 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
                    metavar="U", help="with --slo-p95-ms: how busy a replica may be before another starts (default "
                                      "0.8); lower starts replicas sooner and keeps more through a lull")
     g.add_argument("--router", default=None, choices=ROUTERS,
-                   help="how Ray Serve spreads requests over the replicas (default power_of_two: Ray's own; "
-                        "least_work: where each is predicted to finish first, docs/SCALING.md)")
+                   help="how Ray Serve spreads requests over the replicas (default: least_work, where each is "
+                        "predicted to finish first, with 3 replicas or more (the --autoscale MAX); power_of_two, "
+                        "Ray's own, with 1 or 2; docs/SCALING.md)")
     g.add_argument("--adapter-load-s", type=float_from(0.0, True, "a number of seconds >= 0"), default=None,
                    help="least_work: what loading a LoRA adapter costs a replica that does not hold it (default 1)")
     g.add_argument("--replica-cpus", type=float_from(0.0, False, "a positive number of CPUs (fractions allowed)"),

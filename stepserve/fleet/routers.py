@@ -4,8 +4,8 @@ Policies for the fleet, as the batching policies are for one engine: no clock, n
 for the randomised ones, the same seed) always give the same choice. The simulator, `stepserve plan` and the
 Ray Serve request router (server/ray/router.py) call these same functions.
 
-- least_work (simulate's and plan's default, PLANNING_ROUTER; `serve --replicas` runs Ray's power_of_two unless
-  told): the replica where the request is predicted to finish first, its own cost included
+- least_work (simulate's and plan's default, PLANNING_ROUTER; `serve --replicas N`'s from 3 replicas up,
+  serving_router): the replica where the request is predicted to finish first, its own cost included
   (stats.finish_s: the work in hand, the request's price there, the load of any adapter it names that the
   replica does not hold). So a replica that holds the request's adapters wins unless another finishes sooner
   by more than the adapter's load time. Ties: the lowest index.
@@ -36,10 +36,17 @@ from typing import Protocol
 from .stats import Job, ReplicaStats, finish_s
 
 ROUTERS = ("least_work", "least_work_sampled", "power_of_two", "least_outstanding", "round_robin")
-# the router `stepserve simulate --replicas` and `stepserve plan` assume unless told; `serve --replicas` runs Ray's
-# own power_of_two unless --router names another
+# the router `stepserve simulate --replicas` and `stepserve plan` assume unless told
 PLANNING_ROUTER = "least_work"
 DEFAULT_CHOICES = 2
+LEAST_WORK_FROM = 3  # `serve --replicas N` routes with least_work from this many replicas up (serving_router)
+
+
+def serving_router(most_replicas: int) -> str:
+    """The router `serve --replicas N` runs unless told: least_work from LEAST_WORK_FROM replicas up (live, with 8
+    and 16 replicas, it beat Ray's power of two: docs/SCALING.md, "Live: 8 and 16 simulated replicas"); with 2,
+    power of two already compares both replicas at every request, and Ray's own router stays."""
+    return PLANNING_ROUTER if most_replicas >= LEAST_WORK_FROM else "power_of_two"
 
 
 def round_robin(turn: int, replicas: int) -> int:

@@ -193,6 +193,7 @@ def with_in_flight(stats: ReplicaStats, in_flight: int, seconds_each: float) -> 
 # What a client says of its request's work, for a router that routes before reading the body (Ray Serve's proxy:
 # server/ray/router.py); `stepserve bench --target` sends them (work_headers).
 STEPS_HEADER, SIZE_HEADER = "x-stepserve-steps", "x-stepserve-size"
+WORK_HEADERS = (STEPS_HEADER, SIZE_HEADER)
 MAX_STEPS, MAX_SIDE = 10_000, 16_384  # a header past these says nothing (the request is judged by its replica)
 
 
@@ -231,4 +232,4 @@ def _count(text: str, most: int) -> int:
 
 
 __all__ = ["FRESH", "HELD", "INF", "Job", "ReplicaStats", "finish_s", "price_s", "replica_stats", "with_in_flight",
-           "with_sent", "work_headers", "work_of_headers"]
+           "with_sent", "WORK_HEADERS", "work_headers", "work_of_headers"]

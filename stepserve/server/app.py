@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from ..engine.async_engine import AsyncEngine
+from ..fleet.stats import WORK_HEADERS
 from ..store.base import DEFAULT_MAX_ATTEMPTS, Store
 from ..store.memory import MemoryStore
 from ..store.results import Results
@@ -114,7 +115,7 @@ def create_app(engine: AsyncEngine, api_key: str | None = None, limits: ServerLi
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type", "Prefer"],
+                           allow_headers=["Authorization", "Content-Type", "Prefer", *WORK_HEADERS],
                            expose_headers=[REPLICA_HEADER, "Location", "Preference-Applied"])
     if replica is not None:
         app.add_middleware(ReplicaHeader, replica=replica)

@@ -37,16 +37,18 @@ READS_ALL = ("least_work", "least_outstanding")  # routers that read every candi
 class Fleet:
     def __init__(self, router: Router | None, latency: LatencyModel | None = None, publish_every_s: float = 0.0,
                  adapter_load_s: float = 0.0, adapter_slots: int = 4, central_hold: int | None = None,
-                 autoscaler=None) -> None:
+                 autoscaler=None, blind: bool = False) -> None:
         """`latency`: what the replicas' stats are priced with (None: each engine's own policy's model);
-        `autoscaler`: a sim.autoscale.Autoscaler that starts and drains replicas during the run."""
+        `autoscaler`: a sim.autoscale.Autoscaler that starts and drains replicas during the run; `blind`: the
+        router prices every request at the default steps and size (as behind Ray's proxy when the client sends
+        no x-stepserve-steps / x-stepserve-size headers)."""
         if router is None and central_hold is None:
             raise ValueError("a fleet needs a router, or a central queue (central_hold)")
         if publish_every_s < 0 or adapter_load_s < 0:
             raise ValueError("publish_every_s and adapter_load_s must be >= 0 seconds")
         if central_hold is not None and central_hold < 1:
             raise ValueError(f"central_hold must be >= 1, got {central_hold}")
-        self.router, self.latency = router, latency
+        self.router, self.latency, self.blind = router, latency, blind
         self.publish_every_s, self.adapter_load_s, self.adapter_slots = publish_every_s, adapter_load_s, adapter_slots
         self.central_hold = central_hold
         self.loop: Any = None
@@ -177,8 +179,8 @@ class Fleet:
 
     # --- placement ---------------------------------------------------------------------------------------------
     def job(self, params: SamplingParams, adapter: str | None) -> Job:
-        steps = params.num_inference_steps or self._default_steps
-        pixels = params.height * params.width if params.height and params.width else 0
+        steps = (not self.blind and params.num_inference_steps) or self._default_steps
+        pixels = params.height * params.width if params.height and params.width and not self.blind else 0
         return Job(steps, pixels, frozenset((adapter,)) if adapter else frozenset())
 
     def place(self, t: float, key: int, params: SamplingParams, adapter: str | None,

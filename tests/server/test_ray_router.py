@@ -172,7 +172,9 @@ def test_router_and_slo_flags_map_onto_ray_serve_options():
     def options(*flags):
         return deployment_options(plan_replicas(build_parser().parse_args(list(flags)), local_cores=4))
 
-    assert "request_router_config" not in options("--replicas", "2")  # the default: Ray's own power of two
+    assert "request_router_config" not in options("--replicas", "2")  # the default with 2: Ray's own power of two
+    for three in (("--replicas", "3"), ("--replicas", "1", "--autoscale", "1:3")):  # from 3 up: least_work
+        assert options(*three)["request_router_config"]["request_router_kwargs"]["router"] == "least_work"
     config = options("--replicas", "2", "--router", "least_work")["request_router_config"]
     assert config["request_router_class"] == ROUTER_CLASS and config["request_router_kwargs"]["router"] == "least_work"
     assert config["request_routing_stats_period_s"] <= 1.0

@@ -88,3 +88,16 @@ def test_least_work_beats_the_counts_where_a_batch_of_n_costs_n_steps_of_one():
 def _arrivals(model, rate, duration, steps, seed=0):
     trace = poisson_trace(Mix.from_steps(steps), rate, duration, seed)
     return [Arrival(it.offset_s, it.spec.to_params()) for it in trace.items]
+
+
+def test_a_blind_fleet_prices_every_request_at_the_default_steps_and_size():
+    """As behind Ray's proxy when a client sends no x-stepserve-* headers: the request's own steps and size are
+    not seen; otherwise they are."""
+    cores = latency_cores(2, CHEAP, EngineOptions("slo", latency_model=CHEAP))
+    seen, blind = Fleet(make_router("least_work"), CHEAP), Fleet(make_router("least_work"), CHEAP, blind=True)
+    for fleet in (seen, blind):
+        run_replicas(cores, [Arrival(0.0, params(3))], fleet)
+    default = cores[0].model_info.default_steps
+    long = params(50, height=64, width=32)
+    assert (seen.job(long, None).steps, seen.job(long, None).pixels) == (50, 64 * 32)
+    assert (blind.job(long, None).steps, blind.job(long, None).pixels) == (default, 0) and default != 50

@@ -11,6 +11,7 @@ import argparse
 import math
 from dataclasses import dataclass, field, replace
 
+from ...fleet.routers import serving_router
 from ...util.words import plural
 
 HAND_BACK_S = 15.0  # after the grace periods: aborting what is left, the engine's stop, handing jobs back
@@ -32,9 +33,8 @@ class ReplicaPlan:
     ray_address: str | None = None
     notes: list[str] = field(default_factory=list)
     memory_share: float = 1.0  # of its device's (or host's) free memory, each replica's budget for the memory cap
-    # fleet/routers.py; power_of_two is Ray Serve's own. Behind Ray the default stays Ray's own router: live, with
-    # two replicas on a shared machine, least_work fell behind in some rounds (requests left unfinished) where
-    # power of two did not (docs/SCALING.md, "Live: two replicas"); it is there with --router least_work.
+    # fleet/routers.py; power_of_two is Ray Serve's own. Unless told: least_work from 3 replicas up (the most
+    # --autoscale may run), Ray's own with 1 or 2 (fleet.routers.serving_router)
     router: str = "power_of_two"
     adapter_load_s: float = 1.0  # the routers' price for loading an adapter a replica does not hold
     slo_s: float | None = None  # --slo-p95-ms: autoscale on the predicted backlog against it (fleet/autoscale.py)
@@ -72,7 +72,7 @@ def plan_replicas(args: argparse.Namespace, local_cores: int, degrees=None) -> R
         max_queued_requests=-1 if args.max_queued_requests is None else args.max_queued_requests,
         target_ongoing_requests=args.target_ongoing_requests or float(args.max_batch_size),
         grace_s=args.shutdown_grace_s, ray_address=args.ray_address)
-    plan.router = getattr(args, "router", None) or plan.router
+    plan.router = getattr(args, "router", None) or serving_router(plan.most_replicas)
     plan.adapter_load_s = getattr(args, "adapter_load_s", None) or plan.adapter_load_s
     slo_ms = getattr(args, "slo_p95_ms", None)
     if slo_ms is not None:
