@@ -2,9 +2,9 @@
 on a fleet of simulated replicas (`serve --model fake --latency-model CURVE --autoscale 1:8`) behind Ray's real
 proxy, router, controller and autoscaler, with real replica start-up, and the simulator on the same trace beside it.
 
-The trace is benchmarks/autoscale_sim.py's step: Poisson arrivals whose rate steps from 0.3 to 0.9 to 0.3 of 8
-replicas' capacity (--fracs), --phase-s seconds each, steps 4/20/50; every policy starts from 3 replicas, may run
-1 to 8, and routes with least_work. The SLO is 2 x the idle latency of a 50-step request (the bench's rule).
+The trace is benchmarks/autoscale_sim.py's step scaled to at most 8 replicas: Poisson arrivals whose rate steps
+from 0.2 to 0.8 to 0.2 of 8 replicas' capacity (--fracs), --phase-s seconds each, steps 4/20/50; every policy
+starts from 3 replicas, may run 1 to 8, and routes with least_work (the simulation over stats 0.5 s old, as live). The SLO is 2 x the idle latency of a 50-step request (the bench's rule).
 
 Per policy: SLO attainment (requests answered within the SLO, over all of them), p95, replica-seconds and the most
 replicas, live and simulated. Live replica-seconds integrate the replicas that answer /metrics, polled every 2 s
@@ -31,6 +31,7 @@ from common import ROOT, free_port, stop_server, wait_until_healthy
 from ray_autoscale import count_replicas
 
 from stepserve.bench.load import run_open_loop
+from stepserve.bench.metrics import percentile
 from stepserve.bench.runner import measure_capacity
 from stepserve.bench.targets import Contender, HttpTarget
 from stepserve.bench.workload import Mix
@@ -42,6 +43,7 @@ from stepserve.sim.bench import SimSetup, SimulatedDriver, contender_maker
 from stepserve.sim.loop import Arrival
 
 MAX_REPLICAS, START = 8, 3
+STATS_PERIOD_S = 0.5  # the live router's stats are this old (server/ray/router.py): so are the simulated ones
 
 
 def live(curve: Path, policy_flags: list[str], trace, slo_s: float, log: Path) -> dict:
@@ -88,7 +90,7 @@ async def _drive(url: str, trace, slo_s: float) -> dict:
     replica_s = sum(n * ((counts[i + 1][0] if i + 1 < len(counts) else end) - t) for i, (t, n) in enumerate(counts))
     latencies = sorted(o.latency_s if o.latency_s is not None else float("inf") for o in result.outcomes)
     within = sum(1 for v in latencies if v <= slo_s)
-    return {"attainment": within / len(latencies), "p95_s": latencies[int(0.95 * len(latencies)) - 1],
+    return {"attainment": within / len(latencies), "p95_s": percentile(latencies, 95),
             "replica_s": round(replica_s, 1), "most_replicas": max(n for _, n in counts), "replicas": counts,
             "completed": sum(1 for v in latencies if v != float("inf")), "offered": len(latencies)}
 
@@ -97,7 +99,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--latency-model", type=Path, default=ROOT / "stepserve/models/latency/gpu-1024-compute-bound.json")
     p.add_argument("--phase-s", type=float, default=120.0)
-    p.add_argument("--fracs", default="0.3,0.9,0.3", help="each phase's rate, as a fraction of 8 replicas' capacity")
+    p.add_argument("--fracs", default="0.2,0.8,0.2",
+                   help="each phase's rate, as a fraction of 8 replicas' capacity (autoscale_sim.py's 0.3/1.2/0.3 with "
+                        "at most 12 replicas, scaled to at most 8)")
     p.add_argument("--targets", default="1,2,4", help="Ray's target_ongoing_requests values to try")
     p.add_argument("--startup-s", type=float, default=8.0, help="the simulation's replica start-up")
     p.add_argument("--policies", default="", help="only these (e.g. 'slo,ray 2'); default: slo and every target")
@@ -127,7 +131,7 @@ def main() -> None:
     rows = {}
     for name in chosen:
         flags, rule = policies[name]
-        sim = run_one(setup, contender, arrivals, rule, args.startup_s, START, slo_s)
+        sim = run_one(setup, contender, arrivals, rule, args.startup_s, START, slo_s, STATS_PERIOD_S)
         sim.pop("wall_s")
         got = live(args.latency_model, flags, trace, slo_s, args.out / "server.log")
         rows[name] = {"live": got, "sim": sim}

@@ -47,10 +47,11 @@ def step_arrivals(mix: Mix, rates: list[float], phase_s: float, seed: int) -> li
     return [Arrival(it.offset_s, it.spec.to_params()) for it in step_trace(mix, rates, phase_s, seed).items]
 
 
-def run_one(setup: SimSetup, contender: Contender, arrivals, policy, startup_s: float, start: int, slo_s: float):
+def run_one(setup: SimSetup, contender: Contender, arrivals, policy, startup_s: float, start: int, slo_s: float,
+            publish_every_s: float = 0.0):
     cores = [make_core(setup, contender, r) for r in range(start)]
     scaler = Autoscaler(policy, lambda r: make_core(setup, contender, r), startup_s)
-    fleet = Fleet(make_router("least_work"), setup.latency, autoscaler=scaler)
+    fleet = Fleet(make_router("least_work"), setup.latency, publish_every_s=publish_every_s, autoscaler=scaler)
     t0 = time.perf_counter()
     result = run_replicas(cores, arrivals, fleet)
     s = summarize(result, slo_s)

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..fleet.stats import work_headers
+from ..fleet.headers import work_headers
 from ..scheduling import DEFAULT_MAX_QUEUE_DELAY_MS
 from ..request.types import FinishReason, RequestStatus
 from .logs import warn_once

@@ -123,8 +123,9 @@ def build_engine(config: EngineConfig, say: Callable[[str], None] = log.info, ex
 
         torch.set_num_threads(config.threads)
     if executor is None and is_fake(config.model):  # the simulated accelerator: nothing to load, measure or warm
-        from ..executor.fake import fake_executor
+        from ..executor.fake import check_fake, fake_executor
 
+        check_fake(config)
         executor = fake_executor(config.options.latency_model)
         config = replace(config, memory_cap=False, warm_up=False, fast_path=None)
     loaded = executor is None

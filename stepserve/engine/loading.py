@@ -44,7 +44,9 @@ def is_export_dir(path: str | os.PathLike) -> bool:
 def check_model_argument(model: str | os.PathLike) -> None:
     """Fail fast, before any heavy import, when `model` names nothing that can be loaded."""
     folder = Path(model).expanduser()
-    if str(model) not in ("embedded", "fake") and not any((folder / f).is_file() for f in ("model_index.json", EXPORT_MANIFEST)):
+    from ..executor.fake import FAKE
+
+    if str(model) not in ("embedded", FAKE) and not any((folder / f).is_file() for f in ("model_index.json", EXPORT_MANIFEST)):
         raise FileNotFoundError(f"model: {str(model)!r} is neither 'embedded' nor a local diffusers folder with "
                                 f"model_index.json (nor an export folder with {EXPORT_MANIFEST}, nor 'fake')")
 

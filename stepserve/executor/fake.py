@@ -55,6 +55,20 @@ class PictureFake(FakeExecutor):
         return picture(request)
 
 
+def check_fake(config) -> None:
+    """ValueError for a setting the fake cannot honour (an engine/config.EngineConfig): another backend, a weights
+    file, add-on folders or a parallel degree (it runs no network). Its device and dtype are not used."""
+    asked = [flag for flag, on in (
+        (f"--backend {config.backend}", config.backend != "torch"),
+        ("--transformer/--unet FILE or --quantize", config.weights is not None and config.weights.changed),
+        ("--lora-dir", config.lora_dir), ("--controlnet-dir", config.controlnet_dir),
+        ("--ip-adapter-dir", config.ip_adapter_dir),
+        ("a parallel degree", config.degrees is not None and config.degrees.enabled)) if on]
+    if asked:
+        raise ValueError(f"model 'fake' runs no network: {', '.join(asked)} cannot apply to it; allowed with it: "
+                         "--latency-model FILE and the batching, server and replica flags")
+
+
 def fake_executor(latency: LatencyModel | str | None) -> PictureFake:
     """The simulated accelerator charging `latency` (a LatencyModel or its file). ValueError when there is none:
     the fake has no speed of its own to measure."""

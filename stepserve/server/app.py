@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from ..engine.async_engine import AsyncEngine
-from ..fleet.stats import WORK_HEADERS
+from ..fleet.headers import WORK_HEADERS
 from ..store.base import DEFAULT_MAX_ATTEMPTS, Store
 from ..store.memory import MemoryStore
 from ..store.results import Results

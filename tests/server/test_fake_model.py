@@ -84,3 +84,9 @@ def test_the_fake_needs_a_latency_model_file():
     with pytest.raises(StartupError, match="latency-model FILE"):
         with front_of("--model", "fake", "--strategy", "continuous"):
             pass
+
+
+def test_the_fake_refuses_what_it_cannot_honour(tmp_path):
+    with pytest.raises(StartupError, match="--lora-dir cannot apply to it"):
+        with front_of(*FAKE, "--lora-dir", str(tmp_path)):
+            pass

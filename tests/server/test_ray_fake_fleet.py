@@ -13,7 +13,7 @@ import pytest
 from extras import require
 from server_helpers import GENERATIONS, decode_png, wait_until
 
-from stepserve.fleet.stats import work_headers
+from stepserve.fleet.headers import work_headers
 
 LATENCY = Path(__file__).resolve().parents[2] / "stepserve/models/latency/gpu-sd15-512.json"
 

@@ -30,9 +30,29 @@ class FakeMeta:
     multiplexed_model_id: str = ""
 
 
+class Assigned:
+    """What Ray's pending request's future holds once a replica is assigned to it."""
+
+    def __init__(self) -> None:
+        self.replica = None
+
+    def done(self) -> bool:
+        return self.replica is not None
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self.replica
+
+
 @dataclass
 class FakePending:
     metadata: FakeMeta
+    future: Assigned = field(default_factory=Assigned)
 
 
 def published(work_s: float, n: int, taken_at: float, adapters=()) -> dict:
@@ -55,6 +75,7 @@ def make_router(**kwargs):
 def choose(router, replicas, rid, **meta):
     pending = FakePending(FakeMeta(rid, **meta))
     ranks = asyncio.run(router.choose_replicas(replicas, pending))
+    pending.future.replica = ranks[0][0]  # Ray sends it to the first with room (none is full here)
     return [r[0].replica_id for r in ranks], pending
 
 
@@ -211,21 +232,22 @@ def test_bad_fleet_flags_get_one_line_errors(flags, message, capsys, monkeypatch
 def proxied(rid: str, headers: dict[str, str], route: str = "/v1/images/generations", method: str = "POST"):
     """A request as Ray Serve's HTTP proxy hands it to the router: its ASGI scope pickled by the proxy's own code
     (the argument the replica unpickles), its route pattern and method in the metadata."""
-    from ray.serve._private.common import RequestMetadata
+    from ray.serve._private.common import RequestMetadata, RequestProtocol
     from ray.serve._private.proxy_request_response import ASGIProxyRequest
     from ray.serve.request_router import PendingRequest
 
     scope = {"type": "http", "method": method, "path": route,
              "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]}
     arg = ASGIProxyRequest(scope, None, None).serialized_replica_arg(proxy_actor_name="proxy")
-    return PendingRequest(args=[arg], kwargs={}, metadata=RequestMetadata(rid, rid, route=route, _http_method=method))
+    meta = RequestMetadata(rid, rid, route=route, _http_method=method, _request_protocol=RequestProtocol.HTTP)
+    return PendingRequest(args=[arg], kwargs={}, metadata=meta)
 
 
 def test_a_request_is_priced_at_its_own_steps_and_size_from_the_headers_a_client_sends():
     """The bench's headers (fleet.stats.work_headers), through the proxy's serialization, to the router's price:
     4 and 50 steps are priced apart (x12.5), a request twice the reference pixels at twice the price; without
     the headers, at the default steps."""
-    from stepserve.fleet.stats import work_headers
+    from stepserve.fleet.headers import work_headers
 
     router = make_router(router="least_work")
     stats = ReplicaStats(outstanding=0, work_s=0.0, curve=(0.1,), fixed_s=0.2, pixels=512 * 512).to_dict()
@@ -233,10 +255,15 @@ def test_a_request_is_priced_at_its_own_steps_and_size_from_the_headers_a_client
 
     def price(headers, rid):
         async def route():  # a PendingRequest holds a future: made on a running loop, as in Ray
-            await router.choose_replicas([a], proxied(rid, headers))
+            pending = proxied(rid, headers)
+            ranks = await router.choose_replicas([a], pending)
+            pending.future.set_result(ranks[0][0])
+            router.on_send_request("a")
+            noted = router.sent.pending("a")[1]  # (requests, seconds) noted since the stats
+            router.on_request_completed("a", rid)
+            return noted
 
-        asyncio.run(route())
-        return router._price["a"]
+        return asyncio.run(route())
 
     four, fifty = price(work_headers(4, 512, 512), "r4"), price(work_headers(50, 512, 512), "r50")
     assert four == pytest.approx(4 * 0.1 + 0.2) and fifty == pytest.approx(50 * 0.1 + 0.2)
@@ -248,6 +275,15 @@ def test_a_request_is_priced_at_its_own_steps_and_size_from_the_headers_a_client
 
     assert asyncio.run(poll()).steps == 0  # a job's poll is not a generation, whatever it says
 
+    async def handle_call():  # a call through a deployment handle: its bytes are never unpickled
+        from ray.serve._private.common import RequestMetadata
+        from ray.serve.request_router import PendingRequest
+
+        evil = b"cos\nsystem\n(S'exit 3'\ntR."
+        return router.job(PendingRequest(args=[evil], kwargs={}, metadata=RequestMetadata("h", "h")))
+
+    assert asyncio.run(handle_call()).steps == 20
+
 
 @pytest.mark.parametrize("headers,expected", [
     ({"x-stepserve-steps": "50", "x-stepserve-size": "1024x768"}, (50, 1024 * 768)),
@@ -258,6 +294,29 @@ def test_a_request_is_priced_at_its_own_steps_and_size_from_the_headers_a_client
     ({"x-stepserve-size": "0x512"}, (0, 0)), ({"x-stepserve-size": "99999x2"}, (0, 0)),
 ])
 def test_work_headers_out_of_range_or_malformed_say_nothing(headers, expected):
-    from stepserve.fleet.stats import work_of_headers
+    from stepserve.fleet.headers import work_of_headers
 
     assert work_of_headers([(k.encode(), v.encode()) for k, v in headers.items()]) == expected
+
+
+def test_a_request_is_noted_at_its_own_price_though_ray_sends_another_first():
+    """Ray ranks two requests, then its FIFO queue gives the first replica free to the oldest: each send is noted
+    at the price of the request that went, not of the one ranked last."""
+    from stepserve.fleet.headers import work_headers
+
+    router = make_router(router="least_work")
+    a = FakeReplica("a", {**ReplicaStats(curve=(0.1,)).to_dict(), "taken_at": 1.0, "default_steps": 20})
+
+    async def race():
+        long, short = proxied("long", work_headers(50, None, None)), proxied("short", work_headers(4, None, None))
+        await router.choose_replicas([a], long)
+        await router.choose_replicas([a], short)  # ranked last
+        long.future.set_result(a)  # the oldest goes first
+        router.on_send_request("a")
+        after_long = router.sent.pending("a")[1]
+        short.future.set_result(a)
+        router.on_send_request("a")
+        return after_long, router.sent.pending("a")[1]
+
+    after_long, after_both = asyncio.run(race())
+    assert after_long == pytest.approx(5.0) and after_both == pytest.approx(5.4)

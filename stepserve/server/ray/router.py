@@ -37,6 +37,7 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
 from __future__ import annotations
 
 import itertools
+import logging
 import pickle
 import random
 import time
@@ -47,10 +48,13 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 
 from ...fleet.routers import DEFAULT_CHOICES, best_tier, make_router, model_tiers
 from ...fleet.sent import Sent
-from ...fleet.stats import Job, ReplicaStats, finish_s, price_s, with_in_flight, work_of_headers
+from ...fleet.headers import work_of_headers
+from ...fleet.stats import Job, ReplicaStats, finish_s, price_s, with_in_flight
 
 ROUTING_STATS_PERIOD_S = 0.5  # how often Ray's controller asks each replica for its stats
+log = logging.getLogger(__name__)
 ROUTER_CLASS = "stepserve.server.ray.router.FleetRouter"
+MAX_QUOTES = 4096  # ranked requests kept until sent (one that never is, given up by its client, ages out)
 # The routes whose POST makes work (Ray's proxy matches each request to the app's route pattern, and the router sees
 # that pattern). Every other request costs nothing here: health, models, a job's polls and event streams
 # (GET /v1/videos/{video_id}, .../events, /v1/images/jobs/{job_id}), listings, adapter loads.
@@ -67,16 +71,27 @@ def generates(route: str, method: str = "") -> bool:
     return not path or path in GENERATING_ROUTES
 
 
-def scope_headers(args) -> list[tuple[bytes, bytes]]:
-    """The HTTP headers of a request as Ray's proxy hands it on (its first argument: a pickled StreamingHTTPRequest
-    holding the ASGI scope); [] for anything else (a call through a handle)."""
-    if not args or not isinstance(args[0], (bytes, bytearray)):
+def scope_headers(pending: PendingRequest) -> list[tuple[bytes, bytes]]:
+    """The HTTP headers of a request as Ray's proxy hands it on (an HTTP request's first argument is the proxy's
+    pickled StreamingHTTPRequest holding the ASGI scope); [] for anything else (a call through a handle, whose
+    arguments are never unpickled here). A scope that cannot be read is said once in the log: every request is
+    then priced at the defaults."""
+    args = getattr(pending, "args", ())
+    if not getattr(pending.metadata, "is_http_request", False) or not args or not isinstance(args[0], bytes):
         return []
     try:
         scope = pickle.loads(args[0]).asgi_scope
-    except Exception:  # noqa: BLE001 - not the proxy's request: priced at the defaults
+        return list(scope.get("headers", ()))
+    except Exception as exc:  # noqa: BLE001 - Ray's private request shape changed: price at the defaults
+        global _UNREADABLE
+        if not _UNREADABLE:
+            _UNREADABLE = True
+            log.warning("the router cannot read a request's headers (%s: %s): every request is priced at the "
+                        "model's default steps and size", type(exc).__name__, exc)
         return []
-    return list(scope.get("headers", ())) if isinstance(scope, dict) else []
+
+
+_UNREADABLE = False
 
 
 class FleetRouter(FIFOMixin, RequestRouter):
@@ -91,10 +106,12 @@ class FleetRouter(FIFOMixin, RequestRouter):
         self.adapter_load_s = adapter_load_s
         self.default_steps = default_steps
         self.sent = Sent()
-        self._price: dict[Any, float] = {}  # replica id -> what the last request priced for it costs there
-        self._notes: dict[Any, deque] = {}  # replica id -> (its note in Sent, the model it brings), oldest first
+        self._stats: dict[Any, ReplicaStats] = {}  # replica id -> its stats as last ranked
+        # requests ranked and not yet sent, oldest first: internal id -> (the request, its job, the model it names)
+        self._quotes: dict[str, tuple[PendingRequest, Job, str | None]] = {}
+        # replica id -> (its note in Sent, the model it brings, its price), oldest first
+        self._notes: dict[Any, deque] = {}
         self._count = itertools.count()
-        self._model: str | None = None  # the model the last request ranked for named (model affinity)
         # replica id -> model -> [requests of it out there, when the last came back]: on that replica's device
         self._brought: dict[Any, dict[str, list]] = {}
 
@@ -106,7 +123,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
         adapters = frozenset((adapter,)) if adapter else frozenset()
         if not generates(meta.route, getattr(meta, "_http_method", "")):
             return Job(0, 0, adapters)
-        steps, pixels = work_of_headers(scope_headers(getattr(pending, "args", ())))
+        steps, pixels = work_of_headers(scope_headers(pending))
         return Job(steps or self.default_steps, pixels, adapters)
 
     def stats_of(self, replica: RunningReplica) -> ReplicaStats:
@@ -118,7 +135,9 @@ class FleetRouter(FIFOMixin, RequestRouter):
         if taken is not None:
             self.sent.published(rid, float(taken))
         stats = self.sent.adjust(rid, ReplicaStats.from_dict(published))
-        return with_in_flight(stats, len(self._notes.get(rid, ())), self._price.get(rid, 0.0))
+        notes = self._notes.get(rid, ())
+        each = sum(n[2] for n in notes) / len(notes) if notes else 0.0
+        return with_in_flight(stats, len(notes), each)
 
     def places_of(self, replica: RunningReplica) -> dict[str, str] | None:
         """Where the replica holds each model it serves (published), with the models this router sent it requests
@@ -146,7 +165,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
         stats = [self.stats_of(r) for r in candidate_replicas]
         named = next(iter(job.adapters), "")
         tiers = model_tiers([self.places_of(r) for r in candidate_replicas], named) if named else None
-        self._model = None if tiers is None or not job.steps else named
+        model = None if tiers is None or not job.steps else named
         if tiers is None:
             tiers = [(0, 0)] * len(stats)
             first = self.policy.pick(stats, job)
@@ -156,26 +175,46 @@ class FleetRouter(FIFOMixin, RequestRouter):
             first = among[self.policy.pick([stats[i] for i in among], job)]
         scored = sorted(range(len(stats)),
                         key=lambda i: (i != first, tiers[i], finish_s(stats[i], job, self.adapter_load_s)))
-        for i in scored:
-            self._price[candidate_replicas[i].replica_id] = price_s(stats[i], job)
+        for i, replica in enumerate(candidate_replicas):
+            self._stats[replica.replica_id] = stats[i]
+        if pending_request is not None:
+            self._quotes.setdefault(pending_request.metadata.internal_request_id, (pending_request, job, model))
+            while len(self._quotes) > MAX_QUOTES:  # requests given up before they were sent
+                del self._quotes[next(iter(self._quotes))]
         return [[candidate_replicas[i]] for i in scored]
 
+    def sent_request(self, replica_id) -> tuple[Job, str | None]:
+        """(the job, the model it names) of the ranked request Ray just gave `replica_id`: Ray's FIFO queue hands a
+        replica to the oldest pending request, which need not be the one it was chosen for, so it is found by the
+        replica its future holds. The model's default job when none is found (a request never ranked here)."""
+        for key, (pending, job, model) in list(self._quotes.items()):
+            future = pending.future
+            if not future.done():
+                continue
+            if future.cancelled() or future.exception() is not None:
+                del self._quotes[key]
+            elif getattr(future.result(), "replica_id", None) == replica_id:
+                del self._quotes[key]
+                return job, model
+        return Job(self.default_steps), None
+
     def on_send_request(self, replica_id) -> None:
-        """Ray calls this as it sends a request to `replica_id` (whichever request its queue gave that replica):
-        noted at the price this router last quoted for that replica."""
+        """Ray calls this as it sends a request to `replica_id`: noted at that request's price there."""
         super().on_send_request(replica_id)
+        job, model = self.sent_request(replica_id)
+        price = price_s(self._stats.get(replica_id) or ReplicaStats(), job)
         key = next(self._count)
         now = time.time()
-        self.sent.sent(replica_id, key, now, self._price.get(replica_id, 0.0))
-        self._notes.setdefault(replica_id, deque()).append((key, self._model))
-        if self._model:
-            self._brought.setdefault(replica_id, {}).setdefault(self._model, [0, now])[0] += 1
+        self.sent.sent(replica_id, key, now, price)
+        self._notes.setdefault(replica_id, deque()).append((key, model, price))
+        if model:
+            self._brought.setdefault(replica_id, {}).setdefault(model, [0, now])[0] += 1
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         """A request to `replica_id` came back: its oldest note goes (the count of those out stays right)."""
         notes = self._notes.get(replica_id)
         if notes:
-            key, model = notes.popleft()
+            key, model, _ = notes.popleft()
             self.sent.done(replica_id, key)
             brought = self._brought.get(replica_id, {}).get(model)
             if brought is not None:
@@ -185,7 +224,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
         super().on_replica_actor_died(replica_id)
         self.sent.forget(replica_id)
         self._notes.pop(replica_id, None)
-        self._price.pop(replica_id, None)
+        self._stats.pop(replica_id, None)
         self._brought.pop(replica_id, None)
 
 
