@@ -21,7 +21,7 @@ appended to --out as it finishes, so a long matrix can be stopped and resumed (-
     python benchmarks/fleet_live.py --curves gpu-1024-compute-bound --replicas 8 --loads 0.8 --duration 300
     python benchmarks/fleet_live.py --curves gpu-sd15-512 --replicas 8,16 --loads 0.7,0.9 --seeds 0,1,2 \\
         --routers least_work,least_outstanding
-    python benchmarks/fleet_live.py --summarize --out bench-out/fleet-live.jsonl
+    python benchmarks/fleet_live.py --summarize [--markdown] --out bench-out/fleet-live.jsonl
 """
 
 from __future__ import annotations
@@ -146,14 +146,18 @@ def line(row: dict) -> str:
             f"done {lv['completed']}/{lv['measured']}  [{row['wall_s']:.0f} s]")
 
 
-def summarize_rows(rows: list[dict]) -> None:
+def summarize_rows(rows: list[dict], markdown: bool = False) -> None:
     """Per cell: each router's live and simulated p95, live/sim, and its live p95 over power_of_two's live p95
-    (the simulated ratio beside it)."""
+    (the simulated ratio beside it); `markdown`: as the rows of a Markdown table."""
     cells: dict[tuple, dict] = {}
     for r in rows:
         cells.setdefault((r["curve"], r["replicas"], r["load"], r["seed"]), {})[r["router"]] = r
-    print(f"\n{'curve':<24} {'reps':>4} {'load':>4} {'seed':>4} {'router':<19} {'live p95':>9} {'sim p95':>9} "
-          f"{'live/sim':>8} {'done':>6} {'x pow2 live':>11} {'x pow2 sim':>10}")
+    if markdown:
+        print("| curve | replicas | load | seed | router | live p95 (s) | sim p95 (s) | live / sim | completed | "
+              "/ power_of_two live (sim) |\n|---|---|---|---|---|---|---|---|---|---|")
+    else:
+        print(f"\n{'curve':<24} {'reps':>4} {'load':>4} {'seed':>4} {'router':<19} {'live p95':>9} {'sim p95':>9} "
+              f"{'live/sim':>8} {'done':>6} {'x pow2 live':>11} {'x pow2 sim':>10}")
     for key, by in cells.items():
         for name in sorted(by, key=lambda n: (ROUTERS.index(n.split("-")[0]) if n.split("-")[0] in ROUTERS else 9, n)):
             r = by[name]
@@ -163,6 +167,11 @@ def summarize_rows(rows: list[dict]) -> None:
             x_live = ratio(lv, base["live"]["p95_s"]) if base else float("nan")
             x_sim = ratio(sm, base["sim"]["p95_s"]) if base else float("nan")
             share = r["live"]["completed"] / max(r["live"]["measured"], 1)
+            if markdown:
+                print(f"| {key[0]} | {key[1]} | {key[2]:.0%} | {key[3]} | {name} | {lv:.2f} | {sm:.2f} | "
+                      f"{ratio(lv, sm):.2f} | {r['live']['completed']}/{r['live']['measured']} | "
+                      f"{x_live:.2f} ({x_sim:.2f}) |")
+                continue
             print(f"{key[0]:<24} {key[1]:>4} {key[2]:>4} {key[3]:>4} {name:<19} {lv:9.3f} {sm:9.3f} "
                   f"{ratio(lv, sm):8.2f} {share:6.1%} {x_live:11.2f} {x_sim:10.2f}")
 
@@ -189,11 +198,12 @@ def main() -> None:
                         "router prices every request at the default steps and size, and so does the simulated one")
     p.add_argument("--tag", default="", help="appended to each router's name in --out (e.g. '-blind')")
     p.add_argument("--summarize", action="store_true", help="only print the table of the runs in --out")
+    p.add_argument("--markdown", action="store_true", help="with --summarize: the table in Markdown")
     args = p.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     old = [json.loads(x) for x in args.out.read_text().splitlines() if x.strip()] if args.out.exists() else []
     if args.summarize:
-        summarize_rows(old)
+        summarize_rows(old, args.markdown)
         return
     if not args.resume and old:
         raise SystemExit(f"{args.out} has runs already: --resume to add to them, or another --out")
