@@ -8,7 +8,7 @@ Ray Serve request router (server/ray/router.py) call these same functions.
   serving_router): the replica where the request is predicted to finish first, its own cost included
   (stats.finish_s: the work in hand, the request's price there, the load of any adapter it names that the
   replica does not hold). So a replica that holds the request's adapters wins unless another finishes sooner
-  by more than the adapter's load time. Ties: the lowest index.
+  by more than the adapter's load time. Ties: the fewest requests held, then the lowest index.
 - least_work_sampled: least_work among `choices` (default 2) replicas drawn at random, plus one drawn among
   those that hold the request's adapters (when it names any and some replica holds them all). For large fleets
   and several routers at once: each needs only a few replicas' stats, and routers working from the same stale
@@ -84,14 +84,15 @@ def power_of_two(outstanding: Sequence[int], rng: random.Random) -> int:
 def least_work(stats: Sequence[ReplicaStats], job: Job, adapter_load_s: float = 0.0,
                among: Sequence[int] | None = None) -> int:
     """The replica (of `among`, default all) where `job` is predicted to finish first (stats.finish_s); ties:
+    the fewest requests held (replicas that have published no curve yet all predict an instant finish), then
     the lowest index."""
     if not stats:
         raise ValueError("no replicas to choose from")
-    best, best_t = -1, 0.0
+    best, best_key = -1, (0.0, 0)
     for i in range(len(stats)) if among is None else sorted(among):
-        t = finish_s(stats[i], job, adapter_load_s)
-        if best < 0 or t < best_t:
-            best, best_t = i, t
+        key = (finish_s(stats[i], job, adapter_load_s), stats[i].outstanding)
+        if best < 0 or key < best_key:
+            best, best_key = i, key
     return best
 
 

@@ -320,3 +320,16 @@ def test_a_request_is_noted_at_its_own_price_though_ray_sends_another_first():
 
     after_long, after_both = asyncio.run(race())
     assert after_long == pytest.approx(5.0) and after_both == pytest.approx(5.4)
+
+
+def test_a_burst_before_any_replica_published_spreads_over_them():
+    """Just after a deploy no replica has quoted a curve, so each predicts an instant finish: the tie goes to the
+    fewest requests held (those this router has out there count), not always to the first replica."""
+    router = make_router(router="least_work")
+    replicas = [FakeReplica(name) for name in "abc"]
+    sent = []
+    for i in range(3):
+        first = choose(router, replicas, f"r{i}")[0][0]
+        router.on_send_request(first)
+        sent.append(first)
+    assert sorted(sent) == ["a", "b", "c"]
