@@ -19,9 +19,9 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
   which the router reads from the request's ASGI scope (the argument the proxy hands the replica), and prices the
   request at its own steps and pixels. Without them it prices each request that generates (GENERATING_ROUTES; a
   job's polls and event streams cost nothing) at the model's default steps and reference size (what each
-  replica quotes). The replicas' work in hand, which is what differs between them, is exact either way. A client that names its LoRA adapter in Ray's
-  `serve_multiplexed_model_id` header gets adapter affinity (a replica holding it wins unless another finishes
-  sooner by more than --adapter-load-s).
+  replica quotes). The replicas' work in hand, which is what differs between them, is exact either way. A
+  client that names its LoRA adapter in Ray's `serve_multiplexed_model_id` header gets adapter affinity (a
+  replica holding it wins unless another finishes sooner by more than --adapter-load-s).
 - Several models per replica: each replica also publishes where it holds each model it serves (device, host
   memory, disk: replica_models.py). A request whose `serve_multiplexed_model_id` header names one of those models
   gets model affinity (fleet/routers.py, model_tiers): the router's policy picks among the replicas holding it on
@@ -187,16 +187,20 @@ class FleetRouter(FIFOMixin, RequestRouter):
         """(the job, the model it names) of the ranked request Ray just gave `replica_id`: Ray's FIFO queue hands a
         replica to the oldest pending request, which need not be the one it was chosen for, so it is found by the
         replica its future holds. The model's default job when none is found (a request never ranked here)."""
-        for key, (pending, job, model) in list(self._quotes.items()):
+        dead, found = [], None
+        for key, (pending, job, model) in self._quotes.items():  # the oldest first: the one sent is near the front
             future = pending.future
             if not future.done():
                 continue
             if future.cancelled() or future.exception() is not None:
-                del self._quotes[key]
+                dead.append(key)
             elif getattr(future.result(), "replica_id", None) == replica_id:
-                del self._quotes[key]
-                return job, model
-        return Job(self.default_steps), None
+                dead.append(key)
+                found = job, model
+                break
+        for key in dead:
+            del self._quotes[key]
+        return found or (Job(self.default_steps), None)
 
     def on_send_request(self, replica_id) -> None:
         """Ray calls this as it sends a request to `replica_id`: noted at that request's price there."""
