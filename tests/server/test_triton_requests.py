@@ -89,3 +89,15 @@ def test_images_are_height_width_channels_and_rows_of_one_request_share_a_size()
     assert stack_images([Image.new("RGB", (4, 3))] * 2).shape == (2, 3, 4, 3)
     with pytest.raises(BadRequest, match="one image size"):
         stack_images([Image.new("RGB", (4, 3)), Image.new("RGB", (3, 4))])
+
+
+def test_a_palette_image_goes_back_as_its_rgb_colours_not_its_indices():
+    from types import SimpleNamespace
+
+    from stepserve.executor.fake import picture
+
+    image = picture(SimpleNamespace(params=SimpleNamespace(seed=3, height=12, width=16), latents=0.25))
+    assert image.mode == "P"  # the fake model's picture
+    got = stack_images([image])
+    assert got.shape == (1, 12, 16, 3)
+    assert (got[0] == np.asarray(image.convert("RGB"))).all() and got.max() > 1  # colours, not palette indices

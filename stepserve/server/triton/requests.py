@@ -111,7 +111,10 @@ def parse_request(inputs: dict[str, np.ndarray | None], model: ModelInfo) -> Par
 
 
 def image_array(image) -> np.ndarray:
-    """A PIL image as uint8 (H, W, C): C = 1 for greyscale, 3 for RGB."""
+    """A PIL image as uint8 (H, W, C): C = 1 for greyscale, 3 for RGB (a palette image, as the fake model makes,
+    is expanded to RGB: its own array would be palette indices)."""
+    if image.mode == "P":
+        image = image.convert("RGB")
     pixels = np.asarray(image, dtype=np.uint8)
     return pixels[..., None] if pixels.ndim == 2 else pixels
 
