@@ -101,3 +101,11 @@ def test_a_palette_image_goes_back_as_its_rgb_colours_not_its_indices():
     got = stack_images([image])
     assert got.shape == (1, 12, 16, 3)
     assert (got[0] == np.asarray(image.convert("RGB"))).all() and got.max() > 1  # colours, not palette indices
+
+
+def test_other_modes_go_back_as_greyscale_or_rgb_at_full_range():
+    from PIL import Image
+
+    assert stack_images([Image.new("1", (4, 3), 1)]).max() == 255  # not 0/1
+    assert stack_images([Image.new("RGBA", (4, 3), (9, 8, 7, 0))]).shape == (1, 3, 4, 3)  # alpha dropped
+    assert stack_images([Image.new("LA", (4, 3), (9, 0))]).shape == (1, 3, 4, 1)

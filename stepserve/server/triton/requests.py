@@ -111,10 +111,11 @@ def parse_request(inputs: dict[str, np.ndarray | None], model: ModelInfo) -> Par
 
 
 def image_array(image) -> np.ndarray:
-    """A PIL image as uint8 (H, W, C): C = 1 for greyscale, 3 for RGB (a palette image, as the fake model makes,
-    is expanded to RGB: its own array would be palette indices)."""
-    if image.mode == "P":
-        image = image.convert("RGB")
+    """A PIL image as uint8 (H, W, C): C = 1 for greyscale, 3 for colour. Other modes are converted first: a
+    palette image (the fake model's) to its RGB colours, not its indices; a 1-bit one to 0/255 greyscale; alpha
+    is dropped."""
+    if image.mode not in ("L", "RGB"):
+        image = image.convert("L" if image.mode in ("1", "LA", "I", "F") else "RGB")
     pixels = np.asarray(image, dtype=np.uint8)
     return pixels[..., None] if pixels.ndim == 2 else pixels
 
