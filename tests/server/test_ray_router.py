@@ -333,3 +333,50 @@ def test_a_burst_before_any_replica_published_spreads_over_them():
         router.on_send_request(first)
         sent.append(first)
     assert sorted(sent) == ["a", "b", "c"]
+
+
+def test_a_replica_that_has_not_published_yet_is_priced_at_a_siblings_costs():
+    """A replica just started (autoscaling up) has quoted no curve: priced at nothing, it would predict an instant
+    finish and take a whole burst until it publishes. It is priced at a published sibling's costs, holding nothing,
+    so a burst spreads over it and its idle sibling."""
+    router = make_router(router="least_work")
+    replicas = [FakeReplica("old", published(0.0, 0, 1.0)), FakeReplica("new")]
+    sent = []
+    for i in range(6):
+        first = choose(router, replicas, f"r{i}")[0][0]
+        router.on_send_request(first)
+        sent.append(first)
+    assert sent.count("old") == sent.count("new") == 3
+
+
+def test_past_the_quote_bound_a_request_given_up_goes_before_the_oldest(monkeypatch):
+    """The quotes kept for sends are bounded: given-up requests are dropped first, and when none is, the newcomer
+    goes unquoted, not the oldest (Ray's FIFO queue sends the oldest next)."""
+    from stepserve.fleet.headers import work_headers
+    from stepserve.server.ray import router as module
+
+    monkeypatch.setattr(module, "MAX_QUOTES", 2)
+    router = make_router(router="least_work")
+    a = FakeReplica("a", {**ReplicaStats(curve=(0.1,)).to_dict(), "taken_at": 1.0, "default_steps": 20})
+
+    async def crowd():
+        gone, old, new = (proxied(n, work_headers(s, None, None)) for n, s in (("gone", 7), ("old", 50), ("new", 4)))
+        for p in (gone, old):
+            await router.choose_replicas([a], p)
+        gone.future.cancel()  # its client left before Ray sent it
+        await router.choose_replicas([a], new)  # over the bound: "gone" makes room
+        extra = proxied("extra", work_headers(9, None, None))
+        await router.choose_replicas([a], extra)  # over the bound, nothing given up: "extra" goes unquoted
+        old.future.set_result(a)
+        router.on_send_request("a")
+        first = router.sent.pending("a")[1]
+        new.future.set_result(a)
+        router.on_send_request("a")
+        second = router.sent.pending("a")[1] - first
+        extra.future.set_result(a)
+        router.on_send_request("a")
+        return first, second, router.sent.pending("a")[1] - first - second
+
+    first, second, third = asyncio.run(crowd())
+    assert first == pytest.approx(5.0) and second == pytest.approx(0.4)  # each at its own steps
+    assert third == pytest.approx(2.0)  # unquoted: the default 20 steps

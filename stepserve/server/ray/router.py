@@ -14,6 +14,9 @@ own routers (stepserve/fleet/routers.py) on the stats each replica publishes.
   So the requests this router has out there and not back (`on_send_request` to `on_request_completed`) are a
   floor on what a replica holds (`with_in_flight`); without it, live runs on a loaded machine let a replica slow
   to take requests in look emptier than it was and draw ever more.
+- A replica that has published nothing yet (just started, as when the autoscaler adds one) is priced at a
+  published sibling's step costs, holding nothing: at no cost at all it would predict an instant finish and draw
+  every request until its first stats arrive.
 - Ray's HTTP proxy routes a request before reading its body. A client that knows its request's work says it in
   two headers, `x-stepserve-steps: 50` and `x-stepserve-size: 1024x1024` (`stepserve bench --target` sends them),
   which the router reads from the request's ASGI scope (the argument the proxy hands the replica), and prices the
@@ -107,6 +110,8 @@ class FleetRouter(FIFOMixin, RequestRouter):
         self.default_steps = default_steps
         self.sent = Sent()
         self._stats: dict[Any, ReplicaStats] = {}  # replica id -> its stats as last ranked
+        # a published replica's step costs: how a replica that has published nothing yet is priced (holding nothing)
+        self._costs: dict[str, Any] = {}
         # requests ranked and not yet sent, oldest first: internal id -> (the request, its job, the model it names)
         self._quotes: dict[str, tuple[PendingRequest, Job, str | None]] = {}
         # replica id -> (its note in Sent, the model it brings, its price), oldest first
@@ -130,7 +135,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
         """The replica's published stats plus what this router sent it since they were taken, holding at least
         what this router has out there."""
         rid = replica.replica_id
-        published = replica.routing_stats or {}
+        published = replica.routing_stats or self._costs  # none yet (just started): a sibling's costs, no work
         taken = published.get("taken_at")
         if taken is not None:
             self.sent.published(rid, float(taken))
@@ -161,6 +166,8 @@ class FleetRouter(FIFOMixin, RequestRouter):
             return []
         published = next((r.routing_stats for r in candidate_replicas if r.routing_stats), {})
         self.default_steps = int(published.get("default_steps", self.default_steps))  # the model's, as served
+        if published.get("curve"):
+            self._costs = {k: published[k] for k in ("curve", "fixed_s", "pixels") if k in published}
         job = self.job(pending_request)
         stats = [self.stats_of(r) for r in candidate_replicas]
         named = next(iter(job.adapters), "")
@@ -178,9 +185,13 @@ class FleetRouter(FIFOMixin, RequestRouter):
         for i, replica in enumerate(candidate_replicas):
             self._stats[replica.replica_id] = stats[i]
         if pending_request is not None:
-            self._quotes.setdefault(pending_request.metadata.internal_request_id, (pending_request, job, model))
-            while len(self._quotes) > MAX_QUOTES:  # requests given up before they were sent
-                del self._quotes[next(iter(self._quotes))]
+            key = pending_request.metadata.internal_request_id
+            self._quotes.setdefault(key, (pending_request, job, model))
+            if len(self._quotes) > MAX_QUOTES:  # requests given up before they were sent go first
+                for dead in [k for k, (p, _, _) in self._quotes.items() if _given_up(p.future)]:
+                    del self._quotes[dead]
+                if len(self._quotes) > MAX_QUOTES:  # the oldest are next to go out: this one is priced by default
+                    del self._quotes[key]
         return [[candidate_replicas[i]] for i in scored]
 
     def sent_request(self, replica_id) -> tuple[Job, str | None]:
@@ -192,7 +203,7 @@ class FleetRouter(FIFOMixin, RequestRouter):
             future = pending.future
             if not future.done():
                 continue
-            if future.cancelled() or future.exception() is not None:
+            if _given_up(future):
                 dead.append(key)
             elif getattr(future.result(), "replica_id", None) == replica_id:
                 dead.append(key)
@@ -230,6 +241,11 @@ class FleetRouter(FIFOMixin, RequestRouter):
         self._notes.pop(replica_id, None)
         self._stats.pop(replica_id, None)
         self._brought.pop(replica_id, None)
+
+
+def _given_up(future) -> bool:
+    """A ranked request's future that will never be sent: cancelled (its client left) or failed."""
+    return future.done() and (future.cancelled() or future.exception() is not None)
 
 
 def router_config(router: str, adapter_load_s: float) -> dict | None:
