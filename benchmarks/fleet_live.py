@@ -158,7 +158,7 @@ def summarize_rows(rows: list[dict], markdown: bool = False) -> None:
     else:
         print(f"\n{'curve':<24} {'reps':>4} {'load':>4} {'seed':>4} {'router':<19} {'live p95':>9} {'sim p95':>9} "
               f"{'live/sim':>8} {'done':>6} {'x pow2 live':>11} {'x pow2 sim':>10}")
-    for key, by in cells.items():
+    for key, by in sorted(cells.items()):
         for name in sorted(by, key=lambda n: (ROUTERS.index(n.split("-")[0]) if n.split("-")[0] in ROUTERS else 9, n)):
             r = by[name]
             tag = name[len(name.split("-")[0]):]
@@ -170,10 +170,15 @@ def summarize_rows(rows: list[dict], markdown: bool = False) -> None:
             if markdown:
                 print(f"| {key[0]} | {key[1]} | {key[2]:.0%} | {key[3]} | {name} | {lv:.2f} | {sm:.2f} | "
                       f"{ratio(lv, sm):.2f} | {r['live']['completed']}/{r['live']['measured']} | "
-                      f"{x_live:.2f} ({x_sim:.2f}) |")
+                      f"{_x(x_live)} ({_x(x_sim)}) |")
                 continue
             print(f"{key[0]:<24} {key[1]:>4} {key[2]:>4} {key[3]:>4} {name:<19} {lv:9.3f} {sm:9.3f} "
                   f"{ratio(lv, sm):8.2f} {share:6.1%} {x_live:11.2f} {x_sim:10.2f}")
+
+
+def _x(value: float) -> str:
+    """A ratio to power of two's, or "-" where the cell ran without power of two."""
+    return "-" if value != value else f"{value:.2f}"
 
 
 def ratio(a: float, b: float) -> float:
