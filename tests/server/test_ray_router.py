@@ -339,19 +339,22 @@ def test_a_replica_that_has_not_published_yet_is_priced_at_a_siblings_costs():
     """A replica just started (autoscaling up) has quoted no curve: priced at nothing, it would predict an instant
     finish and take a whole burst until it publishes. It is priced at a published sibling's costs, holding nothing,
     so a burst spreads over it and its idle sibling."""
-    router = make_router(router="least_work")
-    replicas = [FakeReplica("old", published(0.0, 0, 1.0)), FakeReplica("new")]
-    sent = []
-    for i in range(6):
-        first = choose(router, replicas, f"r{i}")[0][0]
-        router.on_send_request(first)
-        sent.append(first)
-    assert sent.count("old") == sent.count("new") == 3
+    empty = {**ReplicaStats().to_dict(), "taken_at": 1.0, "models": {"m1": "disk"}}  # several models, none loaded
+    for replicas in ([FakeReplica("old", published(0.0, 0, 1.0)), FakeReplica("new")],
+                     [FakeReplica("new", empty), FakeReplica("old", published(0.0, 0, 1.0))]):
+        router = make_router(router="least_work")
+        sent = []
+        for i in range(6):
+            first = choose(router, replicas, f"r{i}")[0][0]
+            router.on_send_request(first)
+            sent.append(first)
+        assert sent.count("old") == sent.count("new") == 3
 
 
 def test_past_the_quote_bound_a_request_given_up_goes_before_the_oldest(monkeypatch):
-    """The quotes kept for sends are bounded: given-up requests are dropped first, and when none is, the newcomer
-    goes unquoted, not the oldest (Ray's FIFO queue sends the oldest next)."""
+    """The quotes kept for sends are bounded: requests done (given up) are dropped first, and when none is, the
+    newcomer goes unquoted, not the oldest (Ray gives a free replica to the request it was chosen for, else to the
+    oldest waiting)."""
     from stepserve.fleet.headers import work_headers
     from stepserve.server.ray import router as module
 

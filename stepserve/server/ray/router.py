@@ -135,7 +135,9 @@ class FleetRouter(FIFOMixin, RequestRouter):
         """The replica's published stats plus what this router sent it since they were taken, holding at least
         what this router has out there."""
         rid = replica.replica_id
-        published = replica.routing_stats or self._costs  # none yet (just started): a sibling's costs, no work
+        published = replica.routing_stats or {}
+        if not published.get("curve"):  # none yet (just started, or no model loaded): a sibling's costs, no work
+            published = {**published, **self._costs}
         taken = published.get("taken_at")
         if taken is not None:
             self.sent.published(rid, float(taken))
@@ -166,8 +168,9 @@ class FleetRouter(FIFOMixin, RequestRouter):
             return []
         published = next((r.routing_stats for r in candidate_replicas if r.routing_stats), {})
         self.default_steps = int(published.get("default_steps", self.default_steps))  # the model's, as served
-        if published.get("curve"):
-            self._costs = {k: published[k] for k in ("curve", "fixed_s", "pixels") if k in published}
+        costed = next((r.routing_stats for r in candidate_replicas if (r.routing_stats or {}).get("curve")), None)
+        if costed:  # with several models per replica: the costs of whichever model that replica quotes now
+            self._costs = {k: costed[k] for k in ("curve", "fixed_s", "pixels") if k in costed}
         job = self.job(pending_request)
         stats = [self.stats_of(r) for r in candidate_replicas]
         named = next(iter(job.adapters), "")
@@ -187,8 +190,8 @@ class FleetRouter(FIFOMixin, RequestRouter):
         if pending_request is not None:
             key = pending_request.metadata.internal_request_id
             self._quotes.setdefault(key, (pending_request, job, model))
-            if len(self._quotes) > MAX_QUOTES:  # requests given up before they were sent go first
-                for dead in [k for k, (p, _, _) in self._quotes.items() if _given_up(p.future)]:
+            if len(self._quotes) > MAX_QUOTES:  # done ones go first: given up, or sent where a replica died since
+                for dead in [k for k, (p, _, _) in self._quotes.items() if p.future.done()]:
                     del self._quotes[dead]
                 if len(self._quotes) > MAX_QUOTES:  # the oldest are next to go out: this one is priced by default
                     del self._quotes[key]
