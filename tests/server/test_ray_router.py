@@ -79,6 +79,16 @@ def choose(router, replicas, rid, **meta):
     return [r[0].replica_id for r in ranks], pending
 
 
+def burst(router, replicas, n: int) -> list[str]:
+    """n requests ranked and sent one after another, before any new stats: where each went."""
+    sent = []
+    for i in range(n):
+        first = choose(router, replicas, f"r{i}")[0][0]
+        router.on_send_request(first)
+        sent.append(first)
+    return sent
+
+
 def test_the_router_ranks_by_predicted_finish_and_counts_what_it_sent_since():
     """Driven as Ray Serve drives it: choose_replicas, then on_send_request for the replica it sent to (Ray calls
     on_request_routed only when replicas may refuse, which stepserve's do not), on_request_completed at the end."""
@@ -113,12 +123,7 @@ def test_requests_out_there_count_though_newer_stats_do_not_hold_them_yet():
 
 def test_a_burst_before_any_new_stats_alternates_between_equal_replicas():
     router = make_router(router="least_work")
-    replicas = [FakeReplica("a", published(0.0, 0, 1.0)), FakeReplica("b", published(0.0, 0, 1.0))]
-    sent = []
-    for i in range(6):
-        first = choose(router, replicas, f"r{i}")[0][0]
-        router.on_send_request(first)
-        sent.append(first)
+    sent = burst(router, [FakeReplica("a", published(0.0, 0, 1.0)), FakeReplica("b", published(0.0, 0, 1.0))], 6)
     assert sent.count("a") == sent.count("b") == 3
 
 
@@ -325,14 +330,7 @@ def test_a_request_is_noted_at_its_own_price_though_ray_sends_another_first():
 def test_a_burst_before_any_replica_published_spreads_over_them():
     """Just after a deploy no replica has quoted a curve, so each predicts an instant finish: the tie goes to the
     fewest requests held (those this router has out there count), not always to the first replica."""
-    router = make_router(router="least_work")
-    replicas = [FakeReplica(name) for name in "abc"]
-    sent = []
-    for i in range(3):
-        first = choose(router, replicas, f"r{i}")[0][0]
-        router.on_send_request(first)
-        sent.append(first)
-    assert sorted(sent) == ["a", "b", "c"]
+    assert sorted(burst(make_router(router="least_work"), [FakeReplica(name) for name in "abc"], 3)) == ["a", "b", "c"]
 
 
 def test_a_replica_that_has_not_published_yet_is_priced_at_a_siblings_costs():
@@ -342,12 +340,7 @@ def test_a_replica_that_has_not_published_yet_is_priced_at_a_siblings_costs():
     empty = {**ReplicaStats().to_dict(), "taken_at": 1.0, "models": {"m1": "disk"}}  # several models, none loaded
     for replicas in ([FakeReplica("old", published(0.0, 0, 1.0)), FakeReplica("new")],
                      [FakeReplica("new", empty), FakeReplica("old", published(0.0, 0, 1.0))]):
-        router = make_router(router="least_work")
-        sent = []
-        for i in range(6):
-            first = choose(router, replicas, f"r{i}")[0][0]
-            router.on_send_request(first)
-            sent.append(first)
+        sent = burst(make_router(router="least_work"), replicas, 6)
         assert sent.count("old") == sent.count("new") == 3
 
 
