@@ -39,6 +39,7 @@ from common import ROOT, free_port, stop_server, wait_until_healthy
 
 from stepserve.bench.choice import Choice
 from stepserve.bench.load import run_open_loop
+from stepserve.bench.resources import git_commit
 from stepserve.bench.runner import measure_capacity
 from stepserve.bench.targets import Contender, HttpTarget
 from stepserve.bench.workload import Mix, poisson_trace
@@ -122,7 +123,8 @@ def run_cell(args, curve: str, replicas: int, load: float, seed: int, routers: l
         if key in done:
             continue
         row = {"curve": curve, "replicas": replicas, "load": load, "seed": seed, "router": router + args.tag,
-               "requests": len(trace.items), "capacity_rps": round(capacity, 4), "duration_s": args.duration}
+               "requests": len(trace.items), "capacity_rps": round(capacity, 4), "duration_s": args.duration,
+               "commit": git_commit()}  # the code the fleet ran (its replicas import this checkout)
         t0 = time.perf_counter()
         row["sim"] = simulated(curve, replicas, router, trace, seed, warmup_s, args.no_work_headers)
         proc, url = start(curve, replicas, router, args.out.with_suffix(".log"))

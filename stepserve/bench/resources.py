@@ -126,7 +126,7 @@ def capture_environment(argv: list[str], device: str) -> Environment:
     return Environment(
         command=shlex.join(["stepserve", *argv]), python=sys.version.split()[0], platform=platform.platform(),
         cpu=_cpu_name(), cpu_count=os.cpu_count() or 1, torch_threads=threads, device=device, gpu=gpu,
-        versions=versions, git_commit=_git_commit(), started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        versions=versions, git_commit=git_commit(), started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
 
 
@@ -140,7 +140,8 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The checkout's commit the code runs from (None: not a git checkout, or git did not run)."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)

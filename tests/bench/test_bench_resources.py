@@ -14,14 +14,14 @@ def test_git_failure_is_logged_once(monkeypatch, caplog):
 
     monkeypatch.setattr(subprocess, "run", no_git)
     with caplog.at_level(logging.DEBUG, logger="stepserve.bench.resources"):
-        assert resources._git_commit() is None
-        assert resources._git_commit() is None
+        assert resources.git_commit() is None
+        assert resources.git_commit() is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "no git commit" in warnings[0] and "FileNotFoundError" in warnings[0]
 
 
 def test_git_commit_of_this_checkout_or_none():
-    commit = resources._git_commit()
+    commit = resources.git_commit()
     assert commit is None or len(commit) == 40
 
 
